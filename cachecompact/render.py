@@ -1,0 +1,586 @@
+"""Transcript + ledger -> the exact request body, its block hash chain and cache breakpoints.
+
+Every rendered block is built once and reused by identity across renders, so the work per
+turn is proportional to the new blocks: the chain, token totals and positions of an
+unchanged prefix are carried over from the previous render. Hashes are xxh3-128 over each
+block's canonical JSON without ``cache_control``; block k's chained hash is
+``xxh3_128(chain[k-1] + hash_k)`` with ``chain[-1]`` = empty bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from .errors import ImmutablePrefixError
+from .ledger import Ledger, LedgerEntry
+from .tokens import BLOCK_OVERHEAD, IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
+from .transcript import Transcript
+from .wire import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+    UnknownBlock,
+    block_to_dict,
+    canonical_bytes,
+    content_blocks,
+)
+
+__all__ = [
+    "EMPTY_PREFIX_HASH",
+    "LOOKBACK",
+    "MAX_BREAKPOINTS",
+    "BlockLocation",
+    "Divergence",
+    "RenderResult",
+    "Renderer",
+]
+
+MAX_BREAKPOINTS = 4
+LOOKBACK = 20  # positions checked per breakpoint, the breakpoint itself included
+EMPTY_PREFIX_HASH = xxhash.xxh3_128_hexdigest(b"")  # no tools, no system, prefix of 0 messages
+_NOT_CACHEABLE = frozenset({"thinking", "redacted_thinking"})
+_RUN_KINDS = frozenset({"tool_use", "tool_result"})
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLocation:
+    """Where a rendered block sits and where it came from."""
+
+    section: str  # "tools" | "system" | "messages"
+    index: int  # tool index, system block index, or rendered message index
+    block: int  # block index within the rendered message (0 for tools/system)
+    transcript_index: int | None = None  # source message in the transcript
+    entry_seq: int | None = None  # ledger entry that produced this block, if any
+
+    def __str__(self) -> str:
+        if self.section != "messages":
+            return f"{self.section}[{self.index}]"
+        src = f" (transcript message {self.transcript_index})" if self.transcript_index is not None else ""
+        made = f" (ledger entry #{self.entry_seq})" if self.entry_seq is not None else ""
+        return f"message {self.index} block {self.block}{src}{made}"
+
+
+@dataclass(slots=True, eq=False)
+class _RBlock:
+    """A rendered block: built once, then shared by every render that contains it."""
+
+    d: dict[str, Any]
+    raw: bytes
+    h: bytes
+    tokens: int
+    kind: str
+    cacheable: bool
+    transcript_index: int | None
+    entry_seq: int | None
+
+
+@dataclass(slots=True, eq=False)
+class _RMessage:
+    role: str
+    blocks: list[_RBlock]
+    d: dict[str, Any]
+    raw: bytes | None = None  # canonical bytes, filled on first `to_json`
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """The first block whose chained hash differs between two renders."""
+
+    index: int
+    location: BlockLocation
+    explained_by: LedgerEntry | None
+
+    def __str__(self) -> str:
+        why = (f"explained by ledger entry #{self.explained_by.seq} ({self.explained_by.kind} "
+               f"{self.explained_by.start}..{self.explained_by.end}, {self.explained_by.level})"
+               if self.explained_by else "NOT explained by any ledger edit")
+        return f"first divergent block #{self.index} at {self.location}: {why}"
+
+
+@dataclass(slots=True, eq=False)
+class RenderResult:
+    """One rendered request: the body, its canonical bytes and its hash chain."""
+
+    body: dict[str, Any]
+    block_hashes: list[bytes]
+    prefix_hash: str | None
+    tokens: int
+    raw_tokens: int
+    breakpoints: list[int]
+    positions: list[int]
+    cumulative_tokens: list[int]
+    applied: tuple[int, ...]
+    _blocks: list[_RBlock] = field(repr=False)
+    _n_tools: int = 0
+    _n_system: int = 0
+    _msg_starts: list[int] = field(default_factory=list, repr=False)
+    _json: bytes | None = field(default=None, repr=False)
+    _msg_raw: Callable[[], bytes] | None = field(default=None, repr=False)
+    _entries: dict[int, LedgerEntry] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> bytes:
+        """Canonical request bytes: identical for identical transcript + ledger, in any process."""
+        if self._json is None:
+            self._json = _encode_body(self.body, self._msg_raw)
+        return self._json
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self._blocks)
+
+    def location(self, k: int) -> BlockLocation:
+        """Locate flat block ``k`` (tools first, then system, then message blocks)."""
+        if k < self._n_tools:
+            return BlockLocation("tools", k, 0)
+        if k < self._n_tools + self._n_system:
+            return BlockLocation("system", k - self._n_tools, 0)
+        mi = bisect.bisect_right(self._msg_starts, k) - 1
+        b = self._blocks[k]
+        return BlockLocation("messages", mi, k - self._msg_starts[mi], b.transcript_index, b.entry_seq)
+
+    def first_divergence(self, previous: RenderResult | None) -> Divergence | None:
+        """First block whose chained hash differs from ``previous``, with the edit that explains it.
+
+        Pure growth (the previous chain is a prefix of this one) is not a divergence.
+        """
+        if previous is None:
+            return None
+        a, b = previous.block_hashes, self.block_hashes
+        n = min(len(a), len(b))
+        k = _first_mismatch(a, b, n)
+        if k is None:
+            if len(b) >= len(a):
+                return None
+            k = n  # this render is shorter: content after k vanished
+            if k >= len(b):
+                k = len(b) - 1
+        loc = self.location(k)
+        new_seqs = set(self.applied) - set(previous.applied)
+        return Divergence(k, loc, self._explain(loc, new_seqs))
+
+    def _explain(self, loc: BlockLocation, new_seqs: set[int]) -> LedgerEntry | None:
+        if loc.section != "messages" or not new_seqs:
+            return None
+        if loc.entry_seq in new_seqs:
+            return self._entries[loc.entry_seq] if loc.entry_seq is not None else None
+        ti = loc.transcript_index
+        best: LedgerEntry | None = None
+        for seq in new_seqs:
+            e = self._entries[seq]
+            if ti is not None and e.start <= ti <= e.end + 1 and (best is None or e.start < best.start):
+                best = e
+        return best
+
+
+def _first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | None:
+    if n and a[n - 1] == b[n - 1]:
+        return None  # chained: equal at n-1 means equal everywhere before
+    lo, hi = 0, n - 1
+    if n == 0:
+        return None
+    while lo < hi:  # chained hashes are monotone: equal, equal, ..., different, different
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _encode_body(body: dict[str, Any], msg_raw: Callable[[], bytes] | None) -> bytes:
+    """Encode ``body`` canonically, splicing pre-encoded message bytes when available."""
+    if msg_raw is None:
+        return canonical_bytes(body)
+    parts = []
+    for k in sorted(body):
+        v = msg_raw() if k == "messages" else canonical_bytes(body[k])
+        parts.append(canonical_bytes(k) + b":" + v)
+    return b"{" + b",".join(parts) + b"}"
+
+
+def _block_text(b: Block) -> tuple[str, int]:
+    """Text to tokenize for a block, plus tokens for non-text media."""
+    if isinstance(b, TextBlock):
+        return b.text, 0
+    if isinstance(b, ToolUseBlock):
+        return b.name + " " + canonical_bytes(b.input).decode(), 0
+    if isinstance(b, ToolResultBlock):
+        if isinstance(b.content, str):
+            return b.content, 0
+        if isinstance(b.content, list):
+            texts, media = [], 0
+            for x in b.content:
+                t, m = _block_text(x)
+                texts.append(t)
+                media += m + BLOCK_OVERHEAD
+            return "\n".join(texts), media
+        return "", 0
+    if isinstance(b, ThinkingBlock):
+        return b.thinking, 0
+    if isinstance(b, RedactedThinkingBlock):
+        return "", len(b.data) // 4
+    if isinstance(b, ImageBlock):
+        return "", IMAGE_TOKENS
+    if isinstance(b, DocumentBlock):
+        src = b.source
+        if src.get("type") == "text":
+            return str(src.get("data", "")), 0
+        if src.get("type") == "content" and isinstance(src.get("content"), list):
+            return canonical_bytes(src["content"]).decode(), 0
+        data = src.get("data")
+        # a PDF page is ~1.5-3k tokens; bytes/100 is a coarse stand-in until the API reports usage
+        return "", (len(data) * 3 // 4) // 100 if isinstance(data, str) else IMAGE_TOKENS
+    if isinstance(b, UnknownBlock):
+        return canonical_bytes(b.raw).decode(), 0
+    return "", 0
+
+
+class Renderer:
+    """Builds request bodies for one session and remembers where it put cache breakpoints."""
+
+    def __init__(
+        self,
+        transcript: Transcript,
+        ledger: Ledger,
+        tools: Sequence[ToolDef],
+        system: Sequence[TextBlock],
+        counter: TokenCounter,
+        prefix_end: Callable[[], int | None],
+        expected_prefix_hash: Callable[[], str | None],
+    ) -> None:
+        self.t = transcript
+        self.ledger = ledger
+        self.counter = counter
+        self._prefix_end = prefix_end
+        self._expected_prefix_hash = expected_prefix_hash
+        self._head: list[_RBlock] = [self._make_tool(tool) for tool in tools]
+        self._n_tools = len(self._head)
+        self._head += [self._make(blk, None, None, first=False) for blk in system]
+        self._n_system = len(self._head) - self._n_tools
+        self._plain: dict[int, _RMessage] = {}
+        self._edited: dict[tuple[int, int], _RMessage] = {}
+        # previous render state, reused while nothing before the new tail changed
+        self._prev_key: tuple[int, int] | None = None
+        self._prev_msgs: list[_RMessage] = []
+        self._prev_flat: list[_RBlock] = list(self._head)
+        self._prev_chain: list[bytes] = []
+        self._prev_cum: list[int] = []
+        self._prev_pos: list[int] = []
+        self._prev_starts: list[int] = []
+        self._prev_src_end: int = 0
+        self._extend_chain(self._prev_flat, 0, self._prev_chain, self._prev_cum, self._prev_pos)
+        self.written: deque[tuple[int, bytes]] = deque(maxlen=8)
+
+    # -- block construction ------------------------------------------------------------------
+
+    def _make(self, b: Block, ti: int | None, seq: int | None, first: bool) -> _RBlock:
+        d = block_to_dict(b, strip_cache_control=True)
+        raw = canonical_bytes(d)
+        h = xxhash.xxh3_128_digest(raw)
+        text, media = _block_text(b)
+        tokens = self.counter.count_cached(h, text, media + BLOCK_OVERHEAD) + (MESSAGE_OVERHEAD if first else 0)
+        kind = d["type"]
+        cacheable = kind not in _NOT_CACHEABLE and not (kind == "text" and not d.get("text"))
+        return _RBlock(d, raw, h, tokens, kind, cacheable, ti, seq)
+
+    def _make_tool(self, tool: ToolDef) -> _RBlock:
+        d = {k: v for k, v in tool.raw.items() if k != "cache_control"}
+        raw = canonical_bytes(d)
+        h = xxhash.xxh3_128_digest(raw)
+        tokens = self.counter.count_cached(h, raw.decode(), BLOCK_OVERHEAD)
+        return _RBlock(d, raw, h, tokens, "tool", True, None, None)
+
+    def _message(self, role: str, blocks: list[_RBlock], extra: dict[str, Any] | None = None) -> _RMessage:
+        return _RMessage(role, blocks, {"role": role, "content": [b.d for b in blocks], **(extra or {})})
+
+    def _plain_msg(self, i: int) -> _RMessage:
+        m = self._plain.get(i)
+        if m is None:
+            msg = self.t[i]
+            blocks = [self._make(b, i, None, j == 0) for j, b in enumerate(content_blocks(msg))]
+            m = self._plain[i] = self._message(msg.role, blocks, msg.extra)
+        return m
+
+    def _cleared_msg(self, i: int, e: LedgerEntry, cache: bool = True) -> _RMessage:
+        """Message i with every tool_result's content replaced by a placeholder; pairs stay."""
+        key = (i, e.seq)
+        m = self._edited.get(key) if cache else None
+        if m is None:
+            src = self._plain_msg(i)
+            blocks = []
+            for j, b in enumerate(content_blocks(self.t[i])):
+                if isinstance(b, ToolResultBlock):
+                    text = (f"[cachecompact: this tool result was cleared to save context (ledger entry "
+                            f"#{e.seq}, {e.level}, ~{src.blocks[j].tokens} tokens). The original is kept in "
+                            f"the session transcript as message {i}; run the tool again if you need it.]")
+                    cleared = ToolResultBlock(tool_use_id=b.tool_use_id, content=text, is_error=b.is_error)
+                    blocks.append(self._make(cleared, i, e.seq, j == 0))
+                else:
+                    blocks.append(src.blocks[j])
+            m = self._message("user", blocks)
+            if cache:
+                self._edited[key] = m
+        return m
+
+    def _summary_msg(self, e: LedgerEntry, cache: bool = True) -> _RMessage:
+        """One user message, clearly marked, standing for messages e.start..e.end."""
+        key = (-1, e.seq)
+        m = self._edited.get(key) if cache else None
+        if m is None:
+            text = (f"[cachecompact summary of messages {e.start}-{e.end} (ledger entry #{e.seq}, {e.level}). "
+                    f"The full messages are kept in the session transcript.]\n{e.summary}")
+            m = self._message("user", [self._make(TextBlock(text=text), None, e.seq, True)])
+            if cache:
+                self._edited[key] = m
+        return m
+
+    def _entry_messages(self, e: LedgerEntry, cache: bool = True) -> list[_RMessage]:
+        if e.kind == "summary":
+            return [self._summary_msg(e, cache)]
+        if all(self.t.is_tool_result_message(i) for i in range(e.start, e.end + 1)):
+            return [self._cleared_msg(i, e, cache) for i in range(e.start, e.end + 1)]
+        return []
+
+    def edit_tokens(self, draft: LedgerEntry) -> tuple[int, int]:
+        """Estimated tokens the draft's range occupies now, and after the draft is applied."""
+        inside = {e.start: e for e in self.ledger.effective() if draft.start <= e.start and e.end <= draft.end}
+        before, i = 0, draft.start
+        while i <= draft.end:
+            e = inside.get(i)
+            if e is not None:
+                before += sum(b.tokens for m in self._entry_messages(e) for b in m.blocks)
+                i = e.end + 1
+            else:
+                before += sum(b.tokens for b in self._plain_msg(i).blocks)
+                i += 1
+        after = sum(b.tokens for m in self._entry_messages(draft, cache=False) for b in m.blocks)
+        return self.counter.calibrated(before), self.counter.calibrated(after)
+
+    def prefix_hash(self) -> str | None:
+        """Chained hash at the end of the immutable prefix (tools, system, first messages)."""
+        pe = self._prefix_end()
+        if pe is None:
+            return None
+        h = b""
+        blocks = list(self._head)
+        for i in range(pe):
+            blocks.extend(self._plain_msg(i).blocks)
+        if not blocks:
+            return EMPTY_PREFIX_HASH
+        for b in blocks:
+            h = xxhash.xxh3_128_digest(h + b.h)
+        return h.hex()
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _messages(self, entries: list[LedgerEntry], n: int) -> Iterator[_RMessage]:
+        idx, k = 0, 0
+        while idx < n:
+            if k < len(entries) and entries[k].start == idx:
+                e = entries[k]
+                k += 1
+                yield from self._entry_messages(e)
+                idx = e.end + 1
+            else:
+                yield self._plain_msg(idx)
+                idx += 1
+
+    def _extend_chain(self, flat: list[_RBlock], start: int, chain: list[bytes], cum: list[int],
+                      pos: list[int]) -> None:
+        h = chain[start - 1] if start else b""
+        c = cum[start - 1] if start else 0
+        p = pos[start - 1] if start else -1
+        prev_kind = flat[start - 1].kind if start else ""
+        digest = xxhash.xxh3_128_digest
+        for k in range(start, len(flat)):
+            b = flat[k]
+            h = digest(h + b.h)
+            c += b.tokens
+            if not (b.kind in _RUN_KINDS and b.kind == prev_kind):
+                p += 1
+            prev_kind = b.kind
+            chain.append(h)
+            cum.append(c)
+            pos.append(p)
+
+    def render(
+        self,
+        *,
+        upto_entry: int | None = None,
+        transcript_len: int | None = None,
+        breakpoints: bool = True,
+        ttl: str | None = None,
+        prefix_ttl: str | None = None,
+        remember: bool = True,
+        **params: Any,
+    ) -> RenderResult:
+        """Render the request. ``upto_entry``/``transcript_len`` replay an earlier state."""
+        n = len(self.t) if transcript_len is None else transcript_len
+        historical = upto_entry is not None or transcript_len is not None
+        n_entries = len(self.ledger) if upto_entry is None else upto_entry
+        entries = self.ledger.effective(n_entries)
+        key = (n_entries, n)
+        if not historical and self._prev_key is not None and self._prev_key[0] == n_entries \
+                and n >= self._prev_src_end:
+            # fast path: no new edits; only new messages to append
+            msgs = self._prev_msgs + [self._plain_msg(i) for i in range(self._prev_src_end, n)]
+            flat = list(self._prev_flat)
+            starts = list(self._prev_starts)
+            for m in msgs[len(self._prev_msgs):]:
+                starts.append(len(flat))
+                flat.extend(m.blocks)
+            common = len(self._prev_flat)
+        else:
+            msgs = list(self._messages(entries, n))
+            flat = list(self._head)
+            starts = []
+            for m in msgs:
+                starts.append(len(flat))
+                flat.extend(m.blocks)
+            pf = self._prev_flat
+            common = 0
+            lim = min(len(pf), len(flat))
+            while common < lim and pf[common] is flat[common]:
+                common += 1
+        chain = self._prev_chain[:common]
+        cum = self._prev_cum[:common]
+        pos = self._prev_pos[:common]
+        self._extend_chain(flat, common, chain, cum, pos)
+
+        # immutable prefix: its hash is the chain value at its last block
+        pe = self._prefix_end()
+        prefix_last = self._prefix_last_block(msgs, starts, pe)
+        prefix_hash = None
+        if pe is not None:
+            prefix_hash = chain[prefix_last].hex() if prefix_last >= 0 else EMPTY_PREFIX_HASH
+        expected = self._expected_prefix_hash()
+        if expected is not None and prefix_hash is not None and prefix_hash != expected:
+            raise ImmutablePrefixError(
+                f"immutable prefix hash {prefix_hash} != stored {expected}: tools, system or the first "
+                f"{pe} messages changed")
+
+        bps = self._place_breakpoints(flat, chain, pos, prefix_last) if breakpoints and flat else []
+        msg_dicts = [m.d for m in msgs]
+        body: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
+        if breakpoints:
+            body.pop("cache_control", None)
+        tool_dicts = [b.d for b in flat[: self._n_tools]]
+        sys_dicts = [b.d for b in flat[self._n_tools: self._n_tools + self._n_system]]
+        bp_set = set(bps)
+        cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+        cc_prefix = {"type": "ephemeral", **({"ttl": prefix_ttl} if prefix_ttl else {})} if prefix_ttl else cc_main
+        patched: set[int] = set()
+        for k in bps:
+            cc = cc_prefix if k == prefix_last else cc_main
+            if k < self._n_tools:
+                tool_dicts[k] = {**tool_dicts[k], "cache_control": cc}
+            elif k < self._n_tools + self._n_system:
+                j = k - self._n_tools
+                sys_dicts[j] = {**sys_dicts[j], "cache_control": cc}
+            else:
+                mi = bisect.bisect_right(starts, k) - 1
+                md = msg_dicts[mi]
+                if mi not in patched:
+                    md = msg_dicts[mi] = {**md, "content": list(md["content"])}
+                    patched.add(mi)
+                j = k - starts[mi]
+                md["content"][j] = {**md["content"][j], "cache_control": cc}
+        if tool_dicts:
+            body["tools"] = tool_dicts
+        if sys_dicts:
+            body["system"] = sys_dicts
+        body["messages"] = msg_dicts
+
+        def msg_raw() -> bytes:
+            parts = []
+            for mi, m in enumerate(msgs):
+                if mi in patched:
+                    parts.append(canonical_bytes(msg_dicts[mi]))
+                else:
+                    parts.append(self._msg_bytes(m))
+            return b"[" + b",".join(parts) + b"]"
+
+        raw_tokens = cum[-1] if cum else 0
+        result = RenderResult(
+            body=body,
+            block_hashes=chain,
+            prefix_hash=prefix_hash,
+            tokens=self.counter.calibrated(raw_tokens),
+            raw_tokens=raw_tokens,
+            breakpoints=bps,
+            positions=pos,
+            cumulative_tokens=cum,
+            applied=tuple(e.seq for e in self.ledger.entries[:n_entries]),
+            _blocks=flat,
+            _n_tools=self._n_tools,
+            _n_system=self._n_system,
+            _msg_starts=starts,
+            _msg_raw=msg_raw,
+            _entries={e.seq: e for e in self.ledger.entries[:n_entries]},
+        )
+        if not historical:
+            self._prev_key, self._prev_msgs, self._prev_flat = key, msgs, flat
+            self._prev_chain, self._prev_cum, self._prev_pos, self._prev_starts = chain, cum, pos, starts
+            self._prev_src_end = n
+            if remember:
+                for k in bps:
+                    self.written.append((k, chain[k]))
+        return result
+
+    @staticmethod
+    def _msg_bytes(m: _RMessage) -> bytes:
+        if m.raw is None:
+            if len(m.d) == 2:  # only role and content: splice the blocks' cached bytes
+                inner = b",".join(b.raw for b in m.blocks)
+                m.raw = b'{"content":[' + inner + b'],"role":' + canonical_bytes(m.role) + b"}"
+            else:
+                m.raw = canonical_bytes(m.d)
+        return m.raw
+
+    def _prefix_last_block(self, msgs: list[_RMessage], starts: list[int], pe: int | None) -> int:
+        """Flat index of the prefix's last block (tools/system only while messages are pending)."""
+        head = self._n_tools + self._n_system
+        if pe is None or pe == 0:
+            return head - 1
+        # the prefix messages are never edited, so rendered message pe-1 is transcript message pe-1
+        if pe > len(msgs):
+            return head - 1
+        return starts[pe - 1] + len(msgs[pe - 1].blocks) - 1
+
+    def _place_breakpoints(self, flat: list[_RBlock], chain: list[bytes], pos: list[int],
+                           prefix_last: int) -> list[int]:
+        """Prefix end, last block, then earlier cached ends the lookback would miss."""
+
+        def eligible(k: int) -> int:
+            while k >= 0 and not flat[k].cacheable:
+                k -= 1
+            return k
+
+        chosen: list[int] = []
+        for k in (eligible(len(flat) - 1), eligible(prefix_last)):
+            if k >= 0 and k not in chosen:
+                chosen.append(k)
+        candidates = sorted(
+            {k for k, h in self.written if k < len(chain) and chain[k] == h and flat[k].cacheable}, reverse=True)
+
+        def covered(c: int) -> bool:
+            return any(b >= c and pos[b] - pos[c] < LOOKBACK for b in chosen)
+
+        for c in candidates:
+            if len(chosen) >= MAX_BREAKPOINTS:
+                break
+            if not covered(c):
+                chosen.append(c)
+        return sorted(chosen)

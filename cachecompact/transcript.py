@@ -1,0 +1,168 @@
+"""The append-only transcript: what the agent said and saw, with indices that never move."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import xxhash
+
+from .errors import HistoryRewrittenError, MalformedMessageError
+from .wire import (
+    Message,
+    ToolResultBlock,
+    ToolUseBlock,
+    canonical_bytes,
+    content_blocks,
+    message_from_dict,
+    message_to_dict,
+    plain,
+    tool_result_ids,
+    tool_use_ids,
+)
+
+__all__ = ["MessageRecord", "Transcript", "immutable_prefix_end", "message_hash"]
+
+
+def message_hash(raw: dict[str, Any]) -> bytes:
+    """xxh3-128 of the caller's message in canonical encoding (so key order never matters)."""
+    return xxhash.xxh3_128_digest(canonical_bytes(raw))
+
+
+class MessageRecord(msgspec.Struct, frozen=True):
+    """One parsed, validated message ready to be appended."""
+
+    index: int
+    message: Message
+    raw: dict[str, Any]
+    hash: bytes
+
+
+class Transcript:
+    """Messages in the order they happened. Never edited; compaction lives in the ledger."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._hashes: list[bytes] = []
+        self._tool_ids: set[str] = set()
+        self._has_use: list[bool] = []
+        self._has_result: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i: int) -> Message:
+        return self.messages[i]
+
+    def hash_of(self, i: int) -> bytes:
+        return self._hashes[i]
+
+    def has_tool_use(self, i: int) -> bool:
+        return self._has_use[i]
+
+    def is_tool_result_message(self, i: int) -> bool:
+        """A user message carrying at least one tool_result (it answers message i-1)."""
+        return self._has_result[i]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [message_to_dict(m) for m in self.messages]
+
+    # -- appending -------------------------------------------------------------------------
+
+    def prepare(self, history: Sequence[Any]) -> list[MessageRecord]:
+        """Validate ``history`` (the agent's full list) against what is recorded.
+
+        Returns the new tail as records without changing anything, so a caller can persist
+        them first and then `commit`. Raises `HistoryRewrittenError` or `MalformedMessageError`.
+        """
+        if not isinstance(history, Sequence) or isinstance(history, (str, bytes)):
+            raise MalformedMessageError("messages", "must be a list of messages")
+        n_old = len(self.messages)
+        if len(history) < n_old:
+            raise HistoryRewrittenError(len(history), f"history has {len(history)} messages, "
+                                                      f"the transcript already has {n_old}")
+        for i in range(n_old):
+            raw = plain(history[i])
+            if not isinstance(raw, dict) or message_hash(raw) != self._hashes[i]:
+                raise HistoryRewrittenError(i)
+        return self.prepare_new([plain(m) for m in history[n_old:]])
+
+    def prepare_new(self, new: Sequence[Any]) -> list[MessageRecord]:
+        """Validate messages that would be appended after the current end."""
+        records: list[MessageRecord] = []
+        seen_ids = set(self._tool_ids)
+        prev = self.messages[-1] if self.messages else None
+        start = len(self.messages)
+        for k, raw_in in enumerate(new):
+            i = start + k
+            raw = plain(raw_in)
+            msg = message_from_dict(raw, i)
+            self._check_pairing(msg, prev, i, seen_ids)
+            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=message_hash(raw)))
+            prev = msg
+        return records
+
+    def commit(self, records: Sequence[MessageRecord]) -> None:
+        """Append records produced by `prepare` (after they were persisted)."""
+        for rec in records:
+            if rec.index != len(self.messages):
+                raise ValueError(f"record {rec.index} does not extend a transcript of {len(self.messages)}")
+            m = rec.message
+            self.messages.append(m)
+            self._hashes.append(rec.hash)
+            uses = tool_use_ids(m)
+            self._tool_ids.update(uses)
+            self._has_use.append(bool(uses))
+            self._has_result.append(m.role == "user" and bool(tool_result_ids(m)))
+
+    @staticmethod
+    def _check_pairing(msg: Message, prev: Message | None, i: int, seen_ids: set[str]) -> None:
+        where = f"messages[{i}]"
+        if prev is None and msg.role != "user":
+            raise MalformedMessageError(f"{where}.role", "the first message must be from the user")
+        blocks = content_blocks(msg)
+        pending = set(tool_use_ids(prev)) if prev is not None and prev.role == "assistant" else set()
+        answered: set[str] = set()
+        for j, b in enumerate(blocks):
+            if isinstance(b, ToolResultBlock):
+                if msg.role != "user":
+                    raise MalformedMessageError(f"{where}.content[{j}]", "tool_result blocks belong in user messages")
+                if b.tool_use_id not in pending:
+                    raise MalformedMessageError(
+                        f"{where}.content[{j}].tool_use_id",
+                        f"tool_result for {b.tool_use_id!r} has no matching tool_use in messages[{i - 1}]",
+                    )
+                if b.tool_use_id in answered:
+                    raise MalformedMessageError(f"{where}.content[{j}].tool_use_id",
+                                                f"second tool_result for {b.tool_use_id!r}")
+                answered.add(b.tool_use_id)
+            elif isinstance(b, ToolUseBlock):
+                if msg.role != "assistant":
+                    raise MalformedMessageError(f"{where}.content[{j}]", "tool_use blocks belong in assistant messages")
+                if b.id in seen_ids:
+                    raise MalformedMessageError(f"{where}.content[{j}].id", f"duplicate tool_use id {b.id!r}")
+                seen_ids.add(b.id)
+        missing = pending - answered
+        if missing:
+            raise MalformedMessageError(
+                f"{where}.content",
+                f"messages[{i - 1}] called tools {sorted(missing)} but this message does not answer them",
+            )
+
+
+def immutable_prefix_end(transcript: Transcript, n: int) -> int | None:
+    """First message index after the immutable prefix, or None while it is still forming.
+
+    The prefix is the first ``n`` messages, extended forward while its last message holds a
+    tool_use (its results must stay with it).
+    """
+    end = n
+    while True:
+        if end == 0:
+            return 0
+        if end > len(transcript):
+            return None
+        if not transcript.has_tool_use(end - 1):
+            return end
+        end += 1
