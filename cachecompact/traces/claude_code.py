@@ -1,0 +1,121 @@
+"""Claude Code session logs: JSONL files under ~/.claude/projects, or a JSON array of entries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._repair import repair_pairing
+from .model import Trace, TraceFormatError, parse_time
+
+__all__ = ["is_claude_code", "load_claude_code"]
+
+_CONTINUATION = "This session is being continued from a previous conversation"
+
+
+def _entries(path: Path, text: str) -> list[dict[str, Any]]:
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise TraceFormatError(str(path), f"not valid JSON (truncated?): {err}") from None
+        if not isinstance(data, list):
+            raise TraceFormatError(str(path), "expected a JSON array of Claude Code entries")
+        return [e for e in data if isinstance(e, dict)]
+    out = []
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError as err:
+            if n == len(lines):
+                raise TraceFormatError(str(path), f"line {n}: truncated last line: {err}") from None
+            raise TraceFormatError(str(path), f"line {n}: not JSON: {err}") from None
+        if isinstance(e, dict):
+            out.append(e)
+    return out
+
+
+def is_claude_code(entries: list[dict[str, Any]]) -> bool:
+    return any(e.get("type") in ("user", "assistant") and isinstance(e.get("message"), dict)
+               and "sessionId" in e for e in entries[:50])
+
+
+def _is_compaction_artifact(e: dict[str, Any]) -> bool:
+    """Claude Code's own compaction summary and continuation boilerplate."""
+    if e.get("isCompactSummary"):
+        return True
+    content = e.get("message", {}).get("content")
+    if isinstance(content, str):
+        return content.startswith(_CONTINUATION)
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        return str(content[0].get("text", "")).startswith(_CONTINUATION)
+    return False
+
+
+def load_claude_code(path: str | Path, text: str | None = None) -> Trace:
+    """Rebuild the main-chain, uncompacted conversation with its recorded usage and times.
+
+    Sub-agent traffic (``isSidechain``) is skipped; assistant entries that share
+    ``message.id`` (one API response split over entries) are merged; consecutive user
+    entries (grouped tool results) become one message; Claude Code's compaction summaries
+    and continuation messages are removed, keeping the real messages before them.
+    """
+    p = Path(path)
+    entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
+    if not is_claude_code(entries):
+        raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
+    msgs: list[dict[str, Any]] = []
+    extras: list[tuple[float | None, dict[str, Any] | None]] = []
+    last_id: str | None = None
+    model = None
+    removed = 0
+    for e in entries:
+        if e.get("type") not in ("user", "assistant") or e.get("isSidechain"):
+            continue
+        msg = e.get("message")
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            continue
+        if _is_compaction_artifact(e):
+            removed += 1
+            continue
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = [b for b in content if isinstance(b, dict)]
+        if not content:
+            continue
+        ts = parse_time(e.get("timestamp"))
+        if msg["role"] == "assistant":
+            model = msg.get("model") or model
+            mid = msg.get("id")
+            usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else None
+            if mid is not None and mid == last_id and msgs and msgs[-1]["role"] == "assistant":
+                prev = msgs[-1]
+                prev["content"] = list(prev["content"]) + (content if isinstance(content, list)
+                                                           else [{"type": "text", "text": content}])
+                extras[-1] = (extras[-1][0], usage or extras[-1][1])
+                continue
+            last_id = mid
+            msgs.append({"role": "assistant", "content": content})
+            extras.append((ts, usage))
+        else:
+            last_id = None
+            msgs.append({"role": "user", "content": content})
+            extras.append((ts, None))
+    msgs, extras, notes = repair_pairing(msgs, extras)
+    if removed:
+        notes.append(f"removed {removed} Claude Code compaction/continuation message(s)")
+    if not msgs:
+        raise TraceFormatError(str(p), "no main-chain messages")
+    if msgs[0]["role"] != "user":
+        msgs.insert(0, {"role": "user", "content": "[session start]"})
+        extras.insert(0, (extras[0][0], None))
+        notes.append("inserted a user message before a leading assistant message")
+    return Trace(
+        name=p.stem, source=str(p), format="claude-code", system=None, tools=[], messages=msgs,
+        timestamps=[x[0] for x in extras], usage=[x[1] for x in extras], model=model, notes=notes,
+    )

@@ -1,0 +1,55 @@
+"""The in-memory form every loader produces: Anthropic messages plus what was recorded."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+__all__ = ["Trace", "TraceFormatError", "parse_time"]
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed, truncated or of an unknown format. Names the file and reason."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class Trace(msgspec.Struct, kw_only=True):
+    """One agent session in Messages API form.
+
+    ``timestamps[i]`` is when message i happened (unix seconds) or None when unknown;
+    ``usage[i]`` is the usage the real API reported for assistant message i, if recorded.
+    """
+
+    name: str
+    source: str
+    format: str
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    timestamps: list[float | None] = []
+    usage: list[dict[str, Any] | None] = []
+    model: str | None = None
+    notes: list[str] = []
+
+    @property
+    def turns(self) -> int:
+        """Assistant messages, i.e. model calls."""
+        return sum(1 for m in self.messages if m["role"] == "assistant")
+
+
+def parse_time(value: Any) -> float | None:
+    """ISO-8601 strings and unix numbers to unix seconds; anything else to None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
