@@ -153,33 +153,42 @@ class RenderResult:
     def first_divergence(self, previous: RenderResult | None) -> Divergence | None:
         """First block whose chained hash differs from ``previous``, with the edit that explains it.
 
-        Pure growth (the previous chain is a prefix of this one) is not a divergence.
+        Pure growth (the previous chain is a prefix of this one) is not a divergence. When this
+        render is a strict prefix of the previous one (trailing messages were skipped), the
+        divergence is the first vanished block, located in ``previous``.
         """
         if previous is None:
             return None
         a, b = previous.block_hashes, self.block_hashes
         n = min(len(a), len(b))
         k = _first_mismatch(a, b, n)
-        if k is None:
-            if len(b) >= len(a):
-                return None
-            k = n  # this render is shorter: content after k vanished
-            if k >= len(b):
-                k = len(b) - 1
-        loc = self.location(k)
+        if k is None and len(b) >= len(a):
+            return None
         new_seqs = set(self.applied) - set(previous.applied)
+        if k is None:  # content after the end of this render vanished
+            loc = previous.location(n)
+            return Divergence(n, loc, self._explain(loc, new_seqs))
+        loc = self.location(k)
         return Divergence(k, loc, self._explain(loc, new_seqs))
 
     def _explain(self, loc: BlockLocation, new_seqs: set[int]) -> LedgerEntry | None:
+        """The earliest new ledger entry starting at or before ``loc``'s source message.
+
+        Everything before the divergence is unchanged, so a new edit that starts at or before
+        it is what moved the bytes (messages between its end and ``loc`` may be hidden by
+        older edits). A divergence in tools/system, or with no new edit before it, is unexplained.
+        """
         if loc.section != "messages" or not new_seqs:
             return None
         if loc.entry_seq in new_seqs:
-            return self._entries[loc.entry_seq] if loc.entry_seq is not None else None
+            return self._entries[loc.entry_seq]
         ti = loc.transcript_index
+        if ti is None and loc.entry_seq is not None:
+            ti = self._entries[loc.entry_seq].start
         best: LedgerEntry | None = None
         for seq in new_seqs:
             e = self._entries[seq]
-            if ti is not None and e.start <= ti <= e.end + 1 and (best is None or e.start < best.start):
+            if ti is not None and e.start <= ti and (best is None or e.start < best.start):
                 best = e
         return best
 
@@ -478,7 +487,6 @@ class Renderer:
             body.pop("cache_control", None)
         tool_dicts = [b.d for b in flat[: self._n_tools]]
         sys_dicts = [b.d for b in flat[self._n_tools: self._n_tools + self._n_system]]
-        bp_set = set(bps)
         cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
         cc_prefix = {"type": "ephemeral", **({"ttl": prefix_ttl} if prefix_ttl else {})} if prefix_ttl else cc_main
         patched: set[int] = set()
@@ -578,9 +586,10 @@ class Renderer:
         def covered(c: int) -> bool:
             return any(b >= c and pos[b] - pos[c] < LOOKBACK for b in chosen)
 
+        # Reads hit the latest entry the lookback reaches, so only the newest earlier write
+        # matters; older ones only fill spare slots as insurance (a write that never landed).
         for c in candidates:
-            if len(chosen) >= MAX_BREAKPOINTS:
+            if len(chosen) >= MAX_BREAKPOINTS or covered(c):
                 break
-            if not covered(c):
-                chosen.append(c)
+            chosen.append(c)
         return sorted(chosen)

@@ -28,7 +28,7 @@ import msgspec
 from .errors import LedgerCorruptError, SessionLockedError, StoreError
 from .wire import canonical_bytes
 
-__all__ = ["FORMAT", "TornTail", "SessionStore"]
+__all__ = ["FORMAT", "SessionStore", "TornTail"]
 
 FORMAT = "cachecompact-session"
 VERSION = 1

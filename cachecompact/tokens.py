@@ -48,7 +48,7 @@ def _tiktoken_spec(name: str) -> dict[str, Any]:
         return {}
 
     original = openai_public.load_tiktoken_bpe
-    openai_public.load_tiktoken_bpe = record  # type: ignore[assignment]
+    openai_public.load_tiktoken_bpe = record
     try:
         spec: dict[str, Any] = ctor()
     finally:

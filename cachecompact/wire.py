@@ -75,7 +75,7 @@ class _Base(Struct, kw_only=True, omit_defaults=True):
 class TextBlock(_Base):
     TYPE: ClassVar[str] = "text"
     text: str
-    citations: list[Any] | None | UnsetType = UNSET
+    citations: list[Any] | UnsetType | None = UNSET
 
 
 class ImageBlock(_Base):
@@ -86,9 +86,9 @@ class ImageBlock(_Base):
 class DocumentBlock(_Base):
     TYPE: ClassVar[str] = "document"
     source: dict[str, Any]
-    title: str | None | UnsetType = UNSET
-    context: str | None | UnsetType = UNSET
-    citations: dict[str, Any] | None | UnsetType = UNSET
+    title: str | UnsetType | None = UNSET
+    context: str | UnsetType | None = UNSET
+    citations: dict[str, Any] | UnsetType | None = UNSET
 
 
 class ToolUseBlock(_Base):
@@ -207,7 +207,7 @@ def block_from_dict(d: Any, where: str) -> Block:
         if isinstance(blk.content, list):
             inner = [block_from_dict(x, f"{where}.content[{j}]") for j, x in enumerate(blk.content)]
             blk = msgspec.structs.replace(blk, content=inner)
-    return blk
+    return blk  # type: ignore[return-value]  # _KNOWN maps only to Block members
 
 
 def block_to_dict(b: Block, *, strip_cache_control: bool = False) -> dict[str, Any]:

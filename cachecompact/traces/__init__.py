@@ -72,11 +72,15 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceFormatError(str(p), f"cannot read: {err}") from None
     if not text.strip():
         raise TraceFormatError(str(p), "empty file")
-    if p.suffix == ".jsonl" or not text.lstrip().startswith(("{", "[")):
+    if p.suffix == ".jsonl":
         return load_claude_code(p, text)
+    if not text.lstrip().startswith(("{", "[")):
+        raise TraceFormatError(str(p), "not JSON: expected a JSON object, array or JSON Lines")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
+        if err.msg == "Extra data":  # several JSON values: JSON Lines under a .json name
+            return load_claude_code(p, text)
         raise TraceFormatError(str(p), f"not valid JSON (truncated?): {err}") from None
     if isinstance(data, list) and data and isinstance(data[0], dict) and is_claude_code(data):
         return load_claude_code(p, text)
@@ -97,7 +101,7 @@ def _load_anthropic(p: Path, data: Any) -> Trace:
 
     body = data if isinstance(data, dict) else {"messages": data}
     msgs = [m for m in body["messages"] if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
-    msgs, extras, notes = repair_pairing(msgs, [None] * len(msgs))
+    msgs, _, notes = repair_pairing(msgs, [None] * len(msgs))
     if not msgs or msgs[0]["role"] != "user":
         raise TraceFormatError(str(p), "conversation does not start with a user message")
     return Trace(name=p.stem, source=str(p), format="anthropic", system=body.get("system"),

@@ -43,7 +43,8 @@ def openai_to_anthropic(
         if not isinstance(m, dict) or "role" not in m:
             raise TraceFormatError(path, f"messages[{n}] is not a chat message")
         role = m["role"]
-        extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+        raw_extra = m.get("extra")
+        extra: dict[str, Any] = raw_extra if isinstance(raw_extra, dict) else {}
         ts = parse_time(extra.get("timestamp"))
         if role in ("system", "developer"):
             system_parts.append(_text(m.get("content")))
@@ -70,7 +71,8 @@ def openai_to_anthropic(
                 blocks.append({"type": "tool_use", "id": call.get("id") or f"call_{n}_{k}", "name": name,
                                "input": args})
             if blocks:
-                resp = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+                raw_resp = extra.get("response")
+                resp: dict[str, Any] = raw_resp if isinstance(raw_resp, dict) else {}
                 out.append({"role": "assistant", "content": blocks})
                 extras.append((ts, resp.get("usage") if isinstance(resp.get("usage"), dict) else None))
         elif role == "tool":

@@ -1,0 +1,151 @@
+"""The ``cachecompact`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheCompactError, LedgerCorruptError, MalformedMessageError, StoreError
+from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
+from .session import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, Session
+from .validate import validate_request
+
+__all__ = ["main"]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:{'>' if i < 2 else '<'}{w}}}" for i, w in enumerate(widths))
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+def ledger_table(sess: Session) -> str:
+    rows = [[str(e.seq), e.level, e.kind, f"{e.start}..{e.end}", f"{e.tokens_before}->{e.tokens_after}",
+             str(e.transcript_len), e.created_at[:19], (e.reason or "")[:60]] for e in sess.ledger.entries]
+    return _table(rows, ["seq", "level", "kind", "range", "tokens", "at_len", "created", "reason"])
+
+
+def cmd_ledger_show(args: argparse.Namespace) -> int:
+    sess = Session.open(args.dir)
+    if not sess.ledger.entries:
+        print(f"{args.dir}: no ledger entries ({len(sess)} transcript messages)")
+        return 0
+    print(ledger_table(sess))
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when hashes, the chain and the replay of every entry are valid."""
+    try:
+        sess = Session.open(args.dir)
+    except LedgerCorruptError as err:
+        print(f"INVALID {err}", file=sys.stderr)
+        return 1
+    for torn in sess.torn:
+        print(f"warning: {torn}", file=sys.stderr)
+    ledger_path = Path(args.dir) / "ledger.jsonl"
+    for e in sess.ledger.entries:
+        try:
+            validate_request(sess.render(at_entry=e.seq).body)
+        except MalformedMessageError as err:
+            print(f"INVALID {ledger_path}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}",
+                  file=sys.stderr)
+            return 1
+    print(f"ok: {len(sess)} messages, {len(sess.ledger)} ledger entries, chain head {sess.ledger.head_hash[:16]}, "
+          f"prefix {sess.prefix_hash}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    sess = Session.open(args.dir)
+    result = sess.render(model=args.model, max_tokens=args.max_tokens, at_entry=args.at_entry)
+    if args.pretty:
+        print(json.dumps(result.body, indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.buffer.write(result.to_json() + b"\n")
+    print(f"# {result.tokens} estimated tokens, {result.n_blocks} blocks, breakpoints at {result.breakpoints}, "
+          f"prefix {result.prefix_hash}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build a session from a real trace (or a synthetic one), add two edits, show the effect."""
+    from .traces import default_trace_dir, discover, load_trace, synthetic_trace
+
+    if args.trace:
+        trace = load_trace(args.trace)
+    else:
+        tdir = default_trace_dir()
+        files = discover([tdir / "claude-code"]) if tdir and (tdir / "claude-code").is_dir() else []
+        trace = load_trace(files[0]) if files else synthetic_trace(0)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="cachecompact-demo-")) / "session"
+    sess = Session.create(out, system=trace.system, tools=trace.tools)
+    sess.sync(trace.messages)
+    before = sess.render()
+    print(f"trace {trace.name} ({trace.format}): {len(sess)} messages, ~{before.tokens} tokens, "
+          f"prefix ends at message {sess.prefix_end}, prefix hash {sess.prefix_hash}")
+    pe = sess.prefix_end or 0
+    results = [i for i in range(pe, len(sess)) if sess.transcript.is_tool_result_message(i)]
+    if len(results) > 6:
+        # clear one old tool result in place, then summarise an older stretch that contains it
+        sess.edit(SkipRange(results[2], results[2], "demo: old tool output"), level="L1")
+        span = widen_to_pairs(sess.transcript, pe, results[len(results) // 3])
+        if span:
+            sess.edit(ReplaceWithSummary(span[0], span[1], f"Demo summary of messages {span[0]}-{span[1]}.",
+                                         "demo: collapse early exploration"), level="L3")
+    after = sess.render()
+    print(f"after {len(sess.ledger)} edit(s): ~{after.tokens} tokens "
+          f"({100 * (1 - after.tokens / max(before.tokens, 1)):.0f}% smaller)")
+    div = after.first_divergence(before)
+    print(f"cache: {div}" if div else "cache: no divergence")
+    print(ledger_table(sess))
+    print(f"\nsession stored in {out}\n  cachecompact ledger verify {out}\n  cachecompact render {out} --pretty")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cachecompact", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    led = sub.add_parser("ledger", help="inspect a session's ledger")
+    lsub = led.add_subparsers(dest="ledger_command", required=True)
+    show = lsub.add_parser("show", help="print a table of the edits")
+    show.add_argument("dir")
+    show.set_defaults(func=cmd_ledger_show)
+    ver = lsub.add_parser("verify", help="check hashes, the chain and the replay; exit 1 on the first bad line")
+    ver.add_argument("dir")
+    ver.set_defaults(func=cmd_ledger_verify)
+    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)")
+    ren.add_argument("dir")
+    ren.add_argument("--at-entry", type=int, default=None, metavar="K")
+    ren.add_argument("--model", default=DEFAULT_MODEL)
+    ren.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
+    ren.set_defaults(func=cmd_render)
+    demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger")
+    demo.add_argument("--trace", help="a trace file (default: the first shared Claude Code trace, else synthetic)")
+    demo.add_argument("--out", help="session directory to create (default: a temporary one)")
+    demo.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rc: Any = args.func(args)
+    except (StoreError, CacheCompactError, IndexError) as err:
+        print(f"cachecompact: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - e.g. `| head`
+        return 0
+    return int(rc)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Shared fixtures and history builders for the tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARED_TRACES = Path(os.environ.get("CACHECOMPACT_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
+
+TOOLS = [{"name": "bash", "description": "Run a shell command.",
+          "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+SYSTEM = "You are a careful coding agent."
+
+
+def turn(k: int, n_calls: int = 1, result: str | None = None) -> list[dict[str, Any]]:
+    """One assistant turn with ``n_calls`` tool calls and the user message answering them."""
+    calls = [{"type": "tool_use", "id": f"toolu_{k}_{c}", "name": "bash", "input": {"command": f"cat f{k}_{c}.py"}}
+             for c in range(n_calls)]
+    asst = {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, *calls]}
+    if not n_calls:
+        return [asst, {"role": "user", "content": f"continue {k}"}]
+    res = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": c["id"], "content": result or f"output of {c['id']}\n" * 20}
+        for c in calls]}
+    return [asst, res]
+
+
+def history(n_turns: int, n_calls: int = 1) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in foo.py"}]
+    for k in range(n_turns):
+        msgs += turn(k, n_calls)
+    return msgs
+
+
+@pytest.fixture
+def shared_traces() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"shared traces not present at {SHARED_TRACES}")
+    return SHARED_TRACES

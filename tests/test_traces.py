@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cachecompact import Session
+from cachecompact.traces import TraceFormatError, discover, load_trace, synthetic_trace
+from cachecompact.validate import validate_messages
+
+
+def test_every_shared_trace_loads_and_syncs(shared_traces: Path) -> None:
+    files = discover([shared_traces])
+    assert len(files) >= 40
+    for f in files:
+        tr = load_trace(f)
+        assert tr.messages and tr.messages[0]["role"] == "user"
+        assert len(tr.timestamps) == len(tr.messages) == len(tr.usage)
+        validate_messages(tr.messages)
+        Session.create(None, system=tr.system, tools=tr.tools).sync(tr.messages)
+
+
+def test_claude_code_loader_merges_and_skips(tmp_path: Path) -> None:
+    base = {"sessionId": "s", "isSidechain": False, "timestamp": "2025-07-21T18:16:42.755Z"}
+    entries = [
+        {**base, "type": "user", "message": {"role": "user", "content": "do it"}},
+        {**base, "type": "assistant", "message": {"id": "m1", "role": "assistant", "model": "claude-x",
+                                                   "content": [{"type": "text", "text": "ok"}],
+                                                   "usage": {"input_tokens": 3}}},
+        {**base, "type": "assistant", "message": {"id": "m1", "role": "assistant",
+                                                   "content": [{"type": "tool_use", "id": "t1", "name": "Bash",
+                                                                "input": {}}],
+                                                   "usage": {"input_tokens": 3, "cache_read_input_tokens": 9}}},
+        {**base, "type": "assistant", "isSidechain": True, "message": {"id": "side", "role": "assistant",
+                                                                        "content": [{"type": "text", "text": "x"}]}},
+        {**base, "type": "user", "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "r1"}]}},
+        {**base, "type": "user", "isCompactSummary": True, "message": {
+            "role": "user", "content": "This session is being continued from a previous conversation ..."}},
+        {**base, "type": "system", "content": "hook ran"},
+    ]
+    p = tmp_path / "chat.jsonl"
+    p.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    tr = load_trace(p)
+    assert [m["role"] for m in tr.messages] == ["user", "assistant", "user"]
+    assert [b["type"] for b in tr.messages[1]["content"]] == ["text", "tool_use"]
+    assert tr.usage[1] == {"input_tokens": 3, "cache_read_input_tokens": 9}
+    assert tr.timestamps[0] == pytest.approx(1753121802.755)
+    assert any("compaction" in n for n in tr.notes)
+    arr = tmp_path / "chat.json"
+    arr.write_text(json.dumps(entries))
+    assert load_trace(arr).messages == tr.messages
+
+
+def test_openai_chat_conversion(tmp_path: Path) -> None:
+    data = {"messages": [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py"},
+        {"role": "assistant", "content": "done"}]}
+    p = tmp_path / "o.json"
+    p.write_text(json.dumps(data))
+    tr = load_trace(p)
+    assert tr.system == "sys" and tr.tools[0]["name"] == "bash"
+    assert tr.messages[1]["content"] == [{"type": "tool_use", "id": "call_1", "name": "bash",
+                                          "input": {"command": "ls"}}]
+    assert tr.messages[2]["content"][0]["tool_use_id"] == "call_1"
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    ("", "empty file"),
+    ('[{"type": "user", "sessionId": "s", "message": {"role": "user", "content": "x"}}', "truncated"),
+    ('{"hello": 1}', "unknown trace format"),
+    ("\x00\x01garbage", "not JSON"),
+])
+def test_malformed_traces_name_file_and_reason(tmp_path: Path, content: str, reason: str) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(TraceFormatError) as ei:
+        load_trace(p)
+    assert str(p) in str(ei.value) and reason in str(ei.value)
+
+
+def test_synthetic_is_deterministic_and_valid() -> None:
+    a, b = synthetic_trace(3), synthetic_trace(3)
+    assert a.messages == b.messages and a.timestamps == b.timestamps
+    assert synthetic_trace(4).messages != a.messages
+    validate_messages(a.messages)
+    Session.create(None, system=a.system, tools=a.tools).sync(a.messages)

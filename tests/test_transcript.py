@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from cachecompact import HistoryRewrittenError, MalformedMessageError, Session
+from cachecompact.transcript import immutable_prefix_end
+
+from .conftest import SYSTEM, TOOLS, history, turn
+
+
+def test_sync_appends_only_the_new_tail(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)
+    h = history(3)
+    assert s.sync(h) == list(range(len(h)))
+    h2 = h + turn(3)
+    assert s.sync(h2) == [len(h), len(h) + 1]
+    assert s.sync(h2) == []
+    assert s.messages() == h2
+    assert len((tmp_path / "s" / "transcript.jsonl").read_text().splitlines()) == len(h2)
+
+
+def test_key_order_is_not_a_rewrite() -> None:
+    s = Session.create(None)
+    h = history(2)
+    s.sync(h)
+    reordered = [dict(reversed(list(m.items()))) for m in h]
+    assert s.sync(reordered) == []
+
+
+@pytest.mark.parametrize("mutate", ["change", "drop"])
+def test_rewritten_history_names_first_differing_index(tmp_path: Path, mutate: str) -> None:
+    s = Session.create(tmp_path / "s")
+    h = history(4)
+    s.sync(h)
+    size = (tmp_path / "s" / "transcript.jsonl").stat().st_size
+    bad = copy.deepcopy(h) + turn(9)
+    if mutate == "change":
+        bad[5]["content"][0]["text"] = "edited"
+        expect = 5
+    else:
+        bad = bad[:3]
+        expect = 3
+    with pytest.raises(HistoryRewrittenError) as ei:
+        s.sync(bad)
+    assert ei.value.index == expect
+    assert (tmp_path / "s" / "transcript.jsonl").stat().st_size == size  # nothing written
+    assert len(s) == len(h)
+
+
+def test_tool_result_without_matching_tool_use_is_rejected_and_nothing_written(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s")
+    h = history(2)
+    s.sync(h)
+    bad = [*h, {"role": "assistant", "content": "ok"},
+           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}]
+    with pytest.raises(MalformedMessageError) as ei:
+        s.sync(bad)
+    assert ei.value.where == f"messages[{len(h) + 1}].content[0].tool_use_id"
+    assert len(Session.open(tmp_path / "s")) == len(h)
+
+
+def test_unanswered_tool_use_is_rejected_but_a_trailing_one_is_pending() -> None:
+    s = Session.create(None)
+    h = history(1)
+    call = turn(5)[0]
+    s.sync([*h, call])  # pending call at the end is fine
+    with pytest.raises(MalformedMessageError, match="does not answer"):
+        s.sync([*h, call, {"role": "user", "content": "never mind"}])
+
+
+def test_first_message_must_be_user() -> None:
+    with pytest.raises(MalformedMessageError) as ei:
+        Session.create(None).sync([{"role": "assistant", "content": "hi"}])
+    assert ei.value.where == "messages[0].role"
+
+
+def test_duplicate_tool_use_id_rejected() -> None:
+    s = Session.create(None)
+    h = history(1)
+    dup = turn(0)  # same ids as turn 0 in history(1)
+    with pytest.raises(MalformedMessageError, match="duplicate tool_use id"):
+        s.sync(h + dup)
+
+
+def test_immutable_prefix_extends_past_a_tool_pair() -> None:
+    s = Session.create(None, prefix_messages=2)
+    h = history(3)  # 0 user, 1 assistant(tool_use), 2 results, ...
+    s.sync(h[:2])
+    assert s.prefix_end is None  # results of message 1 not in yet
+    s.sync(h[:3])
+    assert s.prefix_end == 3
+    assert immutable_prefix_end(s.transcript, 0) == 0
