@@ -110,35 +110,71 @@ class Divergence:
 
 
 @dataclass(slots=True, eq=False)
+class _Arrays:
+    """Per-block and per-message arrays, shared by successive renders.
+
+    Renders without new edits only *append* to them, and each result sees its first
+    ``n`` entries, so the per-turn work is proportional to the new blocks. A render after
+    an edit gets fresh arrays, so earlier results never change.
+    """
+
+    msgs: list[_RMessage]
+    mdicts: list[dict[str, Any]]
+    starts: list[int]
+    flat: list[_RBlock]
+    chain: list[bytes]
+    cum: list[int]
+    pos: list[int]
+
+
+@dataclass(slots=True, eq=False)
 class RenderResult:
     """One rendered request: the body, its canonical bytes and its hash chain."""
 
     body: dict[str, Any]
-    block_hashes: list[bytes]
     prefix_hash: str | None
     tokens: int
     raw_tokens: int
     breakpoints: list[int]
-    positions: list[int]
-    cumulative_tokens: list[int]
     applied: tuple[int, ...]
-    _blocks: list[_RBlock] = field(repr=False)
+    _arr: _Arrays = field(repr=False)
+    _nb: int = 0
+    _nm: int = 0
     _n_tools: int = 0
     _n_system: int = 0
-    _msg_starts: list[int] = field(default_factory=list, repr=False)
-    _json: bytes | None = field(default=None, repr=False)
-    _msg_raw: Callable[[], bytes] | None = field(default=None, repr=False)
+    _patched: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
     _entries: dict[int, LedgerEntry] = field(default_factory=dict, repr=False)
+    _json: bytes | None = field(default=None, repr=False)
 
     def to_json(self) -> bytes:
         """Canonical request bytes: identical for identical transcript + ledger, in any process."""
         if self._json is None:
-            self._json = _encode_body(self.body, self._msg_raw)
+            parts = [canonical_bytes(self._patched[mi]) if mi in self._patched else _msg_bytes(self._arr.msgs[mi])
+                     for mi in range(self._nm)]
+            messages = b"[" + b",".join(parts) + b"]"
+            self._json = b"{" + b",".join(
+                canonical_bytes(k) + b":" + (messages if k == "messages" else canonical_bytes(self.body[k]))
+                for k in sorted(self.body)) + b"}"
         return self._json
 
     @property
+    def block_hashes(self) -> list[bytes]:
+        """Chained xxh3-128 per block (tools, system, message blocks), cache_control excluded."""
+        return self._arr.chain[: self._nb]
+
+    @property
+    def positions(self) -> list[int]:
+        """Lookback position of each block (a run of tool_use or tool_result blocks is one)."""
+        return self._arr.pos[: self._nb]
+
+    @property
+    def cumulative_tokens(self) -> list[int]:
+        """Raw estimated tokens up to and including each block."""
+        return self._arr.cum[: self._nb]
+
+    @property
     def n_blocks(self) -> int:
-        return len(self._blocks)
+        return self._nb
 
     def location(self, k: int) -> BlockLocation:
         """Locate flat block ``k`` (tools first, then system, then message blocks)."""
@@ -146,9 +182,9 @@ class RenderResult:
             return BlockLocation("tools", k, 0)
         if k < self._n_tools + self._n_system:
             return BlockLocation("system", k - self._n_tools, 0)
-        mi = bisect.bisect_right(self._msg_starts, k) - 1
-        b = self._blocks[k]
-        return BlockLocation("messages", mi, k - self._msg_starts[mi], b.transcript_index, b.entry_seq)
+        mi = bisect.bisect_right(self._arr.starts, k, 0, self._nm) - 1
+        b = self._arr.flat[k]
+        return BlockLocation("messages", mi, k - self._arr.starts[mi], b.transcript_index, b.entry_seq)
 
     def first_divergence(self, previous: RenderResult | None) -> Divergence | None:
         """First block whose chained hash differs from ``previous``, with the edit that explains it.
@@ -159,10 +195,10 @@ class RenderResult:
         """
         if previous is None:
             return None
-        a, b = previous.block_hashes, self.block_hashes
-        n = min(len(a), len(b))
+        a, b = previous._arr.chain, self._arr.chain
+        n = min(previous._nb, self._nb)
         k = _first_mismatch(a, b, n)
-        if k is None and len(b) >= len(a):
+        if k is None and self._nb >= previous._nb:
             return None
         new_seqs = set(self.applied) - set(previous.applied)
         if k is None:  # content after the end of this render vanished
@@ -208,15 +244,15 @@ def _first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | Non
     return lo
 
 
-def _encode_body(body: dict[str, Any], msg_raw: Callable[[], bytes] | None) -> bytes:
-    """Encode ``body`` canonically, splicing pre-encoded message bytes when available."""
-    if msg_raw is None:
-        return canonical_bytes(body)
-    parts = []
-    for k in sorted(body):
-        v = msg_raw() if k == "messages" else canonical_bytes(body[k])
-        parts.append(canonical_bytes(k) + b":" + v)
-    return b"{" + b",".join(parts) + b"}"
+def _msg_bytes(m: _RMessage) -> bytes:
+    """A rendered message's canonical bytes, spliced from its blocks' cached bytes."""
+    if m.raw is None:
+        if len(m.d) == 2:  # only role and content
+            inner = b",".join(b.raw for b in m.blocks)
+            m.raw = b'{"content":[' + inner + b'],"role":' + canonical_bytes(m.role) + b"}"
+        else:
+            m.raw = canonical_bytes(m.d)
+    return m.raw
 
 
 def _block_text(b: Block) -> tuple[str, int]:
@@ -280,16 +316,11 @@ class Renderer:
         self._n_system = len(self._head) - self._n_tools
         self._plain: dict[int, _RMessage] = {}
         self._edited: dict[tuple[int, int], _RMessage] = {}
-        # previous render state, reused while nothing before the new tail changed
-        self._prev_key: tuple[int, int] | None = None
-        self._prev_msgs: list[_RMessage] = []
-        self._prev_flat: list[_RBlock] = list(self._head)
-        self._prev_chain: list[bytes] = []
-        self._prev_cum: list[int] = []
-        self._prev_pos: list[int] = []
-        self._prev_starts: list[int] = []
-        self._prev_src_end: int = 0
-        self._extend_chain(self._prev_flat, 0, self._prev_chain, self._prev_cum, self._prev_pos)
+        # state of the latest (non-historical) render, extended in place while no edit lands
+        self._arr = _Arrays([], [], [], list(self._head), [], [], [])
+        self._extend_chain(self._arr, 0)
+        self._arr_entries = 0  # ledger entries the arrays reflect
+        self._arr_src = 0  # transcript messages the arrays reflect
         self.written: deque[tuple[int, bytes]] = deque(maxlen=8)
 
     # -- block construction ------------------------------------------------------------------
@@ -406,8 +437,11 @@ class Renderer:
                 yield self._plain_msg(idx)
                 idx += 1
 
-    def _extend_chain(self, flat: list[_RBlock], start: int, chain: list[bytes], cum: list[int],
-                      pos: list[int]) -> None:
+    @staticmethod
+    def _extend_chain(arr: _Arrays, start: int) -> None:
+        """Fill chain, cumulative tokens and positions for blocks ``start..`` of ``arr.flat``."""
+        flat, chain, cum, pos = arr.flat, arr.chain, arr.cum, arr.pos
+        del chain[start:], cum[start:], pos[start:]
         h = chain[start - 1] if start else b""
         c = cum[start - 1] if start else 0
         p = pos[start - 1] if start else -1
@@ -424,6 +458,32 @@ class Renderer:
             cum.append(c)
             pos.append(p)
 
+    def _arrays(self, n_entries: int, n: int, historical: bool) -> tuple[_Arrays, int]:
+        """Arrays for the requested state, and how many leading blocks are already hashed."""
+        arr = self._arr
+        if not historical and n_entries == self._arr_entries and n >= self._arr_src:
+            common = len(arr.flat)
+            for i in range(self._arr_src, n):  # fast path: append the new messages in place
+                m = self._plain_msg(i)
+                arr.starts.append(len(arr.flat))
+                arr.msgs.append(m)
+                arr.mdicts.append(m.d)
+                arr.flat.extend(m.blocks)
+            self._arr_src = n
+            return arr, common
+        msgs = list(self._messages(self.ledger.effective(n_entries), n))
+        new = _Arrays(msgs, [m.d for m in msgs], [], list(self._head), [], [], [])
+        for m in msgs:
+            new.starts.append(len(new.flat))
+            new.flat.extend(m.blocks)
+        common, lim = 0, min(len(arr.flat), len(new.flat))
+        while common < lim and arr.flat[common] is new.flat[common]:
+            common += 1
+        new.chain, new.cum, new.pos = arr.chain[:common], arr.cum[:common], arr.pos[:common]
+        if not historical:
+            self._arr, self._arr_entries, self._arr_src = new, n_entries, n
+        return new, common
+
     def render(
         self,
         *,
@@ -439,57 +499,32 @@ class Renderer:
         n = len(self.t) if transcript_len is None else transcript_len
         historical = upto_entry is not None or transcript_len is not None
         n_entries = len(self.ledger) if upto_entry is None else upto_entry
-        entries = self.ledger.effective(n_entries)
-        key = (n_entries, n)
-        if not historical and self._prev_key is not None and self._prev_key[0] == n_entries \
-                and n >= self._prev_src_end:
-            # fast path: no new edits; only new messages to append
-            msgs = self._prev_msgs + [self._plain_msg(i) for i in range(self._prev_src_end, n)]
-            flat = list(self._prev_flat)
-            starts = list(self._prev_starts)
-            for m in msgs[len(self._prev_msgs):]:
-                starts.append(len(flat))
-                flat.extend(m.blocks)
-            common = len(self._prev_flat)
-        else:
-            msgs = list(self._messages(entries, n))
-            flat = list(self._head)
-            starts = []
-            for m in msgs:
-                starts.append(len(flat))
-                flat.extend(m.blocks)
-            pf = self._prev_flat
-            common = 0
-            lim = min(len(pf), len(flat))
-            while common < lim and pf[common] is flat[common]:
-                common += 1
-        chain = self._prev_chain[:common]
-        cum = self._prev_cum[:common]
-        pos = self._prev_pos[:common]
-        self._extend_chain(flat, common, chain, cum, pos)
+        arr, common = self._arrays(n_entries, n, historical)
+        self._extend_chain(arr, common)
+        nb, nm = len(arr.flat), len(arr.msgs)
 
         # immutable prefix: its hash is the chain value at its last block
         pe = self._prefix_end()
-        prefix_last = self._prefix_last_block(msgs, starts, pe)
+        prefix_last = self._prefix_last_block(arr, pe)
         prefix_hash = None
         if pe is not None:
-            prefix_hash = chain[prefix_last].hex() if prefix_last >= 0 else EMPTY_PREFIX_HASH
+            prefix_hash = arr.chain[prefix_last].hex() if prefix_last >= 0 else EMPTY_PREFIX_HASH
         expected = self._expected_prefix_hash()
         if expected is not None and prefix_hash is not None and prefix_hash != expected:
             raise ImmutablePrefixError(
                 f"immutable prefix hash {prefix_hash} != stored {expected}: tools, system or the first "
                 f"{pe} messages changed")
 
-        bps = self._place_breakpoints(flat, chain, pos, prefix_last) if breakpoints and flat else []
-        msg_dicts = [m.d for m in msgs]
+        bps = self._place_breakpoints(arr, prefix_last) if breakpoints and nb else []
+        msg_dicts = arr.mdicts[:nm]
         body: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
         if breakpoints:
             body.pop("cache_control", None)
-        tool_dicts = [b.d for b in flat[: self._n_tools]]
-        sys_dicts = [b.d for b in flat[self._n_tools: self._n_tools + self._n_system]]
+        tool_dicts = [b.d for b in arr.flat[: self._n_tools]]
+        sys_dicts = [b.d for b in arr.flat[self._n_tools: self._n_tools + self._n_system]]
         cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
-        cc_prefix = {"type": "ephemeral", **({"ttl": prefix_ttl} if prefix_ttl else {})} if prefix_ttl else cc_main
-        patched: set[int] = set()
+        cc_prefix = {"type": "ephemeral", "ttl": prefix_ttl} if prefix_ttl else cc_main
+        patched: dict[int, dict[str, Any]] = {}
         for k in bps:
             cc = cc_prefix if k == prefix_last else cc_main
             if k < self._n_tools:
@@ -498,12 +533,11 @@ class Renderer:
                 j = k - self._n_tools
                 sys_dicts[j] = {**sys_dicts[j], "cache_control": cc}
             else:
-                mi = bisect.bisect_right(starts, k) - 1
-                md = msg_dicts[mi]
-                if mi not in patched:
-                    md = msg_dicts[mi] = {**md, "content": list(md["content"])}
-                    patched.add(mi)
-                j = k - starts[mi]
+                mi = bisect.bisect_right(arr.starts, k, 0, nm) - 1
+                md = patched.get(mi)
+                if md is None:
+                    md = patched[mi] = msg_dicts[mi] = {**msg_dicts[mi], "content": list(msg_dicts[mi]["content"])}
+                j = k - arr.starts[mi]
                 md["content"][j] = {**md["content"][j], "cache_control": cc}
         if tool_dicts:
             body["tools"] = tool_dicts
@@ -511,65 +545,38 @@ class Renderer:
             body["system"] = sys_dicts
         body["messages"] = msg_dicts
 
-        def msg_raw() -> bytes:
-            parts = []
-            for mi, m in enumerate(msgs):
-                if mi in patched:
-                    parts.append(canonical_bytes(msg_dicts[mi]))
-                else:
-                    parts.append(self._msg_bytes(m))
-            return b"[" + b",".join(parts) + b"]"
-
-        raw_tokens = cum[-1] if cum else 0
-        result = RenderResult(
+        raw_tokens = arr.cum[nb - 1] if nb else 0
+        applied = self.ledger.entries[:n_entries]
+        if not historical and remember:
+            for k in bps:
+                self.written.append((k, arr.chain[k]))
+        return RenderResult(
             body=body,
-            block_hashes=chain,
             prefix_hash=prefix_hash,
             tokens=self.counter.calibrated(raw_tokens),
             raw_tokens=raw_tokens,
             breakpoints=bps,
-            positions=pos,
-            cumulative_tokens=cum,
-            applied=tuple(e.seq for e in self.ledger.entries[:n_entries]),
-            _blocks=flat,
+            applied=tuple(e.seq for e in applied),
+            _arr=arr,
+            _nb=nb,
+            _nm=nm,
             _n_tools=self._n_tools,
             _n_system=self._n_system,
-            _msg_starts=starts,
-            _msg_raw=msg_raw,
-            _entries={e.seq: e for e in self.ledger.entries[:n_entries]},
+            _patched=patched,
+            _entries={e.seq: e for e in applied},
         )
-        if not historical:
-            self._prev_key, self._prev_msgs, self._prev_flat = key, msgs, flat
-            self._prev_chain, self._prev_cum, self._prev_pos, self._prev_starts = chain, cum, pos, starts
-            self._prev_src_end = n
-            if remember:
-                for k in bps:
-                    self.written.append((k, chain[k]))
-        return result
 
-    @staticmethod
-    def _msg_bytes(m: _RMessage) -> bytes:
-        if m.raw is None:
-            if len(m.d) == 2:  # only role and content: splice the blocks' cached bytes
-                inner = b",".join(b.raw for b in m.blocks)
-                m.raw = b'{"content":[' + inner + b'],"role":' + canonical_bytes(m.role) + b"}"
-            else:
-                m.raw = canonical_bytes(m.d)
-        return m.raw
-
-    def _prefix_last_block(self, msgs: list[_RMessage], starts: list[int], pe: int | None) -> int:
+    def _prefix_last_block(self, arr: _Arrays, pe: int | None) -> int:
         """Flat index of the prefix's last block (tools/system only while messages are pending)."""
         head = self._n_tools + self._n_system
-        if pe is None or pe == 0:
+        if pe is None or pe == 0 or pe > len(arr.msgs):
             return head - 1
         # the prefix messages are never edited, so rendered message pe-1 is transcript message pe-1
-        if pe > len(msgs):
-            return head - 1
-        return starts[pe - 1] + len(msgs[pe - 1].blocks) - 1
+        return arr.starts[pe - 1] + len(arr.msgs[pe - 1].blocks) - 1
 
-    def _place_breakpoints(self, flat: list[_RBlock], chain: list[bytes], pos: list[int],
-                           prefix_last: int) -> list[int]:
+    def _place_breakpoints(self, arr: _Arrays, prefix_last: int) -> list[int]:
         """Prefix end, last block, then earlier cached ends the lookback would miss."""
+        flat, chain, pos = arr.flat, arr.chain, arr.pos
 
         def eligible(k: int) -> int:
             while k >= 0 and not flat[k].cacheable:

@@ -25,7 +25,7 @@ from .wire import (
 __all__ = ["MessageRecord", "Transcript", "immutable_prefix_end", "message_hash"]
 
 
-def message_hash(raw: dict[str, Any]) -> bytes:
+def message_hash(raw: Any) -> bytes:
     """xxh3-128 of the caller's message in canonical encoding (so key order never matters)."""
     return xxhash.xxh3_128_digest(canonical_bytes(raw))
 
@@ -82,9 +82,8 @@ class Transcript:
         if len(history) < n_old:
             raise HistoryRewrittenError(len(history), f"history has {len(history)} messages, "
                                                       f"the transcript already has {n_old}")
-        for i in range(n_old):
-            raw = plain(history[i])
-            if not isinstance(raw, dict) or message_hash(raw) != self._hashes[i]:
+        for i in range(n_old):  # encoding handles SDK models directly: no plain() copy needed
+            if message_hash(history[i]) != self._hashes[i]:
                 raise HistoryRewrittenError(i)
         return self.prepare_new([plain(m) for m in history[n_old:]])
 

@@ -43,15 +43,15 @@ __all__ = [
 TOOL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 ROLES = ("user", "assistant")
 
-_ENCODER = msgspec.json.Encoder(order="sorted")
-
-
 def _sdk_model_hook(obj: Any) -> Any:
     """Serialise SDK pydantic models exactly as the SDK itself puts them in a request body."""
     dump = getattr(obj, "model_dump", None)
     if dump is not None:
         return dump(exclude_unset=True, mode="json", by_alias=True, exclude=getattr(obj, "__api_exclude__", None))
     raise TypeError(f"cannot serialise {type(obj).__name__} in a Messages API body")
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted", enc_hook=_sdk_model_hook)
 
 
 def plain(obj: Any) -> Any:
