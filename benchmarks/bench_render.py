@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -52,7 +53,7 @@ def build_turns(n: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]
     first: list[dict[str, Any]] = []
     source = "synthetic"
     if tdir is not None:
-        source = f"shared traces ({tdir})"
+        source = f"the shared traces ({os.path.relpath(tdir)})"
         for k, f in enumerate(discover([tdir])):
             tr = load_trace(f)
             first = first or tr.messages[:1]
