@@ -101,14 +101,14 @@ def main() -> int:
         if cp is not None:
             bytes(flush_src)  # each step is timed from cold caches, not from the previous step's
         t_render = time.perf_counter()
-        r = sess.render(model="claude-sonnet-4-5", max_tokens=4096)
+        r = sess.render(model="claude-sonnet-4-6", max_tokens=4096)
         t_render = time.perf_counter() - t_render
         if t % 100 == 0:
             gc.collect()
         if cp is None:
             continue
         t_noop = time.perf_counter()
-        sess.render(model="claude-sonnet-4-5", max_tokens=4096)  # nothing new: the fixed per-turn overhead
+        sess.render(model="claude-sonnet-4-6", max_tokens=4096)  # nothing new: the fixed per-turn overhead
         t_noop = time.perf_counter() - t_noop
         t_json = time.perf_counter()
         assert r.to_json()

@@ -19,19 +19,14 @@ import xxhash
 
 from .errors import ImmutablePrefixError
 from .ledger import Ledger, LedgerEntry
-from .tokens import BLOCK_OVERHEAD, IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
+from .tokens import BLOCK_OVERHEAD, TokenCounter, block_tokens
 from .transcript import Transcript
+from .validate import LOOKBACK, MAX_CACHE_BREAKPOINTS
 from .wire import (
     Block,
-    DocumentBlock,
-    ImageBlock,
-    RedactedThinkingBlock,
     TextBlock,
-    ThinkingBlock,
     ToolDef,
     ToolResultBlock,
-    ToolUseBlock,
-    UnknownBlock,
     block_to_dict,
     canonical_bytes,
     content_blocks,
@@ -39,16 +34,12 @@ from .wire import (
 
 __all__ = [
     "EMPTY_PREFIX_HASH",
-    "LOOKBACK",
-    "MAX_BREAKPOINTS",
     "BlockLocation",
     "Divergence",
     "RenderResult",
     "Renderer",
 ]
 
-MAX_BREAKPOINTS = 4
-LOOKBACK = 20  # positions checked per breakpoint, the breakpoint itself included
 EMPTY_PREFIX_HASH = xxhash.xxh3_128_hexdigest(b"")  # no tools, no system, prefix of 0 messages
 _NOT_CACHEABLE = frozenset({"thinking", "redacted_thinking"})
 _RUN_KINDS = frozenset({"tool_use", "tool_result"})
@@ -255,43 +246,6 @@ def _msg_bytes(m: _RMessage) -> bytes:
     return m.raw
 
 
-def _block_text(b: Block) -> tuple[str, int]:
-    """Text to tokenize for a block, plus tokens for non-text media."""
-    if isinstance(b, TextBlock):
-        return b.text, 0
-    if isinstance(b, ToolUseBlock):
-        return b.name + " " + canonical_bytes(b.input).decode(), 0
-    if isinstance(b, ToolResultBlock):
-        if isinstance(b.content, str):
-            return b.content, 0
-        if isinstance(b.content, list):
-            texts, media = [], 0
-            for x in b.content:
-                t, m = _block_text(x)
-                texts.append(t)
-                media += m + BLOCK_OVERHEAD
-            return "\n".join(texts), media
-        return "", 0
-    if isinstance(b, ThinkingBlock):
-        return b.thinking, 0
-    if isinstance(b, RedactedThinkingBlock):
-        return "", len(b.data) // 4
-    if isinstance(b, ImageBlock):
-        return "", IMAGE_TOKENS
-    if isinstance(b, DocumentBlock):
-        src = b.source
-        if src.get("type") == "text":
-            return str(src.get("data", "")), 0
-        if src.get("type") == "content" and isinstance(src.get("content"), list):
-            return canonical_bytes(src["content"]).decode(), 0
-        data = src.get("data")
-        # a PDF page is ~1.5-3k tokens; bytes/100 is a coarse stand-in until the API reports usage
-        return "", (len(data) * 3 // 4) // 100 if isinstance(data, str) else IMAGE_TOKENS
-    if isinstance(b, UnknownBlock):
-        return canonical_bytes(b.raw).decode(), 0
-    return "", 0
-
-
 class Renderer:
     """Builds request bodies for one session and remembers where it put cache breakpoints."""
 
@@ -329,8 +283,7 @@ class Renderer:
         d = block_to_dict(b, strip_cache_control=True)
         raw = canonical_bytes(d)
         h = xxhash.xxh3_128_digest(raw)
-        text, media = _block_text(b)
-        tokens = self.counter.count_cached(h, text, media + BLOCK_OVERHEAD) + (MESSAGE_OVERHEAD if first else 0)
+        tokens = block_tokens(self.counter, h, b, first)
         kind = d["type"]
         cacheable = kind not in _NOT_CACHEABLE and not (kind == "text" and not d.get("text"))
         return _RBlock(d, raw, h, tokens, kind, cacheable, ti, seq)
@@ -596,7 +549,7 @@ class Renderer:
         # Reads hit the latest entry the lookback reaches, so only the newest earlier write
         # matters; older ones only fill spare slots as insurance (a write that never landed).
         for c in candidates:
-            if len(chosen) >= MAX_BREAKPOINTS or covered(c):
+            if len(chosen) >= MAX_CACHE_BREAKPOINTS or covered(c):
                 break
             chosen.append(c)
         return sorted(chosen)

@@ -29,7 +29,7 @@ __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
 
 log = logging.getLogger("cachecompact")
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 DEFAULT_MAX_TOKENS = 4096
 
 

@@ -19,8 +19,20 @@ from typing import Any
 import tiktoken
 
 from .errors import TokenizerError
+from .wire import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UnknownBlock,
+    canonical_bytes,
+)
 
-__all__ = ["TokenCounter", "load_encoding"]
+__all__ = ["TokenCounter", "block_text", "block_tokens", "load_encoding"]
 
 _ENCODINGS: dict[str, tiktoken.Encoding] = {}
 _LOCK = threading.Lock()
@@ -139,3 +151,46 @@ class TokenCounter:
         ratio = api_tokens / estimated_raw
         self.calibration = (1 - weight) * self.calibration + weight * ratio
         return self.calibration
+
+
+def block_text(b: Block) -> tuple[str, int]:
+    """What to tokenize for a block, plus a token estimate for media that has no text."""
+    if isinstance(b, TextBlock):
+        return b.text, 0
+    if isinstance(b, ToolUseBlock):
+        return b.name + " " + canonical_bytes(b.input).decode(), 0
+    if isinstance(b, ToolResultBlock):
+        if isinstance(b.content, str):
+            return b.content, 0
+        if isinstance(b.content, list):
+            texts, media = [], 0
+            for x in b.content:
+                t, m = block_text(x)
+                texts.append(t)
+                media += m + BLOCK_OVERHEAD
+            return "\n".join(texts), media
+        return "", 0
+    if isinstance(b, ThinkingBlock):
+        return b.thinking, 0
+    if isinstance(b, RedactedThinkingBlock):
+        return "", len(b.data) // 4
+    if isinstance(b, ImageBlock):
+        return "", IMAGE_TOKENS
+    if isinstance(b, DocumentBlock):
+        src = b.source
+        if src.get("type") == "text":
+            return str(src.get("data", "")), 0
+        if src.get("type") == "content" and isinstance(src.get("content"), list):
+            return canonical_bytes(src["content"]).decode(), 0
+        data = src.get("data")
+        # a PDF page is ~1.5-3k tokens; decoded bytes / 100 is a coarse stand-in
+        return "", (len(data) * 3 // 4) // 100 if isinstance(data, str) else IMAGE_TOKENS
+    if isinstance(b, UnknownBlock):
+        return canonical_bytes(b.raw).decode(), 0
+    return "", 0
+
+
+def block_tokens(counter: TokenCounter, key: bytes, b: Block, first_in_message: bool) -> int:
+    """Raw estimated tokens of one content block (the renderer and the simulator agree on it)."""
+    text, media = block_text(b)
+    return counter.count_cached(key, text, media + BLOCK_OVERHEAD) + (MESSAGE_OVERHEAD if first_in_message else 0)

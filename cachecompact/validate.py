@@ -10,9 +10,10 @@ from typing import Any
 
 from .errors import MalformedMessageError
 
-__all__ = ["MAX_CACHE_BREAKPOINTS", "count_breakpoints", "validate_messages", "validate_request"]
+__all__ = ["LOOKBACK", "MAX_CACHE_BREAKPOINTS", "count_breakpoints", "validate_messages", "validate_request"]
 
 MAX_CACHE_BREAKPOINTS = 4
+LOOKBACK = 20  # positions a breakpoint's read checks, itself included (a tool_use/tool_result run is one)
 _TTL_ORDER = {"1h": 0, "5m": 1}
 
 

@@ -110,4 +110,4 @@ def synthetic_trace(seed: int = 0, spec: SyntheticSpec | None = None, start_time
                  system="You are a careful software engineer working in a git repository. Use the tools to "
                         "inspect and change code; run the tests before you finish.",
                  tools=_TOOLS, messages=messages, timestamps=times, usage=[None] * len(messages),
-                 model="claude-sonnet-4-5")
+                 model="claude-sonnet-4-6")

@@ -1,0 +1,19 @@
+"""A local emulator of the Anthropic Messages API that bills by the documented cache rules."""
+
+from .core import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
+from .responders import ReplayResponder, Reply, Responder, ScriptedResponder, SummarizingResponder, fill_schema
+from .server import Emulator
+
+__all__ = [
+    "CLOCK_HEADER",
+    "Emulator",
+    "EmulatorCore",
+    "FaultConfig",
+    "HttpReply",
+    "ReplayResponder",
+    "Reply",
+    "Responder",
+    "ScriptedResponder",
+    "SummarizingResponder",
+    "fill_schema",
+]

@@ -1,0 +1,337 @@
+"""Request handling for the emulator, independent of the HTTP layer.
+
+`EmulatorCore.handle` takes a method, path, headers and raw body and returns an
+`HttpReply` (status, headers, and either a JSON body or a list of SSE events). Usage comes
+from the `CacheSimulator`; every request is appended to the request log.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..cache_sim import CacheSimulator, SimRequest, SimResult, request_from_body
+from ..errors import MalformedMessageError
+from ..pricing import UnknownModelError, get_model
+from ..tokens import TokenCounter
+from ..validate import validate_request
+from ..wire import canonical_bytes
+from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
+
+__all__ = ["CLOCK_HEADER", "EmulatorCore", "FaultConfig", "HttpReply"]
+
+CLOCK_HEADER = "x-cachecompact-clock"
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """Injected failures: each request fails with probability ``rate`` (status drawn from
+    ``statuses``) and is delayed by ``slow_seconds`` with probability ``slow_rate``; seeded."""
+
+    rate: float = 0.0
+    statuses: tuple[int, ...] = (429, 529, 500)
+    slow_rate: float = 0.0
+    slow_seconds: float = 0.2
+    seed: int = 0
+    retry_after_ms: int = 5
+    paths: tuple[str, ...] = ("/v1/messages",)
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.rate <= 1.0 and 0.0 <= self.slow_rate <= 1.0):
+            raise ValueError("fault rates must be between 0 and 1")
+        if any(s not in _ERROR_TYPES for s in self.statuses):
+            raise ValueError(f"fault statuses must be among {sorted(_ERROR_TYPES)}")
+
+
+@dataclass(slots=True)
+class HttpReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    events: list[tuple[str, dict[str, Any]]] | None = None  # SSE stream when set
+
+    def sse(self) -> Iterator[bytes]:
+        for name, data in self.events or []:
+            yield b"event: " + name.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+
+
+@dataclass(slots=True)
+class _Fingerprint:
+    """What diagnostics compare: structure hashes and token counts of one request + its reply."""
+
+    model: bytes
+    tools: bytes
+    system: bytes
+    params: bytes
+    messages: list[bytes]
+    cum_tokens: list[int]  # tokens up to the end of each message (from the simulator)
+    head_tokens: tuple[int, int]  # tokens of tools, and of tools + system
+
+
+def _block_key(b: Any) -> bytes:
+    if isinstance(b, dict):
+        b = {k: v for k, v in b.items() if k != "cache_control"}
+    return xxhash.xxh3_128_digest(canonical_bytes(b))
+
+
+def _message_key(m: dict[str, Any]) -> bytes:
+    content = m.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    return xxhash.xxh3_128_digest(canonical_bytes(m.get("role")) + b"".join(_block_key(b) for b in blocks))
+
+
+class EmulatorCore:
+    """Thread-safe: one lock serialises billing so cache state follows request order."""
+
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        faults: FaultConfig | None = None,
+        log_path: str | Path | None = None,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.responder: Responder = responder or SummarizingResponder(ScriptedResponder())
+        self.faults = faults or FaultConfig()
+        self._rng = random.Random(self.faults.seed)
+        self.counter = counter or TokenCounter()
+        self.sim = CacheSimulator(lambda m: get_model(m).min_cacheable)
+        self.log: list[dict[str, Any]] = []
+        self.log_path = Path(log_path) if log_path else None
+        self._fingerprints: dict[str, _Fingerprint] = {}
+        self._lock = threading.Lock()
+        self._n = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _next_ids(self) -> tuple[str, str]:
+        self._n += 1
+        return f"req_emu_{self._n:08d}", f"msg_emu_{self._n:08d}"
+
+    @staticmethod
+    def _error(status: int, message: str, request_id: str, extra_headers: dict[str, str] | None = None,
+               error_type: str | None = None) -> HttpReply:
+        body = {"type": "error", "error": {"type": error_type or _ERROR_TYPES.get(status, "api_error"),
+                                           "message": message}, "request_id": request_id}
+        headers = {"content-type": "application/json", "request-id": request_id, **(extra_headers or {})}
+        return HttpReply(status, headers, json.dumps(body).encode())
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        self.log.append(entry)
+        if self.log_path is not None:
+            with open(self.log_path, "ab") as f:
+                f.write(canonical_bytes(entry) + b"\n")
+
+    def _fault(self, path: str, request_id: str) -> HttpReply | None:
+        f = self.faults
+        if path not in f.paths:
+            return None
+        if f.slow_rate and self._rng.random() < f.slow_rate:
+            time.sleep(f.slow_seconds)
+        if f.rate and self._rng.random() < f.rate:
+            status = self._rng.choice(f.statuses)
+            return self._error(status, f"injected fault ({status})", request_id,
+                               {"retry-after-ms": str(f.retry_after_ms), "x-should-retry": "true"})
+        return None
+
+    # -- entry point -----------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, headers: Mapping[str, str], raw: bytes) -> HttpReply:
+        """Answer one HTTP request. Never raises for bad input: that is a 4xx reply."""
+        path = path.split("?", 1)[0]
+        with self._lock:
+            request_id, msg_id = self._next_ids()
+            if path not in ("/v1/messages", "/v1/messages/count_tokens"):
+                return self._error(404, f"Not Found: {path}", request_id)
+            if method.upper() != "POST":
+                return self._error(405, f"Method {method} not allowed on {path}", request_id)
+            fault = self._fault(path, request_id)
+            if fault is not None:
+                self._record({"request_id": request_id, "path": path, "status": fault.status, "fault": True})
+                return fault
+            try:
+                body = json.loads(raw or b"null")
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                return self._error(400, f"There was an error parsing the body of your request: {err}", request_id)
+            try:
+                now = self._clock(headers)
+                if path.endswith("/count_tokens"):
+                    return self._count_tokens(body, request_id)
+                return self._messages(body, headers, now, request_id, msg_id)
+            except MalformedMessageError as err:
+                return self._error(400, str(err), request_id)
+            except UnknownModelError as err:
+                return self._error(404, f"model: {body.get('model') if isinstance(body, dict) else None} ({err})",
+                                   request_id)
+
+    @staticmethod
+    def _clock(headers: Mapping[str, str]) -> float:
+        value = headers.get(CLOCK_HEADER)
+        if value is None:
+            return time.time()
+        try:
+            return float(value)
+        except ValueError:
+            raise MalformedMessageError(CLOCK_HEADER, f"must be unix seconds, got {value!r}") from None
+
+    def _count_tokens(self, body: Any, request_id: str) -> HttpReply:
+        if not isinstance(body, dict):
+            raise MalformedMessageError("body", "must be a JSON object")
+        get_model(str(body.get("model")))
+        validate_request({**body, "max_tokens": 1})
+        req = request_from_body(body, 0.0, self.counter)
+        total = sum(b.tokens for b in req.blocks)
+        headers = {"content-type": "application/json", "request-id": request_id}
+        return HttpReply(200, headers, json.dumps({"input_tokens": self.counter.calibrated(total)}).encode())
+
+    def _messages(self, body: Any, headers: Mapping[str, str], now: float, request_id: str,
+                  msg_id: str) -> HttpReply:
+        validate_request(body)
+        info = get_model(body["model"])
+        req = request_from_body(body, now, self.counter)
+        total = sum(b.tokens for b in req.blocks)
+        if total > info.context_window:
+            raise MalformedMessageError("messages", f"prompt is too long: {total} tokens > {info.context_window} "
+                                                    "maximum")
+        if total + body["max_tokens"] > info.context_window:
+            raise MalformedMessageError(
+                "max_tokens", f"input length and `max_tokens` exceed context limit: {total} + {body['max_tokens']} > "
+                              f"{info.context_window}, decrease input length or `max_tokens` and try again")
+        result = self.sim.process(req)
+        reply = self._reply(body)
+        out_tokens = sum(self.counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
+                                                 else str(b.get("text", ""))) for b in reply.content)
+        stop = reply.stop_reason
+        if body["max_tokens"] == 0:
+            reply, out_tokens, stop = Reply([]), 0, "max_tokens"
+        elif out_tokens > body["max_tokens"]:
+            out_tokens, stop = body["max_tokens"], "max_tokens"
+        usage = {**result.usage(), "output_tokens": out_tokens, "service_tier": "standard"}
+        message: dict[str, Any] = {
+            "id": msg_id, "type": "message", "role": "assistant", "model": body["model"], "content": reply.content,
+            "stop_reason": stop, "stop_sequence": None, "usage": usage,
+        }
+        diag = self._diagnostics(body, req, result, message)
+        if "diagnostics" in body:
+            message["diagnostics"] = diag
+        cost = info.cost(usage)
+        self._record({
+            "request_id": request_id, "message_id": msg_id, "time": now, "model": body["model"], "status": 200,
+            "stream": bool(body.get("stream")), "n_messages": len(body["messages"]), "usage": usage,
+            "cost_usd": round(cost, 8), "total_input_tokens": result.total_tokens, "hit_block": result.hit_block,
+            "breakpoints": [k for k, _ in result.breakpoints], "prefix_hashes": result.prefix_hashes,
+            "diagnostics": diag,
+        })
+        hdrs = {"request-id": request_id}
+        if body.get("stream"):
+            return HttpReply(200, {**hdrs, "content-type": "text/event-stream", "cache-control": "no-cache"},
+                             events=_sse_events(message))
+        return HttpReply(200, {**hdrs, "content-type": "application/json"}, json.dumps(message).encode())
+
+    def _reply(self, body: dict[str, Any]) -> Reply:
+        reply = self.responder.respond(body)
+        if not isinstance(reply, Reply):
+            raise TypeError(f"responder returned {type(reply).__name__}, expected Reply")
+        return reply
+
+    # -- diagnostics -----------------------------------------------------------------------------
+
+    def _diagnostics(self, body: dict[str, Any], req: SimRequest, result: SimResult,
+                     message: dict[str, Any]) -> dict[str, Any] | None:
+        """Compare with the fingerprint of ``diagnostics.previous_message_id``; store this one."""
+        spec = body.get("diagnostics")
+        if not isinstance(spec, dict):
+            return None
+        msgs = body["messages"]
+        starts = [i for i, b in enumerate(req.blocks) if b.where.endswith(".content[0]") and b.where.startswith("m")]
+        cum = [result.cumulative[s - 1] if s else 0 for s in starts[1:]] + [result.total_tokens]
+        fp = _Fingerprint(
+            model=canonical_bytes([body["model"], body.get("speed")]),
+            tools=canonical_bytes([_block_key(t) for t in body.get("tools") or []]),
+            system=canonical_bytes(body.get("system") if isinstance(body.get("system"), str)
+                                   else [_block_key(b) for b in body.get("system") or []]),
+            params=canonical_bytes([body.get(k) for k in ("tool_choice", "thinking", "context_management",
+                                                          "output_config", "output_format")]),
+            messages=[_message_key(m) for m in msgs] + [_message_key(message)],
+            cum_tokens=cum,
+            head_tokens=(result.cumulative[req.n_tools - 1] if req.n_tools else 0,
+                         result.cumulative[req.n_tools + req.n_system - 1] if req.n_tools + req.n_system else 0),
+        )
+        self._fingerprints[message["id"]] = fp
+        prev_id = spec.get("previous_message_id")
+        if prev_id is None:
+            return None
+        prev = self._fingerprints.get(str(prev_id))
+        if prev is None:
+            return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+        total = result.total_tokens
+        if prev.model != fp.model:
+            return _reason("model_changed", total)
+        if prev.tools != fp.tools:
+            return _reason("tools_changed", total)
+        if prev.system != fp.system:
+            return _reason("system_changed", total - fp.head_tokens[0])
+        if prev.params != fp.params:
+            return {"cache_miss_reason": {"type": "unavailable"}}
+        cur = fp.messages[:-1]
+        n = min(len(prev.messages), len(cur))
+        for i in range(n):
+            if prev.messages[i] != cur[i]:
+                before = fp.cum_tokens[i - 1] if i else fp.head_tokens[1]
+                return _reason("messages_changed", total - before)
+        if len(cur) < len(prev.messages) - 1:
+            return _reason("messages_changed", 0)
+        return None
+
+
+def _reason(kind: str, missed: int) -> dict[str, Any]:
+    return {"cache_miss_reason": {"type": kind, "cache_missed_input_tokens": max(0, missed)}}
+
+
+def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The Messages API stream for a finished message: start, blocks, delta, stop."""
+    usage = message["usage"]
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens"} | {"output_tokens": 1}
+    head = {k: v for k, v in message.items() if k not in ("content", "usage", "stop_reason")}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": {**head, "content": [], "stop_reason": None,
+                                                                 "usage": start_usage}}),
+        ("ping", {"type": "ping"}),
+    ]
+    for i, block in enumerate(message["content"]):
+        t = block.get("type")
+        if t == "text":
+            events.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                   "content_block": {"type": "text", "text": ""}}))
+            text = block.get("text", "")
+            for k in range(0, max(len(text), 1), 64):
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                       "delta": {"type": "text_delta", "text": text[k:k + 64]}}))
+        elif t == "tool_use":
+            events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
+                "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block.get("input", {}))}}))
+        else:
+            events.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                   "content_block": block}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    delta_usage = {"output_tokens": usage["output_tokens"], "input_tokens": usage["input_tokens"],
+                   "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
+                   "cache_read_input_tokens": usage["cache_read_input_tokens"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
+                                                                        "stop_sequence": None},
+                                     "usage": delta_usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
