@@ -254,7 +254,9 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter) 
 
 
 def _sim_block(b: Block, counter: TokenCounter, first: bool, where: str) -> SimBlock:
-    d = block_to_dict(b, strip_cache_control=True)
+    # null fields (e.g. ``citations: null`` from an SDK model dump) render no tokens, so they
+    # do not change the cache key
+    d = {k: v for k, v in block_to_dict(b, strip_cache_control=True).items() if v is not None}
     raw = canonical_bytes(d)
     key = xxhash.xxh3_128_digest(raw)
     tokens = block_tokens(counter, key, b, first)

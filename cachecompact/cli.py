@@ -110,6 +110,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the emulator until interrupted."""
+    from .emulator import Emulator, FaultConfig, ReplayResponder, ScriptedResponder, SummarizingResponder
+    from .traces import load_trace
+
+    inner = ReplayResponder(load_trace(args.trace).messages) if args.trace else ScriptedResponder()
+    faults = FaultConfig(rate=args.fault_rate, seed=args.seed, slow_rate=args.slow_rate)
+    emu = Emulator(SummarizingResponder(inner), faults=faults, log=args.log, host=args.host, port=args.port)
+    print(f"cachecompact emulator listening on {emu.url}  (anthropic.Anthropic(base_url={emu.url!r}, "
+          f"api_key='test'); Ctrl-C to stop", flush=True)
+    try:
+        emu.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emu.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cachecompact", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -128,6 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
     ren.set_defaults(func=cmd_render)
+    srv = sub.add_parser("serve", help="run the local Messages API emulator")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8765)
+    srv.add_argument("--trace", help="replay the assistant messages of this trace file")
+    srv.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 429/529/500")
+    srv.add_argument("--slow-rate", type=float, default=0.0, help="share of requests delayed")
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--log", help="append one JSON line per request here")
+    srv.set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger")
     demo.add_argument("--trace", help="a trace file (default: the first shared Claude Code trace, else synthetic)")
     demo.add_argument("--out", help="session directory to create (default: a temporary one)")

@@ -80,7 +80,7 @@ class _Fingerprint:
 
 def _block_key(b: Any) -> bytes:
     if isinstance(b, dict):
-        b = {k: v for k, v in b.items() if k != "cache_control"}
+        b = {k: v for k, v in b.items() if k != "cache_control" and v is not None}
     return xxhash.xxh3_128_digest(canonical_bytes(b))
 
 
@@ -200,13 +200,12 @@ class EmulatorCore:
         info = get_model(body["model"])
         req = request_from_body(body, now, self.counter)
         total = sum(b.tokens for b in req.blocks)
-        if total > info.context_window:
-            raise MalformedMessageError("messages", f"prompt is too long: {total} tokens > {info.context_window} "
-                                                    "maximum")
+        if total > info.context_window:  # the API's exact wording, which clients parse
+            return self._error(400, f"prompt is too long: {total} tokens > {info.context_window} maximum", request_id)
         if total + body["max_tokens"] > info.context_window:
-            raise MalformedMessageError(
-                "max_tokens", f"input length and `max_tokens` exceed context limit: {total} + {body['max_tokens']} > "
-                              f"{info.context_window}, decrease input length or `max_tokens` and try again")
+            return self._error(400, f"input length and `max_tokens` exceed context limit: {total} + "
+                                    f"{body['max_tokens']} > {info.context_window}, decrease input length or "
+                                    "`max_tokens` and try again", request_id)
         result = self.sim.process(req)
         reply = self._reply(body)
         out_tokens = sum(self.counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"

@@ -1,0 +1,188 @@
+"""The cache simulator against the documented rules and worked examples (pure, no HTTP)."""
+
+from __future__ import annotations
+
+import pytest
+import xxhash
+
+from cachecompact import Session
+from cachecompact.cache_sim import CacheSimulator, SimBlock, SimRequest, positions, request_from_body
+from cachecompact.errors import MalformedMessageError
+from cachecompact.pricing import ModelInfo, get_model, override, register
+from cachecompact.tokens import TokenCounter
+
+from .conftest import SYSTEM, TOOLS, history
+
+MODEL = "claude-sonnet-4-6"  # minimum cacheable prompt: 1024 tokens
+SMALL = "claude-opus-5"  # minimum 512, so a 5-block (1000-token) prefix can be cached
+
+
+def blk(i: int, tokens: int = 200, ttl: str | None = None, kind: str = "text", cacheable: bool = True) -> SimBlock:
+    return SimBlock(xxhash.xxh3_128_digest(f"block-{i}".encode()), tokens, kind, ttl, cacheable)
+
+
+def req(n: int, bps: dict[int, str], t: float = 0.0, model: str = MODEL, salt: bytes = b"", **kw: object) -> SimRequest:
+    """n blocks numbered 1..n (as in the docs), breakpoints at the given 1-based numbers."""
+    blocks = [blk(i, ttl=bps.get(i)) for i in range(1, n + 1)]
+    return SimRequest(model=model, time=t, blocks=blocks, messages_salt=salt, **kw)  # type: ignore[arg-type]
+
+
+def sim() -> CacheSimulator:
+    return CacheSimulator(lambda m: get_model(m).min_cacheable)
+
+
+def test_docs_lookback_example_10_15_35() -> None:
+    s = sim()
+    r1 = s.process(req(10, {10: "5m"}, t=0))
+    assert (r1.cache_read_input_tokens, r1.cache_creation_input_tokens) == (0, 2000)
+    r2 = s.process(req(15, {15: "5m"}, t=10))  # hits the entry @10, processes 11-15, writes @15
+    assert r2.cache_read_input_tokens == 2000 and r2.cache_creation_input_tokens == 1000
+    assert r2.hit_block == 9
+    r3 = s.process(req(35, {35: "5m"}, t=20))  # checks 35..16: @15 is one position outside
+    assert r3.cache_read_input_tokens == 0 and r3.cache_creation_input_tokens == 7000
+
+
+def test_docs_lookback_example_second_breakpoint_finds_it() -> None:
+    s = sim()
+    s.process(req(10, {10: "5m"}, t=0))
+    s.process(req(15, {15: "5m"}, t=10))
+    r3 = s.process(req(35, {15: "5m", 35: "5m"}, t=20))
+    assert r3.cache_read_input_tokens == 3000 and r3.cache_creation_input_tokens == 4000
+
+
+def test_writes_happen_only_at_breakpoints() -> None:
+    s = sim()
+    s.process(req(12, {10: "5m"}))
+    r = s.process(req(12, {9: "5m", 12: "5m"}, t=1))  # nothing was written @9 or @11
+    assert r.hit_block == 9  # 0-based index of block 10, found from the @12 lookback
+    s2 = sim()
+    s2.process(req(12, {10: "5m"}))
+    r2 = s2.process(req(12, {9: "5m"}, t=1))
+    assert r2.cache_read_input_tokens == 0  # @9 looks back from 9: the entry @10 is later, not earlier
+
+
+def test_tool_runs_count_as_one_position() -> None:
+    kinds = ["text", "tool_use", "tool_use", "tool_use", "tool_result", "tool_result", "text"]
+    assert positions(kinds) == [0, 1, 1, 1, 2, 2, 3]
+    s = sim()
+    base = [blk(i) for i in range(10)]
+    s.process(SimRequest(MODEL, 0, [*base[:-1], blk(9, ttl="5m")]))
+    # 30 more blocks, but 24 of them are 2 runs of tool_use/tool_result: 8 positions in all
+    more = [blk(100 + i, 10, kind="tool_use") for i in range(12)]
+    more += [blk(200 + i, 10, kind="tool_result") for i in range(12)]
+    more += [blk(300 + i, 10) for i in range(5)] + [blk(400, 10, ttl="5m")]
+    r = s.process(SimRequest(MODEL, 1, base + more))
+    assert r.hit_block == 9 and r.cache_read_input_tokens == 2000
+    # the same number of blocks as separate positions is out of reach
+    s2 = sim()
+    s2.process(SimRequest(MODEL, 0, [*base[:-1], blk(9, ttl="5m")]))
+    flat = [blk(500 + i, 10) for i in range(29)] + [blk(600, 10, ttl="5m")]
+    assert s2.process(SimRequest(MODEL, 1, base + flat)).cache_read_input_tokens == 0
+
+
+def test_more_than_four_breakpoints_is_the_apis_400() -> None:
+    with pytest.raises(MalformedMessageError, match="A maximum of 4 blocks with cache_control may be provided. Found 5."):
+        sim().process(req(12, {2: "5m", 4: "5m", 6: "5m", 8: "5m", 10: "5m"}))
+
+
+def test_nothing_cached_below_the_minimum() -> None:
+    s = sim()
+    r = s.process(req(5, {5: "5m"}))  # 1000 tokens < 1024
+    assert (r.cache_creation_input_tokens, r.cache_read_input_tokens, r.input_tokens) == (0, 0, 1000)
+    r = s.process(req(5, {5: "5m"}, t=1))
+    assert r.cache_read_input_tokens == 0
+    # a short breakpoint is billed as input; a later long one is written
+    s2 = sim()
+    r = s2.process(req(8, {3: "5m", 8: "5m"}))
+    assert r.cache_creation_input_tokens == 1600 and r.input_tokens == 0
+    assert s2.process(req(8, {3: "5m"}, t=1)).cache_read_input_tokens == 0
+    assert get_model("claude-haiku-4-5").min_cacheable == 4096 and get_model("claude-opus-5").min_cacheable == 512
+
+
+def test_ttl_counts_from_request_start_and_read_refreshes() -> None:
+    s = sim()
+    s.process(req(10, {10: "5m"}, t=1000))
+    assert s.process(req(10, {10: "5m"}, t=1299)).cache_read_input_tokens == 2000  # refreshed at 1299
+    assert s.process(req(10, {10: "5m"}, t=1598)).cache_read_input_tokens == 2000  # 299 s after the refresh
+    assert s.process(req(10, {10: "5m"}, t=1899)).cache_read_input_tokens == 0  # 301 s: expired, rewritten
+    s1h = sim()
+    s1h.process(req(10, {10: "1h"}, t=0))
+    r = s1h.process(req(10, {10: "1h"}, t=3000))
+    assert r.cache_read_input_tokens == 2000
+    assert s1h.process(req(10, {10: "1h"}, t=3000 + 3601)).cache_read_input_tokens == 0
+
+
+def test_mixed_ttls_follow_the_abc_rule() -> None:
+    s = sim()
+    r = s.process(req(20, {5: "1h", 20: "5m"}, t=0, model=SMALL))
+    # A = 0, B = 1000 (1h @5), C = 4000 (@20)
+    assert (r.ephemeral_1h_input_tokens, r.ephemeral_5m_input_tokens, r.cache_read_input_tokens) == (1000, 3000, 0)
+    r = s.process(req(25, {5: "1h", 20: "5m", 25: "5m"}, t=60, model=SMALL))
+    assert (r.cache_read_input_tokens, r.ephemeral_1h_input_tokens, r.ephemeral_5m_input_tokens) == (4000, 0, 1000)
+    r = s.process(req(25, {5: "1h", 25: "5m"}, t=60 + 600, model=SMALL))  # 5m entries expired, the 1h one lives
+    assert (r.cache_read_input_tokens, r.ephemeral_1h_input_tokens, r.ephemeral_5m_input_tokens) == (1000, 0, 4000)
+    assert r.input_tokens == 0
+    with pytest.raises(MalformedMessageError, match="1h"):
+        sim().process(req(20, {5: "5m", 20: "1h"}))
+
+
+def test_automatic_caching_uses_last_cacheable_block() -> None:
+    s = sim()
+    blocks = [blk(i) for i in range(9)] + [blk(9, kind="thinking", cacheable=False)]
+    r = s.process(SimRequest(MODEL, 0, blocks, auto_ttl="5m"))
+    assert r.breakpoints == [(8, "5m")] and r.cache_creation_input_tokens == 1800
+    same = [*blocks[:8], blk(8, ttl="5m"), blocks[9]]
+    assert s.process(SimRequest(MODEL, 1, same, auto_ttl="5m")).breakpoints == [(8, "5m")]
+    with pytest.raises(MalformedMessageError, match="ttl differs"):
+        s.process(SimRequest(MODEL, 2, same, auto_ttl="1h"))
+    four = [blk(i, ttl="5m" if i in (1, 3, 5, 7) else None) for i in range(10)]
+    with pytest.raises(MalformedMessageError, match="free breakpoint"):
+        s.process(SimRequest(MODEL, 3, four, auto_ttl="5m"))
+
+
+def test_invalidation_levels_and_per_model_cache() -> None:
+    tools_sys = dict(n_tools=2, n_system=3)  # blocks 1-2 tools, 3-5 system, 6.. messages
+    s = sim()
+    s.process(req(12, {5: "5m", 12: "5m"}, model=SMALL, **tools_sys))  # type: ignore[arg-type]
+    r = s.process(req(12, {5: "5m", 12: "5m"}, t=1, model=SMALL, salt=b"tool_choice=any",
+                      **tools_sys))  # type: ignore[arg-type]
+    assert r.cache_read_input_tokens == 1000  # tools + system still hit; messages rewritten
+    assert r.cache_creation_input_tokens == 1400
+    other = s.process(req(12, {5: "5m", 12: "5m"}, t=2, model="claude-fable-5", **tools_sys))  # type: ignore[arg-type]
+    assert other.cache_read_input_tokens == 0
+
+
+def test_request_from_body_matches_renderer_tokens_and_salts() -> None:
+    s = Session.create(None, system=SYSTEM, tools=TOOLS)
+    s.sync(history(5))
+    r = s.render(model=MODEL)
+    counter = TokenCounter()
+    sr = request_from_body(r.body, 0.0, counter)
+    assert sum(b.tokens for b in sr.blocks) == r.raw_tokens
+    assert [b.key for b in sr.blocks] == [b.h for b in r._arr.flat]
+    assert [k for k, b in enumerate(sr.blocks) if b.ttl] == r.breakpoints
+    other = request_from_body({**r.body, "tool_choice": {"type": "any"}}, 0.0, counter)
+    assert other.messages_salt != sr.messages_salt and other.system_salt == sr.system_salt
+    img = dict(r.body)
+    img["messages"] = [*r.body["messages"][:-1], {"role": "user", "content": [
+        *r.body["messages"][-1]["content"], {"type": "image", "source": {"type": "url", "url": "u"}}]}]
+    assert request_from_body(img, 0.0, counter).messages_salt != sr.messages_salt
+
+
+def test_pricing_costs_and_overrides() -> None:
+    usage = {"input_tokens": 1_000_000, "cache_creation_input_tokens": 1_000_000, "cache_read_input_tokens": 1_000_000,
+             "output_tokens": 1_000_000, "cache_creation": {"ephemeral_5m_input_tokens": 500_000,
+                                                            "ephemeral_1h_input_tokens": 500_000}}
+    m = get_model("claude-sonnet-4-20250514")
+    assert m.name == "claude-sonnet-4"
+    assert m.cost(usage) == pytest.approx(3 + 0.5 * 3.75 + 0.5 * 6 + 0.3 + 15)
+    assert get_model("claude-3-5-haiku-latest").name == "claude-haiku-3-5"
+    assert get_model("claude-fable-5-1").read == 0.25
+    register(ModelInfo("my-proxy-model", 1, 1.25, 2, 0.1, 5, 100, 50_000, 1000))
+    assert get_model("my-proxy-model").context_window == 50_000
+    override("my-proxy-model", read=0.05)
+    assert get_model("my-proxy-model").read == 0.05
+    with pytest.raises(KeyError, match="unknown model"):
+        get_model("gpt-4")
+    with pytest.raises(ValueError):
+        ModelInfo("bad", -1, 1, 1, 1, 1, 1, 1, 1)
