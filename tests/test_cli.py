@@ -78,7 +78,8 @@ def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
         m = re.search(r"listening on (http://[\d.]+:\d+)", line)
         assert m, line
         client = anthropic.Anthropic(base_url=m.group(1), api_key="test", max_retries=0)
-        out = client.messages.create(model="claude-haiku-4-5", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        out = client.messages.create(model="claude-haiku-4-5", max_tokens=5,
+                                     messages=[{"role": "user", "content": "hi"}])
         assert out.content[0].type == "text"
     finally:
         proc.terminate()

@@ -207,9 +207,10 @@ def test_bad_input_gets_400s_never_500s(emu: Emulator) -> None:
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "b", "input": {}}]},
             {"role": "user", "content": "no result"}]}).encode(),
         json.dumps({"model": MODEL, "max_tokens": "5", "messages": [{"role": "user", "content": "a"}]}).encode(),
-        json.dumps({"model": MODEL, "max_tokens": 5, "system": [{"type": "text", "text": "a", "cache_control":
-                    {"type": "ephemeral", "ttl": "5m"}}], "messages": [{"role": "user", "content": [
-                        {"type": "text", "text": "b", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]}).encode(),
+        json.dumps({"model": MODEL, "max_tokens": 5,
+                    "system": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "5m"}}],
+                    "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "b", "cache_control": CC1H}]}]}).encode(),
     ]
     with httpx2.Client(base_url=emu.url) as http:
         for raw in bodies:
