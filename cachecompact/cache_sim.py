@@ -40,7 +40,17 @@ from .wire import (
     tool_from_dict,
 )
 
-__all__ = ["LOOKBACK", "CacheSimulator", "SimBlock", "SimRequest", "SimResult", "positions", "request_from_body"]
+__all__ = [
+    "LOOKBACK",
+    "TTL_SECONDS",
+    "CacheSimulator",
+    "SimBlock",
+    "SimRequest",
+    "SimResult",
+    "message_blocks",
+    "positions",
+    "request_from_body",
+]
 
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 _RUN_KINDS = frozenset({"tool_use", "tool_result"})
@@ -237,12 +247,9 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter) 
         blocks.append(_sim_block(sb, counter, False, f"system[{j}]"))
     n_system = len(sys_blocks)
     for i, m in enumerate(body.get("messages") or []):
-        msg = message_from_dict(m, i)
-        for j, b in enumerate(content_blocks(msg)):
-            if isinstance(b, ImageBlock) or (isinstance(b, ToolResultBlock) and isinstance(b.content, list)
-                                             and any(isinstance(x, ImageBlock) for x in b.content)):
-                has_image = True
-            blocks.append(_sim_block(b, counter, j == 0, f"messages[{i}].content[{j}]"))
+        mblocks, img = message_blocks(m, i, counter)
+        blocks += mblocks
+        has_image = has_image or img
     salt_msgs = canonical_bytes([body.get("tool_choice"), body.get("thinking"),
                                  (body.get("output_config") or {}).get("effort"), has_image])
     top = body.get("cache_control")
@@ -251,6 +258,18 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter) 
         system_salt=canonical_bytes(body.get("speed")), messages_salt=salt_msgs,
         auto_ttl=_ttl_of(top, "") if top is not None else None,
     )
+
+
+def message_blocks(m: Any, i: int, counter: TokenCounter) -> tuple[list[SimBlock], bool]:
+    """The blocks of message ``i`` (a dict) and whether it holds an image."""
+    msg = message_from_dict(m, i)
+    out, has_image = [], False
+    for j, b in enumerate(content_blocks(msg)):
+        if isinstance(b, ImageBlock) or (isinstance(b, ToolResultBlock) and isinstance(b.content, list)
+                                         and any(isinstance(x, ImageBlock) for x in b.content)):
+            has_image = True
+        out.append(_sim_block(b, counter, j == 0, f"messages[{i}].content[{j}]"))
+    return out, has_image
 
 
 def _sim_block(b: Block, counter: TokenCounter, first: bool, where: str) -> SimBlock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import xxhash
 
@@ -186,3 +188,22 @@ def test_pricing_costs_and_overrides() -> None:
         get_model("gpt-4")
     with pytest.raises(ValueError):
         ModelInfo("bad", -1, 1, 1, 1, 1, 1, 1, 1)
+
+
+def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> None:
+    """The simulator reproduces Anthropic's billed read share on real sessions (see cache-model.md)."""
+    from cachecompact.bench.fidelity import session_fidelity, summarize
+    from cachecompact.traces import discover
+
+    results = [r for f in discover([shared_traces / "claude-code"])[:4] if (r := session_fidelity(f))]
+    s = summarize(results)
+    assert s["calls"] > 100
+    assert s["call_median"] < 0.02 and s["hit_miss_agreement"] > 0.9
+
+
+def test_fit_line_recovers_a_known_line() -> None:
+    from cachecompact.bench.fidelity import fit_line
+
+    xs = [float(x) for x in range(10)]
+    a, b = fit_line(xs, [5000 + 1.3 * x for x in xs])
+    assert a == pytest.approx(5000) and b == pytest.approx(1.3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -57,23 +58,28 @@ def _is_compaction_artifact(e: dict[str, Any]) -> bool:
     return False
 
 
-def load_claude_code(path: str | Path, text: str | None = None) -> Trace:
+def load_claude_code(path: str | Path, text: str | None = None, *, keep_compaction: bool = False) -> Trace:
     """Rebuild the main-chain, uncompacted conversation with its recorded usage and times.
 
     Sub-agent traffic (``isSidechain``) is skipped; assistant entries that share
     ``message.id`` (one API response split over entries) are merged; consecutive user
     entries (grouped tool results) become one message; Claude Code's compaction summaries
     and continuation messages are removed, keeping the real messages before them.
+
+    With ``keep_compaction=True`` those messages are kept instead, so that
+    ``messages[c:i]`` for the last ``c`` in ``compactions`` before ``i`` is what Claude Code
+    actually sent for the call answered by message ``i`` (used to check billing fidelity).
     """
     p = Path(path)
     entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
     if not is_claude_code(entries):
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
     msgs: list[dict[str, Any]] = []
-    extras: list[tuple[float | None, dict[str, Any] | None]] = []
+    extras: list[tuple[float | None, dict[str, Any] | None, str | None]] = []  # time, usage, model
     last_id: str | None = None
     model = None
     removed = 0
+    cut_points: list[int] = []
     for e in entries:
         if e.get("type") not in ("user", "assistant") or e.get("isSidechain"):
             continue
@@ -82,7 +88,9 @@ def load_claude_code(path: str | Path, text: str | None = None) -> Trace:
             continue
         if _is_compaction_artifact(e):
             removed += 1
-            continue
+            cut_points.append(len(msgs))
+            if not keep_compaction:
+                continue
         content = msg.get("content")
         if isinstance(content, list):
             content = [b for b in content if isinstance(b, dict)]
@@ -97,25 +105,54 @@ def load_claude_code(path: str | Path, text: str | None = None) -> Trace:
                 prev = msgs[-1]
                 prev["content"] = list(prev["content"]) + (content if isinstance(content, list)
                                                            else [{"type": "text", "text": content}])
-                extras[-1] = (extras[-1][0], usage or extras[-1][1])
+                extras[-1] = (extras[-1][0], usage or extras[-1][1], extras[-1][2])
                 continue
             last_id = mid
             msgs.append({"role": "assistant", "content": content})
-            extras.append((ts, usage))
+            extras.append((ts, usage, msg.get("model")))
         else:
             last_id = None
             msgs.append({"role": "user", "content": content})
-            extras.append((ts, None))
-    msgs, extras, notes = repair_pairing(msgs, extras)
+            extras.append((ts, None, None))
+    verb = "kept" if keep_compaction else "removed"
+    notes: list[str] = []
+    compactions: list[int] = []
+    if keep_compaction:
+        # each context since a compaction is its own conversation: repair segments separately
+        bounds = [0, *cut_points, len(msgs)]
+        out_m: list[dict[str, Any]] = []
+        out_x: list[tuple[float | None, dict[str, Any] | None, str | None]] = []
+        for lo, hi in itertools.pairwise(bounds):
+            if lo >= hi:
+                continue
+            seg_m, seg_x, seg_notes = repair_pairing(msgs[lo:hi], extras[lo:hi])
+            if lo in cut_points:
+                compactions.append(len(out_m))
+            if seg_m and seg_m[0]["role"] != "user":
+                seg_m.insert(0, {"role": "user", "content": "[session start]"})
+                seg_x.insert(0, (seg_x[0][0], None, None))
+            out_m += seg_m
+            out_x += seg_x
+            notes += seg_notes
+        msgs, extras = out_m, out_x
+    else:
+        # the uncompacted conversation: cut points map to the first message after the removed summary
+        tagged = [(*x, k) for k, x in enumerate(extras)]
+        msgs, tagged, notes = repair_pairing(msgs, tagged)
+        origin = [t[3] for t in tagged]
+        extras = [(t[0], t[1], t[2]) for t in tagged]
+        compactions = sorted({next((i for i, o in enumerate(origin) if o >= c), len(origin)) for c in cut_points})
     if removed:
-        notes.append(f"removed {removed} Claude Code compaction/continuation message(s)")
+        notes.append(f"{verb} {removed} Claude Code compaction/continuation message(s)")
     if not msgs:
         raise TraceFormatError(str(p), "no main-chain messages")
     if msgs[0]["role"] != "user":
         msgs.insert(0, {"role": "user", "content": "[session start]"})
-        extras.insert(0, (extras[0][0], None))
+        extras.insert(0, (extras[0][0], None, None))
+        compactions = [c + 1 for c in compactions]
         notes.append("inserted a user message before a leading assistant message")
     return Trace(
         name=p.stem, source=str(p), format="claude-code", system=None, tools=[], messages=msgs,
         timestamps=[x[0] for x in extras], usage=[x[1] for x in extras], model=model, notes=notes,
+        compactions=compactions, models=[x[2] for x in extras],
     )

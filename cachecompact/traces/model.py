@@ -36,6 +36,11 @@ class Trace(msgspec.Struct, kw_only=True):
     usage: list[dict[str, Any] | None] = []
     model: str | None = None
     notes: list[str] = []
+    # message indices where the recording agent compacted its own context: requests made at or
+    # after such an index did not carry the full history shown in ``messages``
+    compactions: list[int] = []
+    # per message: the model that produced it, when recorded (assistant messages of real logs)
+    models: list[str | None] = []
 
     @property
     def turns(self) -> int:

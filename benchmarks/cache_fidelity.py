@@ -1,0 +1,64 @@
+"""Billing fidelity: the cache simulator against Anthropic's recorded usage in Claude Code logs.
+
+    python benchmarks/cache_fidelity.py [--write docs/cache-model.md]
+
+See cachecompact/bench/fidelity.py for the method. Skips (exit 0) when ../shared/traces is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cachecompact.bench.fidelity import session_fidelity, summarize
+from cachecompact.traces import default_trace_dir, discover
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--write", help="update the fidelity section of this markdown file")
+    args = ap.parse_args()
+    tdir = default_trace_dir()
+    if tdir is None or not (tdir / "claude-code").is_dir():
+        print("no Claude Code traces found (../shared/traces/claude-code); nothing to measure")
+        return 0
+    results = [r for f in discover([tdir / "claude-code"]) if (r := session_fidelity(f)) is not None]
+    lines = [
+        "| session | model | calls | fitted prefix P | ratio k | total-input fit error | recorded read share "
+        "| simulated read share | abs. error | recorded cost | simulated cost |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        rec, sim = r.share("recorded"), r.share("simulated")
+        lines.append(f"| {r.name.removesuffix('__chat')} | {r.model} | {len(r.calls)} | {r.prefix_tokens:,.0f} | "
+                     f"{r.ratio:.2f} | {r.total_fit_error:.1%} | {rec:.3f} | {sim:.3f} | {abs(rec - sim):.3f} | "
+                     f"${r.cost('recorded'):.2f} | ${r.cost('simulated'):.2f} |")
+    s = summarize(results)
+    lines += [
+        "",
+        f"- Calls compared: **{s['calls']}** in {s['sessions']} sessions.",
+        f"- Per call, |recorded - simulated| share of input read from cache: mean **{s['call_mae']:.3f}**, "
+        f"median **{s['call_median']:.4f}**, 90th percentile **{s['call_p90']:.3f}**.",
+        f"- Hit/miss classification (read share >= 0.5) agrees on **{s['hit_miss_agreement']:.1%}** of calls; "
+        f"{s['misses_rules_cannot_explain']} calls were recorded as misses where the documented rules predict a "
+        f"hit, {s['hits_rules_cannot_explain']} the other way round.",
+        f"- Per session, |recorded - simulated| read share: mean **{s['session_mae']:.3f}**, "
+        f"worst **{s['session_max']:.3f}**.",
+        f"- Input cost, simulated / recorded, all sessions: **{s['cost_ratio']:.3f}**.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        p = Path(args.write)
+        doc = p.read_text()
+        start, end = "<!-- fidelity:start -->", "<!-- fidelity:end -->"
+        if start not in doc or end not in doc:
+            print(f"markers {start} / {end} not found in {p}", file=sys.stderr)
+            return 1
+        p.write_text(doc[: doc.index(start) + len(start)] + "\n" + text + "\n" + doc[doc.index(end):])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

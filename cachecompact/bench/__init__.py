@@ -1,0 +1,1 @@
+"""Benchmark harness pieces: billing fidelity against recorded usage (more to come)."""
