@@ -229,8 +229,13 @@ def _ttl_of(cc: Any, where: str) -> str | None:
     return str(ttl)
 
 
-def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter) -> SimRequest:
-    """Tokenize and hash a Messages API body into a `SimRequest` (same counts as the renderer)."""
+def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
+                      memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] | None = None) -> SimRequest:
+    """Tokenize and hash a Messages API body into a `SimRequest` (same counts as the renderer).
+
+    ``memo`` caches each message's blocks by (hash of its JSON, index), so replaying a long
+    conversation parses every message once instead of once per request.
+    """
     blocks: list[SimBlock] = []
     has_image = False
     for i, t in enumerate(body.get("tools") or []):
@@ -247,7 +252,16 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter) 
         blocks.append(_sim_block(sb, counter, False, f"system[{j}]"))
     n_system = len(sys_blocks)
     for i, m in enumerate(body.get("messages") or []):
-        mblocks, img = message_blocks(m, i, counter)
+        if memo is None:
+            mblocks, img = message_blocks(m, i, counter)
+        else:
+            key = (xxhash.xxh3_128_digest(canonical_bytes(m)), i)
+            hit = memo.get(key)
+            if hit is None:
+                if len(memo) > 200_000:
+                    memo.clear()
+                hit = memo[key] = message_blocks(m, i, counter)
+            mblocks, img = hit
         blocks += mblocks
         has_image = has_image or img
     salt_msgs = canonical_bytes([body.get("tool_choice"), body.get("thinking"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import xxhash
 
-from ..cache_sim import CacheSimulator, SimRequest, SimResult, request_from_body
+from ..cache_sim import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
 from ..errors import MalformedMessageError
 from ..pricing import UnknownModelError, get_model
 from ..tokens import TokenCounter
@@ -109,6 +109,7 @@ class EmulatorCore:
         self.log: list[dict[str, Any]] = []
         self.log_path = Path(log_path) if log_path else None
         self._fingerprints: dict[str, _Fingerprint] = {}
+        self._blocks_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = {}
         self._lock = threading.Lock()
         self._n = 0
 
@@ -198,7 +199,7 @@ class EmulatorCore:
                   msg_id: str) -> HttpReply:
         validate_request(body)
         info = get_model(body["model"])
-        req = request_from_body(body, now, self.counter)
+        req = request_from_body(body, now, self.counter, self._blocks_memo)
         total = sum(b.tokens for b in req.blocks)
         if total > info.context_window:  # the API's exact wording, which clients parse
             return self._error(400, f"prompt is too long: {total} tokens > {info.context_window} maximum", request_id)

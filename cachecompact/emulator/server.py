@@ -16,6 +16,7 @@ __all__ = ["Emulator"]
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid the 40 ms delayed-ACK stall
     core: EmulatorCore  # set on the subclass made per server
 
     def log_message(self, format: str, *args: Any) -> None:
