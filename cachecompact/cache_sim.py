@@ -255,12 +255,12 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
         if memo is None:
             mblocks, img = message_blocks(m, i, counter)
         else:
-            key = (xxhash.xxh3_128_digest(canonical_bytes(m)), i)
-            hit = memo.get(key)
+            mkey = (xxhash.xxh3_128_digest(canonical_bytes(m)), i)
+            hit = memo.get(mkey)
             if hit is None:
                 if len(memo) > 200_000:
                     memo.clear()
-                hit = memo[key] = message_blocks(m, i, counter)
+                hit = memo[mkey] = message_blocks(m, i, counter)
             mblocks, img = hit
         blocks += mblocks
         has_image = has_image or img

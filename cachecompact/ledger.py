@@ -9,7 +9,12 @@ Two edit kinds act on inclusive message ranges. Rules (checked by `check_edit`):
   tool_use. Such edits are **rejected** (not widened), and the error suggests the widened
   range; `widen_to_pairs` computes it for callers that want widening;
 * an edit that overlaps an earlier one must contain it completely, so the later edit
-  subsumes the earlier one and the effective edits are always disjoint.
+  subsumes the earlier one and the effective edits are always disjoint;
+* an edit with a ``tool_use_id`` targets that one tool result: its range is the single
+  tool-result message holding it, the pair stays, and only that result's content changes
+  (a ``SkipRange`` clears it, a ``ReplaceWithSummary`` shows the summary in its place).
+  Edits on different results of one message do not overlap; a whole-message edit over the
+  message contains them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import msgspec
 
 from .errors import EditOverlapError, EditSplitsToolPairError, EditTouchesPrefixError, InvalidEditError
 from .transcript import Transcript
-from .wire import canonical_bytes
+from .wire import canonical_bytes, tool_result_ids
 
 __all__ = [
     "GENESIS_HASH",
@@ -35,6 +40,7 @@ __all__ = [
     "SkipRange",
     "check_edit",
     "entry_hash",
+    "overlaps",
     "widen_to_pairs",
 ]
 
@@ -44,20 +50,28 @@ Kind = Literal["skip", "summary"]
 
 
 class SkipRange(msgspec.Struct, frozen=True):
-    """Drop messages start..end (inclusive), or clear them in place if they are all tool results."""
+    """Drop messages start..end (inclusive), or clear them in place if they are all tool results.
+
+    With ``tool_use_id``, clear only that tool result (``start == end`` is its message).
+    """
 
     start: int
     end: int
     reason: str = ""
+    tool_use_id: str | None = None
 
 
 class ReplaceWithSummary(msgspec.Struct, frozen=True):
-    """Show one marked summary message in place of messages start..end (inclusive)."""
+    """Show one marked summary message in place of messages start..end (inclusive).
+
+    With ``tool_use_id``, the summary becomes that one tool result's content instead.
+    """
 
     start: int
     end: int
     summary: str
     reason: str = ""
+    tool_use_id: str | None = None
 
 
 Edit = SkipRange | ReplaceWithSummary
@@ -79,15 +93,29 @@ class LedgerEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     prev_hash: str
     hash: str = ""
     summary: str | None = None
+    tool_use_id: str | None = None
 
     @property
     def edit(self) -> Edit:
         if self.kind == "summary":
-            return ReplaceWithSummary(self.start, self.end, self.summary or "", self.reason)
-        return SkipRange(self.start, self.end, self.reason)
+            return ReplaceWithSummary(self.start, self.end, self.summary or "", self.reason, self.tool_use_id)
+        return SkipRange(self.start, self.end, self.reason, self.tool_use_id)
 
-    def contains(self, other: LedgerEntry) -> bool:
-        return self.start <= other.start and other.end <= self.end
+    def contains(self, other: LedgerEntry | Edit) -> bool:
+        return (self.start <= other.start and other.end <= self.end
+                and (self.tool_use_id is None or self.tool_use_id == other.tool_use_id))
+
+
+def overlaps(a: LedgerEntry | Edit, b: LedgerEntry | Edit) -> bool:
+    """Ranges intersect and, when both target single results, they target the same one."""
+    if a.end < b.start or b.end < a.start:
+        return False
+    return a.tool_use_id is None or b.tool_use_id is None or a.tool_use_id == b.tool_use_id
+
+
+def _contains(a: Edit, b: LedgerEntry) -> bool:
+    return (a.start <= b.start and b.end <= a.end
+            and (a.tool_use_id is None or a.tool_use_id == b.tool_use_id))
 
 
 def entry_hash(entry: LedgerEntry | dict[str, Any]) -> str:
@@ -98,9 +126,9 @@ def entry_hash(entry: LedgerEntry | dict[str, Any]) -> str:
 
 
 def _is_clear_in_place(edit: Edit, t: Transcript) -> bool:
-    return isinstance(edit, SkipRange) and all(
+    return edit.tool_use_id is not None or (isinstance(edit, SkipRange) and all(
         t.is_tool_result_message(i) for i in range(edit.start, edit.end + 1)
-    )
+    ))
 
 
 def widen_to_pairs(t: Transcript, start: int, end: int) -> tuple[int, int] | None:
@@ -137,6 +165,11 @@ def check_edit(
             f"edit range {s}..{e} touches the immutable prefix (messages 0..{prefix_end - 1})")
     if isinstance(edit, ReplaceWithSummary) and not edit.summary.strip():
         raise InvalidEditError("a summary edit needs a non-empty summary")
+    if edit.tool_use_id is not None:
+        if s != e:
+            raise InvalidEditError(f"an edit of tool result {edit.tool_use_id!r} must cover exactly its message")
+        if not t.is_tool_result_message(s) or edit.tool_use_id not in tool_result_ids(t[s]):
+            raise InvalidEditError(f"message {s} holds no tool result for {str(edit.tool_use_id)[:80]!r}")
     if not _is_clear_in_place(edit, t):
         split_start = t.is_tool_result_message(s)
         split_end = t.has_tool_use(e)
@@ -148,11 +181,10 @@ def check_edit(
         if s == 0 and isinstance(edit, SkipRange) and (e + 1 >= n or t[e + 1].role != "user"):
             raise InvalidEditError("skipping the start of the conversation must leave a user message first")
     for prior in earlier:
-        disjoint = e < prior.start or prior.end < s
-        if not disjoint and not (s <= prior.start and prior.end <= e):
+        if overlaps(edit, prior) and not _contains(edit, prior):
             raise EditOverlapError(
-                f"edit range {s}..{e} overlaps ledger entry #{prior.seq} ({prior.start}..{prior.end}) "
-                "without containing it")
+                f"edit range {s}..{e} overlaps ledger entry #{prior.seq} ({prior.start}..{prior.end}"
+                f"{', result ' + prior.tool_use_id if prior.tool_use_id else ''}) without containing it")
 
 
 class Ledger:
@@ -207,6 +239,7 @@ class Ledger:
             tokens_after=tokens_after,
             prev_hash=self.head_hash,
             summary=edit.summary if isinstance(edit, ReplaceWithSummary) else None,
+            tool_use_id=edit.tool_use_id,
         )
         return msgspec.structs.replace(body, hash=entry_hash(body))
 

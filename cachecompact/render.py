@@ -269,7 +269,7 @@ class Renderer:
         self._head += [self._make(blk, None, None, first=False) for blk in system]
         self._n_system = len(self._head) - self._n_tools
         self._plain: dict[int, _RMessage] = {}
-        self._edited: dict[tuple[int, int], _RMessage] = {}
+        self._edited: dict[tuple[int, int | tuple[int, ...]], _RMessage] = {}
         # state of the latest (non-historical) render, extended in place while no edit lands
         self._arr = _Arrays([], [], [], list(self._head), [], [], [])
         self._extend_chain(self._arr, 0)
@@ -306,22 +306,31 @@ class Renderer:
             m = self._plain[i] = self._message(msg.role, blocks, msg.extra)
         return m
 
-    def _cleared_msg(self, i: int, e: LedgerEntry, cache: bool = True) -> _RMessage:
-        """Message i with every tool_result's content replaced by a placeholder; pairs stay."""
-        key = (i, e.seq)
+    def _results_msg(self, i: int, by_id: dict[str, LedgerEntry], whole: LedgerEntry | None,
+                     cache: bool = True) -> _RMessage:
+        """Message i with edited tool results; every tool_use/tool_result pair stays.
+
+        ``whole`` clears every result of the message; otherwise ``by_id`` maps a tool_use_id
+        to the entry that clears it or replaces its content with a summary.
+        """
+        key = (i, (whole.seq,) if whole is not None else tuple(sorted(e.seq for e in by_id.values())))
         m = self._edited.get(key) if cache else None
         if m is None:
             src = self._plain_msg(i)
             blocks = []
             for j, b in enumerate(content_blocks(self.t[i])):
-                if isinstance(b, ToolResultBlock):
+                e = (whole or by_id.get(b.tool_use_id)) if isinstance(b, ToolResultBlock) else None
+                if e is None or not isinstance(b, ToolResultBlock):
+                    blocks.append(src.blocks[j])
+                    continue
+                if e.kind == "summary":
+                    text = e.summary or ""
+                else:
                     text = (f"[cachecompact: this tool result was cleared to save context (ledger entry "
                             f"#{e.seq}, {e.level}, ~{src.blocks[j].tokens} tokens). The original is kept in "
                             f"the session transcript as message {i}; run the tool again if you need it.]")
-                    cleared = ToolResultBlock(tool_use_id=b.tool_use_id, content=text, is_error=b.is_error)
-                    blocks.append(self._make(cleared, i, e.seq, j == 0))
-                else:
-                    blocks.append(src.blocks[j])
+                edited = ToolResultBlock(tool_use_id=b.tool_use_id, content=text, is_error=b.is_error)
+                blocks.append(self._make(edited, i, e.seq, j == 0))
             m = self._message("user", blocks)
             if cache:
                 self._edited[key] = m
@@ -340,25 +349,48 @@ class Renderer:
         return m
 
     def _entry_messages(self, e: LedgerEntry, cache: bool = True) -> list[_RMessage]:
+        """What a whole-message entry renders as."""
         if e.kind == "summary":
             return [self._summary_msg(e, cache)]
         if all(self.t.is_tool_result_message(i) for i in range(e.start, e.end + 1)):
-            return [self._cleared_msg(i, e, cache) for i in range(e.start, e.end + 1)]
+            return [self._results_msg(i, {}, e, cache) for i in range(e.start, e.end + 1)]
         return []
+
+    @staticmethod
+    def _split(entries: list[LedgerEntry]) -> tuple[list[LedgerEntry], dict[int, dict[str, LedgerEntry]]]:
+        """Effective entries -> whole-message entries (sorted) and per-message targeted ones."""
+        whole = [e for e in entries if e.tool_use_id is None]
+        targeted: dict[int, dict[str, LedgerEntry]] = {}
+        for e in entries:
+            if e.tool_use_id is not None:
+                targeted.setdefault(e.start, {})[e.tool_use_id] = e
+        return whole, targeted
+
+    def _view_tokens(self, start: int, end: int, whole: list[LedgerEntry],
+                     targeted: dict[int, dict[str, LedgerEntry]]) -> int:
+        """Raw tokens messages start..end occupy in the view given by these effective edits."""
+        by_start = {e.start: e for e in whole if start <= e.start and e.end <= end}
+        total, i = 0, start
+        while i <= end:
+            e = by_start.get(i)
+            if e is not None:
+                total += sum(b.tokens for m in self._entry_messages(e) for b in m.blocks)
+                i = e.end + 1
+                continue
+            m = self._results_msg(i, targeted[i], None) if i in targeted else self._plain_msg(i)
+            total += sum(b.tokens for b in m.blocks)
+            i += 1
+        return total
 
     def edit_tokens(self, draft: LedgerEntry) -> tuple[int, int]:
         """Estimated tokens the draft's range occupies now, and after the draft is applied."""
-        inside = {e.start: e for e in self.ledger.effective() if draft.start <= e.start and e.end <= draft.end}
-        before, i = 0, draft.start
-        while i <= draft.end:
-            e = inside.get(i)
-            if e is not None:
-                before += sum(b.tokens for m in self._entry_messages(e) for b in m.blocks)
-                i = e.end + 1
-            else:
-                before += sum(b.tokens for b in self._plain_msg(i).blocks)
-                i += 1
-        after = sum(b.tokens for m in self._entry_messages(draft, cache=False) for b in m.blocks)
+        whole, targeted = self._split(self.ledger.effective())
+        before = self._view_tokens(draft.start, draft.end, whole, targeted)
+        if draft.tool_use_id is not None:
+            by_id = {**targeted.get(draft.start, {}), draft.tool_use_id: draft}
+            after = sum(b.tokens for b in self._results_msg(draft.start, by_id, None, cache=False).blocks)
+        else:
+            after = sum(b.tokens for m in self._entry_messages(draft, cache=False) for b in m.blocks)
         return self.counter.calibrated(before), self.counter.calibrated(after)
 
     def prefix_hash(self) -> str | None:
@@ -379,15 +411,16 @@ class Renderer:
     # -- rendering ---------------------------------------------------------------------------
 
     def _messages(self, entries: list[LedgerEntry], n: int) -> Iterator[_RMessage]:
+        whole, targeted = self._split(entries)
         idx, k = 0, 0
         while idx < n:
-            if k < len(entries) and entries[k].start == idx:
-                e = entries[k]
+            if k < len(whole) and whole[k].start == idx:
+                e = whole[k]
                 k += 1
                 yield from self._entry_messages(e)
                 idx = e.end + 1
             else:
-                yield self._plain_msg(idx)
+                yield self._results_msg(idx, targeted[idx], None) if idx in targeted else self._plain_msg(idx)
                 idx += 1
 
     @staticmethod

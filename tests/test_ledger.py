@@ -108,3 +108,26 @@ def test_skip_at_start_with_empty_prefix_must_leave_user_first() -> None:
         s.edit(SkipRange(0, 0))  # would leave an assistant message first
     s.edit(SkipRange(0, 1))
     assert s.render().body["messages"][0]["role"] == "user"
+
+
+def test_targeted_edits_change_one_result_and_compose(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s", prefix_messages=1)
+    s.sync(history(0) + turn(0, n_calls=3) + turn(1))
+    # message 2 answers three calls: clear one, summarise another, keep the third
+    s.edit(SkipRange(2, 2, "old", tool_use_id="toolu_0_0"), level="L1")
+    s.edit(ReplaceWithSummary(2, 2, "[externalized: 20 lines]", "big", tool_use_id="toolu_0_1"), level="L2")
+    res = s.render().body["messages"][2]["content"]
+    assert [b["tool_use_id"] for b in res] == ["toolu_0_0", "toolu_0_1", "toolu_0_2"]
+    assert "cleared to save context" in res[0]["content"] and res[1]["content"] == "[externalized: 20 lines]"
+    assert res[2]["content"].startswith("output of toolu_0_2")
+    with pytest.raises(InvalidEditError, match="no tool result"):
+        s.edit(SkipRange(2, 2, tool_use_id="toolu_nope"))
+    with pytest.raises(InvalidEditError, match="exactly its message"):
+        s.edit(SkipRange(2, 4, tool_use_id="toolu_0_2"))
+    # a later whole-range summary contains the targeted edits; a targeted edit inside it is refused
+    s.edit(ReplaceWithSummary(1, 4, "did three reads"), level="L3")
+    with pytest.raises(EditOverlapError):
+        s.edit(SkipRange(2, 2, tool_use_id="toolu_0_2"))
+    reopened = Session.open(tmp_path / "s")
+    assert reopened.render().to_json() == s.render().to_json()
+    assert json.loads((tmp_path / "s" / "ledger.jsonl").read_text().splitlines()[0])["tool_use_id"] == "toolu_0_0"

@@ -38,8 +38,8 @@ def histories(draw: Any) -> list[dict[str, Any]]:
     return msgs
 
 
-ops = st.lists(st.tuples(st.sampled_from(["skip", "summary", "append"]), st.integers(0, 40), st.integers(0, 12)),
-               max_size=10)
+ops = st.lists(st.tuples(st.sampled_from(["skip", "summary", "append", "target-skip", "target-summary"]),
+                         st.integers(0, 40), st.integers(0, 12)), max_size=10)
 
 
 def _first_block_at_or_after(r: RenderResult, s: int) -> int:
@@ -90,8 +90,19 @@ def test_random_histories_and_edits_keep_every_invariant(h: list[dict[str, Any]]
         else:
             start = a % len(s)
             end = min(len(s) - 1, start + width)
-            edit = (SkipRange(start, end, "t") if op == "skip"
-                    else ReplaceWithSummary(start, end, f"summary of {start}-{end}", "t"))
+            edit: SkipRange | ReplaceWithSummary
+            if op.startswith("target"):
+                ids = [b["tool_use_id"] for b in s.messages()[start]["content"]
+                       if isinstance(b, dict) and b.get("type") == "tool_result"] if start < len(s) else []
+                if not ids:
+                    continue
+                tid = ids[width % len(ids)]
+                edit = (SkipRange(start, start, "t", tid) if op == "target-skip"
+                        else ReplaceWithSummary(start, start, f"[externalized {tid}]", "t", tid))
+            elif op == "skip":
+                edit = SkipRange(start, end, "t")
+            else:
+                edit = ReplaceWithSummary(start, end, f"summary of {start}-{end}", "t")
             try:
                 entry = s.edit(edit, level="manual")
             except InvalidEditError:
