@@ -4,18 +4,20 @@
 * `ReplayResponder`: answers with the recorded next assistant message of a trace, so a real
   agent loop can be replayed request by request.
 * `SummarizingResponder`: when ``tool_choice`` forces a named tool (a summarization call),
-  fills that tool's ``input_schema`` extractively from the conversation; otherwise delegates.
+  fills that tool's ``input_schema`` extractively from the conversation; answers cachecompact's
+  in-text summary requests the same way; otherwise delegates.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import xxhash
 
+from ..summarize import SUMMARY_SCHEMA, extract_facts, facts_from_summary_request
 from ..wire import canonical_bytes
 
 __all__ = ["ReplayResponder", "Reply", "Responder", "ScriptedResponder", "SummarizingResponder", "fill_schema"]
@@ -107,67 +109,6 @@ class ReplayResponder:
 
 # -- extractive schema filling --------------------------------------------------------------------
 
-_PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|"
-                      r"toml|yaml|yml|txt|cfg|ini|sh|c|h|cpp|java|rb))(?![\w/])")
-_ISSUE_RE = re.compile(r"\b(error|fail|failed|failing|exception|traceback|todo|not yet|still|remaining|bug)\b", re.I)
-
-
-def _texts(m: dict[str, Any]) -> list[str]:
-    content = m.get("content")
-    if isinstance(content, str):
-        return [content]
-    out = []
-    for b in content or []:
-        if not isinstance(b, dict):
-            continue
-        if b.get("type") == "text":
-            out.append(str(b.get("text", "")))
-        elif b.get("type") == "tool_result":
-            c = b.get("content")
-            out.append(c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
-                                                             if isinstance(x, dict)))
-        elif b.get("type") == "tool_use":
-            out.append(f"{b.get('name')}({canonical_bytes(b.get('input', {})).decode()})")
-    return out
-
-
-def _first_line(s: str, limit: int = 160) -> str:
-    line = next((x.strip() for x in s.splitlines() if x.strip()), "")
-    return line[:limit]
-
-
-def extract(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Extractive facts from a conversation: goal, steps, findings, issues, files."""
-    goal = ""
-    for m in messages:
-        if m.get("role") == "user":
-            t = " ".join(x for x in _texts(m) if x and not x.startswith("[cachecompact"))
-            if t.strip():
-                goal = t.strip()
-                break
-    steps: list[str] = []
-    findings: list[str] = []
-    issues: list[str] = []
-    files: dict[str, str] = {}
-    for m in messages:
-        for t in _texts(m):
-            for p in _PATH_RE.findall(t):
-                files.setdefault(p, "mentioned" if m.get("role") == "user" else "used")
-        if m.get("role") == "assistant":
-            for t in _texts(m):
-                if t and not t.startswith("["):
-                    steps.append(_first_line(t))
-        else:
-            for t in _texts(m):
-                if _ISSUE_RE.search(t or ""):
-                    issues.append(_first_line(next((x for x in t.splitlines() if _ISSUE_RE.search(x)), t)))
-                elif t:
-                    findings.append(_first_line(t))
-    return {"task_goal": goal, "completed_steps": steps[-12:], "key_findings": findings[-12:],
-            "open_issues": list(dict.fromkeys(issues))[-6:],
-            "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]]}
-
-
 def fill_schema(schema: dict[str, Any], facts: dict[str, Any], name: str = "") -> Any:
     """A value of JSON-schema ``schema`` built from ``facts`` (by property name, then by type)."""
     if name in facts:
@@ -200,13 +141,18 @@ class SummarizingResponder:
     inner: Responder = field(default_factory=ScriptedResponder)
 
     def respond(self, body: dict[str, Any]) -> Reply:
+        msgs = body.get("messages") or []
         choice = body.get("tool_choice") or {}
+        asked = facts_from_summary_request(msgs)
         if isinstance(choice, dict) and choice.get("type") == "tool":
             tool = next((t for t in body.get("tools") or [] if t.get("name") == choice.get("name")), None)
             if tool is not None:
-                facts = extract(body.get("messages") or [])
+                facts = asked if asked is not None else extract_facts(msgs)
                 args = fill_schema(tool.get("input_schema") or {"type": "object"}, facts)
                 n = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
                 return Reply([{"type": "tool_use", "id": f"toolu_emu_summary_{n:06d}", "name": tool["name"],
                                "input": args}], "tool_use")
+        if asked is not None:  # a summary requested in text, on the session's own cached prefix
+            args = fill_schema(SUMMARY_SCHEMA, asked)
+            return _text_reply(f"<summary>{json.dumps(args)}</summary>")
         return self.inner.respond(body)

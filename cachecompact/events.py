@@ -1,0 +1,68 @@
+"""Structured events (compactions, deferrals, failures, cache breaks) and their delivery.
+
+Callbacks get every event; a failing callback is logged and never breaks compaction. When
+``opentelemetry-api`` is installed, events are also added to the current span (later issue).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Event", "EventBus"]
+
+log = logging.getLogger("cachecompact")
+
+
+@dataclass(slots=True)
+class Event:
+    """One thing that happened to a session's context.
+
+    ``kind``: compaction | externalized | deferred | failure | breaker_open | context_full |
+    repeated_tool_calls | cache_break | skipped.
+    """
+
+    kind: str
+    session_id: str
+    level: str | None = None
+    reason: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    entries: list[int] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EventBus:
+    """Fan-out to callbacks, plus an in-memory history for reports and tests."""
+
+    def __init__(self, callbacks: list[Callable[[Event], None]] | None = None, keep: int = 10_000) -> None:
+        self.callbacks = list(callbacks or [])
+        self.history: list[Event] = []
+        self._keep = keep
+
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
+        self.callbacks.append(fn)
+
+    def emit(self, event: Event) -> Event:
+        self.history.append(event)
+        if len(self.history) > self._keep:
+            del self.history[: len(self.history) - self._keep]
+        level = logging.WARNING if event.kind in ("failure", "breaker_open", "context_full", "cache_break",
+                                                 "repeated_tool_calls") else logging.INFO
+        log.log(level, "%s %s %s: %s (%d -> %d tokens)", event.session_id[:12], event.kind, event.level or "",
+                event.reason, event.tokens_before, event.tokens_after)
+        for fn in self.callbacks:
+            try:
+                fn(event)
+            except Exception:  # a user's callback must not break compaction
+                log.exception("cachecompact event callback failed")
+        return event

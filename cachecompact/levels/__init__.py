@@ -1,0 +1,26 @@
+"""The five compaction levels, cheapest first. Each one only plans ledger edits (and L2 writes
+the scratchpad); the policy decides which to use and the compactor appends them."""
+
+from .full import propose_full
+from .micro import DEFAULT_WRITE_TOOLS, is_write_op, propose_micro
+from .tool_summary import externalized_text, propose_tool_summary, rule_summary
+from .truncate import propose_truncate
+from .turn_collapse import propose_turn_collapse
+from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, build_view
+
+__all__ = [
+    "DEFAULT_WRITE_TOOLS",
+    "PLACEHOLDER_TOKENS",
+    "Proposal",
+    "ResultInfo",
+    "View",
+    "build_view",
+    "externalized_text",
+    "is_write_op",
+    "propose_full",
+    "propose_micro",
+    "propose_tool_summary",
+    "propose_truncate",
+    "propose_turn_collapse",
+    "rule_summary",
+]

@@ -1,0 +1,36 @@
+"""L3 turn collapse: the oldest completed API rounds become one structured summary.
+
+Only as many rounds as needed to get under the target (and at least a minimum batch, so one
+cache break removes a lot); the last rounds stay verbatim. Ranges start at the editable
+start (subsuming an earlier summary there) and end where a round ends, so the request stays
+valid.
+"""
+
+from __future__ import annotations
+
+from .view import Proposal, View
+
+__all__ = ["propose_turn_collapse"]
+
+
+def propose_turn_collapse(view: View, *, target_tokens: int, keep_rounds: int, summary_tokens: int,
+                          min_batch_tokens: int) -> Proposal:
+    """L3: the oldest completed rounds, just enough of them to get under ``target_tokens``
+    (and at least ``min_batch_tokens``), never the last ``keep_rounds`` rounds."""
+    start, prev = view.editable_start()
+    tail = view.tail_start(keep_rounds)
+    p = Proposal("L3", "collapse the oldest completed rounds into a structured summary", previous_summary=prev)
+    need = view.total_tokens - target_tokens
+    ends = [e for e in view.round_ends if start <= e < tail - 1 or (e == tail - 1 and e >= start)]
+    chosen = None
+    for e in ends:
+        removed = view.tokens_between(start, e) - summary_tokens
+        chosen = e
+        if removed >= max(need, min_batch_tokens):
+            break
+    if chosen is None:
+        return p
+    p.summarize = (start, chosen)
+    p.tokens_removed = max(0, view.tokens_between(start, chosen) - summary_tokens)
+    p.break_at = start
+    return p

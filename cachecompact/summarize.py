@@ -1,0 +1,395 @@
+"""Structured summaries for L3/L4: a schema, its validation, and two summarizers.
+
+`LLMSummarizer` calls a model through the anthropic SDK in one of two ways:
+
+* ``forced-tool``: a small model (default ``claude-haiku-4-5``) gets the range to summarise as
+  text, with ``tool_choice`` forcing the ``emit_summary`` tool;
+* ``prefix-reuse``: the session's own request (same model, tools, system and messages, so its
+  cached prefix is read at the cache price) with one instruction appended, answering with the
+  same JSON inside ``<summary>`` tags. Changing ``tools`` or ``tool_choice`` would invalidate
+  that cache, so this mode cannot force the tool; an answer that is not valid JSON falls back
+  to ``forced-tool``.
+
+``auto`` picks the cheaper of the two from their estimated cost. `ExtractiveSummarizer` builds
+the same schema offline from the text. Every result is validated: a summary that is not
+valid, loses the task goal, or drops an open issue of the summary it replaces is refused
+(`SummaryRejected`) and never enters the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from .errors import CacheCompactError
+from .pricing import get_model
+from .wire import canonical_bytes
+
+__all__ = [
+    "EMIT_SUMMARY_TOOL",
+    "SUMMARY_MARKER",
+    "ExtractiveSummarizer",
+    "FileRef",
+    "LLMSummarizer",
+    "Summarizer",
+    "Summary",
+    "SummaryRejected",
+    "SummaryRequest",
+    "SummaryResult",
+    "check_summary",
+    "extract_facts",
+    "facts_from_summary_request",
+    "format_summary",
+    "open_issues_of",
+    "parse_summary",
+]
+
+SUMMARY_MARKER = "<cachecompact:summarize>"
+
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task_goal": {"type": "string", "description": "The user's original goal, repeated verbatim."},
+        "completed_steps": {"type": "array", "items": {"type": "string"}},
+        "key_findings": {"type": "array", "items": {"type": "string"}},
+        "open_issues": {"type": "array", "items": {"type": "string"},
+                        "description": "Everything not resolved yet, including open issues of earlier summaries."},
+        "file_refs": {"type": "array", "items": {"type": "object", "properties": {
+            "path": {"type": "string"}, "relevance": {"type": "string"}}, "required": ["path"]}},
+        "discarded": {"type": "string", "description": "What was dropped as no longer useful, in one sentence."},
+    },
+    "required": ["task_goal", "completed_steps", "key_findings", "open_issues"],
+}
+EMIT_SUMMARY_TOOL: dict[str, Any] = {
+    "name": "emit_summary",
+    "description": "Emit the structured summary of the conversation range you were asked to compact.",
+    "input_schema": SUMMARY_SCHEMA,
+}
+
+
+class SummaryRejected(CacheCompactError):
+    """A summarizer's output is not a usable summary (garbage, lost goal, lost open issue).
+
+    ``cost_usd`` is what the rejected attempt cost, so failures are still accounted for.
+    """
+
+    def __init__(self, message: str, cost_usd: float = 0.0) -> None:
+        super().__init__(message)
+        self.cost_usd = cost_usd
+
+
+class FileRef(msgspec.Struct, frozen=True):
+    path: str
+    relevance: str = ""
+
+
+class Summary(msgspec.Struct, frozen=True):
+    task_goal: str
+    completed_steps: list[str]
+    key_findings: list[str]
+    open_issues: list[str]
+    file_refs: list[FileRef] = []
+    discarded: str | list[str] = ""
+
+
+@dataclass(slots=True)
+class SummaryRequest:
+    """What to summarise. ``messages`` is the rendered view of the range (plain dicts)."""
+
+    messages: list[dict[str, Any]]
+    goal: str
+    previous_open_issues: list[str] = field(default_factory=list)
+    range: tuple[int, int] = (0, 0)
+    body: dict[str, Any] | None = None  # the session's current request, for prefix reuse
+    cache_warm: bool = False
+
+
+@dataclass(slots=True)
+class SummaryResult:
+    summary: Summary
+    cost_usd: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
+    mode: str = "extractive"
+    duration_s: float = 0.0
+
+
+class Summarizer(Protocol):
+    def summarize(self, req: SummaryRequest) -> SummaryResult: ...
+
+
+# -- validation and formatting -------------------------------------------------------------------
+
+def parse_summary(obj: Any) -> Summary:
+    """A `Summary` from a tool input dict or a JSON string; garbage raises `SummaryRejected`."""
+    if isinstance(obj, str):
+        try:
+            obj = json.loads(obj)
+        except json.JSONDecodeError as err:
+            raise SummaryRejected(f"summary is not JSON: {err}") from None
+    try:
+        s = msgspec.convert(obj, Summary)
+    except msgspec.ValidationError as err:
+        raise SummaryRejected(f"summary does not match the schema: {err}") from None
+    if not s.task_goal.strip():
+        raise SummaryRejected("summary has an empty task_goal")
+    return s
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _covered(needle: str, hay: str, share: float) -> bool:
+    need = _words(needle)
+    if not need:
+        return True
+    have = set(_words(hay))
+    return sum(1 for w in need if w in have) / len(need) >= share
+
+
+def check_summary(s: Summary, goal: str, previous_open_issues: Sequence[str] = ()) -> None:
+    """Refuse a summary that lost the task goal (90% of its first 300 words must be in
+    ``task_goal``) or an open issue of the summary it replaces (60% of the issue's words in one
+    open issue, completed step or finding)."""
+    if goal.strip() and not _covered(" ".join(_words(goal)[:300]), s.task_goal, 0.9):
+        raise SummaryRejected("summary lost the task goal")
+    pool = [*s.open_issues, *s.completed_steps, *s.key_findings]
+    for issue in previous_open_issues:
+        if not any(_covered(issue, p, 0.6) for p in pool):
+            raise SummaryRejected(f"summary dropped the open issue {issue[:80]!r}")
+
+
+def format_summary(s: Summary) -> str:
+    """Deterministic text for the ledger and the rendered summary message."""
+    def bullets(items: Sequence[str]) -> str:
+        return "\n".join(f"- {x}" for x in items) if items else "- (none)"
+
+    parts = [f"Goal: {s.task_goal}", "Completed:\n" + bullets(s.completed_steps),
+             "Key findings:\n" + bullets(s.key_findings), "Open issues:\n" + bullets(s.open_issues)]
+    if s.file_refs:
+        parts.append("Files:\n" + bullets([f"{f.path}" + (f" ({f.relevance})" if f.relevance else "")
+                                           for f in s.file_refs]))
+    discarded = "; ".join(s.discarded) if isinstance(s.discarded, list) else s.discarded
+    if discarded:
+        parts.append(f"Discarded: {discarded}")
+    return "\n".join(parts)
+
+
+def open_issues_of(text: str) -> list[str]:
+    """The open issues listed in a `format_summary` text (for the next summary's check)."""
+    m = re.search(r"^Open issues:\n((?:- .*\n?)*)", text, re.M)
+    if not m:
+        return []
+    return [x[2:].strip() for x in m.group(1).splitlines() if x.startswith("- ") and x[2:].strip() != "(none)"]
+
+
+# -- extractive -------------------------------------------------------------------------------------
+
+_PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|"
+                      r"toml|yaml|yml|txt|cfg|ini|sh|c|h|cpp|java|rb))(?![\w/])")
+_ISSUE_RE = re.compile(r"\b(error|fail|failed|failing|exception|traceback|todo|not yet|still|remaining|bug)\b", re.I)
+
+
+def _texts(m: dict[str, Any]) -> list[str]:
+    content = m.get("content")
+    if isinstance(content, str):
+        return [content]
+    out = []
+    for b in content or []:
+        if not isinstance(b, dict):
+            continue
+        if b.get("type") == "text":
+            out.append(str(b.get("text", "")))
+        elif b.get("type") == "tool_result":
+            c = b.get("content")
+            out.append(c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
+                                                             if isinstance(x, dict)))
+        elif b.get("type") == "tool_use":
+            out.append(f"{b.get('name')}({canonical_bytes(b.get('input', {})).decode()})")
+    return out
+
+
+def _first_line(s: str, limit: int = 160) -> str:
+    return next((x.strip() for x in s.splitlines() if x.strip()), "")[:limit]
+
+
+def extract_facts(messages: Sequence[dict[str, Any]], goal: str | None = None) -> dict[str, Any]:
+    """Extractive facts: goal (first user text), steps, findings, issues and files."""
+    if goal is None:
+        goal = ""
+        for m in messages:
+            if m.get("role") == "user":
+                t = " ".join(x for x in _texts(m) if x and not x.startswith(("[cachecompact", SUMMARY_MARKER)))
+                if t.strip():
+                    goal = t.strip()
+                    break
+    steps: list[str] = []
+    findings: list[str] = []
+    issues: list[str] = []
+    files: dict[str, str] = {}
+    for m in messages:
+        for t in _texts(m):
+            if t.startswith(SUMMARY_MARKER):
+                continue
+            for p in _PATH_RE.findall(t):
+                files.setdefault(p, "mentioned" if m.get("role") == "user" else "used")
+            if m.get("role") == "assistant":
+                if t and not t.startswith("["):
+                    steps.append(_first_line(t))
+            elif _ISSUE_RE.search(t or ""):
+                issues.append(_first_line(next((x for x in t.splitlines() if _ISSUE_RE.search(x)), t)))
+            elif t:
+                findings.append(_first_line(t))
+    return {"task_goal": goal, "completed_steps": steps[-12:], "key_findings": findings[-12:],
+            "open_issues": list(dict.fromkeys(issues))[-6:],
+            "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]]}
+
+
+class ExtractiveSummarizer:
+    """Offline fallback with the same schema: no model call, no cost."""
+
+    def summarize(self, req: SummaryRequest) -> SummaryResult:
+        t0 = time.perf_counter()
+        facts = extract_facts(req.messages, req.goal)
+        facts["open_issues"] = list(dict.fromkeys([*req.previous_open_issues, *facts["open_issues"]]))
+        s = parse_summary(facts)
+        check_summary(s, req.goal, req.previous_open_issues)
+        return SummaryResult(s, 0.0, {}, "extractive", time.perf_counter() - t0)
+
+
+# -- LLM ----------------------------------------------------------------------------------------------
+
+def _serialize(messages: Sequence[dict[str, Any]], limit: int = 2000) -> str:
+    lines = []
+    for m in messages:
+        for t in _texts(m):
+            t = t if len(t) <= limit else t[:limit] + f" [... {len(t) - limit} more characters]"
+            lines.append(f"{m.get('role')}: {t}")
+    return "\n".join(lines)
+
+
+def _instructions(req: SummaryRequest, how: str) -> str:
+    prev = "\n".join(f"- {x}" for x in req.previous_open_issues) or "- (none)"
+    return (f"{SUMMARY_MARKER} Compact the conversation range (messages {req.range[0]}-{req.range[1]}) into a "
+            f"structured summary so the work can continue without it. {how}\n"
+            f"<goal>{req.goal}</goal>\ntask_goal repeats the goal above verbatim. Keep every open issue below "
+            f"unless the conversation resolved it (then list it as a completed step):\n<open_issues>\n{prev}\n"
+            "</open_issues>\nKeep exact identifiers: file paths, function names, ids, numbers, commands.")
+
+
+def facts_from_summary_request(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """For an offline model: the extractive facts a summary request asks for, or None if it is
+    not one. Understands both shapes `LLMSummarizer` sends."""
+    def text_of(m: dict[str, Any]) -> str:
+        return "\n".join(_texts(m))
+
+    idx = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
+                and text_of(messages[i]).startswith(SUMMARY_MARKER)), None)
+    if idx is None:
+        return None
+    ask = text_of(messages[idx])
+    goal_m = re.search(r"<goal>(.*?)</goal>", ask, re.S)
+    issues_m = re.search(r"<open_issues>\n(.*?)\n</open_issues>", ask, re.S)
+    prev = [x[2:] for x in (issues_m.group(1).splitlines() if issues_m else []) if x.startswith("- ")
+            and x[2:] != "(none)"]
+    conv_m = re.search(r"<conversation>\n(.*)\n</conversation>", ask, re.S)
+    if conv_m:  # forced-tool shape: the range is serialized as "role: text" lines
+        convo = [{"role": ln.split(": ", 1)[0], "content": ln.split(": ", 1)[1]}
+                 for ln in conv_m.group(1).splitlines() if ": " in ln and ln.split(": ", 1)[0] in ("user", "assistant")]
+    else:  # prefix-reuse shape: the conversation is the request itself
+        convo = list(messages[:idx])
+    facts = extract_facts(convo, goal_m.group(1) if goal_m else None)
+    facts["open_issues"] = list(dict.fromkeys([*prev, *facts["open_issues"]]))
+    return facts
+
+
+@dataclass
+class LLMSummarizer:
+    """Summaries from a model through the anthropic SDK; see the module docstring for modes."""
+
+    client: Any  # anthropic.Anthropic
+    model: str = "claude-haiku-4-5"
+    mode: Literal["auto", "forced-tool", "prefix-reuse"] = "auto"
+    max_tokens: int = 2000
+
+    def summarize(self, req: SummaryRequest) -> SummaryResult:
+        t0 = time.perf_counter()
+        mode = self._choose(req)
+        spent = 0.0
+        if mode == "prefix-reuse":
+            try:
+                res = self._prefix_reuse(req)
+                res.duration_s = time.perf_counter() - t0
+                return res
+            except SummaryRejected as err:
+                spent = err.cost_usd  # the model answered with something else: fall back to the forced tool
+        try:
+            res = self._forced(req)
+        except SummaryRejected as err:
+            err.cost_usd += spent
+            raise
+        res.cost_usd += spent
+        res.duration_s = time.perf_counter() - t0
+        return res
+
+    def _choose(self, req: SummaryRequest) -> str:
+        if self.mode != "auto":
+            return self.mode if req.body is not None or self.mode == "forced-tool" else "forced-tool"
+        if req.body is None or not req.cache_warm or req.body["messages"][-1].get("role") != "user":
+            return "forced-tool"
+        small = get_model(self.model)
+        big = get_model(req.body["model"])
+        range_tokens = sum(len(_serialize([m])) for m in req.messages) / 4
+        total_tokens = len(canonical_bytes(req.body["messages"])) / 4
+        forced = range_tokens * small.input + self.max_tokens * small.output
+        reuse = total_tokens * big.read + 300 * big.write_5m + self.max_tokens * big.output
+        return "prefix-reuse" if reuse < forced else "forced-tool"
+
+    def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
+        u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+        return u, get_model(model).cost(u)
+
+    def _forced(self, req: SummaryRequest) -> SummaryResult:
+        text = _instructions(req, "Call emit_summary.") + "\n<conversation>\n" + _serialize(req.messages) + \
+            "\n</conversation>"
+        resp = self.client.messages.create(
+            model=self.model, max_tokens=self.max_tokens, tools=[EMIT_SUMMARY_TOOL],
+            tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}])
+        usage, cost = self._usage_cost(self.model, resp.usage)
+        block = next((b for b in resp.content if getattr(b, "type", None) == "tool_use"), None)
+        try:
+            if block is None:
+                raise SummaryRejected("the summarizer did not call emit_summary")
+            s = parse_summary(block.input)
+            check_summary(s, req.goal, req.previous_open_issues)
+        except SummaryRejected as err:
+            err.cost_usd += cost
+            raise
+        return SummaryResult(s, cost, usage, "forced-tool")
+
+    def _prefix_reuse(self, req: SummaryRequest) -> SummaryResult:
+        assert req.body is not None
+        body = dict(req.body)
+        ask = _instructions(req, "Answer with only the JSON object for the emit_summary schema "
+                                 f"{json.dumps(SUMMARY_SCHEMA)} inside <summary></summary> tags; call no tool.")
+        body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
+        body["max_tokens"] = self.max_tokens
+        resp = self.client.messages.create(**body)
+        usage, cost = self._usage_cost(body["model"], resp.usage)
+        text = "".join(getattr(b, "text", "") for b in resp.content)
+        m = re.search(r"<summary>(.*?)</summary>", text, re.S)
+        try:
+            if not m:
+                raise SummaryRejected("no <summary> in the answer")
+            s = parse_summary(m.group(1).strip())
+            check_summary(s, req.goal, req.previous_open_issues)
+        except SummaryRejected as err:
+            err.cost_usd += cost
+            raise
+        return SummaryResult(s, cost, usage, "prefix-reuse")
