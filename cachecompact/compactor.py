@@ -100,7 +100,7 @@ class Compactor:
     def _emit(self, kind: str, **kw: Any) -> Event:
         return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
 
-    def _observe_new(self, now: float) -> tuple[int, bool]:
+    def _observe_new(self, now: float, report: TurnReport) -> tuple[int, bool]:
         """Count steps and new user messages since the last turn; track repeated tool calls."""
         t = self.session.transcript
         start, self._seen = self._seen, len(t)
@@ -111,20 +111,25 @@ class Compactor:
                 self.steps += 1
                 for b in content_blocks(m):
                     if isinstance(b, ToolUseBlock):
-                        self._track_call(canonical_bytes([b.name, b.input]), now)
+                        ev = self._track_call(canonical_bytes([b.name, b.input]), now)
+                        if ev is not None:
+                            report.events.append(ev)
             elif not tool_result_ids(m):
                 new_user = True
         return start, new_user
 
-    def _track_call(self, key: bytes, now: float) -> None:
+    def _track_call(self, key: bytes, now: float) -> Event | None:
         times = self._calls.setdefault(key, [])
-        if times and now - times[-1] <= REPEAT_WINDOW_S:
-            self.repeats += 1
-            if self.repeats > 2:
-                self._emit("repeated_tool_calls", reason=f"{self.repeats} identical tool calls within "
-                                                        f"{REPEAT_WINDOW_S:.0f}s in this session",
-                           detail={"call": key.decode(errors="replace")[:200]})
+        repeated = bool(times) and now - times[-1] <= REPEAT_WINDOW_S
         times.append(now)
+        if not repeated:
+            return None
+        self.repeats += 1
+        if self.repeats <= 2:
+            return None
+        return self._emit("repeated_tool_calls", reason=f"{self.repeats} identical tool calls within "
+                                                        f"{REPEAT_WINDOW_S:.0f}s in this session",
+                          detail={"call": key.decode(errors="replace")[:200]})
 
     def _tokens(self, view: View) -> int:
         return self.session.counter.calibrated(view.total_tokens)
@@ -182,13 +187,14 @@ class Compactor:
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> TurnReport:
         """Decide and apply this turn's compaction; raises `ContextFullError` when nothing fits."""
-        since, new_user = self._observe_new(now)
+        report = TurnReport(0, 0)
+        since, new_user = self._observe_new(now, report)
         s = self.session
         if s.prefix_end is None or not len(s):
-            return TurnReport(0, 0)
+            return report
         view = build_view(s)
         tokens0 = self._tokens(view)
-        report = TurnReport(tokens0, tokens0)
+        report.tokens_before = report.tokens_after = tokens0
         cfg = self.cfg
         # L2 on entry: results never sent yet, so externalizing them breaks nothing
         if not self.tripped:

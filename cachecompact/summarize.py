@@ -193,7 +193,8 @@ def open_issues_of(text: str) -> list[str]:
 
 _PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|"
                       r"toml|yaml|yml|txt|cfg|ini|sh|c|h|cpp|java|rb))(?![\w/])")
-_ISSUE_RE = re.compile(r"\b(error|fail|failed|failing|exception|traceback|todo|not yet|still|remaining|bug)\b", re.I)
+_ISSUE_RE = re.compile(r"\b(\w*error|\w*exception|fail(?:s|ed|ing|ure)?|traceback|todo|not yet|still|remaining|bug)\b",
+                       re.I)
 
 
 def _texts(m: dict[str, Any]) -> list[str]:

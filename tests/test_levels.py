@@ -1,0 +1,247 @@
+"""The five levels, the scratchpad and the summarizers."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from cachecompact import Session
+from cachecompact.emulator import Emulator
+from cachecompact.levels import (
+    build_view,
+    propose_full,
+    propose_micro,
+    propose_tool_summary,
+    propose_truncate,
+    propose_turn_collapse,
+    rule_summary,
+)
+from cachecompact.levels.micro import DEFAULT_WRITE_TOOLS
+from cachecompact.levels.view import ResultInfo
+from cachecompact.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
+from cachecompact.summarize import (
+    ExtractiveSummarizer,
+    LLMSummarizer,
+    Summary,
+    SummaryRejected,
+    SummaryRequest,
+    check_summary,
+    format_summary,
+    open_issues_of,
+    parse_summary,
+)
+from cachecompact.validate import validate_request
+
+from .conftest import history
+
+GOAL = "Fix the failing test in foo.py"
+
+
+def tool_turn(k: int, name: str, result: str, inp: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    tid = f"toolu_{k}"
+    return [{"role": "assistant", "content": [{"type": "text", "text": f"step {k}"},
+                                              {"type": "tool_use", "id": tid, "name": name,
+                                               "input": inp or {"path": f"f{k}.py"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": result}]}]
+
+
+def session_with(turns: list[list[dict[str, Any]]], prefix: int = 1) -> Session:
+    s = Session.create(None, prefix_messages=prefix)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for t in turns:
+        msgs += t
+    s.sync(msgs)
+    return s
+
+
+# -- scratchpad -------------------------------------------------------------------------------------
+
+def test_scratchpad_is_content_addressed_private_and_refuses_escapes(tmp_path: Path) -> None:
+    sp = Scratchpad(tmp_path / "sp")
+    ref = sp.put("hello " * 1000)
+    assert ref == sp.put("hello " * 1000) and ref.startswith("sp_") and len(ref) == 35
+    f = tmp_path / "sp" / f"{ref}.txt"
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert sp.read(ref, 6, 5) == "hello"
+    for bad in ["../../etc/passwd", "sp_../../x", "sp_" + "g" * 32, "/etc/passwd", "sp_" + "0" * 31, ""]:
+        with pytest.raises(ScratchpadRefError):
+            sp.read(bad)
+    with pytest.raises(ScratchpadRefError, match="unknown"):
+        sp.read("sp_" + "0" * 32)
+    out, err = sp.handle_tool_call({"ref": ref, "offset": 0, "limit": 10})
+    assert not err and out.startswith("hello hell") and "more characters; call again with offset=10" in out
+    out, err = sp.handle_tool_call({"ref": "../../etc/passwd"})
+    assert err and "invalid scratchpad reference" in out
+    assert READ_SCRATCHPAD_TOOL["input_schema"]["required"] == ["ref"]
+
+
+# -- L1 ---------------------------------------------------------------------------------------------
+
+def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
+    turns = [tool_turn(k, "read_file", f"contents {k}\n" * 200) for k in range(6)]
+    turns.insert(2, tool_turn(90, "write_file", "File written.\n" * 100, {"path": "a.py"}))
+    turns.insert(3, tool_turn(91, "memory", "remember this\n" * 100))
+    s = session_with(turns)
+    view = build_view(s)
+    p = propose_micro(view, keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset({"memory"}),
+                      min_tokens=100)
+    cleared = {e.start for e in p.edits}
+    ids = {r.message: r.name for r in view.results}
+    assert {ids[i] for i in cleared} == {"read_file"} and len(cleared) == 3  # 6 reads - 3 recent
+    assert p.break_at == min(cleared) and p.tokens_removed > 0
+    for e in p.edits:
+        s.edit(e, level="L1")
+    body = s.render().body
+    validate_request(body)
+    text = str(body)
+    assert "File written." in text and "remember this" in text
+    # a caller predicate can mark writes too
+    p2 = propose_micro(build_view(s), keep_recent=0, write_tools=frozenset(), exempt_tools=frozenset(),
+                       min_tokens=100, is_write=lambda name, inp: name == "read_file")
+    assert all(view.results[0].name != "read_file" or e.tool_use_id != "toolu_0" for e in p2.edits)
+
+
+def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:
+    msgs = [{"role": "user", "content": GOAL},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_r", "name": "read_file", "input": {"path": "x"}},
+                {"type": "tool_use", "id": "toolu_w", "name": "write_file", "input": {"path": "y"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_r", "content": "x\n" * 500},
+                {"type": "tool_result", "tool_use_id": "toolu_w", "content": "wrote y\n" * 100}]}]
+    for k in range(4):
+        msgs += tool_turn(k, "read_file", "z\n" * 300)
+    s = Session.create(None, prefix_messages=1)
+    s.sync(msgs)
+    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+                      min_tokens=100)
+    assert [(e.start, e.tool_use_id) for e in p.edits][:1] == [(2, "toolu_r")]
+
+
+# -- L2 ---------------------------------------------------------------------------------------------
+
+def test_l2_on_entry_externalizes_without_breaking_the_cache(tmp_path: Path) -> None:
+    big = "\n".join(f"src/mod{k % 7}.py:{k}: def handler_{k}(): pass" for k in range(3000))
+    s = session_with([tool_turn(0, "read_file", "small")])
+    before = s.render()
+    since = len(s)
+    s.append(tool_turn(1, "grep", big, {"pattern": "handler"}))
+    sp = Scratchpad(tmp_path / "sp")
+    p = propose_tool_summary(build_view(s), sp, s.counter, since=since, big_tokens=10_000, result_chars=30_000,
+                             turn_chars=200_000, preview_chars=2_000)
+    assert len(p.edits) == 1 and p.break_at is None
+    e = s.edit(p.edits[0], level="L2")
+    after = s.render()
+    assert after.first_divergence(before) is None  # only new content changed: nothing cached breaks
+    shown = after.body["messages"][-1]["content"][0]["content"]
+    ref = shown.split("scratchpad as ")[1].split(" ")[0]
+    assert "grep: 3000 matches in 7 files" in shown and len(shown) < 3000
+    assert (tmp_path / "sp" / f"{ref}.txt").read_text() == big and sp.read(ref, 100, 50) == big[100:150]
+    assert e.tokens_after < e.tokens_before // 10
+
+
+def test_l2_turn_budget_takes_largest_results_first(tmp_path: Path) -> None:
+    results = [("toolu_a", "a" * 120_000), ("toolu_b", "b" * 90_000), ("toolu_c", "c" * 25_000)]
+    msgs = [{"role": "user", "content": GOAL},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "bash", "input": {"command": "x"}}
+                                              for i, _ in results]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": c} for i, c in results]}]
+    s = Session.create(None, prefix_messages=1)
+    s.sync(msgs)
+    p = propose_tool_summary(build_view(s), Scratchpad(tmp_path), s.counter, since=1, big_tokens=10**9,
+                             result_chars=10**9, turn_chars=200_000, preview_chars=2_000)
+    assert [e.tool_use_id for e in p.edits] == ["toolu_a"]  # 235k -> 117k chars once the largest goes
+
+
+@pytest.mark.parametrize(("name", "inp", "text", "expect"), [
+    ("grep", {"pattern": "x"}, "a.py:1: x\nb.py:2: x\na.py:9: x\n", "grep: 3 matches in 2 files"),
+    ("bash", {"command": "rg handler src"}, "src/a.py:3:handler\n", "grep: 1 matches in 1 files"),
+    ("read_file", {"path": "a.py"}, "1\n2\n3\n", "file contents: 3 lines of a.py"),
+    ("bash", {"command": "ls -la"}, "a\nb\n", "listing: 2 entries"),
+    ("bash", {"command": "pytest"}, "...\n===== 2 failed, 10 passed in 1.20s =====\n", "test run: 2 failed, 10 passed"),
+])
+def test_rule_summaries_per_tool_kind(name: str, inp: dict[str, Any], text: str, expect: str) -> None:
+    r = ResultInfo(2, 0, "t", name, inp, 10, len(text), text, False, True, False)
+    assert rule_summary(r) == expect
+
+
+# -- L3 / L4 / L5 -------------------------------------------------------------------------------------
+
+def test_l3_takes_just_enough_old_rounds_and_l4_keeps_the_tail() -> None:
+    s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
+    view = build_view(s)
+    p3 = propose_turn_collapse(view, target_tokens=view.total_tokens - 3000, keep_rounds=4, summary_tokens=200,
+                               min_batch_tokens=0)
+    assert p3.summarize is not None and p3.summarize[0] == 1
+    small = p3.summarize[1]
+    assert s.transcript[small].role == "user" and s.transcript[small + 1].role == "assistant"
+    p3b = propose_turn_collapse(view, target_tokens=0, keep_rounds=4, summary_tokens=200, min_batch_tokens=0)
+    assert p3b.summarize is not None and p3b.summarize[1] > small
+    assert p3b.summarize[1] == len(s) - 1 - 2 * 4  # the last 4 rounds stay
+    p4 = propose_full(view, keep_rounds=2, summary_tokens=200)
+    assert p4.summarize == (1, len(s) - 1 - 2 * 2)
+
+
+def test_l5_drops_whole_rounds_and_keeps_prefix_and_earlier_summary() -> None:
+    s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(10)], prefix=3)
+    s.edit(__import__("cachecompact").ReplaceWithSummary(3, 6, "Goal: x\nOpen issues:\n- bug"), level="L3")
+    view = build_view(s)
+    p = propose_truncate(view, target_tokens=view.total_tokens // 2)
+    e = p.edits[0]
+    assert e.start == 7 and s.transcript[e.end].role == "user"
+    s.edit(e, level="L5")
+    body = s.render().body
+    validate_request(body)
+    assert body["messages"][0]["content"][0]["text"] == GOAL and "Open issues" in str(body["messages"][3])
+
+
+# -- summaries ---------------------------------------------------------------------------------------
+
+def test_summary_validation_refuses_garbage_lost_goal_and_lost_issue() -> None:
+    with pytest.raises(SummaryRejected):
+        parse_summary("not json at all")
+    with pytest.raises(SummaryRejected):
+        parse_summary({"task_goal": "x"})  # required lists missing
+    good = Summary(GOAL, ["read foo.py"], ["bug in parse()"], ["test_x still failing"])
+    check_summary(good, GOAL, ["test_x still failing"])
+    with pytest.raises(SummaryRejected, match="goal"):
+        check_summary(Summary("Refactor the parser", [], [], []), GOAL)
+    with pytest.raises(SummaryRejected, match="open issue"):
+        check_summary(Summary(GOAL, [], [], []), GOAL, ["test_x still failing"])
+    text = format_summary(good)
+    assert open_issues_of(text) == ["test_x still failing"]
+
+
+def test_extractive_summarizer_keeps_goal_and_previous_issues() -> None:
+    msgs = [{"role": "assistant", "content": "Reading src/app/main.py"},
+            {"role": "user", "content": "ImportError: cannot import name x"}]
+    res = ExtractiveSummarizer().summarize(SummaryRequest(msgs, GOAL, ["flaky CI"], (3, 4)))
+    assert res.summary.task_goal == GOAL and "flaky CI" in res.summary.open_issues
+    assert any("ImportError" in x for x in res.summary.open_issues)
+    assert res.cost_usd == 0.0
+
+
+@pytest.mark.parametrize("mode", ["forced-tool", "prefix-reuse"])
+def test_llm_summarizer_through_the_sdk(mode: str) -> None:
+    s = Session.create(None, system="You are an agent. " * 300, prefix_messages=1)
+    s.sync(history(10))
+    with Emulator() as emu:
+        client = anthropic.Anthropic(base_url=emu.url, api_key="test", max_retries=0)
+        body = s.render(model="claude-sonnet-4-6", max_tokens=100).body
+        client.messages.create(**body)  # the agent's request: warms the cache
+        summ = LLMSummarizer(client, mode=mode)  # type: ignore[arg-type]
+        msgs = s.render().body["messages"][1:9]
+        res = summ.summarize(SummaryRequest(msgs, s.messages()[0]["content"], ["toolu_3 output unclear"], (1, 8),
+                                            body=body, cache_warm=True))
+        last = emu.requests[-1]
+    assert res.mode == mode and res.cost_usd > 0
+    assert res.summary.task_goal.startswith("Fix the failing test")
+    assert "toolu_3 output unclear" in res.summary.open_issues
+    if mode == "prefix-reuse":
+        assert last["model"] == "claude-sonnet-4-6" and last["usage"]["cache_read_input_tokens"] > 0
+    else:
+        assert last["model"] == "claude-haiku-4-5"
