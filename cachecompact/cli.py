@@ -129,6 +129,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Per-session cache report: hit rate over time, breaks and causes, cost, compactions."""
+    from .monitor import session_report
+
+    print(session_report(args.dir, plot=args.plot))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cachecompact", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -156,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--log", help="append one JSON line per request here")
     srv.set_defaults(func=cmd_serve)
+    rep = sub.add_parser("report", help="cache health report of a session directory")
+    rep.add_argument("dir")
+    rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
+    rep.set_defaults(func=cmd_report)
     demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger")
     demo.add_argument("--trace", help="a trace file (default: the first shared Claude Code trace, else synthetic)")
     demo.add_argument("--out", help="session directory to create (default: a temporary one)")
@@ -167,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc: Any = args.func(args)
-    except (StoreError, CacheCompactError, IndexError) as err:
+    except (StoreError, CacheCompactError, IndexError, RuntimeError) as err:
         print(f"cachecompact: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # pragma: no cover - e.g. `| head`

@@ -95,6 +95,16 @@ class Compactor:
         self._calls: dict[bytes, list[float]] = {}
         self._last_estimate_raw = 0
 
+    def resume(self) -> None:
+        """Pick up a reopened session: count its steps and when it was last compacted."""
+        t = self.session.transcript
+        self._seen = len(t)
+        asst = [i for i in range(len(t)) if t[i].role == "assistant"]
+        self.steps = len(asst)
+        if self.session.ledger.entries:
+            at = self.session.ledger.entries[-1].transcript_len
+            self.last_compact_step = sum(1 for i in asst if i < at)
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _emit(self, kind: str, **kw: Any) -> Event:

@@ -16,6 +16,12 @@ __all__ = ["Event", "EventBus"]
 
 log = logging.getLogger("cachecompact")
 
+_otel_trace: Any
+try:  # the optional [otel] extra: events also become span events (Langfuse, LangSmith, ...)
+    from opentelemetry import trace as _otel_trace
+except ImportError:  # pragma: no cover - depends on the environment
+    _otel_trace = None
+
 
 @dataclass(slots=True)
 class Event:
@@ -65,4 +71,21 @@ class EventBus:
                 fn(event)
             except Exception:  # a user's callback must not break compaction
                 log.exception("cachecompact event callback failed")
+        _to_span(event)
         return event
+
+
+def _to_span(event: Event) -> None:
+    """Add the event to the current OpenTelemetry span, when the API is installed and recording."""
+    if _otel_trace is None:
+        return
+    span = _otel_trace.get_current_span()
+    if not span.is_recording():
+        return
+    attrs: dict[str, Any] = {"cachecompact.session_id": event.session_id, "cachecompact.reason": event.reason,
+                             "cachecompact.tokens_before": event.tokens_before,
+                             "cachecompact.tokens_after": event.tokens_after,
+                             "cachecompact.cost_usd": event.cost_usd}
+    if event.level:
+        attrs["cachecompact.level"] = event.level
+    span.add_event(f"cachecompact.{event.kind}", attributes=attrs)

@@ -28,13 +28,15 @@ import msgspec
 from .errors import LedgerCorruptError, SessionLockedError, StoreError
 from .wire import canonical_bytes
 
-__all__ = ["FORMAT", "SessionStore", "TornTail"]
+__all__ = ["EVENTS", "FORMAT", "REQUESTS", "SessionStore", "TornTail"]
 
 FORMAT = "cachecompact-session"
 VERSION = 1
 TRANSCRIPT = "transcript.jsonl"
 LEDGER = "ledger.jsonl"
 META = "session.json"
+REQUESTS = "requests.jsonl"  # the monitor's per-request records (append-only log, not verified)
+EVENTS = "events.jsonl"  # compaction and cache events (append-only log, not verified)
 
 _DECODER = msgspec.json.Decoder()
 
@@ -197,6 +199,21 @@ class SessionStore:
             os.close(fd)
         tail.offset += len(data)
         tail.lines += len(records)
+
+    def append_log(self, name: str, records: list[Any]) -> None:
+        """Append to an informational log (requests, events): one write, fsync, no offset check.
+
+        A torn last line here is skipped by readers; these files are not part of verification.
+        """
+        if not records:
+            return
+        data = b"".join(canonical_bytes(r) + b"\n" for r in records)
+        fd = os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _set_aside_torn(p: Path, tail: _Tail) -> None:

@@ -318,6 +318,7 @@ class LLMSummarizer:
     model: str = "claude-haiku-4-5"
     mode: Literal["auto", "forced-tool", "prefix-reuse"] = "auto"
     max_tokens: int = 2000
+    extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
@@ -361,7 +362,8 @@ class LLMSummarizer:
             "\n</conversation>"
         resp = self.client.messages.create(
             model=self.model, max_tokens=self.max_tokens, tools=[EMIT_SUMMARY_TOOL],
-            tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}])
+            tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}],
+            extra_headers=self.extra_headers)
         usage, cost = self._usage_cost(self.model, resp.usage)
         block = next((b for b in resp.content if getattr(b, "type", None) == "tool_use"), None)
         try:
@@ -381,7 +383,7 @@ class LLMSummarizer:
                                  f"{json.dumps(SUMMARY_SCHEMA)} inside <summary></summary> tags; call no tool.")
         body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
         body["max_tokens"] = self.max_tokens
-        resp = self.client.messages.create(**body)
+        resp = self.client.messages.create(**body, extra_headers=self.extra_headers)
         usage, cost = self._usage_cost(body["model"], resp.usage)
         text = "".join(getattr(b, "text", "") for b in resp.content)
         m = re.search(r"<summary>(.*?)</summary>", text, re.S)
