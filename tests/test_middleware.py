@@ -293,3 +293,13 @@ def test_wrap_refuses_bad_config() -> None:
     with pytest.raises(cachecompact.CacheCompactError):
         wrap(anthropic.Anthropic(api_key="t"), summarizer="magic")
     assert json.loads(json.dumps({"ok": True}))
+
+
+def test_example_agent_loop_prints_the_cache_report() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "examples" / "replay_agent.py"), "--window", "60000"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    assert "through a wrapped client" in out.stdout and "overall hit rate" in out.stdout
