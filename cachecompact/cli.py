@@ -137,6 +137,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Replay traces under every strategy; print a table; write results, report and plots."""
+    import logging
+    import shlex
+
+    from .bench.report import LONG_TURNS, text_table, write_outputs
+    from .bench.run import run_bench
+
+    logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
+    res = run_bench(args.paths, args.strategy, model=args.model, window=args.window, workers=args.workers,
+                    progress=not args.json)
+    command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
+    files = write_outputs(res, Path(args.out), command)
+    if args.json:
+        print((Path(args.out) / "results.json").read_text())
+        return 0
+    print(f"\n{res.corpus}: {len(res.traces)} traces, model {res.model}, window {res.window:,}, "
+          f"{res.wall_s:.0f} s")
+    for s in res.skipped:
+        print(f"skipped {s['file']}: {s['reason']}")
+    print(f"\nlong traces (>= {LONG_TURNS} turns):\n{text_table(res, long_only=True)}")
+    print(f"\nall traces:\n{text_table(res)}")
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cachecompact", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--log", help="append one JSON line per request here")
     srv.set_defaults(func=cmd_serve)
+    bench = sub.add_parser("bench", help="replay traces under each strategy and compare cost, hits and recall")
+    bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
+    bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
+    bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model")
+    bench.add_argument("--window", type=int, default=200_000, help="context window in tokens")
+    bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    bench.add_argument("--workers", type=int, default=None, help="processes (default: up to 2)")
+    bench.add_argument("--json", action="store_true", help="print results.json instead of the table")
+    bench.set_defaults(func=cmd_bench)
     rep = sub.add_parser("report", help="cache health report of a session directory")
     rep.add_argument("dir")
     rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
@@ -177,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         rc: Any = args.func(args)
-    except (StoreError, CacheCompactError, IndexError, RuntimeError) as err:
+    except (StoreError, CacheCompactError, IndexError, RuntimeError, KeyError) as err:
         print(f"cachecompact: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # pragma: no cover - e.g. `| head`

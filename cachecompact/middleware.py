@@ -40,7 +40,7 @@ from anthropic._request import APIRequest
 from anthropic._response import APIResponse, AsyncAPIResponse
 
 from .compactor import Compactor, Strategy
-from .emulator.core import CLOCK_HEADER
+from .emulator.core import CLOCK_HEADER, INTERNAL_HEADER
 from .errors import (
     CacheCompactError,
     HistoryRewrittenError,
@@ -64,7 +64,6 @@ __all__ = ["INTERNAL_HEADER", "SESSION_HEADER", "CompactionMiddleware", "wrap"]
 log = logging.getLogger("cachecompact")
 
 SESSION_HEADER = "x-cachecompact-session"
-INTERNAL_HEADER = "x-cachecompact-internal"  # requests cachecompact makes itself (summaries): passed through
 _SID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _PTL = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
 _CTX = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
@@ -119,7 +118,7 @@ class CompactionMiddleware(Middleware):
         *,
         session_id: str | None = None,
         config: PolicyConfig | None = None,
-        strategy: str = "default",
+        strategy: str | Callable[[Session, Summarizer, EventBus], Strategy] = "default",
         summarizer: Summarizer | None = None,
         prefix_messages: int = 3,
         diagnostics: bool = False,
@@ -143,6 +142,7 @@ class CompactionMiddleware(Middleware):
         self.events.subscribe(self._persist_event)
         self.monitor = CacheMonitor(self.events, ttl_s=self.config.cache_ttl_s)
         self.clock = clock
+        self.overhead_s = 0.0  # time spent preparing requests and recording usage
         self._live: dict[str, _Live] = {}
         self._current: dict[str, str] = {}  # conversation key -> current branch name
         self._lock = threading.Lock()
@@ -175,9 +175,15 @@ class CompactionMiddleware(Middleware):
         else:
             session = Session.create(path, system=body.get("system"), tools=body.get("tools"),
                                      prefix_messages=self.prefix_messages, session_id=name)
-        strategy = preset(self.strategy_name, session, config=self.config, summarizer=self.summarizer,
-                          events=self.events) if self.strategy_name in ("default", "cachecompact") else \
-            preset(self.strategy_name, session, summarizer=self.summarizer, events=self.events)
+        strategy: Strategy
+        if callable(self.strategy_name):
+            strategy = self.strategy_name(session, self.summarizer, self.events)
+        elif self.strategy_name in ("default", "cachecompact"):
+            strategy = preset(self.strategy_name, session, config=self.config, summarizer=self.summarizer,
+                              events=self.events)
+        else:
+            strategy = preset(self.strategy_name, session, summarizer=self.summarizer, events=self.events,
+                              limit_tokens=self.config.limit)
         if isinstance(strategy, Compactor):
             strategy.resume()
         live = self._live[name] = _Live(session, strategy, threading.Lock(), name)
@@ -260,6 +266,7 @@ class CompactionMiddleware(Middleware):
         return prepared
 
     def _prepare_or_fail_open(self, request: APIRequest) -> _Prepared | None:
+        t0 = time.perf_counter()
         try:
             return self._prepare(request)
         except (ContextFullError, StoreError, LedgerCorruptError):
@@ -272,11 +279,14 @@ class CompactionMiddleware(Middleware):
             self.events.emit(Event("failure", self.session_id or "-", reason=f"middleware: {type(err).__name__}: "
                                                                            f"{err}"))
             return None
+        finally:
+            self.overhead_s += time.perf_counter() - t0
 
     # -- after the response --------------------------------------------------------------------
 
     def _record(self, p: _Prepared, usage: dict[str, Any], message_id: str | None,
                 cache_miss_reason: dict[str, Any] | None) -> None:
+        t0 = time.perf_counter()
         try:
             live = p.live
             with live.lock:
@@ -294,6 +304,8 @@ class CompactionMiddleware(Middleware):
                     live.session.store.append_log(REQUESTS, [rec])
         except Exception:  # recording must never break the caller's response
             log.exception("cachecompact: could not record usage")
+        finally:
+            self.overhead_s += time.perf_counter() - t0
 
     def _persist_event(self, ev: Event) -> None:
         live = self._live.get(ev.session_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,11 +25,14 @@ from ..pricing import UnknownModelError, get_model
 from ..tokens import TokenCounter
 from ..validate import validate_request
 from ..wire import canonical_bytes
+from .context_editing import apply_context_management
 from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
 
-__all__ = ["CLOCK_HEADER", "EmulatorCore", "FaultConfig", "HttpReply"]
+__all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply"]
 
 CLOCK_HEADER = "x-cachecompact-clock"
+INTERNAL_HEADER = "x-cachecompact-internal"  # marks cachecompact's own calls (summaries) in the log
+_WHERE = re.compile(r"^messages\[(\d+)\]\.content\[(\d+)\]$")
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
                 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 
@@ -110,6 +114,7 @@ class EmulatorCore:
         self.log_path = Path(log_path) if log_path else None
         self._fingerprints: dict[str, _Fingerprint] = {}
         self._blocks_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = {}
+        self._clearing: dict[bytes, int] = {}  # context editing state per conversation
         self._lock = threading.Lock()
         self._n = 0
 
@@ -201,6 +206,17 @@ class EmulatorCore:
         info = get_model(body["model"])
         req = request_from_body(body, now, self.counter, self._blocks_memo)
         total = sum(b.tokens for b in req.blocks)
+        applied: list[dict[str, Any]] = []
+        if "context_management" in body:
+            per_block = {}
+            for b in req.blocks:
+                m = _WHERE.match(b.where)
+                if m:
+                    per_block[(int(m.group(1)), int(m.group(2)))] = b.tokens
+            body, applied = apply_context_management(body, total, per_block, self._clearing)
+            if applied:
+                req = request_from_body(body, now, self.counter, self._blocks_memo)
+                total = sum(b.tokens for b in req.blocks)
         if total > info.context_window:  # the API's exact wording, which clients parse
             return self._error(400, f"prompt is too long: {total} tokens > {info.context_window} maximum", request_id)
         if total + body["max_tokens"] > info.context_window:
@@ -224,13 +240,16 @@ class EmulatorCore:
         diag = self._diagnostics(body, req, result, message)
         if "diagnostics" in body:
             message["diagnostics"] = diag
+        if "context_management" in body:
+            message["context_management"] = {"applied_edits": applied}
         cost = info.cost(usage)
         self._record({
             "request_id": request_id, "message_id": msg_id, "time": now, "model": body["model"], "status": 200,
             "stream": bool(body.get("stream")), "n_messages": len(body["messages"]), "usage": usage,
             "cost_usd": round(cost, 8), "total_input_tokens": result.total_tokens, "hit_block": result.hit_block,
             "breakpoints": [k for k, _ in result.breakpoints], "prefix_hashes": result.prefix_hashes,
-            "diagnostics": diag,
+            "diagnostics": diag, "internal": INTERNAL_HEADER in headers,
+            "cleared_tool_uses": sum(int(a.get("cleared_tool_uses", 0)) for a in applied),
         })
         hdrs = {"request-id": request_id}
         if body.get("stream"):

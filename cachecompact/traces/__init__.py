@@ -104,6 +104,6 @@ def _load_anthropic(p: Path, data: Any) -> Trace:
     msgs, _, notes = repair_pairing(msgs, [None] * len(msgs))
     if not msgs or msgs[0]["role"] != "user":
         raise TraceFormatError(str(p), "conversation does not start with a user message")
-    return Trace(name=p.stem, source=str(p), format="anthropic", system=body.get("system"),
+    return Trace(name=f"{p.parent.name}/{p.stem}", source=str(p), format="anthropic", system=body.get("system"),
                  tools=list(body.get("tools") or []), messages=msgs, timestamps=[None] * len(msgs),
                  usage=[None] * len(msgs), model=body.get("model"), notes=notes)

@@ -152,7 +152,8 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         compactions = [c + 1 for c in compactions]
         notes.append("inserted a user message before a leading assistant message")
     return Trace(
-        name=p.stem, source=str(p), format="claude-code", system=None, tools=[], messages=msgs,
+        name=f"{p.parent.name}/{p.stem.removesuffix('__chat')}", source=str(p), format="claude-code", system=None,
+        tools=[], messages=msgs,
         timestamps=[x[0] for x in extras], usage=[x[1] for x in extras], model=model, notes=notes,
         compactions=compactions, models=[x[2] for x in extras],
     )

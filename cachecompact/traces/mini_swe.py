@@ -100,6 +100,7 @@ def load_openai_chat(path: str | Path, data: Any, fmt: str = "openai-chat") -> T
     if isinstance(data, dict):
         cfg = (data.get("info") or {}).get("config") or {}
         model = ((cfg.get("model") or {}).get("model_name")) if isinstance(cfg, dict) else None
-    return Trace(name=p.name.removesuffix(".json").removesuffix(".traj"), source=str(p), format=fmt,
+    return Trace(name=f"{p.parent.name}/{p.name.removesuffix('.json').removesuffix('.traj')}", source=str(p),
+                 format=fmt,
                  system=system, tools=tools, messages=msgs, timestamps=[x[0] for x in extras],
                  usage=[x[1] for x in extras], model=model, notes=notes)

@@ -1,0 +1,62 @@
+"""Identifiers in agent text: file paths, code symbols, ids and numbers.
+
+Used to measure reference recall (what later tool calls need that compaction may have
+hidden) and to keep a digest of them in cleared tool results.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["identifiers", "identifiers_in_input"]
+
+_TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*[A-Za-z0-9_]|[0-9]{3,}")
+_STOP = frozenset({"true", "false", "none", "null", "self", "return", "import", "from", "class", "def", "python",
+                   "echo", "grep", "sed", "cat", "head", "tail", "find", "bash", "test", "tests", "with", "this",
+                   "that", "file", "files", "print", "else", "elif", "for", "while", "not", "and"})
+
+
+def _is_identifier(tok: str) -> bool:
+    """Paths, dotted names, snake_case, camelCase, ids with digits, and numbers of 3+ digits."""
+    if tok.lower() in _STOP or len(tok) < 3:
+        return False
+    if tok.isdigit():
+        return len(tok) >= 3
+    if "/" in tok or "." in tok.strip("."):
+        return any(c.isalpha() for c in tok)
+    if "_" in tok.strip("_"):
+        return True
+    if any(c.isdigit() for c in tok) and any(c.isalpha() for c in tok) and len(tok) >= 4:
+        return True
+    return any(c.isupper() for c in tok[1:]) and any(c.islower() for c in tok)  # camelCase / PascalCase
+
+
+def identifiers(text: str) -> list[str]:
+    """Distinct identifiers in order of first appearance (trailing ``:`` / ``.`` stripped)."""
+    seen: dict[str, None] = {}
+    for m in _TOKEN.finditer(text):
+        tok = m.group(0).rstrip(":.-")
+        if _is_identifier(tok):
+            seen.setdefault(tok, None)
+    return list(seen)
+
+
+def identifiers_in_input(values: Iterable[object]) -> list[str]:
+    """Identifiers in a tool call's input values (strings, nested lists and dicts)."""
+    out: dict[str, None] = {}
+
+    def walk(v: object) -> None:
+        if isinstance(v, str):
+            for x in identifiers(v):
+                out.setdefault(x, None)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    for v in values:
+        walk(v)
+    return list(out)
