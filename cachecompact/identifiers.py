@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["identifiers", "identifiers_in_input"]
+__all__ = ["digest", "identifiers", "identifiers_in_input"]
 
 _TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*[A-Za-z0-9_]|[0-9]{3,}")
 _STOP = frozenset({"true", "false", "none", "null", "self", "return", "import", "from", "class", "def", "python",
@@ -60,3 +60,20 @@ def identifiers_in_input(values: Iterable[object]) -> list[str]:
     for v in values:
         walk(v)
     return list(out)
+
+
+def digest(text: str, max_chars: int, skip: str = "") -> str:
+    """Identifiers of ``text`` (those not already in ``skip``), comma-separated, within ``max_chars``.
+
+    Paths and dotted names come first: they are what later tool calls most often reuse.
+    """
+    ids = [x for x in identifiers(text) if x not in skip]
+    ids.sort(key=lambda x: 0 if ("/" in x or "." in x) else 1)
+    out: list[str] = []
+    used = 0
+    for x in ids:
+        if used + len(x) + 2 > max_chars:
+            break
+        out.append(x)
+        used += len(x) + 2
+    return ", ".join(out)

@@ -44,13 +44,14 @@ class PolicyConfig:
     min_steps_l1: int = 5
     tool_share: float = 0.60  # tool output share of the context that triggers L2/L1 ...
     tool_share_min_steps: int = 8  # ... after this many steps
+    tool_share_min_utilization: float = 0.0  # ... and at least this utilization
     big_result_tokens: int = 10_000  # a single result this big is externalized on entry (L2)
     result_chars_budget: int = 30_000  # per-result character budget (the first seed's tool_result_budget)
     turn_chars_budget: int = 200_000  # per-turn budget for all results of one message
     preview_chars: int = 2_000
     old_result_min_tokens: int = 2_000  # L2 on old results (tool-share trigger): only results this big
     keep_recent_results: int = 3  # L1 keeps this many most recent results verbatim
-    min_clear_tokens: int = 120  # L1 clears only results bigger than their placeholder
+    min_clear_tokens: int = 300  # L1 clears only results well above their placeholder (recall vs saving)
     keep_rounds_l3: int = 8
     keep_rounds_l4: int = 4
     summary_tokens: int = 1_500  # planning estimate of a summary's size
@@ -60,7 +61,7 @@ class PolicyConfig:
     cache_ttl_s: float = 300.0
     min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
     max_remaining_turns: int = 50
-    min_batch_tokens: int = 4_000  # an edit that breaks a warm cache must remove at least this much
+    min_batch_tokens: int = 8_000  # an edit that breaks a warm cache must remove at least this much
     cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics
     failure_limit: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +78,8 @@ class PolicyConfig:
             bad(f"need soft <= full_after <= 1 (got {self.full_after})")
         if not 0 < self.tool_share <= 1:
             bad(f"tool_share must be in (0, 1], got {self.tool_share}")
+        if not 0 <= self.tool_share_min_utilization <= self.soft:
+            bad(f"tool_share_min_utilization must be in [0, soft], got {self.tool_share_min_utilization}")
         for name in ("min_steps_l1", "tool_share_min_steps", "big_result_tokens", "result_chars_budget",
                      "turn_chars_budget", "preview_chars", "old_result_min_tokens", "keep_recent_results",
                      "min_clear_tokens", "keep_rounds_l3", "keep_rounds_l4", "summary_tokens", "min_remaining_turns",
@@ -118,7 +121,7 @@ def evaluate(cfg: PolicyConfig, *, tokens: int, steps_since: int, steps: int, to
         return Trigger("L1", f"new user message at utilization {u:.2f}")
     if u >= cfg.soft and steps_since >= cfg.min_steps_l1:
         return Trigger("L1", f"utilization {u:.2f} >= {cfg.soft} with {steps_since} steps since the last compaction")
-    if tool_share > cfg.tool_share and steps >= cfg.tool_share_min_steps and u >= cfg.soft / 2:
+    if tool_share > cfg.tool_share and steps >= cfg.tool_share_min_steps and u >= cfg.tool_share_min_utilization:
         return Trigger("L2", f"tool output is {tool_share:.0%} of the context after {steps} steps")
     return Trigger(None, f"utilization {u:.2f}: nothing to do")
 

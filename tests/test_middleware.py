@@ -15,7 +15,7 @@ import pytest
 
 import cachecompact
 from cachecompact import LedgerCorruptError, Session
-from cachecompact.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder
+from cachecompact.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, SummarizingResponder
 from cachecompact.events import Event
 from cachecompact.middleware import CompactionMiddleware, wrap
 from cachecompact.monitor import load_records, session_report
@@ -100,11 +100,11 @@ def _check_session(mw: CompactionMiddleware, history: list[dict[str, Any]]) -> S
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
 def test_sync_client_compacts_and_records(tmp_path: Path, stream: bool) -> None:
     trace = synthetic_trace(3)
-    with Emulator(ReplayResponder(trace.messages)) as emu:
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
         client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store_dir=tmp_path,
                       config=SMALL)
         history = run_agent(client, trace, stream=stream)
-        sent = list(emu.requests)
+        sent = [r for r in emu.requests if not r.get("internal")]  # not the summarizer's own calls
     mw = _mw(client)
     s = _check_session(mw, history)
     assert len(s.ledger) > 0  # the small window forced compaction
@@ -118,11 +118,11 @@ def test_sync_client_compacts_and_records(tmp_path: Path, stream: bool) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
 def test_async_client(tmp_path: Path, stream: bool) -> None:
     trace = synthetic_trace(4)
-    with Emulator(ReplayResponder(trace.messages)) as emu:
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
         client = wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0), store_dir=tmp_path,
                       config=SMALL)
         history = asyncio.run(run_agent_async(client, trace, stream=stream))
-        n = len(emu.requests)
+        n = sum(1 for r in emu.requests if not r.get("internal"))
     s = _check_session(_mw(client), history)
     assert len(load_records(s.path)) == n  # type: ignore[arg-type]
 
@@ -131,11 +131,11 @@ def test_async_client(tmp_path: Path, stream: bool) -> None:
 def test_retries_under_20_percent_faults_never_duplicate(tmp_path: Path, mode: str) -> None:
     trace = synthetic_trace(6)
     # the same run without faults is the reference
-    with Emulator(ReplayResponder(trace.messages)) as emu:
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
         ref = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t"), store_dir=tmp_path / "ref", config=SMALL)
         run_agent(ref, trace)
     ref_s = _mw(ref).sessions()[0]
-    with Emulator(ReplayResponder(trace.messages), faults=FaultConfig(rate=0.2, seed=11)) as emu:
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages)), faults=FaultConfig(rate=0.2, seed=11)) as emu:
         kw: dict[str, Any] = dict(base_url=emu.url, api_key="t", max_retries=12)
         stream = mode.endswith("stream")
         if mode.startswith("async"):
@@ -153,7 +153,7 @@ def test_retries_under_20_percent_faults_never_duplicate(tmp_path: Path, mode: s
 
 def test_reactive_compaction_on_prompt_too_long(emu: Emulator) -> None:
     events: list[Event] = []
-    big = PolicyConfig(window_tokens=2_000_000, margin_tokens=0)  # the policy never sees it coming
+    big = PolicyConfig(window_tokens=2_000_000, margin_tokens=0, tool_share=1.0)  # the policy never sees it coming
     client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store_dir=None, config=big,
                   summarizer=None, on_event=events.append)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Task: fix it"}]

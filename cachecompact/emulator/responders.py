@@ -75,10 +75,13 @@ def _user_key(m: dict[str, Any]) -> bytes:
 
 @dataclass
 class ReplayResponder:
-    """Answer each request with the trace's assistant message that followed its last user message.
+    """Answer each request with the trace's next assistant message.
 
-    The lookup is by the last user message's content; if compaction changed it, the next
-    unused assistant message is used (a cursor), so a replay never stalls.
+    A cursor walks the trace: the next unused assistant message answers, as long as the
+    request's last user message is the one before it (or cannot be recognised, e.g. because
+    compaction changed it). If the request clearly belongs elsewhere in the trace, the
+    assistant message that followed that user message answers instead. Sessions that repeat
+    an identical user message therefore still replay in order.
     """
 
     messages: Sequence[dict[str, Any]]
@@ -93,10 +96,12 @@ class ReplayResponder:
     def respond(self, body: dict[str, Any]) -> Reply:
         msgs = body.get("messages") or []
         last_user = next((m for m in reversed(msgs) if m.get("role") == "user"), None)
-        idx = self._by_user.get(_user_key(last_user)) if last_user else None
-        if idx is None:
-            idx = next((i for i in range(self._cursor, len(self.messages))
-                        if self.messages[i].get("role") == "assistant"), None)
+        key = _user_key(last_user) if last_user else None
+        idx = next((i for i in range(self._cursor, len(self.messages))
+                    if self.messages[i].get("role") == "assistant"), None)
+        expected = self.messages[idx - 1] if idx else None
+        if key is not None and (expected is None or _user_key(expected) != key):
+            idx = self._by_user.get(key, idx)
         if idx is None:
             return _text_reply("[replay finished: the trace has no further assistant message]")
         self._cursor = idx + 1

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..ledger import SkipRange
+from ..identifiers import digest
+from ..ledger import ReplaceWithSummary
 from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View
 
-__all__ = ["DEFAULT_WRITE_TOOLS", "is_write_op", "propose_micro"]
+__all__ = ["DEFAULT_WRITE_TOOLS", "cleared_text", "is_write_op", "propose_micro"]
 
 DEFAULT_WRITE_TOOLS = frozenset({
     "Write", "Edit", "MultiEdit", "NotebookEdit", "create_file", "write_file", "edit_file", "str_replace_editor",
@@ -26,6 +27,14 @@ def is_write_op(r: ResultInfo, write_tools: frozenset[str],
                 predicate: Callable[[str, dict[str, Any]], bool] | None = None) -> bool:
     """A write: a configured tool name, or the caller's predicate says so."""
     return r.name in write_tools or (predicate is not None and predicate(r.name, r.input))
+
+
+def cleared_text(r: ResultInfo, digest_share: float = 0.25, digest_max_chars: int = 1200) -> str:
+    """The placeholder: what was cleared, how to get it back, and the identifiers it mentioned
+    (within ``digest_share`` of the result's own size), so later references stay resolvable."""
+    ids = digest(r.text, min(digest_max_chars, int(r.chars * digest_share)))
+    return (f"[cachecompact: old {r.name} result cleared to save context (~{r.tokens} tokens); run the tool again "
+            f"for the full output." + (f" It mentioned: {ids}" if ids else "") + "]")
 
 
 def propose_micro(view: View, *, keep_recent: int, write_tools: frozenset[str], exempt_tools: frozenset[str],
@@ -42,15 +51,9 @@ def propose_micro(view: View, *, keep_recent: int, write_tools: frozenset[str], 
     by_msg: dict[int, list[ResultInfo]] = {}
     for r in chosen:
         by_msg.setdefault(r.message, []).append(r)
-    all_in_msg: dict[int, int] = {}
-    for r in view.results:
-        all_in_msg[r.message] = all_in_msg.get(r.message, 0) + 1
     for i in sorted(by_msg):
-        rs = by_msg[i]
-        if len(rs) == all_in_msg[i] and view.covered_by[i] is None:
-            p.edits.append(SkipRange(i, i, "L1: old tool output"))
-        else:
-            p.edits += [SkipRange(i, i, "L1: old tool output", tool_use_id=r.tool_use_id) for r in rs]
-    p.tokens_removed = sum(max(0, r.tokens - PLACEHOLDER_TOKENS) for r in chosen)
+        p.edits += [ReplaceWithSummary(i, i, cleared_text(r), "L1: old tool output", tool_use_id=r.tool_use_id)
+                    for r in by_msg[i]]
+    p.tokens_removed = sum(max(0, r.tokens - PLACEHOLDER_TOKENS - r.chars // 16) for r in chosen)
     p.break_at = min(by_msg)
     return p

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from ..identifiers import digest
 from ..ledger import ReplaceWithSummary
 from ..scratchpad import Scratchpad
 from ..tokens import TokenCounter
@@ -49,14 +50,17 @@ def rule_summary(r: ResultInfo) -> str:
     return f"{r.name} output: {lines} lines, {len(text)} characters"
 
 
-def externalized_text(r: ResultInfo, ref: str, preview_chars: int) -> str:
-    """The tool result the model sees instead of the full output."""
+def externalized_text(r: ResultInfo, ref: str, preview_chars: int, digest_chars: int = 1500) -> str:
+    """The tool result the model sees instead of the full output: summary, preview, and the
+    identifiers that appear only after the preview."""
     preview = r.text[:preview_chars]
     more = len(r.text) - len(preview)
+    rest = digest(r.text[preview_chars:], digest_chars, skip=preview) if more > 0 else ""
     return (f"[cachecompact: {r.name} output moved to the scratchpad as {ref} ({len(r.text)} characters, "
             f"~{r.tokens} tokens) to save context; call read_scratchpad(ref=\"{ref}\", offset, limit) to read it. "
             f"{rule_summary(r)}]\nPreview (first {len(preview)} characters):\n{preview}"
-            + (f"\n[... {more} more characters in {ref}]" if more > 0 else ""))
+            + (f"\n[... {more} more characters in {ref}" + (f"; they mention: {rest}" if rest else "") + "]"
+               if more > 0 else ""))
 
 
 def propose_tool_summary(view: View, scratchpad: Scratchpad, counter: TokenCounter, *, since: int,

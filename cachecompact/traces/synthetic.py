@@ -1,10 +1,16 @@
 """Deterministic synthetic coding-agent sessions: the embedded default when no traces exist.
 
-The shape follows the shared corpus: one task message, then turns of (assistant text +
-tool call, tool result). Tool-result sizes are log-normal (median ~1.6k chars, long tail to
-tens of thousands) and gaps between calls are mostly seconds with occasional idle minutes,
-so caches expire now and then as they do in real sessions. Identifiers (paths, symbols,
-line numbers) recur across turns, so reference-recall metrics have something to find.
+The shape follows the shared corpus (43 sessions, measured by ``benchmarks/trace_stats.py``):
+one task message, then turns of (assistant text + tool call, tool result). Fitted values:
+
+* turns per session: log-normal around the corpus median of 78 (corpus range 10-248);
+* tool-result size: log-normal, median 361 characters, log standard deviation 1.65 (p90 2.2k,
+  p99 10.6k characters);
+* gaps between messages: median 2 s; 0.43% of gaps are idle periods over 5 minutes (median
+  idle 30 minutes), so caches expire now and then as they do in real sessions.
+
+Identifiers (paths, symbols, line numbers) recur across turns, so reference-recall metrics
+have something to find.
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ _TOOLS = [
 class SyntheticSpec:
     """Knobs of the generator; defaults are fitted to the shared corpus (see docs/benchmarks.md)."""
 
-    def __init__(self, turns: int = 120, median_result_chars: int = 1600, sigma: float = 1.3,
-                 idle_prob: float = 0.04, idle_minutes: tuple[float, float] = (6.0, 20.0)) -> None:
+    def __init__(self, turns: int | None = None, median_result_chars: int = 361, sigma: float = 1.65,
+                 idle_prob: float = 0.0086, idle_minutes: tuple[float, float] = (10.0, 50.0),
+                 median_turns: int = 78) -> None:
         self.turns = turns
+        self.median_turns = median_turns
         self.median_result_chars = median_result_chars
         self.sigma = sigma
         self.idle_prob = idle_prob
@@ -79,8 +87,10 @@ def synthetic_trace(seed: int = 0, spec: SyntheticSpec | None = None, start_time
     messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
     t = start_time
     times: list[float | None] = [t]
-    for k in range(spec.turns):
-        t += rng.uniform(2.0, 25.0)
+    n_turns = spec.turns if spec.turns is not None else int(
+        min(250, max(10, spec.median_turns * math.exp(rng.gauss(0.0, 0.6)))))
+    for k in range(n_turns):
+        t += rng.expovariate(1 / 3.0)
         if rng.random() < spec.idle_prob:
             t += 60.0 * rng.uniform(*spec.idle_minutes)
         path = rng.choice(files[:8]) if rng.random() < 0.6 else rng.choice(files)
@@ -103,7 +113,7 @@ def synthetic_trace(seed: int = 0, spec: SyntheticSpec | None = None, start_time
         size = int(spec.median_result_chars * math.exp(rng.gauss(0.0, spec.sigma)))
         size = max(40, min(size, 120_000))
         body = ("File written." if tool == "edit_file" else _code(rng, path, size, symbols))
-        t += rng.uniform(0.2, 8.0)
+        t += rng.expovariate(1 / 2.0)
         messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": body}]})
         times.append(t)
     return Trace(name=f"synthetic-{seed:04d}", source=f"synthetic:{seed}", format="synthetic",
