@@ -32,7 +32,7 @@ from ..pricing import ModelInfo
 from ..tokens import TokenCounter
 from ..traces import Trace
 
-__all__ = ["OracleResult", "oracle_cost"]
+__all__ = ["OracleResult", "oracle_cost", "schedule_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,105 +53,139 @@ def _reply_output_tokens(counter: TokenCounter, m: dict[str, Any]) -> int:
                                   else str(b.get("text", ""))) for b in blocks)
 
 
-def oracle_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int,
-                counter: TokenCounter | None = None) -> OracleResult:
-    counter = counter or TokenCounter()
-    msgs = trace.messages
-    calls = [i for i in range(1, len(msgs)) if msgs[i]["role"] == "assistant"]  # request k answers msgs[i_k]
-    if not calls:
-        return OracleResult(0.0, 0, 0, True)
-    head = sum(b.tokens for b in request_from_body({"model": "x", "max_tokens": 1, "system": trace.system,
-                                                    "tools": trace.tools, "messages": []}, 0.0, counter).blocks)
-    msg_tok = [sum(b.tokens for b in message_blocks(m, i, counter)[0]) for i, m in enumerate(msgs)]
-    cum = [0]
-    for t in msg_tok:
-        cum.append(cum[-1] + t)
-    # tool results, their savings when masked, and the first request at which they may be masked
-    needs = [identifiers_in_input([b.get("input", {}) for b in msgs[i]["content"] if isinstance(b, dict)
-                                   and b.get("type") == "tool_use"]) if isinstance(msgs[i]["content"], list) else []
-             for i in calls]
-    results: list[tuple[int, int, int]] = []  # (message index, saving, earliest request it may be masked)
-    for mi, m in enumerate(msgs):
-        if m["role"] != "user" or not isinstance(m["content"], list):
-            continue
-        for bi, b in enumerate(m["content"]):
-            if not isinstance(b, dict) or b.get("type") != "tool_result":
-                continue
-            c = b.get("content")
-            text = c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or [] if isinstance(x, dict))
-            blocks = message_blocks(m, mi, counter)[0]
-            saving = blocks[bi].tokens - PLACEHOLDER_TOKENS if bi < len(blocks) else 0
-            if saving <= 0:
-                continue
-            ids = set(identifiers(text))
-            present = next((k for k, i in enumerate(calls) if i > mi), len(calls))
-            last_need = max((k for k, used in enumerate(needs) if k >= present and ids.intersection(used)), default=-1)
-            results.append((mi, saving, max(present, last_need + 1)))
-    K = len(calls)
-    # per state j: masked results sorted by message index, with prefix sums of savings
-    by_j: list[tuple[list[int], list[int]]] = []
-    for j in range(K):
-        masked = sorted((mi, s) for mi, s, jr in results if jr <= j)
-        idx, sums = [mi for mi, _ in masked], [0]
-        for _, s in masked:
-            sums.append(sums[-1] + s)
-        by_j.append((idx, sums))
-    first_new: list[int] = [10**9] * (K + 1)  # min message index of results that become maskable at j
-    for mi, _, jr in results:
-        if jr < K:
-            first_new[jr] = min(first_new[jr], mi)
+class _Model:
+    """Precomputed token sums and prices for one trace; the DP and `schedule_cost` share it."""
 
-    def saved(j: int, x: int) -> int:  # savings of M(j) before message index x
-        idx, sums = by_j[j]
+    def __init__(self, trace: Trace, price: ModelInfo, window: int, max_tokens: int, counter: TokenCounter) -> None:
+        msgs = trace.messages
+        self.calls = calls = [i for i in range(1, len(msgs)) if msgs[i]["role"] == "assistant"]
+        self.head = sum(b.tokens for b in request_from_body({"model": "x", "max_tokens": 1, "system": trace.system,
+                                                             "tools": trace.tools, "messages": []}, 0.0,
+                                                            counter).blocks)
+        self.cum = [0]
+        for i, m in enumerate(msgs):
+            self.cum.append(self.cum[-1] + sum(b.tokens for b in message_blocks(m, i, counter)[0]))
+        needs = [identifiers_in_input([b.get("input", {}) for b in msgs[i]["content"] if isinstance(b, dict)
+                                       and b.get("type") == "tool_use"]) if isinstance(msgs[i]["content"], list)
+                 else [] for i in calls]
+        # (message index, tokens saved when masked, first request at which it may be masked)
+        self.results: list[tuple[int, int, int]] = []
+        for mi, m in enumerate(msgs):
+            if m["role"] != "user" or not isinstance(m["content"], list):
+                continue
+            blocks = message_blocks(m, mi, counter)[0]
+            for bi, b in enumerate(m["content"]):
+                if not isinstance(b, dict) or b.get("type") != "tool_result" or bi >= len(blocks):
+                    continue
+                saving = blocks[bi].tokens - PLACEHOLDER_TOKENS
+                if saving <= 0:
+                    continue
+                c = b.get("content")
+                text = c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
+                                                             if isinstance(x, dict))
+                ids = set(identifiers(text))
+                present = next((k for k, i in enumerate(calls) if i > mi), len(calls))
+                last_need = max((k for k, used in enumerate(needs) if k >= present and ids.intersection(used)),
+                                default=-1)
+                self.results.append((mi, saving, max(present, last_need + 1)))
+        self.K = K = len(calls)
+        self.by_j: list[tuple[list[int], list[int]]] = []
+        for j in range(K):
+            masked = sorted((mi, sv) for mi, sv, jr in self.results if jr <= j)
+            idx, sums = [mi for mi, _ in masked], [0]
+            for _, sv in masked:
+                sums.append(sums[-1] + sv)
+            self.by_j.append((idx, sums))
+        self.first_new = [10**9] * (K + 1)  # min message index of the results maskable from request j on
+        for mi, _, jr in self.results:
+            if jr < K:
+                self.first_new[jr] = min(self.first_new[jr], mi)
+        times = [trace.timestamps[i - 1] or float(i) for i in calls]
+        self.warm = [False] + [times[k] - times[k - 1] <= TTL_SECONDS["5m"] for k in range(1, K)]
+        self.out = [_reply_output_tokens(counter, msgs[i]) * price.output / 1e6 for i in calls]
+        self.r, self.w = price.read / 1e6, price.write_5m / 1e6
+        self.window, self.max_tokens = window, max_tokens
+
+    def saved(self, j: int, x: int) -> int:
+        """Tokens saved by the masks of state j before message index x."""
+        idx, sums = self.by_j[j]
         return sums[bisect.bisect_left(idx, x)]
 
-    def tokens(k: int, j: int) -> int:
-        return head + cum[calls[k]] - saved(j, calls[k])
+    def tokens(self, k: int, j: int) -> int:
+        return self.head + self.cum[self.calls[k]] - self.saved(j, self.calls[k])
 
-    times = [trace.timestamps[i - 1] or float(i) for i in calls]
-    out = [_reply_output_tokens(counter, msgs[i]) * price.output / 1e6 for i in calls]
-    r, w = price.read / 1e6, price.write_5m / 1e6
-    ttl = TTL_SECONDS["5m"]
+    def fits(self, k: int, j: int) -> bool:
+        return self.tokens(k, j) + self.max_tokens <= self.window
+
+    def stay(self, k: int, j: int) -> float:
+        tk = self.tokens(k, j)
+        if k == 0 or not self.warm[k]:
+            return tk * self.w + self.out[k]
+        before = self.tokens(k - 1, j)
+        return before * self.r + (tk - before) * self.w + self.out[k]
+
+    def compact(self, k: int, j: int, p: int) -> float:
+        """Request k right after masking M(k) \\ M(j), whose earliest message is p."""
+        tk = self.tokens(k, k)
+        if not self.warm[k]:
+            return tk * self.w + self.out[k]
+        kept = self.head + self.cum[p] - self.saved(j, p)
+        return kept * self.r + (tk - kept) * self.w + self.out[k]
+
+
+def schedule_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int, compact_at: list[int],
+                  counter: TokenCounter | None = None) -> float:
+    """Cost of one schedule of the oracle's family (compactions at these request indices)."""
+    m = _Model(trace, price, window, max_tokens, counter or TokenCounter())
+    j, cost = 0, 0.0
+    at = set(compact_at)
+    for k in range(m.K):
+        if k in at and k > 0:
+            p = min(m.first_new[j + 1: k + 1], default=10**9)
+            if p < 10**9:
+                if not m.fits(k, k):
+                    return math.inf
+                cost += m.compact(k, j, p)
+                j = k
+                continue
+        if not m.fits(k, j):
+            return math.inf
+        cost += m.stay(k, j)
+    return cost
+
+
+def oracle_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int,
+                counter: TokenCounter | None = None) -> OracleResult:
+    m = _Model(trace, price, window, max_tokens, counter or TokenCounter())
+    K = m.K
+    if K == 0:
+        return OracleResult(0.0, 0, 0, True)
     inf = math.inf
     prev = [inf] * K
-    t0 = tokens(0, 0)
-    prev[0] = t0 * w + out[0] if t0 + max_tokens <= window else inf
-    best_from: list[list[int]] = [[-1] * K for _ in range(K)]
+    prev[0] = m.stay(0, 0) if m.fits(0, 0) else inf
+    came: list[list[int]] = [[-1] * K for _ in range(K)]
     for k in range(1, K):
-        warm = times[k] - times[k - 1] <= ttl
         cur = [inf] * K
         for j in range(k):
-            if prev[j] == inf:
-                continue
-            tk = tokens(k, j)
-            if tk + max_tokens > window:
-                continue
-            before = tokens(k - 1, j)
-            cur[j] = prev[j] + ((before * r + (tk - before) * w) if warm else tk * w) + out[k]
-            best_from[k][j] = j
-        tk = tokens(k, k)
-        if tk + max_tokens <= window:
+            if prev[j] < inf and m.fits(k, j):
+                cur[j] = prev[j] + m.stay(k, j)
+        if m.fits(k, k):
             p = 10**9
-            for j in range(k - 1, -1, -1):  # M(k) \\ M(j) = results with j < j_r <= k
-                p = min(p, first_new[j + 1])
+            for j in range(k - 1, -1, -1):  # M(k) \\ M(j): results maskable from request j+1..k on
+                p = min(p, m.first_new[j + 1])
                 if prev[j] == inf or p >= 10**9:
                     continue
-                kept = head + cum[p] - saved(j, p)  # the cached prefix that survives the new masks
-                cost = prev[j] + ((kept * r + (tk - kept) * w) if warm else tk * w) + out[k]
+                cost = prev[j] + m.compact(k, j, p)
                 if cost < cur[k]:
-                    cur[k] = cost
-                    best_from[k][k] = j
+                    cur[k], came[k][k] = cost, j
         prev = cur
     best = min(prev)
     if best == inf:
         return OracleResult(inf, 0, 0, False)
-    # walk back for the number of compactions and masked results
-    j = prev.index(best)
+    j = final = prev.index(best)
     compactions = 0
-    final_j = j
     for k in range(K - 1, 0, -1):
         if j == k:
             compactions += 1
-            j = best_from[k][k]
-    n_masked = sum(1 for r in results if r[2] <= final_j)
-    return OracleResult(best, compactions, n_masked, True)
+            j = came[k][k]
+    return OracleResult(best, compactions, sum(1 for r in m.results if r[2] <= final), True)
