@@ -147,7 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
     res = run_bench(args.paths, args.strategy, model=args.model, window=args.window, workers=args.workers,
-                    progress=not args.json)
+                    progress=not args.json, synthetic=args.synthetic)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
     files = write_outputs(res, Path(args.out), command)
     if args.json:
@@ -198,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
     bench.add_argument("--workers", type=int, default=None, help="processes (default: up to 2)")
     bench.add_argument("--json", action="store_true", help="print results.json instead of the table")
+    bench.add_argument("--synthetic", type=int, metavar="N", help="run N synthetic traces instead of files")
     bench.set_defaults(func=cmd_bench)
     rep = sub.add_parser("report", help="cache health report of a session directory")
     rep.add_argument("dir")

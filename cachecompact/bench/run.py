@@ -34,14 +34,17 @@ class BenchResult:
     corpus: str = ""
 
 
-def load_corpus(paths: Sequence[str | Path]) -> tuple[list[Trace], list[dict[str, str]], str]:
+def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
+                ) -> tuple[list[Trace], list[dict[str, str]], str]:
     """Traces from ``paths`` (or the shared corpus, or the synthetic one); bad files are skipped
     and listed with the reason, never half-loaded."""
     skipped: list[dict[str, str]] = []
+    if synthetic is not None or (not paths and default_trace_dir() is None):
+        n = synthetic or SYNTHETIC_CORPUS
+        return [synthetic_trace(s) for s in range(n)], [], f"synthetic corpus ({n} traces, seeds 0-{n - 1})"
     if not paths:
         tdir = default_trace_dir()
-        if tdir is None:
-            return [synthetic_trace(s) for s in range(SYNTHETIC_CORPUS)], [], f"synthetic ({SYNTHETIC_CORPUS} traces)"
+        assert tdir is not None
         paths = [tdir]
         label = f"shared traces ({os.path.relpath(tdir)})"
     else:
@@ -86,14 +89,14 @@ def _progress(total: int, desc: str) -> tuple[Callable[[], None], Callable[[], N
 
 def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None = None,
               model: str = "claude-sonnet-4-6", window: int = 200_000, workers: int | None = None,
-              progress: bool = True) -> BenchResult:
+              progress: bool = True, synthetic: int | None = None) -> BenchResult:
     names = list(strategies or STRATEGIES)
     unknown = [s for s in names if s not in STRATEGIES]
     if unknown:
         raise KeyError(f"unknown strategy {', '.join(unknown)}; known: {', '.join(STRATEGIES)}")
     get_model(model)  # fail early on an unknown model
     t0 = time.perf_counter()
-    traces, skipped, label = load_corpus(paths)
+    traces, skipped, label = load_corpus(paths, synthetic)
     jobs = [(t, s, model, window) for t in traces for s in names]
     jobs.sort(key=lambda j: -len(j[0].messages))  # longest first: better packing across workers
     workers = workers or min(os.cpu_count() or 1, 2)
