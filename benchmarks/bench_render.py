@@ -22,10 +22,10 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from cachecompact import Session
+from cachecompact.bench.report import replace_section
 from cachecompact.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 
@@ -152,16 +152,9 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    if args.write:
-        p = Path(args.write)
-        doc = p.read_text()
-        start, end = "<!-- bench_render:start -->", "<!-- bench_render:end -->"
-        if start in doc and end in doc:
-            doc = doc[: doc.index(start) + len(start)] + "\n" + text + "\n" + doc[doc.index(end):]
-            p.write_text(doc)
-        else:
-            print(f"markers {start} / {end} not found in {p}", file=sys.stderr)
-            return 1
+    if args.write and not replace_section(args.write, "bench_render", text):
+        print(f"markers <!-- bench_render:start/end --> not found in {args.write}", file=sys.stderr)
+        return 1
     return 0
 
 

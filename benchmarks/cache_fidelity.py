@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from cachecompact.bench.fidelity import session_fidelity, summarize
+from cachecompact.bench.report import replace_section
 from cachecompact.traces import default_trace_dir, discover
 
 
@@ -49,14 +49,9 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    if args.write:
-        p = Path(args.write)
-        doc = p.read_text()
-        start, end = "<!-- fidelity:start -->", "<!-- fidelity:end -->"
-        if start not in doc or end not in doc:
-            print(f"markers {start} / {end} not found in {p}", file=sys.stderr)
-            return 1
-        p.write_text(doc[: doc.index(start) + len(start)] + "\n" + text + "\n" + doc[doc.index(end):])
+    if args.write and not replace_section(args.write, "fidelity", text):
+        print(f"markers <!-- fidelity:start/end --> not found in {args.write}", file=sys.stderr)
+        return 1
     return 0
 
 

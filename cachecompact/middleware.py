@@ -66,6 +66,7 @@ log = logging.getLogger("cachecompact")
 SESSION_HEADER = "x-cachecompact-session"
 _SID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _PTL = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+_STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
 _CTX = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
 
 
@@ -346,8 +347,7 @@ class CompactionMiddleware(Middleware):
                 resp.close()
                 resp = call_next(request.copy(body=body))
                 if resp.status_code == 400 and _too_long(json.loads(resp.http_response.read() or b"null")):
-                    raise ContextFullError("context is full: still too long after reactive compaction; "
-                                           "start a new session")
+                    raise ContextFullError(_STILL_TOO_LONG)
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response.stream = _UsageTap(resp.http_response.stream,  # type: ignore[arg-type]
@@ -373,8 +373,7 @@ class CompactionMiddleware(Middleware):
                 await resp.close()
                 resp = await call_next(request.copy(body=body))
                 if resp.status_code == 400 and _too_long(json.loads(await resp.http_response.aread() or b"null")):
-                    raise ContextFullError("context is full: still too long after reactive compaction; "
-                                           "start a new session")
+                    raise ContextFullError(_STILL_TOO_LONG)
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response.stream = _AsyncUsageTap(resp.http_response.stream,  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from typing import Any
 
 from .run import BenchResult
 
-__all__ = ["LONG_TURNS", "aggregate", "markdown", "table", "write_outputs"]
+__all__ = ["LONG_TURNS", "aggregate", "markdown", "replace_section", "table", "write_outputs"]
 
 LONG_TURNS = 50  # "long traces" for the targets
 
@@ -185,3 +185,15 @@ def write_outputs(b: BenchResult, out: Path, command: str) -> list[Path]:
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "report.md").write_text(markdown(b, command))
     return [out / "results.json", out / "report.md", *plots(b, out)]
+
+
+def replace_section(path: str | Path, name: str, text: str) -> bool:
+    """Put ``text`` between ``<!-- name:start -->`` and ``<!-- name:end -->`` in a markdown file
+    (how the benchmark scripts keep docs/ in step with what they measured)."""
+    p = Path(path)
+    doc = p.read_text()
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in doc or end not in doc:
+        return False
+    p.write_text(doc[: doc.index(start) + len(start)] + "\n" + text + "\n" + doc[doc.index(end):])
+    return True
