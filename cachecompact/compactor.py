@@ -10,6 +10,7 @@ strategies of the benchmark plug in the same way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,11 @@ from .wire import ToolUseBlock, canonical_bytes, content_blocks, tool_result_ids
 __all__ = ["Compactor", "Strategy", "TurnReport"]
 
 REPEAT_WINDOW_S = 30.0
+BodyFn = Callable[[], "dict[str, Any] | None"]
+
+
+def _no_body() -> dict[str, Any] | None:
+    return None
 
 
 class Strategy(Protocol):
@@ -164,7 +170,7 @@ class Compactor:
             return propose_full(view, keep_rounds=c.keep_rounds_l4, summary_tokens=c.summary_tokens)
         return propose_truncate(view, target_tokens=target_raw)
 
-    def _summarize(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[ReplaceWithSummary, float]:
+    def _summarize(self, p: Proposal, cold: bool, body: BodyFn) -> tuple[ReplaceWithSummary, float]:
         assert p.summarize is not None
         s, e = p.summarize
         r = self.session.render(breakpoints=False)
@@ -178,11 +184,11 @@ class Compactor:
                 msgs.append(m.d)
         prev = open_issues_of(p.previous_summary.summary or "") if p.previous_summary else []
         req = SummaryRequest(messages=msgs, goal=_goal(self.session), previous_open_issues=prev, range=(s, e),
-                             body=body, cache_warm=not cold)
+                             body=body(), cache_warm=not cold)
         res = self.summarizer.summarize(req)
         return ReplaceWithSummary(s, e, format_summary(res.summary), f"{p.level}: {p.reason}"), res.cost_usd
 
-    def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
+    def _apply(self, p: Proposal, cold: bool, body: BodyFn) -> tuple[list[LedgerEntry], float]:
         """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
         edits = list(p.edits)
         cost = 0.0
@@ -234,7 +240,9 @@ class Compactor:
                                             tokens_before=tokens, tokens_after=tokens))
             self._check_full(tokens, trig, report)
             return report
-        body = s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body if model else None
+        def body() -> dict[str, Any] | None:  # the agent's request, only needed for a prefix-reuse summary
+            return s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body if model else None
+
         tokens = self._compact(view, trig, since, cold, body, report, model)
         report.tokens_after = tokens
         self._check_full(tokens, trig, report)
@@ -255,7 +263,7 @@ class Compactor:
                 break
         return out
 
-    def _compact(self, view: View, trig: Trigger, since: int, cold: bool, body: dict[str, Any] | None,
+    def _compact(self, view: View, trig: Trigger, since: int, cold: bool, body: BodyFn,
                  report: TurnReport, model: str) -> int:
         s, cfg = self.session, self.cfg
         tokens = self._tokens(view)
@@ -294,7 +302,7 @@ class Compactor:
             if trig.forced and p.level != "L5":
                 fallback = self._propose("L5", build_view(s), since)
                 if not fallback.empty:
-                    entries, _ = self._apply(fallback, cold, None)
+                    entries, _ = self._apply(fallback, cold, _no_body)
                     report.entries += entries
                     after = self._tokens(build_view(s))
                     report.events.append(self._emit("compaction", level="L5", reason=f"fallback after {p.level} "
@@ -318,7 +326,7 @@ class Compactor:
         if trig.forced and after > target and p.level != "L5":
             more = self._propose("L5", after_view, since)
             if not more.empty:
-                extra, _ = self._apply(more, cold, None)
+                extra, _ = self._apply(more, cold, _no_body)
                 report.entries += extra
                 final = self._tokens(build_view(s))
                 report.events.append(self._emit("compaction", level="L5", reason="still over the target after "
@@ -377,7 +385,7 @@ class Compactor:
             if p.empty:
                 continue
             try:
-                entries, cost = self._apply(p, True, None)
+                entries, cost = self._apply(p, True, _no_body)
             except Exception as err:  # the breaker counts it; L5 is next
                 self._fail(level, f"reactive {type(err).__name__}: {err}", tokens, getattr(err, "cost_usd", 0.0),
                            TurnReport(tokens, tokens))

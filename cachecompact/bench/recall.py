@@ -52,7 +52,8 @@ class RecallProbe:
     references: int = 0
     recalled: int = 0
     per_request: list[tuple[int, int]] = field(default_factory=list)
-    _history_text: list[str] = field(default_factory=list)
+    _earlier: str = ""  # text of trace messages [0, _upto)
+    _upto: int = 0
 
     def respond(self, body: dict[str, Any]) -> Reply:
         reply = self.inner.respond(body)
@@ -61,9 +62,12 @@ class RecallProbe:
         if not idents:
             self.per_request.append((0, 0))
             return reply
-        while len(self._history_text) < idx:
-            self._history_text.append(request_text({"messages": [self.inner.messages[len(self._history_text)]]}))
-        earlier = "\n".join(self._history_text[:idx])
+        if idx < self._upto:  # the replay jumped back: rebuild from the start
+            self._earlier, self._upto = "", 0
+        if self._upto < idx:
+            self._earlier += "\n" + request_text({"messages": list(self.inner.messages[self._upto: idx])})
+            self._upto = idx
+        earlier = self._earlier
         sent = request_text(body)
         refs = [x for x in idents if x in earlier]
         ok = sum(1 for x in refs if x in sent)
