@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from .events import Event, EventBus
@@ -84,10 +83,7 @@ class Compactor:
         self.session = session
         self.cfg = config or PolicyConfig()
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
-        if scratchpad is None:
-            base = session.path if session.path is not None else Path(".cachecompact") / session.session_id
-            scratchpad = Scratchpad(Path(base) / "scratchpad")
-        self.scratchpad = scratchpad
+        self.scratchpad = scratchpad or Scratchpad.for_session(session.path)
         self.events = events or EventBus()
         self.steps = 0
         self.last_compact_step = 0

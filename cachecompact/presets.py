@@ -17,7 +17,6 @@ comparison: snip and micro edits move each turn, so the cached prefix breaks oft
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from .compactor import Compactor, TurnReport
@@ -43,8 +42,7 @@ class SeedPipeline:
         self.session = session
         self.limit = limit_tokens
         self.summarizer = summarizer or ExtractiveSummarizer()
-        base = session.path if session.path is not None else Path(".cachecompact") / session.session_id
-        self.scratchpad = scratchpad or Scratchpad(Path(base) / "scratchpad")
+        self.scratchpad = scratchpad or Scratchpad.for_session(session.path)
         self.events = events or EventBus()
         self.snip_over, self.head, self.tail = snip_over, head, tail
         self.keep_results, self.clear_over = keep_results, clear_over_chars

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,21 @@ class ScratchpadRefError(CacheCompactError, ValueError):
 class Scratchpad:
     """A folder of externalized outputs, keyed by content hash (writing twice is a no-op)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self._path = Path(path) if path is not None else None
+
+    @property
+    def path(self) -> Path:
+        """The folder; a private temporary one (mode 0700) is made on first use when none was given."""
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="cachecompact-scratchpad-"))
+        return self._path
+
+    @classmethod
+    def for_session(cls, session_path: Path | None) -> Scratchpad:
+        """``<session dir>/scratchpad`` for a persisted session; for an in-memory one a temporary
+        folder made only if something is externalized, so nothing lands in the working directory."""
+        return cls(Path(session_path) / "scratchpad" if session_path is not None else None)
 
     def _file(self, ref: str) -> Path:
         if not isinstance(ref, str) or not REF_RE.match(ref):

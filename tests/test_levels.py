@@ -245,3 +245,17 @@ def test_llm_summarizer_through_the_sdk(mode: str) -> None:
         assert last["model"] == "claude-sonnet-4-6" and last["usage"]["cache_read_input_tokens"] > 0
     else:
         assert last["model"] == "claude-haiku-4-5"
+
+
+def test_in_memory_sessions_keep_the_scratchpad_out_of_the_working_directory(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachecompact.compactor import Compactor
+
+    monkeypatch.chdir(tmp_path)
+    c = Compactor(Session.create(None))
+    c.scratchpad.put("big output")
+    assert not c.scratchpad.path.is_relative_to(tmp_path)
+    assert stat.S_IMODE(c.scratchpad.path.stat().st_mode) == 0o700
+    persisted = Compactor(Session.create(tmp_path / "s"))
+    assert persisted.scratchpad.path == tmp_path / "s" / "scratchpad"
+    assert list(tmp_path.iterdir()) == [tmp_path / "s"]
