@@ -75,7 +75,6 @@ class _Live:
     session: Session
     strategy: Strategy
     lock: threading.Lock
-    key: str
     last_message_id: str | None = None
     last_fingerprint: bytes | None = None
     last_prepared: _Prepared | None = None
@@ -187,7 +186,7 @@ class CompactionMiddleware(Middleware):
                               limit_tokens=self.config.limit)
         if isinstance(strategy, Compactor):
             strategy.resume()
-        live = self._live[name] = _Live(session, strategy, threading.Lock(), name)
+        live = self._live[name] = _Live(session, strategy, threading.Lock())
         return live
 
     def _branch_name(self, key: str) -> str:

@@ -137,3 +137,11 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     assert "## Skipped files" in report and "cachecompact bench" in report
     assert list(out.glob("*.png"))
     assert main(["bench", str(good), "--strategy", "magic", "--out", str(out)]) == 2
+
+
+def test_synthetic_corpus_is_chosen_explicitly() -> None:
+    from cachecompact.bench.run import load_corpus
+
+    traces, skipped, label = load_corpus([], synthetic=3)
+    assert [t.name for t in traces] == ["synthetic-0000", "synthetic-0001", "synthetic-0002"]
+    assert not skipped and "synthetic corpus (3 traces" in label

@@ -236,3 +236,14 @@ def test_synthetic_replay_under_a_small_window() -> None:
         client = anthropic.Anthropic(base_url=emu.url, api_key="test", max_retries=0)
         c = _replay_under_default(synthetic_trace(5), client, PolicyConfig(window_tokens=50_000, margin_tokens=5_000))
     assert any(e.kind == "compaction" for e in c.events.history)
+
+
+def test_resume_recounts_steps_and_last_compaction(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s", prefix_messages=1)
+    c = Compactor(s, PolicyConfig(window_tokens=30_000, margin_tokens=2_000, cache_aware=False))
+    _grow(s, c, [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(8)])
+    assert len(s.ledger) > 0 and 0 < c.last_compact_step <= c.steps
+    again = Compactor(Session.open(tmp_path / "s"))
+    again.resume()
+    assert again.steps == c.steps == 8
+    assert again.last_compact_step == c.last_compact_step

@@ -93,3 +93,13 @@ def test_immutable_prefix_extends_past_a_tool_pair() -> None:
     s.sync(h[:3])
     assert s.prefix_end == 3
     assert immutable_prefix_end(s.transcript, 0) == 0
+
+
+def test_append_validates_only_the_new_messages(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s")
+    s.sync(history(2))
+    assert s.append(turn(2)) == [5, 6]
+    assert Session.open(tmp_path / "s").messages() == history(3)
+    with pytest.raises(MalformedMessageError):
+        s.append([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "r"}]}])
+    assert len(Session.open(tmp_path / "s")) == 7

@@ -156,10 +156,7 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
         log = list(emu.requests)
     agent = [r for r in log if r.get("status") == 200 and not r.get("internal")]
     internal = [r for r in log if r.get("status") == 200 and r.get("internal")]
-    res.summary_cost_usd = sum(r["cost_usd"] for r in internal)
-    if isinstance(mw, CompactionMiddleware):
-        for live in mw._live.values():
-            res.summary_cost_usd = max(res.summary_cost_usd, getattr(live.strategy, "summary_cost", 0.0))
+    res.summary_cost_usd = sum(r["cost_usd"] for r in internal)  # what the emulator billed the summarizer
     total = 0.0
     rates = []
     for r in agent:
