@@ -19,15 +19,24 @@ Rules (see docs/cache-model.md for each choice where the docs are silent):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
 
+from .cachemodel import (
+    LOOKBACK,
+    MAX_BREAKPOINTS,
+    TTL_SECONDS,
+    block_key,
+    is_cacheable,
+    positions,
+    strip_for_key,
+    tool_key,
+)
 from .errors import MalformedMessageError
 from .tokens import BLOCK_OVERHEAD, TokenCounter, block_tokens
-from .validate import LOOKBACK, MAX_CACHE_BREAKPOINTS
 from .wire import (
     Block,
     ImageBlock,
@@ -52,9 +61,6 @@ __all__ = [
     "request_from_body",
 ]
 
-TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
-_RUN_KINDS = frozenset({"tool_use", "tool_result"})
-_NOT_CACHEABLE = frozenset({"thinking", "redacted_thinking"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +116,6 @@ class SimResult:
         return [self.chain[k].hex() for k, _ in self.breakpoints]
 
 
-def positions(kinds: Sequence[str]) -> list[int]:
-    """Lookback position per block: a run of tool_use (or tool_result) blocks is one position."""
-    out, p, prev = [], -1, ""
-    for k in kinds:
-        if not (k in _RUN_KINDS and k == prev):
-            p += 1
-        prev = k
-        out.append(p)
-    return out
-
-
 class CacheSimulator:
     """Holds cache entries across requests; `process` bills one request and updates them."""
 
@@ -152,8 +147,8 @@ class CacheSimulator:
         bps = [(k, b.ttl) for k, b in enumerate(blocks) if b.ttl is not None]
         if req.auto_ttl is not None:
             bps = self._auto(blocks, bps, req.auto_ttl)
-        if len(bps) > MAX_CACHE_BREAKPOINTS:
-            raise MalformedMessageError("cache_control", f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with "
+        if len(bps) > MAX_BREAKPOINTS:
+            raise MalformedMessageError("cache_control", f"A maximum of {MAX_BREAKPOINTS} blocks with "
                                                          f"cache_control may be provided. Found {len(bps)}.")
         seen_5m = False
         for k, ttl in bps:
@@ -214,7 +209,7 @@ class CacheSimulator:
                 raise MalformedMessageError("cache_control", "the top-level cache_control ttl differs from the "
                                                              "explicit cache_control on the last cacheable block")
             return bps
-        if len(bps) >= MAX_CACHE_BREAKPOINTS:
+        if len(bps) >= MAX_BREAKPOINTS:
             raise MalformedMessageError("cache_control", "automatic caching needs a free breakpoint slot; "
                                                          f"{len(bps)} explicit cache_control blocks were given")
         return sorted([*bps, (k, ttl)])
@@ -240,9 +235,7 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
     has_image = False
     for i, t in enumerate(body.get("tools") or []):
         tool = tool_from_dict(t, i)
-        d = {k: v for k, v in tool.raw.items() if k != "cache_control"}
-        raw = canonical_bytes(d)
-        key = xxhash.xxh3_128_digest(raw)
+        _, raw, key = tool_key(tool.raw)
         blocks.append(SimBlock(key, counter.count_cached(key, raw.decode(), BLOCK_OVERHEAD), "tool",
                                _ttl_of(tool.raw.get("cache_control"), f"tools[{i}]"), True, f"tools[{i}]"))
     n_tools = len(blocks)
@@ -289,12 +282,10 @@ def message_blocks(m: Any, i: int, counter: TokenCounter) -> tuple[list[SimBlock
 def _sim_block(b: Block, counter: TokenCounter, first: bool, where: str) -> SimBlock:
     # null fields (e.g. ``citations: null`` from an SDK model dump) render no tokens, so they
     # do not change the cache key
-    d = {k: v for k, v in block_to_dict(b, strip_cache_control=True).items() if v is not None}
-    raw = canonical_bytes(d)
-    key = xxhash.xxh3_128_digest(raw)
+    d = strip_for_key(block_to_dict(b, strip_cache_control=True))
+    key = block_key(d)
     tokens = block_tokens(counter, key, b, first)
     kind = d["type"]
     cc = getattr(b, "cache_control", None) if not hasattr(b, "raw") else b.raw.get("cache_control")
     ttl = _ttl_of(cc if isinstance(cc, dict) else None, where)
-    cacheable = kind not in _NOT_CACHEABLE and not (kind == "text" and not d.get("text"))
-    return SimBlock(key, tokens, kind, ttl, cacheable, where)
+    return SimBlock(key, tokens, kind, ttl, is_cacheable(kind, d), where)

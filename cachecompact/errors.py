@@ -1,11 +1,49 @@
-"""Typed errors. Every error names the place it is about, so a user can fix the input."""
+"""Every error cachecompact raises on purpose, in one tree under `CacheCompactError`.
+
+Each error names the place it is about (a message path, a file and line, a session id), so
+a user can fix the input. Mixins (`ValueError`, `KeyError`) are kept where callers reasonably
+catch the builtin kind; `ContextFullError` is also an `anthropic.APIError`, so code that
+catches the SDK's errors around ``messages.create`` sees it too.
+"""
 
 from __future__ import annotations
+
+import anthropic
+import httpx2
+
+__all__ = [
+    "CacheCompactError",
+    "ConfigError",
+    "ContextFullError",
+    "EditOverlapError",
+    "EditSplitsToolPairError",
+    "EditTouchesPrefixError",
+    "HistoryRewrittenError",
+    "ImmutablePrefixError",
+    "InvalidEditError",
+    "InvalidSessionIdError",
+    "LedgerCorruptError",
+    "MalformedMessageError",
+    "PolicyConfigError",
+    "ScratchpadRefError",
+    "SessionExistsError",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "StoreConflictError",
+    "StoreError",
+    "SummaryRejected",
+    "TokenizerError",
+    "TraceFormatError",
+    "UnknownModelError",
+    "UnknownStrategyError",
+]
 
 
 class CacheCompactError(Exception):
     """Base class of every error this package raises on purpose."""
 
+
+# -- input ---------------------------------------------------------------------------------------
 
 class MalformedMessageError(CacheCompactError, ValueError):
     """A message or block does not have the shape the Messages API requires.
@@ -32,6 +70,21 @@ class ImmutablePrefixError(CacheCompactError):
     """The tools, system prompt or first messages no longer hash to the stored prefix hash."""
 
 
+class InvalidSessionIdError(CacheCompactError, ValueError):
+    """A session id that could name a path outside the store (``..``, ``/``, control characters)."""
+
+
+class TraceFormatError(CacheCompactError, ValueError):
+    """A trace file is malformed, truncated or of an unknown format. Names the file and reason."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+# -- edits ---------------------------------------------------------------------------------------
+
 class InvalidEditError(CacheCompactError, ValueError):
     """A ledger edit breaks a rule (range, prefix, pairing, containment); nothing was written."""
 
@@ -55,7 +108,39 @@ class EditOverlapError(InvalidEditError):
     """The edit overlaps an earlier edit without containing it completely."""
 
 
-class LedgerCorruptError(CacheCompactError):
+# -- storage -------------------------------------------------------------------------------------
+
+class StoreError(CacheCompactError):
+    """The session store is missing, unreadable, or not a cachecompact store."""
+
+
+class SessionNotFoundError(StoreError, KeyError):
+    """No session with this id in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "session not found"
+
+
+class SessionExistsError(StoreError):
+    """A session with this id already exists (creation never overwrites)."""
+
+
+class SessionLockedError(StoreError):
+    """Another writer holds the session lock and did not release it within the timeout."""
+
+
+class StoreConflictError(StoreError):
+    """A compare-and-append lost: another writer appended at the same position first.
+
+    `expected` is the length this writer appended at; `actual` what the store holds now.
+    """
+
+    def __init__(self, what: str, expected: int, actual: int) -> None:
+        self.what, self.expected, self.actual = what, expected, actual
+        super().__init__(f"{what}: another writer appended first (expected length {expected}, found {actual})")
+
+
+class LedgerCorruptError(StoreError):
     """A stored record fails its hash, chain or replay check. `path` and `line` name it (1-based)."""
 
     def __init__(self, path: str, line: int, problem: str) -> None:
@@ -65,13 +150,62 @@ class LedgerCorruptError(CacheCompactError):
         super().__init__(f"{path}:{line}: {problem}")
 
 
-class StoreError(CacheCompactError):
-    """The session directory is missing, unreadable or not a cachecompact session."""
+class ScratchpadRefError(CacheCompactError, ValueError):
+    """A scratchpad reference is malformed, would escape its folder, or is unknown."""
 
 
-class SessionLockedError(StoreError):
-    """Another process holds the session lock and did not release it within the timeout."""
+# -- configuration -------------------------------------------------------------------------------
+
+class ConfigError(CacheCompactError, ValueError):
+    """A setting that cannot work (an unwritable store, a bad TTL, ...), refused before any request."""
+
+
+class PolicyConfigError(ConfigError):
+    """Absurd policy settings (soft > hard, negative numbers, a window under 8k, ...)."""
+
+
+class UnknownStrategyError(ConfigError, KeyError):
+    """No strategy of this name is registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown strategy"
+
+
+class UnknownModelError(CacheCompactError, KeyError):
+    """No pricing entry for this model id and no family to fall back on; `register` one."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown model"
 
 
 class TokenizerError(CacheCompactError):
     """The offline BPE tables are missing or do not match tiktoken's expected sha256."""
+
+
+# -- compaction ----------------------------------------------------------------------------------
+
+class SummaryRejected(CacheCompactError):
+    """A summarizer's output is not a usable summary (garbage, lost goal, lost open issue).
+
+    ``cost_usd`` is what the rejected attempt cost, so failures are still accounted for.
+    """
+
+    def __init__(self, message: str, cost_usd: float = 0.0) -> None:
+        super().__init__(message)
+        self.cost_usd = cost_usd
+
+
+_PLACEHOLDER_REQUEST = httpx2.Request("POST", "http://cachecompact.invalid/v1/messages")
+
+
+class ContextFullError(CacheCompactError, anthropic.APIError):
+    """The context is still too full after every compaction level, L5 included.
+
+    Start a new session. It is an `anthropic.APIError` as well, so ``except anthropic.APIError``
+    around ``messages.create`` catches it; ``request`` is the HTTP request when one was made,
+    else a placeholder, and ``body`` is None.
+    """
+
+    def __init__(self, message: str, request: httpx2.Request | None = None) -> None:
+        anthropic.APIError.__init__(self, message, request if request is not None else _PLACEHOLDER_REQUEST,
+                                    body=None)

@@ -41,6 +41,7 @@ __all__ = [
     "check_edit",
     "entry_hash",
     "overlaps",
+    "split_effective",
     "widen_to_pairs",
 ]
 
@@ -185,6 +186,17 @@ def check_edit(
             raise EditOverlapError(
                 f"edit range {s}..{e} overlaps ledger entry #{prior.seq} ({prior.start}..{prior.end}"
                 f"{', result ' + prior.tool_use_id if prior.tool_use_id else ''}) without containing it")
+
+
+def split_effective(entries: Sequence[LedgerEntry]) -> tuple[list[LedgerEntry], dict[int, dict[str, LedgerEntry]]]:
+    """Effective entries -> whole-message entries (sorted by start) and, per message, the
+    entries that target one of its tool results by id."""
+    whole = [e for e in entries if e.tool_use_id is None]
+    targeted: dict[int, dict[str, LedgerEntry]] = {}
+    for e in entries:
+        if e.tool_use_id is not None:
+            targeted.setdefault(e.start, {})[e.tool_use_id] = e
+    return whole, targeted
 
 
 class Ledger:

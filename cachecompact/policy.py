@@ -14,21 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CacheCompactError
+from .errors import ContextFullError, PolicyConfigError
 from .levels.micro import DEFAULT_WRITE_TOOLS
 from .pricing import ModelInfo
 
 __all__ = ["ContextFullError", "Economics", "PolicyConfig", "PolicyConfigError", "Trigger", "economics", "evaluate"]
 
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
-
-
-class PolicyConfigError(CacheCompactError, ValueError):
-    """Absurd policy settings (soft > hard, negative numbers, ...), refused at construction."""
-
-
-class ContextFullError(CacheCompactError):
-    """The context is still too full after compaction: start a new session instead of truncating."""
 
 
 @dataclass(frozen=True)

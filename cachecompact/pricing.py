@@ -13,14 +13,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .errors import UnknownModelError
+
 __all__ = ["ModelInfo", "UnknownModelError", "cost_of", "get_model", "known_models", "register"]
-
-
-class UnknownModelError(KeyError):
-    """No pricing entry for this model id; `register` one to use it."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)

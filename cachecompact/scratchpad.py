@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import CacheCompactError
+from .errors import ScratchpadRefError
 
 __all__ = ["READ_SCRATCHPAD_TOOL", "Scratchpad", "ScratchpadRefError"]
 
@@ -38,10 +38,6 @@ READ_SCRATCHPAD_TOOL: dict[str, Any] = {
         "required": ["ref"],
     },
 }
-
-
-class ScratchpadRefError(CacheCompactError, ValueError):
-    """A scratchpad reference is malformed, would escape the folder, or is unknown."""
 
 
 class Scratchpad:

@@ -65,6 +65,9 @@ class Session:
         self.counter = TokenCounter(tokenizer)
         self._prefix_hash = prefix_hash
         self.torn: list[TornTail] = []
+        # breakpoints of the previous request sent (block index, chain value): an input of the
+        # breakpoint planner, persisted with the request log so a reopened session plans the same
+        self.previous_breakpoints: list[tuple[int, bytes]] = []
         self.renderer = Renderer(
             self.transcript, self.ledger, self._tools, self._system, self.counter,
             prefix_end=lambda: self.prefix_end, expected_prefix_hash=lambda: self._prefix_hash,
@@ -285,8 +288,14 @@ class Session:
                 transcript_len = self.ledger.entries[at_entry].transcript_len
         if transcript_len is not None and not 0 <= transcript_len <= len(self.transcript):
             raise IndexError(f"transcript has {len(self.transcript)} messages; cannot render {transcript_len}")
+        previous = self.previous_breakpoints if upto is None and transcript_len is None else ()
         return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
-                                    ttl=ttl, prefix_ttl=prefix_ttl, model=model, max_tokens=max_tokens, **params)
+                                    previous=previous, ttl=ttl, prefix_ttl=prefix_ttl, model=model,
+                                    max_tokens=max_tokens, **params)
+
+    def note_sent(self, render: RenderResult) -> None:
+        """Record that ``render`` was sent and answered: its breakpoints guide the next plan."""
+        self.previous_breakpoints = render.breakpoint_chain
 
     def messages(self) -> list[dict[str, Any]]:
         """The full, uncompacted history as plain dicts."""

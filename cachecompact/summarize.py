@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from .errors import CacheCompactError
+from .errors import SummaryRejected
 from .pricing import get_model
 from .wire import canonical_bytes
 
@@ -71,17 +71,6 @@ EMIT_SUMMARY_TOOL: dict[str, Any] = {
     "description": "Emit the structured summary of the conversation range you were asked to compact.",
     "input_schema": SUMMARY_SCHEMA,
 }
-
-
-class SummaryRejected(CacheCompactError):
-    """A summarizer's output is not a usable summary (garbage, lost goal, lost open issue).
-
-    ``cost_usd`` is what the rejected attempt cost, so failures are still accounted for.
-    """
-
-    def __init__(self, message: str, cost_usd: float = 0.0) -> None:
-        super().__init__(message)
-        self.cost_usd = cost_usd
 
 
 class FileRef(msgspec.Struct, frozen=True):

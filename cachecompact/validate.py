@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cachemodel import MAX_BREAKPOINTS
 from .errors import MalformedMessageError
 
-__all__ = ["LOOKBACK", "MAX_CACHE_BREAKPOINTS", "count_breakpoints", "validate_messages", "validate_request"]
-
-MAX_CACHE_BREAKPOINTS = 4
-LOOKBACK = 20  # positions a breakpoint's read checks, itself included (a tool_use/tool_result run is one)
+__all__ = ["count_breakpoints", "validate_messages", "validate_request"]
 _TTL_ORDER = {"1h": 0, "5m": 1}
 
 
@@ -120,9 +118,9 @@ def validate_request(body: Any) -> None:
     marks = count_breakpoints(body)
     top = body.get("cache_control")
     n = len(marks) + (1 if isinstance(top, dict) else 0)
-    if n > MAX_CACHE_BREAKPOINTS:
+    if n > MAX_BREAKPOINTS:
         raise MalformedMessageError(
-            "cache_control", f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. "
+            "cache_control", f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
                              f"Found {n}.")
     last = -1
     for where, cc in marks:

@@ -161,7 +161,7 @@ def test_request_from_body_matches_renderer_tokens_and_salts() -> None:
     counter = TokenCounter()
     sr = request_from_body(r.body, 0.0, counter)
     assert sum(b.tokens for b in sr.blocks) == r.raw_tokens
-    assert [b.key for b in sr.blocks] == [b.h for b in r._arr.flat]
+    assert [b.key for b in sr.blocks] == [b.key for b in r.blocks()]
     assert [k for k, b in enumerate(sr.blocks) if b.ttl] == r.breakpoints
     other = request_from_body({**r.body, "tool_choice": {"type": "any"}}, 0.0, counter)
     assert other.messages_salt != sr.messages_salt and other.system_salt == sr.system_salt

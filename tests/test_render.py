@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachecompact import ImmutablePrefixError, InvalidEditError, ReplaceWithSummary, Session, SkipRange
-from cachecompact.render import LOOKBACK, RenderResult
+from cachecompact.cachemodel import LOOKBACK
+from cachecompact.render import RenderResult
 from cachecompact.validate import count_breakpoints, validate_request
 
 from .conftest import SYSTEM, TOOLS, history, turn
@@ -42,14 +43,14 @@ ops = st.lists(st.tuples(st.sampled_from(["skip", "summary", "append", "target-s
                          st.integers(0, 40), st.integers(0, 12)), max_size=10)
 
 
-def _first_block_at_or_after(r: RenderResult, s: int) -> int:
+def _first_block_at_or_after(r: RenderResult, s: int, entries: list[Any]) -> int:
     for k in range(r.n_blocks):
         loc = r.location(k)
         if loc.section != "messages":
             continue
         if loc.transcript_index is not None and loc.transcript_index >= s:
             return k
-        if loc.entry_seq is not None and r._entries[loc.entry_seq].start >= s:
+        if loc.entry_seq is not None and entries[loc.entry_seq].start >= s:
             return k
     return r.n_blocks
 
@@ -110,7 +111,7 @@ def test_random_histories_and_edits_keep_every_invariant(h: list[dict[str, Any]]
             r = s.render()
             _check(r)
             # (d) an edit changes nothing before its start, and (7) the change is explained
-            boundary = _first_block_at_or_after(prev, entry.start)
+            boundary = _first_block_at_or_after(prev, entry.start, s.ledger.entries)
             assert r.block_hashes[:boundary] == prev.block_hashes[:boundary]
             div = r.first_divergence(prev)
             if div is not None:
@@ -175,6 +176,7 @@ def test_breakpoints_at_prefix_end_last_block_and_lookback() -> None:
     r1 = s.render()
     prefix_last = 5  # tools[0]=0, system[0]=1, msg0=2, msg1=3,4, msg2=5
     assert r1.breakpoints == [prefix_last, r1.n_blocks - 1]
+    s.note_sent(r1)
     # append more than LOOKBACK positions: the previous end must get its own breakpoint
     s.sync(history(3 + LOOKBACK))
     r2 = s.render()
@@ -182,6 +184,7 @@ def test_breakpoints_at_prefix_end_last_block_and_lookback() -> None:
     assert r2.positions[-1] - r2.positions[prev_end] >= LOOKBACK
     assert prev_end in r2.breakpoints and r2.block_hashes[prev_end] == r1.block_hashes[prev_end]
     assert len(r2.breakpoints) <= 4
+    s.note_sent(r2)
     # a short append stays within the lookback: no extra breakpoint
     s.sync(history(4 + LOOKBACK))
     r3 = s.render()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..ledger import LedgerEntry, ReplaceWithSummary, SkipRange
+from ..ledger import LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 from ..wire import ToolResultBlock, ToolUseBlock, content_blocks
 
 if TYPE_CHECKING:
@@ -89,12 +89,12 @@ class Proposal:
 
 
 def build_view(session: Session) -> View:
-    """Snapshot the session's current render as a `View`."""
+    """Snapshot the session's current render as a `View` (through the render's public read API)."""
     r = session.render(breakpoints=False)
     t = session.transcript
     n = len(t)
     pe = session.prefix_end or 0
-    whole, targeted = session.renderer._split(session.ledger.effective())
+    whole, targeted = split_effective(session.ledger.effective())
     covered: list[LedgerEntry | None] = [None] * n
     for e in whole:
         for i in range(e.start, e.end + 1):
@@ -103,22 +103,19 @@ def build_view(session: Session) -> View:
     cum_before = [0] * (n + 1)
     tool_tokens = 0
     # walk the rendered blocks once: attribute each block's tokens to its source message
-    blocks = r._arr.flat
-    head = r._n_tools + r._n_system
     seen_first: set[int] = set()
-    for k in range(head, r.n_blocks):
-        b = blocks[k]
-        tok = r._arr.cum[k] - (r._arr.cum[k - 1] if k else 0)
-        src = b.transcript_index
-        if src is None and b.entry_seq is not None:
-            src = session.ledger.entries[b.entry_seq].start
+    for b in r.blocks()[r.head_blocks:]:
+        loc = b.location
+        src = loc.transcript_index
+        if src is None and loc.entry_seq is not None:
+            src = session.ledger.entries[loc.entry_seq].start
         if src is not None:
-            msg_tokens[src] += tok
+            msg_tokens[src] += b.tokens
             if src not in seen_first:
                 seen_first.add(src)
-                cum_before[src] = r._arr.cum[k - 1] if k else 0
+                cum_before[src] = b.cumulative_tokens - b.tokens
         if b.kind == "tool_result":
-            tool_tokens += tok
+            tool_tokens += b.tokens
     # messages with no rendered block (skipped) start where the next rendered one starts
     nxt = r.raw_tokens
     for i in range(n - 1, -1, -1):
@@ -137,7 +134,7 @@ def build_view(session: Session) -> View:
             continue
         if not t.is_tool_result_message(i):
             continue
-        plain = session.renderer._plain_msg(i)
+        plain = session.renderer.plain_message(i)
         tmap = targeted.get(i, {})
         for j, blk in enumerate(content_blocks(m)):
             if not isinstance(blk, ToolResultBlock):

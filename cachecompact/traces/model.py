@@ -7,16 +7,9 @@ from typing import Any
 
 import msgspec
 
+from ..errors import TraceFormatError
+
 __all__ = ["Trace", "TraceFormatError", "parse_time"]
-
-
-class TraceFormatError(ValueError):
-    """A trace file is malformed, truncated or of an unknown format. Names the file and reason."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
 
 
 class Trace(msgspec.Struct, kw_only=True):

@@ -1,0 +1,28 @@
+"""Transcript + ledger -> the exact request body, its block hash chain and cache breakpoints.
+
+Three parts: `blocks` (every rendered block built once and shared by identity), `chain`
+(chained hashes, positions and token totals carried from render to render) and
+`breakpoints` (the planner, a pure function). `Renderer` ties them together and
+`RenderResult` is what callers read. Hashes are xxh3-128 over each block's canonical JSON
+without ``cache_control`` (see `cachemodel`).
+"""
+
+from .blocks import RenderedBlock, RenderedMessage, cleared_placeholder, summary_text
+from .breakpoints import plan_breakpoints
+from .renderer import EMPTY_PREFIX_HASH, Renderer
+from .result import BlockInfo, BlockLocation, Divergence, RenderResult, first_mismatch
+
+__all__ = [
+    "EMPTY_PREFIX_HASH",
+    "BlockInfo",
+    "BlockLocation",
+    "Divergence",
+    "RenderResult",
+    "RenderedBlock",
+    "RenderedMessage",
+    "Renderer",
+    "cleared_placeholder",
+    "first_mismatch",
+    "plan_breakpoints",
+    "summary_text",
+]
