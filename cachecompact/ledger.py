@@ -10,9 +10,11 @@ Two edit kinds act on inclusive message ranges. Rules (checked by `check_edit`):
   range; `widen_to_pairs` computes it for callers that want widening;
 * an edit that overlaps an earlier one must contain it completely, so the later edit
   subsumes the earlier one and the effective edits are always disjoint;
-* an edit with a ``tool_use_id`` targets that one tool result: its range is the single
-  tool-result message holding it, the pair stays, and only that result's content changes
-  (a ``SkipRange`` clears it, a ``ReplaceWithSummary`` shows the summary in its place).
+* an edit with a ``tool_use_id`` targets one block of one message: on the user message
+  holding that tool result, the result's content; on the assistant message holding that
+  tool_use, the call's ``input`` (big inputs such as the content of a file write). The pair
+  stays and only that content changes (a ``SkipRange`` clears it, a ``ReplaceWithSummary``
+  shows the summary in its place).
   Edits on different results of one message do not overlap; a whole-message edit over the
   message contains them.
 """
@@ -28,7 +30,7 @@ import msgspec
 
 from .errors import EditOverlapError, EditSplitsToolPairError, EditTouchesPrefixError, InvalidEditError
 from .transcript import Transcript
-from .wire import canonical_bytes, tool_result_ids
+from .wire import canonical_bytes, tool_result_ids, tool_use_ids
 
 __all__ = [
     "GENESIS_HASH",
@@ -92,6 +94,7 @@ class LedgerEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     tokens_before: int
     tokens_after: int
     prev_hash: str
+    transcript_head: str = ""  # transcript chain value at transcript_len: the entry commits to it
     hash: str = ""
     summary: str | None = None
     tool_use_id: str | None = None
@@ -168,9 +171,12 @@ def check_edit(
         raise InvalidEditError("a summary edit needs a non-empty summary")
     if edit.tool_use_id is not None:
         if s != e:
-            raise InvalidEditError(f"an edit of tool result {edit.tool_use_id!r} must cover exactly its message")
-        if not t.is_tool_result_message(s) or edit.tool_use_id not in tool_result_ids(t[s]):
-            raise InvalidEditError(f"message {s} holds no tool result for {str(edit.tool_use_id)[:80]!r}")
+            raise InvalidEditError(f"an edit of tool call {str(edit.tool_use_id)[:80]!r} must cover exactly one "
+                                   "message")
+        holds = (edit.tool_use_id in tool_result_ids(t[s]) if t.is_tool_result_message(s)
+                 else t[s].role == "assistant" and edit.tool_use_id in tool_use_ids(t[s]))
+        if not holds:
+            raise InvalidEditError(f"message {s} holds no tool result or tool call {str(edit.tool_use_id)[:80]!r}")
     if not _is_clear_in_place(edit, t):
         split_start = t.is_tool_result_message(s)
         split_end = t.has_tool_use(e)
@@ -233,6 +239,7 @@ class Ledger:
         transcript_len: int,
         tokens_before: int,
         tokens_after: int,
+        transcript_head: str = GENESIS_HASH,
         created_at: str | None = None,
     ) -> LedgerEntry:
         """Build the next hash-chained entry for ``edit`` (not yet appended)."""
@@ -250,6 +257,7 @@ class Ledger:
             tokens_before=tokens_before,
             tokens_after=tokens_after,
             prev_hash=self.head_hash,
+            transcript_head=transcript_head,
             summary=edit.summary if isinstance(edit, ReplaceWithSummary) else None,
             tool_use_id=edit.tool_use_id,
         )

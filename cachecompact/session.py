@@ -1,28 +1,38 @@
 """Session: one agent conversation = transcript + ledger + renderer, optionally persisted.
 
-Every mutation (``sync``, ``edit``) runs under the store lock as: read what other processes
-appended, validate, append to disk with fsync, then update memory. A failed validation
-writes nothing.
+Every mutation (``sync``, ``edit``, ``record_request``) runs under the store's lock as: read
+what other writers appended, validate, compare-and-append, then update memory. A failed
+validation writes nothing. Loading verifies every chain (transcript content, ledger entries,
+request records) and the immutable prefix, and raises `LedgerCorruptError` naming the record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from .errors import ImmutablePrefixError, InvalidEditError, LedgerCorruptError, MalformedMessageError
-from .ledger import Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
+from .errors import (
+    ImmutablePrefixError,
+    InvalidEditError,
+    LedgerCorruptError,
+    MalformedMessageError,
+    StoreConflictError,
+    StoreError,
+)
+from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
 from .render import Renderer, RenderResult
-from .store import LEDGER, TRANSCRIPT, SessionStore, TornTail
+from .store import FileSessionStore, SessionStore, Store, TornTail
+from .store.records import GENESIS, record_hash, seal
 from .tokens import TokenCounter
-from .transcript import MessageRecord, Transcript, immutable_prefix_end, message_hash
+from .transcript import MessageRecord, Transcript, immutable_prefix_end
 from .wire import ToolDef, message_to_dict, plain, system_from_param, tool_from_dict
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
@@ -31,13 +41,17 @@ log = logging.getLogger("cachecompact")
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 DEFAULT_MAX_TOKENS = 4096
+_CONFLICT_RETRIES = 5
+
+Target = str | os.PathLike[str] | SessionStore | None
 
 
 class Session:
     """An append-only conversation whose compaction is recorded as ledger edits.
 
-    Create with `Session.create(path, ...)` (persisted) or `Session.create(None, ...)`
-    (in memory), reopen with `Session.open(path)`.
+    Create with `Session.create(path, ...)` (a session directory), `Session.create(None, ...)`
+    (in memory) or `Session.create(store, session_id=...)` (any `Store`); reopen with
+    `Session.open(path)` or `Session.open(store, session_id)`.
     """
 
     def __init__(
@@ -50,8 +64,9 @@ class Session:
         store: SessionStore | None,
         tokenizer: str = "cl100k_base",
         prefix_hash: str | None = None,
+        token_ratio: float = 1.0,
     ) -> None:
-        if not isinstance(prefix_messages, int) or prefix_messages < 0:
+        if not isinstance(prefix_messages, int) or isinstance(prefix_messages, bool) or prefix_messages < 0:
             raise ValueError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
         self.session_id = session_id
         self.prefix_messages = prefix_messages
@@ -62,11 +77,17 @@ class Session:
         self._tools: list[ToolDef] = [tool_from_dict(t, i) for i, t in enumerate(self.tools_param)]
         self.transcript = Transcript()
         self.ledger = Ledger()
-        self.counter = TokenCounter(tokenizer)
+        self.counter = TokenCounter(tokenizer, calibration=token_ratio)
+        self.token_ratio = token_ratio
         self._prefix_hash = prefix_hash
         self.torn: list[TornTail] = []
+        self._chain: list[str] = [GENESIS]  # transcript chain value after 0, 1, ..., n messages
+        self._requests = 0
+        self._requests_head = GENESIS
+        self._request_hashes: list[str] = [GENESIS]  # request chain value after 0, 1, ... records
+        self.last_request: dict[str, Any] | None = None
         # breakpoints of the previous request sent (block index, chain value): an input of the
-        # breakpoint planner, persisted with the request log so a reopened session plans the same
+        # breakpoint planner, persisted in the request log so a reopened session plans the same
         self.previous_breakpoints: list[tuple[int, bytes]] = []
         self.renderer = Renderer(
             self.transcript, self.ledger, self._tools, self._system, self.counter,
@@ -78,36 +99,61 @@ class Session:
     @classmethod
     def create(
         cls,
-        path: str | os.PathLike[str] | None,
+        target: Target | Store,
         *,
         system: Any = None,
         tools: Sequence[Any] | None = None,
         prefix_messages: int = 3,
         session_id: str | None = None,
         tokenizer: str = "cl100k_base",
+        token_ratio: float = 1.0,
         lock_timeout: float = 10.0,
     ) -> Session:
-        """Start a session; with a ``path`` it is persisted there (the directory must be new or empty)."""
+        """Start a session: ``None`` keeps it in memory, a path makes a new session directory
+        there, a `Store` creates ``session_id`` in it. Creation is atomic."""
         sid = session_id or uuid.uuid4().hex
         sess = cls(system=system, tools=tools, prefix_messages=prefix_messages, session_id=sid, store=None,
-                   tokenizer=tokenizer)
-        if path is not None:
-            sess.store = SessionStore.create(path, sess._meta(), lock_timeout)
+                   tokenizer=tokenizer, token_ratio=token_ratio)
+        if target is None:
+            return sess
+        if isinstance(target, Store):
+            sess.store = target.create(sid, sess._meta())
+        elif isinstance(target, SessionStore):
+            raise TypeError("Session.create takes a path or a Store; open an existing SessionStore with Session.open")
+        else:
+            sess.store = FileSessionStore.create(target, sess._meta(), lock_timeout)
         return sess
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], lock_timeout: float = 10.0) -> Session:
-        """Load a persisted session, verifying transcript hashes, the ledger chain and the prefix."""
-        store = SessionStore.open(path, lock_timeout)
+    def open(cls, target: str | os.PathLike[str] | SessionStore | Store, session_id: str | None = None, *,
+             readonly: bool = False, lock_timeout: float = 10.0) -> Session:
+        """Load a persisted session, verifying every chain and the immutable prefix.
+
+        ``readonly`` never writes (not even the prefix hash of a session whose prefix just
+        completed); a missing prefix hash is then an error.
+        """
+        if isinstance(target, Store):
+            if session_id is None:
+                raise TypeError("Session.open(store, session_id): the session id is required")
+            store: SessionStore = target.open(session_id)
+        elif isinstance(target, SessionStore):
+            store = target
+        else:
+            store = FileSessionStore.open(target, lock_timeout)
         meta = store.read_meta()
-        sess = cls(
-            system=meta.get("system"), tools=meta.get("tools") or [], prefix_messages=int(meta["prefix_messages"]),
-            session_id=str(meta["session_id"]), store=store, tokenizer=str(meta.get("tokenizer", "cl100k_base")),
-            prefix_hash=meta.get("prefix_hash"),
-        )
+        where = f"{store.location} (session metadata)"
+        try:
+            sess = cls(
+                system=meta.get("system"), tools=meta.get("tools") or [],
+                prefix_messages=meta["prefix_messages"], session_id=str(meta["session_id"]), store=store,
+                tokenizer=str(meta.get("tokenizer", "cl100k_base")), prefix_hash=meta.get("prefix_hash"),
+                token_ratio=float(meta.get("token_ratio", 1.0)),
+            )
+        except (KeyError, TypeError, ValueError, MalformedMessageError) as err:
+            raise StoreError(f"{where}: invalid field: {err}") from None
         with store.lock():
             sess._refresh()
-            sess._record_prefix_if_complete()
+            sess._check_meta(meta, readonly)
         for torn in sess.torn:
             log.warning("%s", torn)
         return sess
@@ -121,13 +167,39 @@ class Session:
             "prefix_end": self.prefix_end,
             "prefix_hash": self._prefix_hash,
             "tokenizer": self.counter.encoding_name,
+            "token_ratio": self.token_ratio,
         }
+
+    def _check_meta(self, meta: dict[str, Any], readonly: bool) -> None:
+        """The stored prefix fields must match what the transcript gives; fill them in once."""
+        assert self.store is not None
+        where = f"{self.store.location} (session metadata)"
+        pe = self.prefix_end
+        stored_pe = meta.get("prefix_end")
+        if pe is not None:
+            if stored_pe is not None and stored_pe != pe:
+                raise StoreError(f"{where}: field prefix_end is {stored_pe!r}, but the transcript puts the end of the "
+                                 f"immutable prefix at {pe}")
+            actual = self.renderer.prefix_hash()
+            if self._prefix_hash is None:
+                if readonly or stored_pe is not None:
+                    raise StoreError(f"{where}: field prefix_hash is missing or null, but the prefix is complete "
+                                     f"(prefix_end {pe})")
+                self._prefix_hash = actual
+                self.store.write_meta(self._meta())
+            elif actual != self._prefix_hash:
+                raise ImmutablePrefixError(f"{where}: field prefix_hash {self._prefix_hash} does not match the "
+                                           f"tools, system and first {pe} messages ({actual})")
+        elif stored_pe is not None or self._prefix_hash is not None:
+            raise StoreError(f"{where}: fields prefix_end/prefix_hash are set ({stored_pe!r}), but the transcript "
+                             f"has only {len(self)} messages")
 
     # -- properties ----------------------------------------------------------------------------
 
     @property
     def path(self) -> Path | None:
-        return self.store.path if self.store else None
+        """The session directory for a file-backed session, else None."""
+        return self.store.path if isinstance(self.store, FileSessionStore) else None
 
     @property
     def prefix_end(self) -> int | None:
@@ -138,41 +210,76 @@ class Session:
     def prefix_hash(self) -> str | None:
         return self._prefix_hash
 
+    @property
+    def transcript_head(self) -> str:
+        """sha256 chain value over every message so far (64 zeros when empty)."""
+        return self._chain[-1]
+
+    def chain_at(self, n: int) -> str:
+        """Transcript chain value after the first ``n`` messages."""
+        return self._chain[n]
+
+    @property
+    def head(self) -> str:
+        """``T:L:R:sha256``: lengths of transcript, ledger and request log, and a hash over the prefix
+        hash and the three chain heads. An earlier head can be checked with `extends`."""
+        return self._head_at(len(self.transcript), len(self.ledger), self._requests)
+
+    def _head_at(self, t: int, e: int, r: int) -> str:
+        lh = self.ledger.entries[e - 1].hash if e else GENESIS_HASH
+        digest = hashlib.sha256(f"{self._prefix_hash}|{self._chain[t]}|{lh}|{self._request_hashes[r]}".encode())
+        return f"{t}:{e}:{r}:{digest.hexdigest()}"
+
+    def extends(self, head: str) -> bool:
+        """Whether the stored state is ``head`` (an earlier `head`) plus appends: nothing it
+        covered was changed, removed or rolled back."""
+        try:
+            t, e, r, _ = head.split(":")
+            ti, ei, ri = int(t), int(e), int(r)
+        except ValueError:
+            return False
+        if not (0 <= ti <= len(self.transcript) and 0 <= ei <= len(self.ledger) and 0 <= ri <= self._requests):
+            return False
+        return self._head_at(ti, ei, ri) == head
+
     def __len__(self) -> int:
         return len(self.transcript)
 
-    # -- reading what is on disk ---------------------------------------------------------------
+    # -- reading what is stored -------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Apply records other processes appended since we last looked. Caller holds the lock."""
+        """Apply records other writers appended since we last looked. Caller holds the lock."""
         if self.store is None:
             return
         self.torn = []
-        lines, torn = self.store.read_new(TRANSCRIPT)
-        if torn:
-            self.torn.append(torn)
-        path = str(self.store.path / TRANSCRIPT)
-        for line_no, rec in lines:
-            self._load_transcript_line(path, line_no, rec)
-        lines, torn = self.store.read_new(LEDGER)
-        if torn:
-            self.torn.append(torn)
-        path = str(self.store.path / LEDGER)
-        for line_no, rec in lines:
-            self._load_ledger_line(path, line_no, rec)
+        for name, loader in (("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
+                             ("requests", self._load_request_line)):
+            lines, torn = self.store.read_new(name)  # type: ignore[arg-type]
+            if torn:
+                self.torn.append(torn)
+            where = self.store.where(name)  # type: ignore[arg-type]
+            for line_no, rec in lines:
+                loader(where, line_no, rec)
 
     def _load_transcript_line(self, path: str, line_no: int, rec: Any) -> None:
-        if not isinstance(rec, dict) or set(rec) != {"h", "i", "m"}:
-            raise LedgerCorruptError(path, line_no, "expected an object with keys h, i, m")
+        if not isinstance(rec, dict) or set(rec) != {"c", "h", "i", "m"}:
+            raise LedgerCorruptError(path, line_no, "expected an object with keys c, h, i, m")
         if rec["i"] != len(self.transcript):
             raise LedgerCorruptError(path, line_no, f"index {rec['i']!r}, expected {len(self.transcript)}")
-        if not isinstance(rec["m"], dict) or message_hash(rec["m"]).hex() != rec["h"]:
-            raise LedgerCorruptError(path, line_no, "message does not match its hash")
+        if not isinstance(rec["m"], dict):
+            raise LedgerCorruptError(path, line_no, "field m is not a message object")
         try:
-            records = self.transcript.prepare_new([rec["m"]])
+            records = self.transcript.prepare_new([rec["m"]], prev=self._chain[-1])
         except MalformedMessageError as err:
             raise LedgerCorruptError(path, line_no, str(err)) from None
+        r = records[0]
+        if r.hash.hex() != rec["h"]:
+            raise LedgerCorruptError(path, line_no, "message does not match its hash h")
+        if r.chain != rec["c"]:
+            raise LedgerCorruptError(path, line_no, "message does not match its chain value c (content changed, or "
+                                                    "an earlier line was removed or reordered)")
         self.transcript.commit(records)
+        self._chain.append(r.chain)
 
     def _load_ledger_line(self, path: str, line_no: int, rec: Any) -> None:
         try:
@@ -188,78 +295,172 @@ class Session:
         if entry.transcript_len > len(self.transcript):
             raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} refers to transcript length "
                                                     f"{entry.transcript_len}, only {len(self.transcript)} stored")
+        if entry.transcript_head != self._chain[entry.transcript_len]:
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} was made on a different transcript "
+                                                    f"(transcript_head does not match message {entry.transcript_len})")
         try:
             check_edit(entry.edit, self.transcript, self.prefix_end, self.ledger.entries, entry.transcript_len)
         except InvalidEditError as err:
             raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} does not replay: {err}") from None
         self.ledger.append(entry)
 
+    def _load_request_line(self, path: str, line_no: int, rec: Any) -> None:
+        if not isinstance(rec, dict):
+            raise LedgerCorruptError(path, line_no, "not a request record object")
+        if record_hash(rec) != rec.get("hash"):
+            raise LedgerCorruptError(path, line_no, "request record does not match its hash")
+        if rec.get("seq") != self._requests or rec.get("prev_hash") != self._requests_head:
+            raise LedgerCorruptError(path, line_no, f"request record seq {rec.get('seq')!r} breaks the chain "
+                                                    f"(expected #{self._requests})")
+        tl, el = rec.get("transcript_len"), rec.get("ledger_len")
+        if not isinstance(tl, int) or not 0 <= tl <= len(self.transcript) or \
+                rec.get("transcript_head") != self._chain[tl]:
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was sent with transcript length "
+                                                    f"{tl!r}; the stored transcript is shorter or differs there")
+        if not isinstance(el, int) or not 0 <= el <= len(self.ledger) or \
+                rec.get("ledger_head") != (self.ledger.entries[el - 1].hash if el else GENESIS_HASH):
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was sent with {el!r} ledger entries; "
+                                                    "the stored ledger is shorter or differs there")
+        self._requests += 1
+        self._requests_head = rec["hash"]
+        self._request_hashes.append(rec["hash"])
+        self.last_request = rec
+        bps = rec.get("breakpoints")
+        if isinstance(bps, list):
+            self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
+
+    # -- mutation ----------------------------------------------------------------------------
+
+    def sync(self, messages: Sequence[Any], *, verify_all: bool = False) -> list[int]:
+        """Record the agent's full history; append only the new tail. Returns the new indices.
+
+        Raises `HistoryRewrittenError` if an earlier message differs, and `MalformedMessageError`
+        for invalid input; in both cases nothing is written. The check of stored history is
+        constant-time (first, last and a rotating probe; see `Transcript.prepare`) unless
+        ``verify_all``.
+        """
+        return self._append_with(lambda: self.transcript.prepare(messages, verify_all=verify_all, prev=self._chain[-1]))
+
+    def append(self, messages: Sequence[Any]) -> list[int]:
+        """Append messages after the current end (no comparison with earlier history)."""
+        items = list(messages)
+        return self._append_with(lambda: self.transcript.prepare_new(items, prev=self._chain[-1]))
+
+    def _append_with(self, prepare: Any) -> list[int]:
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                records: list[MessageRecord] = prepare()
+                if not records:
+                    return []
+                try:
+                    self._persist("transcript", [{"c": r.chain, "h": r.hash.hex(), "i": r.index, "m": r.raw}
+                                                 for r in records], records[0].index)
+                except StoreConflictError:
+                    continue  # another writer appended first: catch up and validate again
+                self.transcript.commit(records)
+                self._chain.extend(r.chain for r in records)
+                self._record_prefix_if_complete()
+                return [r.index for r in records]
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not append after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def _persist(self, log_name: str, records: list[dict[str, Any]], at: int) -> None:
+        if self.store is not None:
+            self.store.append(log_name, records, at)  # type: ignore[arg-type]
+
     def _record_prefix_if_complete(self) -> None:
         """Compute and store the prefix hash the first time the prefix is complete."""
         if self._prefix_hash is not None or self.prefix_end is None:
-            if self._prefix_hash is not None and self.prefix_end is not None:
-                actual = self.renderer.prefix_hash()
-                if actual != self._prefix_hash:
-                    raise ImmutablePrefixError(
-                        f"{self.path or 'session'}: immutable prefix hash {actual} != stored {self._prefix_hash}")
             return
         self._prefix_hash = self.renderer.prefix_hash()
         if self.store is not None:
             self.store.write_meta(self._meta())
 
-    # -- mutation ----------------------------------------------------------------------------
-
-    def sync(self, messages: Sequence[Any]) -> list[int]:
-        """Record the agent's full history; append only the new tail. Returns the new indices.
-
-        Raises `HistoryRewrittenError` if an earlier message differs, and `MalformedMessageError`
-        for invalid input; in both cases nothing is written.
-        """
-        with self._locked():
-            records = self.transcript.prepare(messages)
-            self._append(records)
-        return [r.index for r in records]
-
-    def append(self, messages: Sequence[Any]) -> list[int]:
-        """Append messages after the current end (no comparison with earlier history)."""
-        with self._locked():
-            records = self.transcript.prepare_new(list(messages))
-            self._append(records)
-        return [r.index for r in records]
-
-    def _append(self, records: list[MessageRecord]) -> None:
-        if not records:
-            return
-        if self.store is not None:
-            self.store.append_lines(TRANSCRIPT, [{"h": r.hash.hex(), "i": r.index, "m": r.raw} for r in records])
-        self.transcript.commit(records)
-        self._record_prefix_if_complete()
-
     def edit(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
         """Validate and append one ledger edit. Raises a typed `InvalidEditError`; writes nothing then."""
         if not isinstance(edit, (SkipRange, ReplaceWithSummary)):
             raise InvalidEditError(f"expected SkipRange or ReplaceWithSummary, got {type(edit).__name__}")
-        with self._locked():
-            check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
-            draft = self.ledger.make_entry(edit, level=level, transcript_len=len(self.transcript),
-                                           tokens_before=0, tokens_after=0, created_at=created_at)
-            before, after = self.renderer.edit_tokens(draft)
-            entry = self.ledger.make_entry(edit, level=level, transcript_len=len(self.transcript),
-                                           tokens_before=before, tokens_after=after, created_at=draft.created_at)
-            if self.store is not None:
-                self.store.append_lines(LEDGER, [entry])
-            self.ledger.append(entry)
-        return entry
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
+                n = len(self.transcript)
+                draft = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                               tokens_before=0, tokens_after=0, created_at=created_at)
+                before, after = self.renderer.edit_tokens(draft)
+                entry = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                               tokens_before=before, tokens_after=after, created_at=draft.created_at)
+                try:
+                    self._persist("ledger", [msgspec.to_builtins(entry)], entry.seq)
+                except StoreConflictError:
+                    continue
+                self.ledger.append(entry)
+                return entry
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not append an edit after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def edit_effect(self, edit: Edit) -> tuple[int, int]:
+        """Estimated tokens ``edit``'s range occupies now and would after it (nothing is written)."""
+        check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
+        n = len(self.transcript)
+        draft = self.ledger.make_entry(edit, level="manual", transcript_len=n, transcript_head=self._chain[n],
+                                       tokens_before=0, tokens_after=0)
+        return self.renderer.edit_tokens(draft)
+
+    def record_request(self, render: RenderResult, fields: dict[str, Any]) -> dict[str, Any]:
+        """Append a sealed record of a request that was sent from ``render`` and answered.
+
+        It commits to the transcript and ledger state the request was rendered from, and
+        carries the request's breakpoints, which guide the next render's breakpoint plan.
+        """
+        t_len = self._render_transcript_len(render)
+        base = {**fields, "transcript_len": t_len, "transcript_head": self._chain[t_len],
+                "ledger_len": render.n_entries,
+                "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
+                "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                rec = seal(base, self._requests, self._requests_head)
+                try:
+                    self._persist("requests", [rec], self._requests)
+                except StoreConflictError:
+                    continue
+                self._requests += 1
+                self._requests_head = rec["hash"]
+                self._request_hashes.append(rec["hash"])
+                self.last_request = rec
+                self.previous_breakpoints = render.breakpoint_chain
+                return rec
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not record a request after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def _render_transcript_len(self, render: RenderResult) -> int:
+        """How many transcript messages ``render`` was made from (its last rendered source + 1)."""
+        n = render.transcript_len
+        return n if n is not None and 0 <= n <= len(self.transcript) else len(self.transcript)
+
+    def note_sent(self, render: RenderResult) -> None:
+        """Use ``render``'s breakpoints for the next plan without recording a request (in-memory use)."""
+        self.previous_breakpoints = render.breakpoint_chain
+
+    def log_event(self, event: dict[str, Any]) -> None:
+        """Append to the informational event log (not chained); no-op in memory."""
+        if self.store is not None:
+            self.store.append_event(event)
 
     @contextlib.contextmanager
-    def _locked(self) -> Any:
-        """Hold the store lock and catch up with other processes first (no-op in memory)."""
+    def _locked(self) -> Iterator[None]:
+        """Hold the store lock and catch up with other writers first (no-op in memory)."""
         if self.store is None:
             yield
             return
         with self.store.lock():
             self._refresh()
             yield
+
+    def refresh(self) -> None:
+        """Catch up with records other processes or replicas appended."""
+        with self._locked():
+            pass
 
     # -- rendering -----------------------------------------------------------------------------
 
@@ -292,10 +493,6 @@ class Session:
         return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
                                     previous=previous, ttl=ttl, prefix_ttl=prefix_ttl, model=model,
                                     max_tokens=max_tokens, **params)
-
-    def note_sent(self, render: RenderResult) -> None:
-        """Record that ``render`` was sent and answered: its breakpoints guide the next plan."""
-        self.previous_breakpoints = render.breakpoint_chain
 
     def messages(self) -> list[dict[str, Any]]:
         """The full, uncompacted history as plain dicts."""

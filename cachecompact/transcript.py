@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -22,7 +23,10 @@ from .wire import (
     tool_use_ids,
 )
 
-__all__ = ["MessageRecord", "Transcript", "immutable_prefix_end", "message_hash"]
+__all__ = ["PROBES_PER_CALL", "MessageRecord", "Transcript", "immutable_prefix_end", "message_hash"]
+
+GENESIS = "0" * 64
+PROBES_PER_CALL = 2  # earlier messages compared per sync besides the first and the last recorded one
 
 
 def message_hash(raw: Any) -> bytes:
@@ -31,12 +35,13 @@ def message_hash(raw: Any) -> bytes:
 
 
 class MessageRecord(msgspec.Struct, frozen=True):
-    """One parsed, validated message ready to be appended."""
+    """One parsed, validated message ready to be appended, with its xxh3 hash and sha256 chain value."""
 
     index: int
     message: Message
     raw: dict[str, Any]
     hash: bytes
+    chain: str
 
 
 class Transcript:
@@ -48,6 +53,7 @@ class Transcript:
         self._tool_ids: set[str] = set()
         self._has_use: list[bool] = []
         self._has_result: list[bool] = []
+        self._probe = 0
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -70,11 +76,19 @@ class Transcript:
 
     # -- appending -------------------------------------------------------------------------
 
-    def prepare(self, history: Sequence[Any]) -> list[MessageRecord]:
+    def prepare(self, history: Sequence[Any], *, verify_all: bool = False, prev: str = GENESIS) -> list[MessageRecord]:
         """Validate ``history`` (the agent's full list) against what is recorded.
 
         Returns the new tail as records without changing anything, so a caller can persist
         them first and then `commit`. Raises `HistoryRewrittenError` or `MalformedMessageError`.
+
+        The check of what is already recorded costs constant time, not time proportional to
+        the history: the length, the first message, the last recorded message and
+        `PROBES_PER_CALL` messages chosen by a rotating probe are compared by hash. A rewrite
+        that changes the length, the first or the last recorded message is always caught; a
+        rewrite of only messages in between is caught when the probe reaches one of them
+        (every message is probed within ``n / PROBES_PER_CALL`` calls), and until then the
+        recorded original is what renders. ``verify_all`` compares every message.
         """
         if not isinstance(history, Sequence) or isinstance(history, (str, bytes)):
             raise MalformedMessageError("messages", "must be a list of messages")
@@ -82,24 +96,36 @@ class Transcript:
         if len(history) < n_old:
             raise HistoryRewrittenError(len(history), f"history has {len(history)} messages, "
                                                       f"the transcript already has {n_old}")
-        for i in range(n_old):  # encoding handles SDK models directly: no plain() copy needed
+        if verify_all:
+            check: Iterable[int] = range(n_old)
+        else:
+            check = {0, n_old - 1} if n_old else set()
+            if n_old > 2:
+                for _ in range(PROBES_PER_CALL):
+                    self._probe = (self._probe + 1) % (n_old - 2)
+                    check.add(1 + self._probe)
+        for i in sorted(check):  # encoding handles SDK models directly: no plain() copy needed
             if message_hash(history[i]) != self._hashes[i]:
                 raise HistoryRewrittenError(i)
-        return self.prepare_new([plain(m) for m in history[n_old:]])
+        return self.prepare_new(history[n_old:], prev=prev)
 
-    def prepare_new(self, new: Sequence[Any]) -> list[MessageRecord]:
-        """Validate messages that would be appended after the current end."""
+    def prepare_new(self, new: Sequence[Any], *, prev: str = GENESIS) -> list[MessageRecord]:
+        """Validate messages that would be appended after the current end; ``prev`` is the
+        transcript chain value so far."""
         records: list[MessageRecord] = []
-        seen_ids = set(self._tool_ids)
-        prev = self.messages[-1] if self.messages else None
+        new_ids: set[str] = set()  # tool_use ids in ``new``; with self._tool_ids, no copy of the old set
+        prev_msg = self.messages[-1] if self.messages else None
         start = len(self.messages)
         for k, raw_in in enumerate(new):
             i = start + k
             raw = plain(raw_in)
             msg = message_from_dict(raw, i)
-            self._check_pairing(msg, prev, i, seen_ids)
-            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=message_hash(raw)))
-            prev = msg
+            self._check_pairing(msg, prev_msg, i, self._tool_ids, new_ids)
+            data = canonical_bytes(raw)
+            prev = hashlib.sha256(bytes.fromhex(prev) + data).hexdigest()
+            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=xxhash.xxh3_128_digest(data),
+                                         chain=prev))
+            prev_msg = msg
         return records
 
     def commit(self, records: Sequence[MessageRecord]) -> None:
@@ -116,7 +142,7 @@ class Transcript:
             self._has_result.append(m.role == "user" and bool(tool_result_ids(m)))
 
     @staticmethod
-    def _check_pairing(msg: Message, prev: Message | None, i: int, seen_ids: set[str]) -> None:
+    def _check_pairing(msg: Message, prev: Message | None, i: int, old_ids: set[str], new_ids: set[str]) -> None:
         where = f"messages[{i}]"
         if prev is None and msg.role != "user":
             raise MalformedMessageError(f"{where}.role", "the first message must be from the user")
@@ -139,9 +165,9 @@ class Transcript:
             elif isinstance(b, ToolUseBlock):
                 if msg.role != "assistant":
                     raise MalformedMessageError(f"{where}.content[{j}]", "tool_use blocks belong in assistant messages")
-                if b.id in seen_ids:
+                if b.id in old_ids or b.id in new_ids:
                     raise MalformedMessageError(f"{where}.content[{j}].id", f"duplicate tool_use id {b.id!r}")
-                seen_ids.add(b.id)
+                new_ids.add(b.id)
         missing = pending - answered
         if missing:
             raise MalformedMessageError(

@@ -122,7 +122,7 @@ def test_targeted_edits_change_one_result_and_compose(tmp_path: Path) -> None:
     assert res[2]["content"].startswith("output of toolu_0_2")
     with pytest.raises(InvalidEditError, match="no tool result"):
         s.edit(SkipRange(2, 2, tool_use_id="toolu_nope"))
-    with pytest.raises(InvalidEditError, match="exactly its message"):
+    with pytest.raises(InvalidEditError, match="exactly one message"):
         s.edit(SkipRange(2, 4, tool_use_id="toolu_0_2"))
     # a later whole-range summary contains the targeted edits; a targeted edit inside it is refused
     s.edit(ReplaceWithSummary(1, 4, "did three reads"), level="L3")

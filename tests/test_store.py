@@ -1,15 +1,29 @@
+"""The file store: atomic creation, private files, torn tails, tamper evidence, safe paths, locking."""
+
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
+import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cachecompact import LedgerCorruptError, Session, SkipRange, StoreError
+from cachecompact import (
+    InvalidSessionIdError,
+    LedgerCorruptError,
+    Session,
+    SessionExistsError,
+    SessionNotFoundError,
+    SkipRange,
+    StoreError,
+)
+from cachecompact.store import FileStore, check_session_id
 
 from .conftest import SYSTEM, TOOLS, history, turn
 
@@ -18,22 +32,58 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
-def test_files_are_private(tmp_path: Path) -> None:
-    s = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)
-    s.sync(history(3))
-    s.edit(SkipRange(4, 4), level="L1")
-    for name in ("session.json", "transcript.jsonl", "ledger.jsonl"):
-        assert _mode(tmp_path / "s" / name) == 0o600, name
-    assert _mode(tmp_path / "s") == 0o700
+def _record(s: Session) -> None:
+    """Acknowledge a request of the current state (what the middleware does after a response)."""
+    r = s.render()
+    s.record_request(r, {"time": 0.0, "model": "m", "usage": {}})
 
 
-def test_create_refuses_non_empty_dir(tmp_path: Path) -> None:
+def test_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        s = Session.create(tmp_path / "deep" / "er" / "s", system=SYSTEM, tools=TOOLS)
+        s.sync(history(3))
+        s.edit(SkipRange(4, 4), level="L1")
+        _record(s)
+        s.log_event({"kind": "x"})
+    finally:
+        os.umask(old)
+    for name in ("session.json", "transcript.jsonl", "ledger.jsonl", "requests.jsonl", "events.jsonl"):
+        assert _mode(tmp_path / "deep" / "er" / "s" / name) == 0o600, name
+    for d in (tmp_path / "deep", tmp_path / "deep" / "er", tmp_path / "deep" / "er" / "s"):
+        assert _mode(d) == 0o700, d
+
+
+def test_create_never_overwrites(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "f").write_text("hi")
-    with pytest.raises(StoreError):
+    with pytest.raises(SessionExistsError):
         Session.create(tmp_path / "x")
     with pytest.raises(StoreError, match="not a cachecompact session"):
         Session.open(tmp_path / "x")
+    Session.create(tmp_path / "y")
+    with pytest.raises(SessionExistsError):
+        Session.create(tmp_path / "y")
+
+
+@pytest.mark.parametrize("leftover", ["old-crash", "meta-only"])
+def test_a_half_made_directory_is_recognised_and_rebuilt(tmp_path: Path, leftover: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    if leftover == "old-crash":  # what 0.1 left when killed inside Session.create
+        (d / ".lock").write_text("")
+        (d / f".session.json.{os.getpid()}.tmp").write_text('{"format":')
+    else:
+        (d / "session.json").write_text('{"format": "cachecompact-session", "version": 2}')
+    with pytest.raises(SessionNotFoundError, match="half-made"):
+        Session.open(d)
+    with caplog.at_level(logging.WARNING, "cachecompact"):
+        s = Session.create(d, system=SYSTEM)
+    assert "half-made" in caplog.text
+    s.sync(history(2))
+    assert len(Session.open(d)) == len(history(2))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.broken")]  # set aside, not deleted
 
 
 def test_torn_transcript_tail_is_reported_kept_and_set_aside(tmp_path: Path) -> None:
@@ -43,7 +93,7 @@ def test_torn_transcript_tail_is_reported_kept_and_set_aside(tmp_path: Path) -> 
     p = tmp_path / "s" / "transcript.jsonl"
     full = p.read_bytes()
     last_start = full.rstrip(b"\n").rfind(b"\n") + 1
-    p.write_bytes(full[:-25])  # crash in the middle of the last append
+    p.write_bytes(full[:-25])  # crash in the middle of the last append: no newline
     s2 = Session.open(tmp_path / "s")
     assert s2.torn and s2.torn[0].path == str(p) and s2.torn[0].line == len(h)
     assert len(s2) == len(h) - 1  # the records before the torn line are kept
@@ -54,27 +104,25 @@ def test_torn_transcript_tail_is_reported_kept_and_set_aside(tmp_path: Path) -> 
     assert Session.open(tmp_path / "s").messages() == h + turn(4)
 
 
-def test_torn_ledger_tail_then_new_edit_repairs_file(tmp_path: Path) -> None:
+def test_a_complete_line_that_does_not_parse_is_corruption_never_a_torn_tail(tmp_path: Path) -> None:
     s = Session.create(tmp_path / "s")
     s.sync(history(4))
     s.edit(SkipRange(4, 4), level="L1")
+    s.edit(SkipRange(6, 6), level="L1")
     p = tmp_path / "s" / "ledger.jsonl"
-    good = p.read_bytes()
-    p.write_bytes(good + b'{"seq":1,"kind":"sk')
-    s2 = Session.open(tmp_path / "s")
-    assert s2.torn[0].line == 2
-    s2.edit(SkipRange(6, 6), level="L1")
-    assert p.read_bytes().startswith(good) and len(p.read_bytes().splitlines()) == 2
-    assert next(p.parent.glob("ledger.jsonl.torn.*")).read_bytes() == b'{"seq":1,"kind":"sk'
-    assert len(Session.open(tmp_path / "s").ledger) == 2
+    data = bytearray(p.read_bytes())
+    data[-20] ^= 0x01  # one flipped byte in the last line, which still ends in a newline
+    p.write_bytes(bytes(data))
+    with pytest.raises(LedgerCorruptError) as ei:
+        Session.open(tmp_path / "s")
+    assert ei.value.line == 2
 
 
 def test_tampered_entry_names_the_line(tmp_path: Path) -> None:
     s = Session.create(tmp_path / "s")
     s.sync(history(5))
-    s.edit(SkipRange(4, 4), level="L1")
-    s.edit(SkipRange(6, 6), level="L1")
-    s.edit(SkipRange(8, 8), level="L1")
+    for i in (4, 6, 8):
+        s.edit(SkipRange(i, i), level="L1")
     p = tmp_path / "s" / "ledger.jsonl"
     lines = p.read_bytes().split(b"\n")
     rec = json.loads(lines[1])
@@ -84,51 +132,119 @@ def test_tampered_entry_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(LedgerCorruptError) as ei:
         Session.open(tmp_path / "s")
     assert ei.value.line == 2 and ei.value.path.endswith("ledger.jsonl")
-
-
-def test_broken_chain_and_bad_json_in_the_middle(tmp_path: Path) -> None:
-    s = Session.create(tmp_path / "s")
-    s.sync(history(5))
-    for i in (4, 6, 8):
-        s.edit(SkipRange(i, i), level="L1")
-    p = tmp_path / "s" / "ledger.jsonl"
-    lines = p.read_bytes().split(b"\n")
-    p.write_bytes(b"\n".join([lines[0], lines[2], lines[1], b""]))
-    with pytest.raises(LedgerCorruptError) as ei:
+    lines[1] = b"{not json"
+    p.write_bytes(b"\n".join(lines))
+    with pytest.raises(LedgerCorruptError, match="not valid JSON"):
         Session.open(tmp_path / "s")
-    assert ei.value.line == 2
-    p.write_bytes(b"\n".join([lines[0], b"{not json", lines[2], b""]))
-    with pytest.raises(LedgerCorruptError, match="not valid JSON") as ei:
-        Session.open(tmp_path / "s")
-    assert ei.value.line == 2
 
 
-def test_transcript_tampering_is_detected(tmp_path: Path) -> None:
+def test_forged_transcript_message_with_recomputed_hash_is_detected(tmp_path: Path) -> None:
+    import xxhash
+
+    from cachecompact.wire import canonical_bytes
+
     s = Session.create(tmp_path / "s")
     s.sync(history(3))
     p = tmp_path / "s" / "transcript.jsonl"
     lines = p.read_text().split("\n")
-    lines[4] = lines[4].replace("output of", "OUTPUT OF")
+    rec = json.loads(lines[4])
+    rec["m"]["content"][0]["content"] = "a forged tool result"
+    rec["h"] = xxhash.xxh3_128_hexdigest(canonical_bytes(rec["m"]))  # the old format's only check: recomputed
+    lines[4] = json.dumps(rec)
     p.write_text("\n".join(lines))
-    with pytest.raises(LedgerCorruptError) as ei:
+    with pytest.raises(LedgerCorruptError, match="chain value") as ei:
         Session.open(tmp_path / "s")
     assert ei.value.line == 5 and "transcript.jsonl" in ei.value.path
+
+
+@pytest.mark.parametrize("name", ["transcript.jsonl", "ledger.jsonl", "requests.jsonl"])
+def test_truncation_below_an_acknowledged_request_is_detected(tmp_path: Path, name: str) -> None:
+    s = Session.create(tmp_path / "s")
+    s.sync(history(4))
+    s.edit(SkipRange(4, 4), level="L1")
+    s.edit(SkipRange(6, 6), level="L1")
+    _record(s)
+    _record(s)
+    p = tmp_path / "s" / name
+    lines = p.read_bytes().split(b"\n")
+    p.write_bytes(b"\n".join(lines[:-2]) + b"\n")  # drop the last whole line
+    if name == "requests.jsonl":
+        # dropping the newest record is a consistent rollback: only an anchor (the head) can tell
+        s2 = Session.open(tmp_path / "s")
+        assert s2.head != s.head and s2.extends(s.head) is False
+        return
+    with pytest.raises(LedgerCorruptError) as ei:  # a later record committed to what was removed
+        Session.open(tmp_path / "s")
+    assert ei.value.path.endswith(("ledger.jsonl", "requests.jsonl")) and ei.value.line == 1
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("prefix_hash", None, "prefix_hash is missing or null"),
+    ("prefix_end", 99, "prefix_end"),
+    ("prefix_hash", "0" * 32, "prefix_hash"),
+])
+def test_session_json_fields_are_checked_and_verify_never_writes(tmp_path: Path, field: str, value: Any,
+                                                                   match: str) -> None:
+    s = Session.create(tmp_path / "s")
+    s.sync(history(3))
+    meta_p = tmp_path / "s" / "session.json"
+    meta = json.loads(meta_p.read_text())
+    meta[field] = value
+    meta_p.write_text(json.dumps(meta))
+    before = meta_p.read_bytes()
+    with pytest.raises(Exception, match=match):
+        Session.open(tmp_path / "s", readonly=True)
+    assert meta_p.read_bytes() == before
+
+
+@pytest.mark.parametrize("bad", [".", "..", "abc\n", "a/b", "", "-x", ".hidden", "x" * 129, "a\x00b", 5])
+def test_session_ids_that_could_name_a_path_are_refused(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(InvalidSessionIdError):
+        check_session_id(bad)
+    with pytest.raises(InvalidSessionIdError):
+        FileStore(tmp_path).create(bad, {})
+    assert check_session_id("s_0af.2-x") == "s_0af.2-x"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_planted_symlinks_never_lead_outside_the_store(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    root = tmp_path / "store"
+    store = FileStore(root)
+    s = Session.create(store, session_id="s1", system=SYSTEM)
+    d = root / "s1"
+    # a symlink where an append would go, and one where the lock lives
+    (d / "transcript.jsonl").unlink()
+    (d / "transcript.jsonl").symlink_to(victim)
+    with pytest.raises(StoreError, match="symbolic link"):
+        s.sync(history(1))
+    (d / "transcript.jsonl").unlink()
+    (d / "transcript.jsonl").write_bytes(b"")
+    (d / ".lock").unlink(missing_ok=True)
+    (d / ".lock").symlink_to(victim)
+    with pytest.raises(StoreError, match="symbolic link"):
+        Session.open(d)
+    # a symlinked session directory is refused, and metadata replacement replaces the link itself
+    (root / "s2").symlink_to(tmp_path)
+    with pytest.raises(StoreError, match="symbolic link"):
+        Session.open(root / "s2")
+    (d / ".lock").unlink()
+    (d / "session.json.tmp").symlink_to(victim)
+    s3 = Session.create(store, session_id="s3", system=SYSTEM)
+    s3.sync(history(2))  # the prefix completes: session.json is rewritten through a fresh temp file
+    assert not (root / "s3" / "session.json").is_symlink()
+    assert victim.read_text() == "keep me"
 
 
 def _worker(path: str, worker: int, n: int) -> None:
     s = Session.open(path, lock_timeout=30)
     for k in range(n):
-        # every worker appends whole turns after whatever is there now
-        with s.store.lock():  # type: ignore[union-attr]
-            s._refresh()
-            base = s.messages()
+        s.refresh()
         tid = f"w{worker}_{k}"
         t = [{"role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": "bash", "input": {}}]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": f"r{worker}{k}"}]}]
-        try:
-            s.sync(base + t)
-        except Exception:
-            s.append(t)
+        s.append(t)
 
 
 def test_two_processes_never_interleave(tmp_path: Path) -> None:
@@ -158,5 +274,17 @@ def test_lock_timeout_gives_clear_error(tmp_path: Path) -> None:
     with s.store.lock():  # this process holds the lock; a second process must give up cleanly
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True,
                              timeout=60)
-    assert out.stdout.startswith("LOCKED") and "another process holds the session lock" in out.stdout, out.stderr
+    assert out.stdout.startswith("LOCKED") and "another writer holds the session lock" in out.stdout, out.stderr
     s.sync(history(1))  # and the lock is usable again afterwards
+
+
+def test_head_anchors_a_rollback(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s")
+    s.sync(history(3))
+    _record(s)
+    head = s.head
+    s.sync(history(4))
+    _record(s)
+    again = Session.open(tmp_path / "s", readonly=True)
+    assert again.extends(head) and again.extends(again.head)
+    assert not again.extends("1:0:0:" + "0" * 64)

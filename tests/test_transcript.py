@@ -44,10 +44,36 @@ def test_rewritten_history_names_first_differing_index(tmp_path: Path, mutate: s
         bad = bad[:3]
         expect = 3
     with pytest.raises(HistoryRewrittenError) as ei:
-        s.sync(bad)
+        s.sync(bad, verify_all=True)
     assert ei.value.index == expect
     assert (tmp_path / "s" / "transcript.jsonl").stat().st_size == size  # nothing written
     assert len(s) == len(h)
+
+
+def test_constant_time_sync_catches_first_last_and_probed_rewrites() -> None:
+    """The documented trade: the first and the last recorded message are always compared; any
+    other is compared when the rotating probe reaches it, within n / PROBES_PER_CALL calls."""
+    from cachecompact.transcript import PROBES_PER_CALL
+
+    s = Session.create(None)
+    h = history(10)
+    s.sync(h)
+    for k in (0, len(h) - 1):
+        bad = copy.deepcopy(h)
+        bad[k]["content"] = "edited" if isinstance(bad[k]["content"], str) else [{"type": "text", "text": "e"}]
+        with pytest.raises(HistoryRewrittenError) as ei:
+            s.sync(bad)
+        assert ei.value.index == k
+    bad = copy.deepcopy(h)
+    bad[7]["content"][0]["text"] = "edited"
+    caught = None
+    for call in range(len(h) // PROBES_PER_CALL + 1):
+        try:
+            s.sync(bad)
+        except HistoryRewrittenError as err:
+            caught = (call, err.index)
+            break
+    assert caught is not None and caught[1] == 7
 
 
 def test_tool_result_without_matching_tool_use_is_rejected_and_nothing_written(tmp_path: Path) -> None:

@@ -1,0 +1,132 @@
+"""The store contract: what a session needs from storage, whatever the backend.
+
+A **store** holds many sessions by id (a directory of session directories, or a database).
+A **session store** is one session's storage: metadata, three hash-chained append-only logs
+(``transcript``, ``ledger``, ``requests``), an unchained event log, content-addressed
+scratchpad blobs, and a lock. Every append is a **compare-and-append**: the writer says how
+many records it has seen (``at``); if the log holds more, nothing is written and
+`StoreConflictError` is raised, so two writers can never both write record N.
+
+Record formats and chain rules are in `records` and docs/ledger-format.md; they are the same
+for every backend, so a session verifies with the same verdict in any store.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..errors import InvalidSessionIdError
+
+__all__ = ["LOGS", "LogName", "SessionStore", "Store", "TornTail", "check_session_id"]
+
+LogName = Literal["transcript", "ledger", "requests"]
+LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
+
+SESSION_ID_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+
+
+def check_session_id(sid: object, where: str = "session id") -> str:
+    """Return ``sid`` if it is a safe session id, else raise `InvalidSessionIdError`.
+
+    Ids name directories and rows: 1-128 characters of letters, digits, ``_ . -``, not
+    starting with ``.`` or ``-``, and never ``.``/``..`` or containing a path separator.
+    """
+    if not isinstance(sid, str) or not SESSION_ID_RE.match(sid) or sid in (".", ".."):
+        shown = repr(sid)[:80]
+        raise InvalidSessionIdError(f"{where} {shown} is not a valid session id: use 1-128 characters of "
+                                    "letters, digits, '_', '.', '-', starting with a letter, digit or '_'")
+    return sid
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """A partial last record found on read (a crash during an append)."""
+
+    path: str
+    line: int
+    size: int
+    log: str = ""  # which log ("transcript", "ledger", "requests"), for `SessionStore.repair`
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: torn last line ({self.size} bytes) ignored; earlier records kept"
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """One session's storage. Reads are incremental: `read_new` returns what was appended since
+    the previous call (by anyone), so a turn never reloads the whole session."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def location(self) -> str:
+        """Where the session lives, for messages (a directory, or ``url#session``)."""
+        ...
+
+    def where(self, log: LogName) -> str:
+        """Name of one log for error messages (a file path, or ``url#session/log``)."""
+        ...
+
+    def read_meta(self) -> dict[str, Any]: ...
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Replace the metadata atomically (only the prefix fields ever change after creation)."""
+        ...
+
+    def read_new(self, log: LogName) -> tuple[list[tuple[int, Any]], TornTail | None]:
+        """Records appended since the last call, as (1-based record number, decoded value)."""
+        ...
+
+    def read_all(self, log: LogName) -> list[tuple[int, Any]]:
+        """Every complete record from the start, without moving `read_new`'s position."""
+        ...
+
+    def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
+        """Append after exactly ``at`` records, atomically; `StoreConflictError` if the log is longer."""
+        ...
+
+    def repair(self, log: LogName) -> TornTail | None:
+        """Set a torn last record aside (before the next append); returns what was moved."""
+        ...
+
+    def append_event(self, event: dict[str, Any]) -> None: ...
+
+    def read_events(self) -> list[dict[str, Any]]: ...
+
+    def put_blob(self, ref: str, data: bytes) -> None:
+        """Store scratchpad content under its content address (idempotent)."""
+        ...
+
+    def get_blob(self, ref: str) -> bytes | None: ...
+
+    def lock(self) -> AbstractContextManager[None]:
+        """Exclusive access for read-then-append sequences."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Many sessions by id."""
+
+    @property
+    def url(self) -> str: ...
+
+    def create(self, session_id: str, meta: dict[str, Any]) -> SessionStore:
+        """Create a session atomically: it appears complete or not at all. `SessionExistsError` if taken."""
+        ...
+
+    def open(self, session_id: str) -> SessionStore:
+        """`SessionNotFoundError` if there is no such (complete) session."""
+        ...
+
+    def exists(self, session_id: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Ids of complete sessions starting with ``prefix``, sorted."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,343 @@
+"""The embedded store: one directory per session, JSON Lines, fsync on every append.
+
+Layout of a session directory (see docs/ledger-format.md)::
+
+    DIR/session.json       metadata (replaced atomically)
+    DIR/transcript.jsonl   hash-chained messages
+    DIR/ledger.jsonl       hash-chained edits
+    DIR/requests.jsonl     hash-chained request records
+    DIR/events.jsonl       compaction and cache events (informational, not chained)
+    DIR/scratchpad/        externalized tool output, ``<ref>.txt``
+    DIR/.lock              flock target while reading-then-appending
+
+A session directory is built in a hidden temporary sibling and renamed into place, so it
+appears complete or not at all. A crash can only leave a torn *last* line (no trailing
+newline); it is reported, the records before it are kept, and it is moved to
+``<file>.torn.<ms>`` before the next append. A line that ends in a newline but does not
+parse is corruption, never a torn tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import stat
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..errors import LedgerCorruptError, SessionExistsError, SessionNotFoundError, StoreConflictError, StoreError
+from ..wire import canonical_bytes
+from .contract import LogName, TornTail, check_session_id
+from .records import FORMAT, VERSION
+from .safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
+
+__all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
+
+log = logging.getLogger("cachecompact")
+
+META = "session.json"
+EVENTS = "events.jsonl"
+FILES: dict[LogName, str] = {"transcript": "transcript.jsonl", "ledger": "ledger.jsonl", "requests": "requests.jsonl"}
+SCRATCH = "scratchpad"
+_DECODER = msgspec.json.Decoder()
+
+
+@dataclass(slots=True)
+class _Tail:
+    offset: int = 0  # bytes of complete lines consumed
+    lines: int = 0  # complete lines consumed
+    torn: TornTail | None = None
+
+
+_OURS = {META, EVENTS, ".lock", SCRATCH, *FILES.values()}
+
+
+def half_made(p: Path) -> bool:
+    """A directory a crash left during creation (or an older version's partial create): only
+    session files, no metadata or metadata without its logs, and no data in any log. A
+    directory holding anything else is never taken for one."""
+    if not p.is_dir() or p.is_symlink():
+        return False
+    names = {x.name for x in p.iterdir()}
+    if any(n not in _OURS and not (n.startswith(f".{META}.") and n.endswith(".tmp")) for n in names):
+        return False
+    if META in names and all(f in names for f in FILES.values()):
+        return False
+    for f in FILES.values():
+        q = p / f
+        if q.is_file() and q.stat().st_size > 0:
+            return False
+    return True
+
+
+def _read_file(p: Path) -> bytes:
+    fd = open_nofollow(p, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class FileSessionStore:
+    """One session directory. Appends go through `append` under `lock`."""
+
+    def __init__(self, path: Path, lock_timeout: float = 10.0) -> None:
+        self.path = Path(path)
+        self.lock_timeout = lock_timeout
+        self._lock = FileLock(self.path / ".lock", lock_timeout)
+        self._tails: dict[LogName, _Tail] = {k: _Tail() for k in FILES}
+
+    # -- creation and opening ----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], meta: dict[str, Any], lock_timeout: float = 10.0
+               ) -> FileSessionStore:
+        """Build the directory in a hidden sibling, then rename it into place."""
+        final = Path(path)
+        ensure_dir(final.parent)
+        if os.path.lexists(final):
+            if final.is_symlink() or not final.is_dir():
+                raise SessionExistsError(f"{final}: already exists and is not a session directory")
+            if half_made(final):
+                aside = final.with_name(f".{final.name}.broken-{int(time.time() * 1000)}")
+                log.warning("cachecompact: %s is a half-made session directory (a crash during creation); "
+                            "moved aside to %s and rebuilt", final, aside.name)
+                os.rename(final, aside)
+            elif any(final.iterdir()):
+                raise SessionExistsError(f"{final}: already exists")
+        tmp = final.with_name(f".{final.name}.creating-{os.getpid()}-{secrets.token_hex(4)}")
+        os.mkdir(tmp, 0o700)
+        try:
+            os.chmod(tmp, 0o700)
+            write_new(tmp / META, canonical_bytes({**meta, "format": FORMAT, "version": VERSION}) + b"\n")
+            for name in FILES.values():
+                write_new(tmp / name, b"")
+            fsync_dir(tmp)
+            try:
+                os.rename(tmp, final)  # replaces only an empty directory; a taken name fails
+            except OSError as err:
+                raise SessionExistsError(f"{final}: already exists ({err.strerror})") from None
+            fsync_dir(final.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls(final, lock_timeout)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], lock_timeout: float = 10.0) -> FileSessionStore:
+        p = Path(path)
+        if p.is_symlink():
+            raise StoreError(f"{p}: is a symbolic link; refusing to open it as a session")
+        if not p.is_dir():
+            raise SessionNotFoundError(f"{p}: no such session directory")
+        if half_made(p):
+            raise SessionNotFoundError(f"{p}: a half-made session directory (a crash during creation, no data); "
+                                       "create the session again")
+        if not (p / META).is_file():
+            raise StoreError(f"{p}: not a cachecompact session directory (no {META})")
+        missing = [f for f in FILES.values() if not (p / f).is_file()]
+        if missing:
+            raise StoreError(f"{p}: session directory is missing {', '.join(missing)}")
+        return cls(p, lock_timeout)
+
+    # -- identity ----------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.path.name
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def where(self, log: LogName) -> str:
+        return str(self.path / FILES[log])
+
+    def lock(self) -> AbstractContextManager[None]:
+        return self._lock.hold()
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def read_meta(self) -> dict[str, Any]:
+        p = self.path / META
+        try:
+            meta = _DECODER.decode(_read_file(p))
+        except (OSError, msgspec.DecodeError) as err:
+            raise StoreError(f"{p}: unreadable session metadata: {err}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise StoreError(f"{p}: not a {FORMAT} file")
+        if meta.get("version") != VERSION:
+            raise StoreError(f"{p}: format version {meta.get('version')!r} is not supported by this build (it reads "
+                             f"version {VERSION}; version 1 sessions cannot be upgraded in place, see CHANGELOG.md)")
+        return meta
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        atomic_replace(self.path / META, canonical_bytes({**meta, "format": FORMAT, "version": VERSION}) + b"\n")
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def read_new(self, log: LogName) -> tuple[list[tuple[int, Any]], TornTail | None]:
+        tail = self._tails[log]
+        p = self.path / FILES[log]
+        try:
+            fd = open_nofollow(p, os.O_RDONLY)
+            try:
+                os.lseek(fd, tail.offset, os.SEEK_SET)
+                parts = []
+                while True:
+                    b = os.read(fd, 1 << 20)
+                    if not b:
+                        break
+                    parts.append(b)
+                data = b"".join(parts)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            raise StoreError(f"{p}: missing") from None
+        except OSError as err:
+            raise StoreError(f"{p}: cannot read: {err}") from None
+        out: list[tuple[int, Any]] = []
+        pos = 0
+        tail.torn = None
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            line_no = tail.lines + 1
+            if nl < 0:  # no newline: a write that did not finish
+                tail.torn = TornTail(str(p), line_no, len(data) - pos, log)
+                break
+            try:
+                value = _DECODER.decode(data[pos:nl])
+            except msgspec.DecodeError as err:  # a complete line that does not parse is corruption
+                raise LedgerCorruptError(str(p), line_no, f"not valid JSON: {err}") from None
+            out.append((line_no, value))
+            tail.lines += 1
+            tail.offset += nl + 1 - pos
+            pos = nl + 1
+        return out, tail.torn
+
+    def read_all(self, log: LogName) -> list[tuple[int, Any]]:
+        reader = FileSessionStore(self.path, self.lock_timeout)
+        records, _ = reader.read_new(log)
+        return records
+
+    def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
+        if not records:
+            return
+        tail = self._tails[log]
+        if at != tail.lines:
+            raise StoreConflictError(self.where(log), at, tail.lines)
+        p = self.path / FILES[log]
+        if tail.torn is not None:
+            self.repair(log)
+        data = b"".join(canonical_bytes(r) + b"\n" for r in records)
+        tail.offset = append_bytes(p, data, expected_size=tail.offset)
+        tail.lines += len(records)
+
+    def repair(self, log: LogName) -> TornTail | None:
+        """Move a torn tail to ``<file>.torn.<ms>`` and cut the file back to its last complete line."""
+        tail = self._tails[log]
+        torn = tail.torn
+        if torn is None:
+            return None
+        p = self.path / FILES[log]
+        fd = open_nofollow(p, os.O_RDWR)
+        try:
+            os.lseek(fd, tail.offset, os.SEEK_SET)
+            junk = os.read(fd, 1 << 24)
+            if junk:
+                write_new(p.with_name(p.name + f".torn.{int(time.time() * 1000)}"), junk)
+            os.ftruncate(fd, tail.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tail.torn = None
+        return torn
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        append_bytes(self.path / EVENTS, canonical_bytes(event) + b"\n")
+
+    def read_events(self) -> list[dict[str, Any]]:
+        p = self.path / EVENTS
+        if not p.is_file():
+            return []
+        out = []
+        for line in _read_file(p).split(b"\n"):
+            if line.strip():
+                try:
+                    v = _DECODER.decode(line)
+                except msgspec.DecodeError:  # a torn last line of an informational log
+                    continue
+                if isinstance(v, dict):
+                    out.append(v)
+        return out
+
+    # -- scratchpad blobs -----------------------------------------------------------------------
+
+    def _blob_path(self, ref: str) -> Path:
+        d = self.path / SCRATCH
+        ensure_dir(d)
+        return d / f"{ref}.txt"
+
+    def put_blob(self, ref: str, data: bytes) -> None:
+        p = self._blob_path(ref)
+        if p.is_file() and not p.is_symlink():
+            return
+        atomic_replace(p, data)
+
+    def get_blob(self, ref: str) -> bytes | None:
+        p = self.path / SCRATCH / f"{ref}.txt"
+        try:
+            return _read_file(p)
+        except FileNotFoundError:
+            return None
+
+
+class FileStore:
+    """A directory of session directories, named by session id."""
+
+    def __init__(self, root: str | os.PathLike[str], lock_timeout: float = 10.0) -> None:
+        self.root = Path(root)
+        self.lock_timeout = lock_timeout
+
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    def _path(self, session_id: str) -> Path:
+        return self.root / check_session_id(session_id)
+
+    def create(self, session_id: str, meta: dict[str, Any]) -> FileSessionStore:
+        return FileSessionStore.create(self._path(session_id), meta, self.lock_timeout)
+
+    def open(self, session_id: str) -> FileSessionStore:
+        return FileSessionStore.open(self._path(session_id), self.lock_timeout)
+
+    def exists(self, session_id: str) -> bool:
+        p = self._path(session_id)
+        return p.is_dir() and not p.is_symlink() and (p / META).is_file() and not half_made(p)
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for x in self.root.iterdir():
+            if x.name.startswith(prefix) and not x.name.startswith(".") and stat.S_ISDIR(os.lstat(x).st_mode) \
+                    and (x / META).is_file():
+                out.append(x.name)
+        return sorted(out)
+
+    def close(self) -> None:
+        return None
