@@ -19,8 +19,8 @@ Rules (see docs/cache-model.md for each choice where the docs are silent):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import xxhash
@@ -225,11 +225,14 @@ def _ttl_of(cc: Any, where: str) -> str | None:
 
 
 def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
-                      memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] | None = None) -> SimRequest:
+                      memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] | None = None,
+                      ratio: float = 1.0, keys: Sequence[bytes] | None = None) -> SimRequest:
     """Tokenize and hash a Messages API body into a `SimRequest` (same counts as the renderer).
 
     ``memo`` caches each message's blocks by (hash of its JSON, index), so replaying a long
-    conversation parses every message once instead of once per request.
+    conversation parses every message once instead of once per request; ``keys`` may give each
+    message's memo key (e.g. a hash of its raw bytes) to save hashing it again. ``ratio``
+    scales the token counts (a model family's tokenizer against tiktoken's, see `pricing`).
     """
     blocks: list[SimBlock] = []
     has_image = False
@@ -248,7 +251,7 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
         if memo is None:
             mblocks, img = message_blocks(m, i, counter)
         else:
-            mkey = (xxhash.xxh3_128_digest(canonical_bytes(m)), i)
+            mkey = (keys[i] if keys is not None else xxhash.xxh3_128_digest(canonical_bytes(m)), i)
             hit = memo.get(mkey)
             if hit is None:
                 if len(memo) > 200_000:
@@ -257,6 +260,8 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
             mblocks, img = hit
         blocks += mblocks
         has_image = has_image or img
+    if ratio != 1.0:
+        blocks = [replace(b, tokens=round(b.tokens * ratio)) for b in blocks]
     salt_msgs = canonical_bytes([body.get("tool_choice"), body.get("thinking"),
                                  (body.get("output_config") or {}).get("effort"), has_image])
     top = body.get("cache_control")

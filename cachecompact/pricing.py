@@ -1,21 +1,32 @@
-"""Per-model prices, cache minimums and windows, from the prompt-caching docs (late 2026).
+"""Per-model prices, cache minimums, windows and tokenizer families (Anthropic's model pages).
 
-Prices are dollars per million tokens. Every value can be overridden: `register` a
-`ModelInfo` (or `replace` one) and every cost computed afterwards uses it. Model ids with a
-date suffix (``claude-sonnet-4-20250514``) and the older ``claude-3-5-haiku`` spelling
-resolve to the same entry.
+Prices are dollars per million tokens. Every entry names its source. Model ids with a date
+suffix (``claude-sonnet-4-20250514``) resolve to the same entry. `model_prices` is what the
+runtime uses: a model missing from the table gets its family's newest entry (one warning per
+id), so a new model id never disables compaction. Every value can be overridden with
+`register` or `override`.
+
+Tokenizers: from Opus 4.7 on (Sonnet 5.x, Fable and Mythos 5.x included) Claude uses a
+tokenizer that counts about 30% more tokens for the same text [TC]. `ModelInfo.token_ratio`
+is that family's ratio to tiktoken's cl100k, the starting point of token estimates before
+calibration against reported usage refines them; the emulator bills with the same ratio.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .errors import UnknownModelError
 
-__all__ = ["ModelInfo", "UnknownModelError", "cost_of", "get_model", "known_models", "register"]
+__all__ = ["FAMILIES", "ModelInfo", "get_model", "known_models", "model_prices", "override", "register"]
+
+log = logging.getLogger("cachecompact")
+
+NEW_TOKENIZER_RATIO = 1.3  # "approximately 30 percent more tokens than on earlier models" [TC]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +40,19 @@ class ModelInfo:
     min_cacheable: int  # tokens; shorter prefixes are not cached and no error is returned
     context_window: int
     max_output: int
+    family: str  # opus | sonnet | haiku | fable | mythos
+    token_ratio: float  # API tokens per cl100k token, before calibration
+    forced_tool_ok: bool  # tool_choice {"type": "tool"|"any"} is accepted
+    source: str  # where the numbers come from
 
     def __post_init__(self) -> None:
         for f in ("input", "write_5m", "write_1h", "read", "output"):
             if getattr(self, f) < 0:
                 raise ValueError(f"{self.name}: {f} price must be >= 0")
-        if self.min_cacheable < 0 or self.context_window <= 0 or self.max_output <= 0:
-            raise ValueError(f"{self.name}: token limits must be positive")
+        if self.min_cacheable < 0 or self.context_window <= 0 or self.max_output <= 0 or self.token_ratio <= 0:
+            raise ValueError(f"{self.name}: token limits and the token ratio must be positive")
+        if not self.source:
+            raise ValueError(f"{self.name}: every price entry names its source")
 
     def cost(self, usage: dict[str, Any]) -> float:
         """Dollars for one response's usage (cache_creation split used when present)."""
@@ -51,49 +68,65 @@ class ModelInfo:
                 + int(usage.get("output_tokens") or 0) * self.output) / 1e6
 
 
-def _m(name: str, price: tuple[float, float, float, float, float], minimum: int, window: int, out: int) -> ModelInfo:
-    return ModelInfo(name, *price, min_cacheable=minimum, context_window=window, max_output=out)
-
-
-_OPUS = (5.0, 6.25, 10.0, 0.50, 25.0)
-_OPUS_OLD = (15.0, 18.75, 30.0, 1.50, 75.0)
-_SONNET = (3.0, 3.75, 6.0, 0.30, 15.0)
-_SONNET5 = (2.0, 2.50, 4.0, 0.20, 10.0)
-_HAIKU45 = (1.0, 1.25, 2.0, 0.10, 5.0)
-_HAIKU35 = (0.80, 1.0, 1.60, 0.08, 4.0)
-_FABLE51 = (10.0, 12.50, 20.0, 0.25, 50.0)
-_FABLE5 = (10.0, 12.50, 20.0, 1.0, 50.0)
 M, K = 1_000_000, 1000
+PC = "platform.claude.com/docs/en/about-claude/pricing and build-with-claude/prompt-caching (late 2026)"
+MP = "platform.claude.com/docs/en/about-claude/models (model pages, November 2026)"
 
-# Windows and max output: model overview pages where the fact sheet has them; Opus 4.6 max
-# output and Opus 4.1/4 values are not in the sheet (UNCONFIRMED, set from the model family).
+
+def _m(name: str, base_in: float, out: float, minimum: int, window: int, max_out: int, family: str, *,
+       read: float | None = None, new_tok: bool = False, forced_tool_ok: bool = True, source: str = PC) -> ModelInfo:
+    """An entry priced by the documented multipliers: 5m write 1.25x, 1h write 2x, read 0.1x input."""
+    return ModelInfo(name, base_in, base_in * 1.25, base_in * 2, base_in * 0.1 if read is None else read, out,
+                     min_cacheable=minimum, context_window=window, max_output=max_out, family=family,
+                     token_ratio=NEW_TOKENIZER_RATIO if new_tok else 1.0, forced_tool_ok=forced_tool_ok, source=source)
+
+
+# Minimum cacheable lengths marked (u) are not on any page yet (UNCONFIRMED): the family's
+# nearest documented value is used; docs/cache-model.md lists them.
 _TABLE: dict[str, ModelInfo] = {m.name: m for m in [
-    _m("claude-opus-5", _OPUS, 512, M, 128 * K),
-    _m("claude-opus-4-8", _OPUS, 1024, M, 128 * K),
-    _m("claude-opus-4-7", _OPUS, 2048, M, 128 * K),
-    _m("claude-opus-4-6", _OPUS, 4096, M, 128 * K),
-    _m("claude-opus-4-5", _OPUS, 4096, 200 * K, 64 * K),
-    _m("claude-opus-4-1", _OPUS_OLD, 1024, 200 * K, 32 * K),
-    _m("claude-opus-4", _OPUS_OLD, 1024, 200 * K, 32 * K),
-    _m("claude-sonnet-5", _SONNET5, 1024, M, 128 * K),
-    _m("claude-sonnet-4-6", _SONNET, 1024, M, 64 * K),
-    _m("claude-sonnet-4-5", _SONNET, 1024, 200 * K, 64 * K),
-    _m("claude-sonnet-4", _SONNET, 1024, 200 * K, 64 * K),
-    _m("claude-haiku-4-5", _HAIKU45, 4096, 200 * K, 64 * K),
-    _m("claude-haiku-3-5", _HAIKU35, 2048, 200 * K, 8192),
-    _m("claude-fable-5-1", _FABLE51, 512, M, 128 * K),
-    _m("claude-mythos-5-1", _FABLE51, 512, M, 128 * K),
-    _m("claude-fable-5", _FABLE5, 512, M, 128 * K),
-    _m("claude-mythos-5", _FABLE5, 512, M, 128 * K),
+    # current lineup (model pages, November 2026)
+    _m("claude-sonnet-5-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", new_tok=True, forced_tool_ok=False,
+       source=MP + ": Sonnet 5.5 $2/$10, 5m write $2.50, 1h $4, read $0.20, 1M/128K; forced tool use refused; "
+                   "minimum cacheable (u) = Sonnet 5's 1024"),
+    _m("claude-opus-5-5", 4.0, 20.0, 512, M, 128 * K, "opus", new_tok=True,
+       source=MP + ": Opus 5.5 $4/$20 (writes and reads by the multipliers), 1M/128K; minimum cacheable (u) = "
+                   "Opus 5's 512"),
+    _m("claude-fable-5-2", 8.0, 40.0, 512, M, 128 * K, "fable", new_tok=True,
+       source=MP + ": Fable 5.2 $8/$40, 1M/128K; read (u) by the 0.1x multiplier (the 0.025x exception is "
+                   "documented for 5.1 only); minimum cacheable (u) = Fable 5.1's 512"),
+    _m("claude-haiku-4-5", 1.0, 5.0, 4096, 200 * K, 64 * K, "haiku", source=PC + "; " + MP),
+    # earlier models still served
+    _m("claude-opus-5", 5.0, 25.0, 512, M, 128 * K, "opus", new_tok=True),
+    _m("claude-opus-4-8", 5.0, 25.0, 1024, M, 128 * K, "opus", new_tok=True),
+    _m("claude-opus-4-7", 5.0, 25.0, 2048, M, 128 * K, "opus", new_tok=True),
+    _m("claude-opus-4-6", 5.0, 25.0, 4096, M, 128 * K, "opus"),
+    _m("claude-opus-4-5", 5.0, 25.0, 4096, 200 * K, 64 * K, "opus"),
+    _m("claude-opus-4-1", 15.0, 75.0, 1024, 200 * K, 32 * K, "opus"),
+    _m("claude-opus-4", 15.0, 75.0, 1024, 200 * K, 32 * K, "opus"),
+    _m("claude-sonnet-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", new_tok=True),
+    _m("claude-sonnet-4-6", 3.0, 15.0, 1024, M, 128 * K, "sonnet", source=PC + "; " + MP + " (128K output)"),
+    _m("claude-sonnet-4-5", 3.0, 15.0, 1024, 200 * K, 64 * K, "sonnet"),
+    _m("claude-sonnet-4", 3.0, 15.0, 1024, 200 * K, 64 * K, "sonnet"),
+    _m("claude-haiku-3-5", 0.80, 4.0, 2048, 200 * K, 8192, "haiku"),
+    _m("claude-fable-5-1", 10.0, 50.0, 512, M, 128 * K, "fable", read=0.25, new_tok=True),
+    _m("claude-mythos-5-1", 10.0, 50.0, 512, M, 128 * K, "mythos", read=0.25, new_tok=True),
+    _m("claude-fable-5", 10.0, 50.0, 512, M, 128 * K, "fable", read=1.0, new_tok=True),
+    _m("claude-mythos-5", 10.0, 50.0, 512, M, 128 * K, "mythos", read=1.0, new_tok=True),
 ]}
+# the newest entry of each family: what an unknown id of that family is priced as
+FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5",
+            "fable": "claude-fable-5-2", "mythos": "claude-mythos-5-1"}
 _ALIASES = {"claude-3-5-haiku": "claude-haiku-3-5", "claude-opus-4-0": "claude-opus-4",
             "claude-sonnet-4-0": "claude-sonnet-4"}
 _LOCK = threading.Lock()
 _DATE = re.compile(r"-(\d{8}|latest)$")
+_WARNED: set[str] = set()
+REQUIRED_FIELDS = tuple(f.name for f in fields(ModelInfo))
 
 
 def _canonical(model: str) -> str:
     name = _DATE.sub("", model.strip().lower())
+    name = re.sub(r"\[1m\]$", "", name)  # Claude Code's 1M-context spelling
     return _ALIASES.get(name, name)
 
 
@@ -104,6 +137,25 @@ def get_model(model: str) -> ModelInfo:
         raise UnknownModelError(f"unknown model {model!r}; known: {', '.join(sorted(_TABLE))} "
                                 "(add one with cachecompact.pricing.register)")
     return info
+
+
+def model_prices(model: str) -> ModelInfo:
+    """`get_model`, or for an id missing from the table the newest entry of its family (a warning,
+    once per id). Raises `UnknownModelError` only when no family can be recognised."""
+    try:
+        return get_model(model)
+    except UnknownModelError:
+        name = _canonical(model)
+        fam = next((f for f in FAMILIES if f in name), None)
+        if fam is None:
+            raise
+        info = replace(_TABLE[FAMILIES[fam]], name=name)
+        with _LOCK:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                log.warning("cachecompact: model %r is not in the price table; using %s prices (register() an "
+                            "entry to fix this)", model, FAMILIES[fam])
+        return info
 
 
 def register(info: ModelInfo, *aliases: str) -> None:
@@ -122,8 +174,5 @@ def override(model: str, **changes: Any) -> ModelInfo:
 
 
 def known_models() -> list[str]:
+    """Every model id in the table (the CLI lists them in its errors)."""
     return sorted(_TABLE)
-
-
-def cost_of(model: str, usage: dict[str, Any]) -> float:
-    return get_model(model).cost(usage)

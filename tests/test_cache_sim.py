@@ -180,14 +180,51 @@ def test_pricing_costs_and_overrides() -> None:
     assert m.cost(usage) == pytest.approx(3 + 0.5 * 3.75 + 0.5 * 6 + 0.3 + 15)
     assert get_model("claude-3-5-haiku-latest").name == "claude-haiku-3-5"
     assert get_model("claude-fable-5-1").read == 0.25
-    register(ModelInfo("my-proxy-model", 1, 1.25, 2, 0.1, 5, 100, 50_000, 1000))
+    register(ModelInfo("my-proxy-model", 1, 1.25, 2, 0.1, 5, 100, 50_000, 1000, "sonnet", 1.0, True, "mine"))
     assert get_model("my-proxy-model").context_window == 50_000
     override("my-proxy-model", read=0.05)
     assert get_model("my-proxy-model").read == 0.05
     with pytest.raises(KeyError, match="unknown model"):
         get_model("gpt-4")
     with pytest.raises(ValueError):
-        ModelInfo("bad", -1, 1, 1, 1, 1, 1, 1, 1)
+        ModelInfo("bad", -1, 1, 1, 1, 1, 1, 1, 1, "sonnet", 1.0, True, "x")
+    with pytest.raises(ValueError, match="source"):
+        ModelInfo("bad", 1, 1, 1, 1, 1, 1, 1, 1, "sonnet", 1.0, True, "")
+
+
+def test_the_price_table_covers_the_current_models_with_every_field() -> None:
+    from dataclasses import fields
+
+    from cachecompact.pricing import FAMILIES, known_models
+
+    for name in known_models():
+        m = get_model(name)
+        for f in fields(m):
+            v = getattr(m, f.name)
+            assert v is not None and v != "", f"{name}: {f.name} is empty"
+        assert m.family in FAMILIES and m.source
+    s55 = get_model("claude-sonnet-5-5")
+    assert (s55.input, s55.output, s55.write_5m, s55.write_1h, s55.read) == (2, 10, 2.5, 4, 0.2)
+    assert (s55.context_window, s55.max_output, s55.token_ratio, s55.forced_tool_ok) == (1_000_000, 128_000, 1.3,
+                                                                                         False)
+    assert (get_model("claude-opus-5-5").input, get_model("claude-opus-5-5").output) == (4, 20)
+    assert (get_model("claude-fable-5-2").input, get_model("claude-fable-5-2").output) == (8, 40)
+    assert get_model("claude-sonnet-4-6").max_output == 128_000
+    assert get_model("claude-haiku-4-5").token_ratio == 1.0 and get_model("claude-opus-4-7").token_ratio == 1.3
+
+
+def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from cachecompact.pricing import model_prices
+
+    with caplog.at_level(logging.WARNING, "cachecompact"):
+        a = model_prices("claude-sonnet-6-20270101")
+        b = model_prices("claude-sonnet-6-20270101")
+    assert a.input == get_model("claude-sonnet-5-5").input and a == b
+    assert caplog.text.count("not in the price table") == 1
+    with pytest.raises(KeyError):
+        model_prices("gpt-4")
 
 
 def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> None:

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from cachecompact import ImmutablePrefixError, InvalidEditError, ReplaceWithSummary, Session, SkipRange
 from cachecompact.cachemodel import LOOKBACK
+from cachecompact.emulator.validation import count_breakpoints, validate_request
 from cachecompact.render import RenderResult
-from cachecompact.validate import count_breakpoints, validate_request
 
 from .conftest import SYSTEM, TOOLS, history, turn
 

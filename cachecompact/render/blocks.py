@@ -16,9 +16,18 @@ from ..cachemodel import block_key, is_cacheable, tool_key
 from ..ledger import LedgerEntry
 from ..tokens import BLOCK_OVERHEAD, TokenCounter, block_tokens
 from ..transcript import Transcript
-from ..wire import Block, TextBlock, ToolDef, ToolResultBlock, block_to_dict, canonical_bytes, content_blocks
+from ..wire import (
+    Block,
+    TextBlock,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+    block_to_dict,
+    canonical_bytes,
+    content_blocks,
+)
 
-__all__ = ["BlockCache", "RenderedBlock", "RenderedMessage", "cleared_placeholder", "summary_text"]
+__all__ = ["BlockCache", "RenderedBlock", "RenderedMessage", "cleared_input", "cleared_placeholder", "summary_text"]
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +67,14 @@ def cleared_placeholder(e: LedgerEntry, message: int, tokens: int) -> str:
     return (f"[cachecompact: this tool result was cleared to save context (ledger entry #{e.seq}, {e.level}, "
             f"~{tokens} tokens). The original is kept in the session transcript as message {message}; run the "
             "tool again if you need it.]")
+
+
+def cleared_input(e: LedgerEntry, tokens: int) -> dict[str, str]:
+    """What a tool call's ``input`` becomes when an edit targets it (see docs/ledger-format.md)."""
+    if e.kind == "summary":
+        return {"cachecompact": e.summary or ""}
+    return {"cachecompact": f"input cleared to save context (ledger entry #{e.seq}, {e.level}, ~{tokens} tokens); "
+                            "the call's result shows what it did"}
 
 
 def summary_text(e: LedgerEntry) -> str:
@@ -125,6 +142,35 @@ class BlockCache:
             if cache:
                 self._edited[key] = m
         return m
+
+    def inputs(self, i: int, by_id: dict[str, LedgerEntry], cache: bool = True) -> RenderedMessage:
+        """Assistant message ``i`` with the inputs of some tool calls cleared or summarised; every
+        other block (thinking included) is the original, shared."""
+        key = (i, tuple(sorted(e.seq for e in by_id.values())))
+        m = self._edited.get(key) if cache else None
+        if m is None:
+            src = self.plain(i)
+            msg = self.t[i]
+            blocks = []
+            for j, b in enumerate(content_blocks(msg)):
+                e = by_id.get(b.id) if isinstance(b, ToolUseBlock) else None
+                if e is None or not isinstance(b, ToolUseBlock):
+                    blocks.append(src.blocks[j])
+                    continue
+                edited = ToolUseBlock(id=b.id, name=b.name, input=cleared_input(e, src.blocks[j].tokens),
+                                      extra=b.extra)
+                blocks.append(self.block(edited, i, e.seq, j == 0))
+            m = self._message(msg.role, blocks, msg.extra)
+            if cache:
+                self._edited[key] = m
+        return m
+
+    def targeted(self, i: int, by_id: dict[str, LedgerEntry], cache: bool = True) -> RenderedMessage:
+        """Message ``i`` with its targeted edits: tool results of a user message, tool inputs of an
+        assistant message."""
+        if self.t[i].role == "assistant":
+            return self.inputs(i, by_id, cache)
+        return self.results(i, by_id, None, cache)
 
     def summary(self, e: LedgerEntry, cache: bool = True) -> RenderedMessage:
         """One user message, clearly marked, standing for messages e.start..e.end."""

@@ -19,7 +19,7 @@ __all__ = ["ChainArrays"]
 @dataclass(slots=True, eq=False)
 class ChainArrays:
     """Messages and blocks of a render, with the chained hash, cumulative tokens, lookback
-    position and cumulative tool-result tokens of every block."""
+    position and cumulative tool tokens (calls and results) of every block."""
 
     head: int  # blocks before the first message (tools + system)
     msgs: list[RenderedMessage] = field(default_factory=list)
@@ -50,7 +50,7 @@ class ChainArrays:
             b = flat[k]
             h = chain_step(h, b.key)
             c += b.tokens
-            if b.kind == "tool_result":
+            if b.kind in RUN_KINDS:  # tool calls and tool results
                 tc += b.tokens
             if not (b.kind in RUN_KINDS and b.kind == prev_kind):
                 p += 1

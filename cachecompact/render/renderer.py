@@ -79,7 +79,7 @@ class Renderer:
                 total += sum(b.tokens for m in self.cache.entry_messages(e) for b in m.blocks)
                 i = e.end + 1
                 continue
-            m = self.cache.results(i, targeted[i], None) if i in targeted else self.cache.plain(i)
+            m = self.cache.targeted(i, targeted[i]) if i in targeted else self.cache.plain(i)
             total += sum(b.tokens for b in m.blocks)
             i += 1
         return total
@@ -90,7 +90,7 @@ class Renderer:
         before = self._view_tokens(draft.start, draft.end, whole, targeted)
         if draft.tool_use_id is not None:
             by_id = {**targeted.get(draft.start, {}), draft.tool_use_id: draft}
-            after = sum(b.tokens for b in self.cache.results(draft.start, by_id, None, cache=False).blocks)
+            after = sum(b.tokens for b in self.cache.targeted(draft.start, by_id, cache=False).blocks)
         else:
             after = sum(b.tokens for m in self.cache.entry_messages(draft, cache=False) for b in m.blocks)
         return self.counter.calibrated(before), self.counter.calibrated(after)
@@ -122,7 +122,7 @@ class Renderer:
                 yield from self.cache.entry_messages(e)
                 idx = e.end + 1
             else:
-                yield self.cache.results(idx, targeted[idx], None) if idx in targeted else self.cache.plain(idx)
+                yield self.cache.targeted(idx, targeted[idx]) if idx in targeted else self.cache.plain(idx)
                 idx += 1
 
     def _arrays(self, n_entries: int, n: int, historical: bool) -> tuple[ChainArrays, int]:
@@ -185,8 +185,10 @@ class Renderer:
         cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
         cc_prefix = {"type": "ephemeral", "ttl": prefix_ttl} if prefix_ttl else cc_main
         patched: dict[int, dict[str, Any]] = {}
+        bp_ttls: list[str] = []
         for k in bps:
             cc = cc_prefix if k == prefix_last else cc_main
+            bp_ttls.append(str(cc.get("ttl", "5m")))
             if k < self._n_tools:
                 tool_dicts[k] = {**tool_dicts[k], "cache_control": cc}
             elif k < self._n_tools + self._n_system:
@@ -206,7 +208,9 @@ class Renderer:
         body["messages"] = msg_dicts
         raw_tokens = arr.cum[nb - 1] if nb else 0
         return RenderResult(body=body, prefix_hash=prefix_hash, tokens=self.counter.calibrated(raw_tokens),
-                            raw_tokens=raw_tokens, breakpoints=bps, n_entries=n_entries, _arr=arr, _nb=nb, _nm=nm,
+                            raw_tokens=raw_tokens, breakpoints=bps, n_entries=n_entries, transcript_len=n,
+                            breakpoint_ttls=bp_ttls, prefix_tokens=arr.cum[prefix_last] if prefix_last >= 0 else 0,
+                            _arr=arr, _nb=nb, _nm=nm,
                             _n_tools=self._n_tools, _n_system=self._n_system, _patched=patched,
                             _ledger=self.ledger.entries)
 

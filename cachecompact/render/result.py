@@ -84,7 +84,10 @@ class RenderResult:
     raw_tokens: int
     breakpoints: list[int]
     n_entries: int  # ledger entries applied (entries 0 .. n_entries-1)
+    transcript_len: int  # transcript messages the render was made from
     _arr: ChainArrays = field(repr=False)
+    prefix_tokens: int = 0  # raw tokens of the immutable prefix (tools, system, first messages)
+    breakpoint_ttls: list[str] = field(default_factory=list)  # TTL of each breakpoint ("5m" | "1h")
     _nb: int = 0
     _nm: int = 0
     _n_tools: int = 0
@@ -122,28 +125,38 @@ class RenderResult:
         return self._nm
 
     @property
+    def n_tools(self) -> int:
+        return self._n_tools
+
+    @property
     def head_blocks(self) -> int:
         """Blocks before the first message: tool definitions, then system blocks."""
         return self._n_tools + self._n_system
 
     @property
-    def block_hashes(self) -> list[bytes]:
-        """Chained xxh3-128 per block (tools, system, message blocks), cache_control excluded."""
-        return self._arr.chain[: self._nb]
+    def block_hashes(self) -> Sequence[bytes]:
+        """Chained xxh3-128 per block (tools, system, message blocks), cache_control excluded.
+
+        Like `positions` and `cumulative_tokens`, a read-only view (no copy per call)."""
+        return _View(self._arr.chain, self._nb)
 
     @property
-    def positions(self) -> list[int]:
+    def positions(self) -> Sequence[int]:
         """Lookback position of each block (a run of tool_use or tool_result blocks is one)."""
-        return self._arr.pos[: self._nb]
+        return _View(self._arr.pos, self._nb)
 
     @property
-    def cumulative_tokens(self) -> list[int]:
+    def cumulative_tokens(self) -> Sequence[int]:
         """Raw estimated tokens up to and including each block."""
-        return self._arr.cum[: self._nb]
+        return _View(self._arr.cum, self._nb)
 
     @property
-    def tool_result_tokens(self) -> int:
-        """Raw estimated tokens of the tool_result blocks in this request."""
+    def kinds(self) -> Sequence[str]:
+        return _KindView(self._arr.flat, self._nb)
+
+    @property
+    def tool_tokens(self) -> int:
+        """Raw estimated tokens of the tool_use and tool_result blocks in this request."""
         return self._arr.tool_cum[self._nb - 1] if self._nb else 0
 
     @property
@@ -171,6 +184,15 @@ class RenderResult:
     def blocks(self) -> list[BlockInfo]:
         """Every block of the request in order."""
         return [self.block(k) for k in range(self._nb)]
+
+    def block_text(self, k: int) -> str:
+        """A block's text for excerpts: text, a string tool result, else its canonical JSON."""
+        d = self._arr.flat[k].d
+        if d.get("type") == "text":
+            return str(d.get("text", ""))
+        if d.get("type") == "tool_result" and isinstance(d.get("content"), str):
+            return str(d["content"])
+        return self._arr.flat[k].raw.decode()
 
     def message_source(self, mi: int) -> int | None:
         """Transcript index rendered message ``mi`` stands for (a summary: the start of its range)."""
@@ -209,23 +231,24 @@ class RenderResult:
         k = first_mismatch(a, b, n)
         if k is None and self._nb >= previous._nb:
             return None
-        new_seqs = set(range(previous.n_entries, self.n_entries))
         if k is None:  # content after the end of this render vanished
             loc = previous.location(n)
-            return Divergence(n, loc, self._explain(loc, new_seqs))
+            return Divergence(n, loc, self.explain(loc, previous.n_entries))
         loc = self.location(k)
-        return Divergence(k, loc, self._explain(loc, new_seqs))
+        return Divergence(k, loc, self.explain(loc, previous.n_entries))
 
-    def _explain(self, loc: BlockLocation, new_seqs: set[int]) -> LedgerEntry | None:
-        """The earliest new ledger entry starting at or before ``loc``'s source message.
+    def explain(self, loc: BlockLocation, since: int) -> LedgerEntry | None:
+        """The earliest ledger entry made after the first ``since`` entries that starts at or
+        before ``loc``'s source message: the edit that moved the bytes there, if any.
 
         Everything before the divergence is unchanged, so a new edit that starts at or before
         it is what moved the bytes (messages between its end and ``loc`` may be hidden by
         older edits). A divergence in tools/system, or with no new edit before it, is unexplained.
         """
+        new_seqs = range(since, self.n_entries)
         if loc.section != "messages" or not new_seqs:
             return None
-        if loc.entry_seq in new_seqs:
+        if loc.entry_seq is not None and loc.entry_seq in new_seqs:
             return self._ledger[loc.entry_seq]
         ti = loc.transcript_index
         if ti is None and loc.entry_seq is not None:
@@ -236,6 +259,40 @@ class RenderResult:
             if ti is not None and e.start <= ti and (best is None or e.start < best.start):
                 best = e
         return best
+
+
+class _View(Sequence[Any]):
+    """The first ``n`` items of a list that later renders may extend: a stable, copy-free view."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[Any], n: int) -> None:
+        self._items, self._n = items, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return self._items[: self._n][k]
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(k)
+        return self._items[k]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == self._n and all(a == b for a, b in zip(self, other,
+                                                                                                      strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _KindView(_View):
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [b.kind for b in self._items[: self._n][k]]
+        return super().__getitem__(k).kind
 
 
 def first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | None:
