@@ -1,90 +1,74 @@
-"""The default compaction strategy: runs the policy each turn and appends the ledger edits.
+"""The default strategy (``cachecompact``): the policy run each turn, its edits appended to the ledger.
 
-`Compactor.before_request` is called with the session synced to the agent's history, right
-before the request is rendered; `after_response` records when the request ran and the
-usage it reported; `reactive` handles a prompt-too-long error. Everything it does is an
-`Event` (see events.py). A strategy is anything with these three methods, so the peer
-strategies of the benchmark plug in the same way.
+Per turn, with the session synced to the agent's history and before the request renders:
+
+1. **L2 on entry** shortens big new tool results; they were never sent, so it breaks nothing.
+2. **Triggers** (`policy.evaluate`) set the highest level allowed; they need only the
+   render's running totals, so a quiet turn costs time proportional to the new messages.
+3. **Candidates** from L1 up to that level; each proposal passes `_guard`, the one check that
+   no edit touches the immutable prefix. The first that reaches the target is used.
+4. **Cache economics** decide whether an edit that changes bytes already sent pays now,
+   unless the window forces it.
+5. The edits are appended (L3/L4 summarise first). A proposal the ledger refuses is a
+   planning bug: it is logged and dropped and the next candidate is tried; it is not a
+   failure. A summarizer failure counts toward the breaker. When the request still does
+   not fit, L5 runs, even with the breaker open; `ContextFullError` is raised only when
+   not even L5 can make it fit.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections import deque
+from dataclasses import replace
+from typing import Any
 
-from .events import Event, EventBus
-from .ledger import LedgerEntry, ReplaceWithSummary
+import xxhash
+
+from .errors import ContextFullError, InvalidEditError, SummaryRejected
+from .events import Event
+from .ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from .levels import (
     Proposal,
     View,
     build_view,
+    propose_entry_summary,
     propose_full,
     propose_micro,
     propose_tool_summary,
     propose_truncate,
     propose_turn_collapse,
+    results_since,
 )
-from .policy import LEVEL_ORDER, ContextFullError, PolicyConfig, Trigger, economics, evaluate
-from .pricing import get_model
-from .scratchpad import Scratchpad
-from .session import Session
-from .summarize import (
-    ExtractiveSummarizer,
-    Summarizer,
-    SummaryRequest,
-    format_summary,
-    open_issues_of,
-)
-from .wire import ToolUseBlock, canonical_bytes, content_blocks, tool_result_ids
+from .levels.tool_summary import ON_ENTRY
+from .policy import LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
+from .pricing import model_prices
+from .strategy import StrategyContext, TurnReport, summarize_range
+from .summarize import ExtractiveSummarizer
+from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks, tool_result_ids
 
-__all__ = ["Compactor", "Strategy", "TurnReport"]
+__all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
 
-REPEAT_WINDOW_S = 30.0
-BodyFn = Callable[[], "dict[str, Any] | None"]
+log = logging.getLogger("cachecompact")
 
-
-def _no_body() -> dict[str, Any] | None:
-    return None
-
-
-class Strategy(Protocol):
-    def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport: ...
-
-    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None: ...
-
-    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool: ...
-
-
-@dataclass(slots=True)
-class TurnReport:
-    tokens_before: int
-    tokens_after: int
-    events: list[Event] = field(default_factory=list)
-    entries: list[LedgerEntry] = field(default_factory=list)
-
-
-def _goal(session: Session) -> str:
-    """The task goal: the text of the first user message."""
-    if not len(session):
-        return ""
-    m = session.transcript[0]
-    return "\n".join(getattr(b, "text", "") for b in content_blocks(m) if getattr(b, "text", None)).strip()
+GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
+REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
+REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
 
 
 class Compactor:
-    """Cache-aware compaction for one session (the `cachecompact` default strategy)."""
+    """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
 
-    def __init__(self, session: Session, config: PolicyConfig | None = None, *,
-                 summarizer: Summarizer | None = None, scratchpad: Scratchpad | None = None,
-                 events: EventBus | None = None) -> None:
-        self.session = session
+    renders = True
+
+    def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
+        self.ctx = ctx
+        self.session = ctx.session
         self.cfg = config or PolicyConfig()
-        self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
-        self.scratchpad = scratchpad or Scratchpad.for_session(session.path)
-        self.events = events or EventBus()
+        self.summarizer = ctx.summarizer
+        self.events = ctx.events
+        self.scratchpad = ctx.scratchpad if ctx.scratchpad_tool else None
         self.steps = 0
         self.last_compact_step = 0
         self.failures = 0
@@ -93,9 +77,20 @@ class Compactor:
         self._seen = 0
         self._pending: str | None = None
         self.summary_cost = 0.0
-        self.repeats = 0
-        self._calls: dict[bytes, list[float]] = {}
-        self._last_estimate_raw = 0
+        self._calls: dict[bytes, deque[tuple[float, bytes]]] = {}
+        self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
+        self._last_tokens: int | None = None  # the request size after the previous turn's compaction
+        self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
+
+    @classmethod
+    def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
+        """A compactor with an extractive summarizer and its own event bus (tests, scripts)."""
+        from .events import EventBus
+
+        ctx = StrategyContext(session=session, summarizer=kw.pop("summarizer", None) or ExtractiveSummarizer(),
+                              events=kw.pop("events", None) or EventBus(),
+                              window_tokens=(config or PolicyConfig()).window_tokens or 200_000, **kw)
+        return cls(ctx, config)
 
     def resume(self) -> None:
         """Pick up a reopened session: count its steps and when it was last compacted."""
@@ -103,8 +98,9 @@ class Compactor:
         self._seen = len(t)
         asst = [i for i in range(len(t)) if t[i].role == "assistant"]
         self.steps = len(asst)
-        if self.session.ledger.entries:
-            at = self.session.ledger.entries[-1].transcript_len
+        done = [e for e in self.session.ledger.entries if not e.reason.startswith(ON_ENTRY)]
+        if done:
+            at = done[-1].transcript_len
             self.last_compact_step = sum(1 for i in asst if i < at)
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -112,87 +108,108 @@ class Compactor:
     def _emit(self, kind: str, **kw: Any) -> Event:
         return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
 
-    def _observe_new(self, now: float, report: TurnReport) -> tuple[int, bool]:
-        """Count steps and new user messages since the last turn; track repeated tool calls."""
+    def _observe_new(self, now: float, report: TurnReport) -> int:
+        """Count steps since the last turn and watch for repeated calls; the first new index."""
         t = self.session.transcript
         start, self._seen = self._seen, len(t)
-        new_user = False
         for i in range(start, len(t)):
-            m = t[i]
-            if m.role == "assistant":
+            if t[i].role == "assistant":
                 self.steps += 1
-                for b in content_blocks(m):
-                    if isinstance(b, ToolUseBlock):
-                        ev = self._track_call(canonical_bytes([b.name, b.input]), now)
-                        if ev is not None:
-                            report.events.append(ev)
-            elif not tool_result_ids(m):
-                new_user = True
-        return start, new_user
+            elif i > 0 and tool_result_ids(t[i]):
+                self._track_results(i, now, report)
+        return start
 
-    def _track_call(self, key: bytes, now: float) -> Event | None:
-        times = self._calls.setdefault(key, [])
-        repeated = bool(times) and now - times[-1] <= REPEAT_WINDOW_S
-        times.append(now)
-        if not repeated:
-            return None
-        self.repeats += 1
-        if self.repeats <= 2:
-            return None
-        return self._emit("repeated_tool_calls", reason=f"{self.repeats} identical tool calls within "
-                                                        f"{REPEAT_WINDOW_S:.0f}s in this session",
-                          detail={"call": key.decode(errors="replace")[:200]})
+    def _track_results(self, i: int, now: float, report: TurnReport) -> None:
+        """A burst of more than `REPEAT_CALLS` identical calls with identical results within
+        `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
+        answer again and again is not."""
+        t = self.session.transcript
+        calls = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)}
+        for b in content_blocks(t[i]):
+            if not isinstance(b, ToolResultBlock) or b.tool_use_id not in calls:
+                continue
+            use = calls[b.tool_use_id]
+            key = xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
+            result = xxhash.xxh3_128_digest(canonical_bytes(b.content if b.content is not None else ""))
+            seen = self._calls.setdefault(key, deque(maxlen=16))
+            while seen and now - seen[0][0] > REPEAT_WINDOW_S:
+                seen.popleft()
+            seen.append((now, result))
+            same = sum(1 for _, r in seen if r == result)
+            if same == REPEAT_CALLS + 1:
+                report.events.append(self._emit(
+                    "repeated_tool_calls", reason=f"{same} identical {use.name} calls with identical results within "
+                                                  f"{REPEAT_WINDOW_S:.0f}s: the model may have lost what it needed",
+                    detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
-    def _tokens(self, view: View) -> int:
-        return self.session.counter.calibrated(view.total_tokens)
+    def _limits(self, max_tokens: int) -> Limits:
+        prefix = self.session.render(breakpoints=False).prefix_tokens
+        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
+        return limits(self.cfg, self.cfg.window_tokens or self.ctx.window_tokens, max_tokens,
+                      self.session.counter.calibrated(prefix), growth)
+
+    def _now_tokens(self) -> int:
+        return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
 
     # -- levels --------------------------------------------------------------------------------
 
-    def _propose(self, level: str, view: View, since: int) -> Proposal:
-        c, ctr = self.cfg, self.session.counter
-        target_raw = int(c.soft * c.limit / max(ctr.calibration, 1e-9))
+    def _propose(self, level: str, view: View, lim: Limits) -> Proposal:
+        lv, ctr = self.cfg.levels, self.session.counter
+        target_raw = int(lim.soft / max(ctr.calibration, 1e-9))
         if level == "L1":
-            return propose_micro(view, keep_recent=c.keep_recent_results, write_tools=c.write_tools,
-                                 exempt_tools=c.exempt_tools, min_tokens=c.min_clear_tokens, is_write=c.is_write)
+            return propose_micro(view, keep_recent=lv.keep_recent_results, write_tools=lv.write_tools,
+                                 exempt_tools=lv.exempt_tools, min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
+                                 keep_recent_tokens=lim.keep_recent,
+                                 key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars, counter=ctr)
         if level == "L2":
-            return propose_tool_summary(view, self.scratchpad, ctr, since=since, big_tokens=c.big_result_tokens,
-                                        result_chars=c.result_chars_budget, turn_chars=c.turn_chars_budget,
-                                        preview_chars=c.preview_chars, old_min_tokens=c.old_result_min_tokens,
-                                        exempt_tools=c.exempt_tools | c.write_tools)
+            return propose_tool_summary(view, self.scratchpad, ctr, old_min_tokens=lim.old_result,
+                                        preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
+                                        keep_recent=lv.keep_recent_results,
+                                        keep_recent_tokens=lim.keep_recent,
+                                        exempt_tools=lv.exempt_tools | lv.write_tools)
         if level == "L3":
-            return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=c.keep_rounds_l3,
-                                         summary_tokens=c.summary_tokens, min_batch_tokens=c.min_batch_tokens)
+            return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=lv.keep_rounds_l3,
+                                         summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch)
         if level == "L4":
-            return propose_full(view, keep_rounds=c.keep_rounds_l4, summary_tokens=c.summary_tokens)
+            return propose_full(view, keep_rounds=lv.keep_rounds_l4, summary_tokens=lv.summary_tokens)
         return propose_truncate(view, target_tokens=target_raw)
 
-    def _summarize(self, p: Proposal, cold: bool, body: BodyFn) -> tuple[ReplaceWithSummary, float]:
-        assert p.summarize is not None
-        s, e = p.summarize
-        r = self.session.render(breakpoints=False)
-        msgs = []
-        for mi in range(r._nm):
-            m = r._arr.msgs[mi]
-            src = m.blocks[0].transcript_index if m.blocks else None
-            if src is None and m.blocks and m.blocks[0].entry_seq is not None:
-                src = self.session.ledger.entries[m.blocks[0].entry_seq].start
-            if src is not None and s <= src <= e:
-                msgs.append(m.d)
-        prev = open_issues_of(p.previous_summary.summary or "") if p.previous_summary else []
-        req = SummaryRequest(messages=msgs, goal=_goal(self.session), previous_open_issues=prev, range=(s, e),
-                             body=body(), cache_warm=not cold)
-        res = self.summarizer.summarize(req)
-        return ReplaceWithSummary(s, e, format_summary(res.summary), f"{p.level}: {p.reason}"), res.cost_usd
+    def _guard(self, p: Proposal) -> Proposal:
+        """The one check every proposal passes: nothing may touch the immutable prefix."""
+        pe = self.session.prefix_end
+        if pe is None:
+            return Proposal(p.level, p.reason)
+        bad = [e for e in p.edits if e.start < pe]
+        if p.summarize is not None and p.summarize[0] < pe:
+            bad.append(ReplaceWithSummary(p.summarize[0], p.summarize[1], "-", "summary range"))
+        if not bad:
+            return p
+        for e in bad:
+            self._planning_bug(p.level, f"{p.level} proposed an edit of messages {e.start}..{e.end}, inside the "
+                                        f"immutable prefix (messages 0..{pe - 1}); dropped")
+        keep = [e for e in p.edits if e.start >= pe]
+        summarize = p.summarize if p.summarize is None or p.summarize[0] >= pe else None
+        return replace(p, edits=keep, summarize=summarize) if (keep or summarize) else Proposal(p.level, p.reason)
 
-    def _apply(self, p: Proposal, cold: bool, body: BodyFn) -> tuple[list[LedgerEntry], float]:
+    def _planning_bug(self, level: str, why: str) -> None:
+        log.error("cachecompact: planning bug: %s", why)
+        self._emit("refused", level=level, reason=f"planning bug: {why}")
+
+    def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
         """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
-        edits = list(p.edits)
+        edits: list[SkipRange | ReplaceWithSummary] = list(p.edits)
         cost = 0.0
         if p.summarize is not None:
-            edit, cost = self._summarize(p, cold, body)
+            start, end = p.summarize
+            edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
+                                        body=body, cache_warm=not cold)
+            cost = res.cost_usd
+            before, after = self.session.edit_effect(edit)
+            if after >= before:  # checked before appending: the ledger never keeps a useless summary
+                raise SummaryRejected(f"no reduction: the summary ({after} tokens) is not smaller than the range "
+                                      f"({before} tokens)", cost)
             edits.append(edit)
-        entries = [self.session.edit(e, level=p.level) for e in edits]
-        return entries, cost
+        return [self.session.edit(x, level=p.level) for x in edits], cost
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -200,154 +217,174 @@ class Compactor:
                        params: dict[str, Any] | None = None) -> TurnReport:
         """Decide and apply this turn's compaction; raises `ContextFullError` when nothing fits."""
         report = TurnReport(0, 0)
-        since, new_user = self._observe_new(now, report)
+        since = self._observe_new(now, report)
         s = self.session
         if s.prefix_end is None or not len(s):
             return report
-        view = build_view(s)
-        tokens0 = self._tokens(view)
+        lim = self._limits(max_tokens)
+        tokens0 = self._now_tokens()
         report.tokens_before = report.tokens_after = tokens0
-        cfg = self.cfg
-        # L2 on entry: results never sent yet, so externalizing them breaks nothing
-        if not self.tripped:
-            p2 = propose_tool_summary(view, self.scratchpad, s.counter, since=max(since, view.prefix_end),
-                                      big_tokens=cfg.big_result_tokens, result_chars=cfg.result_chars_budget,
-                                      turn_chars=cfg.turn_chars_budget, preview_chars=cfg.preview_chars,
-                                      exempt_tools=cfg.exempt_tools | cfg.write_tools)
+        lv = self.cfg.levels
+        # L2 on entry: results never sent yet, so shortening them breaks nothing
+        new = results_since(s, since)
+        if new:
+            p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
+                                                   turn_tokens=lim.keep_recent, preview_chars=lv.preview_chars,
+                                                   key_chars=lv.key_max_chars,
+                                                   exempt_tools=lv.exempt_tools | lv.write_tools))
             if p2.edits:
-                entries = [s.edit(e, level="L2") for e in p2.edits]
-                view = build_view(s)
-                report.entries += entries
-                report.events.append(self._emit("externalized", level="L2", reason=p2.reason, tokens_before=tokens0,
-                                                tokens_after=self._tokens(view), entries=[e.seq for e in entries]))
-        tokens = self._tokens(view)
-        cold = self.last_request_at is not None and now - self.last_request_at > cfg.cache_ttl_s
-        share = view.tool_result_tokens / view.total_tokens if view.total_tokens else 0.0
-        trig = evaluate(cfg, tokens=tokens, steps_since=self.steps - self.last_compact_step, steps=self.steps,
-                        tool_share=share, new_user_message=new_user, max_tokens=max_tokens)
+                entries = self._apply_or_refuse(p2, True, None)
+                if entries:
+                    report.entries += entries
+                    report.events.append(self._emit("externalized", level="L2", reason=p2.reason,
+                                                    tokens_before=tokens0, tokens_after=self._now_tokens(),
+                                                    entries=[e.seq for e in entries]))
+        r = s.render(breakpoints=False)
+        tokens = s.counter.calibrated(r.raw_tokens)
+        if self._last_tokens is not None and tokens > self._last_tokens:
+            self._growth.append(tokens - self._last_tokens)
+        cold = self.last_request_at is not None and now - self.last_request_at > self.cfg.economics.cache_ttl_s
+        old = max(0, s.counter.calibrated(r.tool_tokens) - lim.keep_recent)
+        trig = evaluate(lim, tokens=tokens, old_tool_tokens=old)
+        if trig.max_level == "L2" and not cold and self._deferred_old is not None \
+                and old < self._deferred_old + lim.min_batch // 4:
+            trig = Trigger(None, "deferred before; not enough new old output since")  # no view every turn
         if trig.max_level is None and cold and self._pending:
             trig = Trigger(self._pending, "cache is cold: applying the deferred compaction at no re-write cost")
-        if trig.max_level is None:
-            report.tokens_after = tokens
-            return report
-        if self.tripped:
-            report.events.append(self._emit("skipped", reason="auto-compaction is stopped for this session "
-                                                              f"after {cfg.failure_limit} consecutive failures",
-                                            tokens_before=tokens, tokens_after=tokens))
-            self._check_full(tokens, trig, report)
-            return report
-        def body() -> dict[str, Any] | None:  # the agent's request, only needed for a prefix-reuse summary
-            return s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body if model else None
-
-        tokens = self._compact(view, trig, since, cold, body, report, model)
-        report.tokens_after = tokens
-        self._check_full(tokens, trig, report)
+        if trig.max_level is not None:
+            if self.tripped:
+                report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "
+                                                f"{self.cfg.safety.failure_limit} consecutive failures",
+                                                tokens_before=tokens, tokens_after=tokens))
+            else:
+                body = None
+                if model and self._wants_body():
+                    body = s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body
+                tokens = self._compact(trig, cold, body, report, model, lim)
+                self._deferred_old = old if self._pending else None
+        report.tokens_after = self._ensure_fits(tokens, lim, report)
+        self._last_tokens = report.tokens_after
         return report
 
-    def _choose(self, view: View, trig: Trigger, since: int) -> list[Proposal]:
-        """Candidates from L1 up to the trigger's level; stop at the first that reaches the target."""
-        tokens = self._tokens(view)
-        target = self.cfg.soft * self.cfg.limit
+    def _wants_body(self) -> bool:
+        """Only a prefix-reusing summarizer needs the agent's own request."""
+        return getattr(self.summarizer, "mode", "forced-tool") in ("auto", "prefix-reuse")
+
+    def _candidates(self, view: View, trig: Trigger, lim: Limits) -> list[Proposal]:
+        """Guarded proposals from L1 up to the trigger's level; stop at the first that reaches the target."""
+        tokens = self.session.counter.calibrated(view.total_tokens)
         out: list[Proposal] = []
         top = LEVEL_ORDER.index(trig.max_level or "L1")
         for level in LEVEL_ORDER[: top + 1]:
-            p = self._propose(level, view, since)
+            p = self._guard(self._propose(level, view, lim))
             if p.empty:
                 continue
             out.append(p)
-            if tokens - self.session.counter.calibrated(p.tokens_removed) <= target:
+            if tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.soft:
                 break
         return out
 
-    def _compact(self, view: View, trig: Trigger, since: int, cold: bool, body: BodyFn,
-                 report: TurnReport, model: str) -> int:
+    def _compact(self, trig: Trigger, cold: bool, body: dict[str, Any] | None, report: TurnReport, model: str,
+                 lim: Limits) -> int:
         s, cfg = self.session, self.cfg
-        tokens = self._tokens(view)
-        target = cfg.soft * cfg.limit
-        cands = self._choose(view, trig, since)
-        if not cands:
-            if trig.forced:
-                cands = [p for p in [self._propose("L5", view, since)] if not p.empty]
-            if not cands:
-                return tokens
-        reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= target]
-        p = reached[0] if reached else max(cands, key=lambda x: x.tokens_removed)
-        if cfg.cache_aware and not trig.forced and p.break_at is not None:
-            price = get_model(model) if model else get_model("claude-sonnet-4-6")
-            est_summary = (cfg.summary_tokens * price.output + view.total_tokens * price.read) / 1e6 \
-                if p.summarize else 0.0
-            econ = economics(cfg, price, removed=p.tokens_removed, suffix=view.suffix_tokens(p.break_at),
-                             steps=self.steps, cold=cold, summary_cost=est_summary)
-            small = not cold and p.tokens_removed < cfg.min_batch_tokens
-            if small or not econ.pays:
-                self._pending = p.level
-                why = (f"removes {p.tokens_removed} < {cfg.min_batch_tokens} tokens" if small else
-                       f"re-write ${econ.rewrite_cost:.4f} + summary ${econ.summary_cost:.4f} > saving "
-                       f"${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
-                report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
-                                                tokens_before=tokens, tokens_after=tokens,
-                                                detail={"net_usd": econ.net}))
-                return tokens
-        t0 = time.perf_counter()
-        try:
-            entries, cost = self._apply(p, cold, body)
-        except Exception as err:  # any failure (SummaryRejected, API errors, bugs) counts for the breaker
-            cost = getattr(err, "cost_usd", 0.0)
+        view = build_view(s)
+        tokens = s.counter.calibrated(view.total_tokens)
+        cands = self._candidates(view, trig, lim)
+        reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.soft]
+        order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
+        for p in order:
+            if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
+                price = model_prices(model or "claude-sonnet-4-6")
+                est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
+                               if p.summarize else 0.0)
+                econ = economics(cfg, price, removed=p.tokens_removed, suffix=view.suffix_tokens(p.break_at),
+                                 steps=self.steps, cold=cold, summary_cost=est_summary)
+                small = not cold and p.tokens_removed < lim.min_batch
+                if small or not econ.pays:
+                    self._pending = p.level
+                    why = (f"removes {p.tokens_removed} < {lim.min_batch} tokens" if small else
+                           f"re-write ${econ.rewrite_cost:.4f} + summary ${econ.summary_cost:.4f} > saving "
+                           f"${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
+                    report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
+                                                    tokens_before=tokens, tokens_after=tokens,
+                                                    detail={"net_usd": econ.net}))
+                    return tokens
+            t0 = time.perf_counter()
+            try:
+                entries, cost = self._apply(p, cold, body)
+            except InvalidEditError as err:  # the ledger refused the plan: a bug in planning, not a failure
+                self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
+                continue
+            except Exception as err:  # summarizer errors, invalid summaries, API errors count for the breaker
+                cost = getattr(err, "cost_usd", 0.0)
+                self.summary_cost += cost
+                self._fail(p.level, f"{type(err).__name__}: {err}", tokens, cost, report)
+                if self.tripped:
+                    return tokens
+                continue
             self.summary_cost += cost
-            self._fail(p.level, f"{type(err).__name__}: {err}", tokens, cost, report)
-            if trig.forced and p.level != "L5":
-                fallback = self._propose("L5", build_view(s), since)
-                if not fallback.empty:
-                    entries, _ = self._apply(fallback, cold, _no_body)
-                    report.entries += entries
-                    after = self._tokens(build_view(s))
-                    report.events.append(self._emit("compaction", level="L5", reason=f"fallback after {p.level} "
-                                                    "failed", tokens_before=tokens, tokens_after=after,
-                                                    entries=[e.seq for e in entries]))
-                    return after
-            return tokens
-        self.summary_cost += cost
-        after_view = build_view(s)
-        after = self._tokens(after_view)
-        report.entries += entries
-        if after >= tokens:
-            self._fail(p.level, "no reduction", tokens, cost, report)
+            after = self._now_tokens()
+            report.entries += entries
+            if after >= tokens:
+                self._fail(p.level, "no reduction", tokens, cost, report)
+                continue
+            self.failures = 0
+            self.last_compact_step = self.steps
+            self._pending = None
+            report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",
+                                            tokens_before=tokens, tokens_after=after, cost_usd=cost,
+                                            duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
             return after
-        self.failures = 0
-        self.last_compact_step = self.steps
-        self._pending = None
-        report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",
-                                        tokens_before=tokens, tokens_after=after, cost_usd=cost,
-                                        duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
-        if trig.forced and after > target and p.level != "L5":
-            more = self._propose("L5", after_view, since)
-            if not more.empty:
-                extra, _ = self._apply(more, cold, _no_body)
-                report.entries += extra
-                final = self._tokens(build_view(s))
-                report.events.append(self._emit("compaction", level="L5", reason="still over the target after "
-                                                f"{p.level}", tokens_before=after, tokens_after=final,
-                                                entries=[e.seq for e in extra]))
-                return final
+        return tokens
+
+    def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str) -> int:
+        """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open."""
+        p = self._guard(propose_truncate(build_view(self.session), target_tokens=int(
+            lim.soft / max(self.session.counter.calibration, 1e-9))))
+        if p.empty:
+            return tokens
+        try:
+            entries, _ = self._apply(p, True, None)
+        except InvalidEditError as err:
+            self._planning_bug("L5", f"the ledger refused L5's edit: {err}")
+            return tokens
+        after = self._now_tokens()
+        report.entries += entries
+        report.events.append(self._emit("compaction", level="L5", reason=why, tokens_before=tokens, tokens_after=after,
+                                        entries=[e.seq for e in entries]))
         return after
+
+    def _ensure_fits(self, tokens: int, lim: Limits, report: TurnReport) -> int:
+        """Past the critical threshold, L5 until the request fits; `ContextFullError` if it cannot."""
+        if tokens < lim.critical:
+            return tokens
+        tokens = self._truncate(tokens, lim, report, "over the critical threshold after the other levels")
+        if tokens > lim.limit:
+            report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
+                                            tokens_before=tokens, tokens_after=tokens))
+            raise ContextFullError(
+                f"context is full: {tokens} estimated tokens with {lim.window - lim.limit} reserved for output and "
+                f"estimate error in a {lim.window}-token window, even after dropping every older round; start a new "
+                "session")
+        return tokens
+
+    def _apply_or_refuse(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> list[LedgerEntry]:
+        try:
+            entries, _ = self._apply(p, cold, body)
+            return entries
+        except InvalidEditError as err:
+            self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
+            return []
 
     def _fail(self, level: str, why: str, tokens: int, cost: float, report: TurnReport) -> None:
         self.failures += 1
         report.events.append(self._emit("failure", level=level, reason=why, tokens_before=tokens,
                                         tokens_after=tokens, cost_usd=cost,
                                         detail={"consecutive_failures": self.failures}))
-        if self.failures >= self.cfg.failure_limit and not self.tripped:
+        if self.failures >= self.cfg.safety.failure_limit and not self.tripped:
             self.tripped = True
             report.events.append(self._emit("breaker_open", reason=f"{self.failures} consecutive compaction "
-                                            "failures: auto-compaction is stopped for this session"))
-
-    def _check_full(self, tokens: int, trig: Trigger, report: TurnReport) -> None:
-        if trig.forced and tokens > self.cfg.full_after * self.cfg.limit:
-            report.events.append(self._emit("context_full", reason="still over the limit after compaction",
-                                            tokens_before=tokens, tokens_after=tokens))
-            raise ContextFullError(
-                f"context is full ({tokens} of {self.cfg.limit} tokens, {tokens / self.cfg.limit:.0%}) even after "
-                "compaction: start a new session")
+                                            "failures: summaries are stopped for this session (L1, L2 and L5 go on)"))
 
     # -- after the call, and prompt-too-long -------------------------------------------------------
 
@@ -361,27 +398,33 @@ class Compactor:
             self.session.counter.observe(est, total)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
-        """After a prompt-too-long error: L4, then L5 if needed, until the request fits with a 5%
-        margin. Returns False when nothing more can be removed."""
+        """After a prompt-too-long error: L4 (unless the breaker is open), then L5, until the
+        request fits with a 5% margin. Returns False when nothing more can be removed."""
         s = self.session
         raw = s.render(breakpoints=False).raw_tokens
         if raw > 0:
             s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)
         goal = int((limit - max_tokens) * 0.95)
+        lim = self._limits(max_tokens)
         changed = False
         for level in ("L4", "L5"):
             view = build_view(s)
-            tokens = self._tokens(view)
+            tokens = s.counter.calibrated(view.total_tokens)
             if tokens <= goal:
                 return changed
             if level == "L4":
-                p = self._propose("L4", view, len(s))
+                if self.tripped:
+                    continue
+                p = self._guard(self._propose("L4", view, lim))
             else:
-                p = propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9)))
+                p = self._guard(propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9))))
             if p.empty:
                 continue
             try:
-                entries, cost = self._apply(p, True, _no_body)
+                entries, cost = self._apply(p, True, None)
+            except InvalidEditError as err:
+                self._planning_bug(level, f"the ledger refused {level}'s edit: {err}")
+                continue
             except Exception as err:  # the breaker counts it; L5 is next
                 self._fail(level, f"reactive {type(err).__name__}: {err}", tokens, getattr(err, "cost_usd", 0.0),
                            TurnReport(tokens, tokens))
@@ -389,6 +432,9 @@ class Compactor:
             self.summary_cost += cost
             changed = True
             self._emit("compaction", level=level, reason=f"prompt too long ({reported_tokens} > {limit})",
-                       tokens_before=tokens, tokens_after=self._tokens(build_view(s)), cost_usd=cost,
+                       tokens_before=tokens, tokens_after=self._now_tokens(), cost_usd=cost,
                        entries=[e.seq for e in entries])
-        return changed and self._tokens(build_view(s)) <= goal
+        return changed and self._now_tokens() <= goal
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

@@ -12,7 +12,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Event", "EventBus"]
+__all__ = ["WARNING_KINDS", "Event", "EventBus"]
+
+# what a user must hear about: failures, a full context, a planning bug, a burst of repeated calls;
+# compactions are INFO, a cache miss is logged at the level its class deserves (see middleware)
+WARNING_KINDS = frozenset({"failure", "breaker_open", "context_full", "refused", "repeated_tool_calls"})
 
 log = logging.getLogger("cachecompact")
 
@@ -27,8 +31,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 class Event:
     """One thing that happened to a session's context.
 
-    ``kind``: compaction | externalized | deferred | failure | breaker_open | context_full |
-    repeated_tool_calls | cache_break | skipped.
+    ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
+    context_full | repeated_tool_calls | cache_miss | skipped.
     """
 
     kind: str
@@ -58,14 +62,17 @@ class EventBus:
     def subscribe(self, fn: Callable[[Event], None]) -> None:
         self.callbacks.append(fn)
 
-    def emit(self, event: Event) -> Event:
+    def emit(self, event: Event, level: int | None = None) -> Event:
+        """Record, log (at ``level``, else the kind's default) and deliver an event."""
         self.history.append(event)
         if len(self.history) > self._keep:
             del self.history[: len(self.history) - self._keep]
-        level = logging.WARNING if event.kind in ("failure", "breaker_open", "context_full", "cache_break",
-                                                 "repeated_tool_calls") else logging.INFO
-        log.log(level, "%s %s %s: %s (%d -> %d tokens)", event.session_id[:12], event.kind, event.level or "",
-                event.reason, event.tokens_before, event.tokens_after)
+        if level is None:
+            level = logging.WARNING if event.kind in WARNING_KINDS else logging.INFO
+        if log.isEnabledFor(level):
+            tokens = f" ({event.tokens_before} -> {event.tokens_after} tokens)" if event.tokens_before else ""
+            log.log(level, "%s %s%s: %s%s", event.session_id[:16], event.kind, f" {event.level}" if event.level else "",
+                    event.reason, tokens)
         for fn in self.callbacks:
             try:
                 fn(event)

@@ -1,11 +1,9 @@
 """When to compact, how far, and whether it pays: triggers and cache economics (pure).
 
-Utilization is the rendered request's tokens over the limit (window minus margin, default
-200k - 20k = 180k). Triggers set the highest level allowed this turn; the compactor then
-tries levels from L1 upwards and takes the first whose estimated result is under the soft
-threshold (or the one that removes most, if none is). Every edit that changes bytes already
-sent must pay for the cache re-write it causes (see `economics`), unless the window forces it
-or the cache is cold anyway. docs/policy.md states the model and its parameters.
+`PolicyConfig` groups the settings (`Triggers`, `Economics`, `LevelSettings`, `Safety`).
+Token thresholds are fractions of the window, so one config serves an 8k and a 1M window
+alike; `limits` turns a config into token numbers for one request. docs/policy.md derives
+every default.
 """
 
 from __future__ import annotations
@@ -14,82 +12,178 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ContextFullError, PolicyConfigError
+from .errors import PolicyConfigError
 from .levels.micro import DEFAULT_WRITE_TOOLS
+from .levels.view import PLACEHOLDER_TOKENS
 from .pricing import ModelInfo
 
-__all__ = ["ContextFullError", "Economics", "PolicyConfig", "PolicyConfigError", "Trigger", "economics", "evaluate"]
+__all__ = [
+    "LEVEL_ORDER",
+    "MIN_WINDOW_TOKENS",
+    "Economics",
+    "Economy",
+    "LevelSettings",
+    "Limits",
+    "PolicyConfig",
+    "Safety",
+    "Trigger",
+    "Triggers",
+    "economics",
+    "evaluate",
+    "limits",
+]
 
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
+MIN_WINDOW_TOKENS = 8_000
+
+
+def _bad(msg: str) -> None:
+    raise PolicyConfigError(f"invalid PolicyConfig: {msg}")
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """Utilization thresholds, as fractions of the usable input (`Limits.limit`).
+
+    ``soft`` is fitted (half A, benchmarks/fit_policy.py); ``hard`` and ``critical`` are derived
+    unless set: ``critical`` leaves room for one typical turn of the session (the median growth
+    of the recent turns, at least 1% of the limit), and ``hard`` lies midway between ``soft``
+    and ``critical``.
+    """
+
+    soft: float = 0.80  # L1 from here on; also the target after compacting
+    hard: float | None = None  # L3 from here on
+    critical: float | None = None  # the window forces L4 (then L5) from here on
+
+    def __post_init__(self) -> None:
+        hard = self.hard if self.hard is not None else self.soft + 1e-9
+        crit = self.critical if self.critical is not None else max(hard, self.soft) + 1e-9
+        if not 0 < self.soft < 1 or not self.soft < hard < crit <= 1:
+            _bad(f"need 0 < soft < hard < critical <= 1 (got {self.soft}, {self.hard}, {self.critical})")
+
+
+@dataclass(frozen=True)
+class Economics:
+    """The cache-economic gate (see `economics`)."""
+
+    cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics
+    cache_ttl_s: float = 300.0  # TTL the agent's requests use; an idle gap beyond it means a cold cache
+    min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
+    max_remaining_turns: int = 50
+    min_batch_fraction: float = 0.08  # of the window: an edit that breaks a warm cache removes at least this
+
+    def __post_init__(self) -> None:
+        if self.cache_ttl_s <= 0:
+            _bad("cache_ttl_s must be positive")
+        if not 0 <= self.min_remaining_turns <= self.max_remaining_turns:
+            _bad("need 0 <= min_remaining_turns <= max_remaining_turns")
+        if not 0 <= self.min_batch_fraction < 1:
+            _bad("min_batch_fraction must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class LevelSettings:
+    """What each level may touch. Sizes in tokens are fractions of the window."""
+
+    keep_recent_results: int = 3  # every level keeps this many most recent results verbatim ...
+    keep_recent_tokens: int = 60_000  # ... and the newest tool output up to this many tokens (fitted, half A)
+    big_result_share: float = 0.25  # a new result over this share of the recent budget is shortened on entry (fitted)
+    key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size ...
+    key_max_chars: int = 1_500  # ... and at most this many characters of them
+    keep_rounds_l3: int = 8
+    keep_rounds_l4: int = 4
+    preview_chars: int = 2_000  # L2 keeps this much of the output verbatim
+    summary_tokens: int = 1_500  # planning estimate of a summary's size (3/4 of the summarizer's max_tokens)
+    write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
+    exempt_tools: frozenset[str] = frozenset()
+    is_write: Callable[[str, dict[str, Any]], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep_recent_results", "keep_rounds_l3", "keep_rounds_l4", "preview_chars", "summary_tokens"):
+            if getattr(self, name) < 0:
+                _bad(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep_recent_tokens < 0:
+            _bad("keep_recent_tokens must be >= 0")
+        for name in ("big_result_share", "key_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    @property
+    def min_clear_tokens(self) -> int:
+        """L1 clears a result only if it is at least 5 placeholders big (it then saves >= 80%)."""
+        return 5 * PLACEHOLDER_TOKENS
+
+    @property
+    def old_result_tokens(self) -> int:
+        """L2 shortens an old result only if it is at least 4 previews big (it then saves >= 75%)."""
+        return self.preview_chars  # 4 previews of preview_chars / 4 tokens each
+
+
+@dataclass(frozen=True)
+class Safety:
+    failure_limit: int = 3  # consecutive failures before the breaker stops summaries
+    estimate_error: float = 0.05  # of the window, kept free for token-estimate error
+
+    def __post_init__(self) -> None:
+        if self.failure_limit < 1:
+            _bad("failure_limit must be at least 1")
+        if not 0 <= self.estimate_error < 0.5:
+            _bad("estimate_error must be in [0, 0.5)")
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Every threshold of the default policy. Fractions are of ``window - margin``."""
+    """Every setting of the default policy. ``window_tokens=None``: the model's own window."""
 
-    window_tokens: int = 200_000
-    margin_tokens: int = 20_000
-    soft: float = 0.70  # L1 (with enough steps since the last compaction); also the target after compaction
-    hard: float = 0.85  # L3
-    critical: float = 0.95  # L4; the window forces edits from here on
-    full_after: float = 0.90  # still above this after compacting: ContextFullError
-    min_steps_l1: int = 5
-    tool_share: float = 0.60  # tool output share of the context that triggers L2/L1 ...
-    tool_share_min_steps: int = 8  # ... after this many steps
-    tool_share_min_utilization: float = 0.0  # ... and at least this utilization
-    big_result_tokens: int = 10_000  # a single result this big is externalized on entry (L2)
-    result_chars_budget: int = 30_000  # per-result character budget (the first seed's tool_result_budget)
-    turn_chars_budget: int = 200_000  # per-turn budget for all results of one message
-    preview_chars: int = 2_000
-    old_result_min_tokens: int = 2_000  # L2 on old results (tool-share trigger): only results this big
-    keep_recent_results: int = 3  # L1 keeps this many most recent results verbatim
-    min_clear_tokens: int = 300  # L1 clears only results well above their placeholder (recall vs saving)
-    keep_rounds_l3: int = 8
-    keep_rounds_l4: int = 4
-    summary_tokens: int = 1_500  # planning estimate of a summary's size
-    write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
-    exempt_tools: frozenset[str] = frozenset()
-    is_write: Callable[[str, dict[str, Any]], bool] | None = None
-    cache_ttl_s: float = 300.0
-    min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
-    max_remaining_turns: int = 50
-    min_batch_tokens: int = 8_000  # an edit that breaks a warm cache must remove at least this much
-    cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics
-    failure_limit: int = 3
-    extra: dict[str, Any] = field(default_factory=dict)
+    window_tokens: int | None = None
+    triggers: Triggers = field(default_factory=Triggers)
+    economics: Economics = field(default_factory=Economics)
+    levels: LevelSettings = field(default_factory=LevelSettings)
+    safety: Safety = field(default_factory=Safety)
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise PolicyConfigError(f"invalid PolicyConfig: {msg}")
+        w = self.window_tokens
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < MIN_WINDOW_TOKENS):
+            _bad(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, got {w!r}")
 
-        if self.window_tokens <= 0 or self.margin_tokens < 0 or self.margin_tokens >= self.window_tokens:
-            bad(f"need window_tokens > margin_tokens >= 0 (got {self.window_tokens}, {self.margin_tokens})")
-        if not 0 < self.soft < self.hard < self.critical <= 1:
-            bad(f"need 0 < soft < hard < critical <= 1 (got {self.soft}, {self.hard}, {self.critical})")
-        if not self.soft <= self.full_after <= 1:
-            bad(f"need soft <= full_after <= 1 (got {self.full_after})")
-        if not 0 < self.tool_share <= 1:
-            bad(f"tool_share must be in (0, 1], got {self.tool_share}")
-        if not 0 <= self.tool_share_min_utilization <= self.soft:
-            bad(f"tool_share_min_utilization must be in [0, soft], got {self.tool_share_min_utilization}")
-        for name in ("min_steps_l1", "tool_share_min_steps", "big_result_tokens", "result_chars_budget",
-                     "turn_chars_budget", "preview_chars", "old_result_min_tokens", "keep_recent_results",
-                     "min_clear_tokens", "keep_rounds_l3", "keep_rounds_l4", "summary_tokens", "min_remaining_turns",
-                     "max_remaining_turns", "min_batch_tokens", "failure_limit"):
-            if getattr(self, name) < 0:
-                bad(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.failure_limit < 1:
-            bad("failure_limit must be at least 1")
-        if self.min_remaining_turns > self.max_remaining_turns:
-            bad("min_remaining_turns > max_remaining_turns")
-        if self.cache_ttl_s <= 0:
-            bad("cache_ttl_s must be positive")
-        if self.preview_chars > self.result_chars_budget:
-            bad("preview_chars must not exceed result_chars_budget")
+    def window_for(self, model: ModelInfo | None) -> int:
+        """The window in force: the configured one, else the model's."""
+        if self.window_tokens is not None:
+            return self.window_tokens
+        return model.context_window if model is not None else 200_000
 
-    @property
-    def limit(self) -> int:
-        return self.window_tokens - self.margin_tokens
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A config turned into tokens for one request (all API-calibrated estimates)."""
+
+    window: int
+    limit: int  # usable input: window - max_tokens - estimate error
+    soft: int
+    hard: int
+    critical: int
+    keep_recent: int  # newest tool output kept verbatim: what fits beside the prefix and a summary
+    big_result: int  # a new result over this is shortened on entry
+    old_result: int
+    min_batch: int
+
+
+def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0) -> Limits:
+    """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
+    ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free, and
+    ``growth`` the most one turn has added lately."""
+    reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
+    limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
+    t, lv = cfg.triggers, cfg.levels
+    soft = int(t.soft * limit)
+    critical = int(t.critical * limit) if t.critical is not None else \
+        max(soft + 2, limit - max(growth, limit // 100))
+    hard = int(t.hard * limit) if t.hard is not None else (soft + critical) // 2
+    room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
+    keep = min(lv.keep_recent_tokens, room)
+    return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
+                  keep_recent=keep, big_result=max(lv.old_result_tokens, int(lv.big_result_share * keep)),
+                  old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +195,24 @@ class Trigger:
     forced: bool = False  # the window forces it: cache economics do not apply
 
 
-def evaluate(cfg: PolicyConfig, *, tokens: int, steps_since: int, steps: int, tool_share: float,
-             new_user_message: bool, max_tokens: int = 0) -> Trigger:
-    """The multi-signal triggers; ``tokens`` are API-calibrated estimates of the next request."""
-    u = tokens / cfg.limit
-    if u >= cfg.critical or tokens + max_tokens > cfg.window_tokens:
-        return Trigger("L4", f"utilization {u:.2f} >= {cfg.critical} (critical)", forced=True)
-    if u >= cfg.hard:
-        return Trigger("L3", f"utilization {u:.2f} >= {cfg.hard} (hard)")
-    if u >= cfg.soft and new_user_message:
-        return Trigger("L1", f"new user message at utilization {u:.2f}")
-    if u >= cfg.soft and steps_since >= cfg.min_steps_l1:
-        return Trigger("L1", f"utilization {u:.2f} >= {cfg.soft} with {steps_since} steps since the last compaction")
-    if tool_share > cfg.tool_share and steps >= cfg.tool_share_min_steps and u >= cfg.tool_share_min_utilization:
-        return Trigger("L2", f"tool output is {tool_share:.0%} of the context after {steps} steps")
+def evaluate(lim: Limits, *, tokens: int, old_tool_tokens: int) -> Trigger:
+    """The triggers; ``tokens`` is the API-calibrated estimate of the next request and
+    ``old_tool_tokens`` the tool calls and output beyond the recent budget (what L1/L2 could clear)."""
+    u = tokens / lim.limit
+    if tokens >= lim.critical:
+        return Trigger("L4", f"utilization {u:.2f} >= critical {lim.critical / lim.limit:.2f}", forced=True)
+    if tokens >= lim.hard:
+        return Trigger("L3", f"utilization {u:.2f} >= hard {lim.hard / lim.limit:.2f}")
+    if tokens >= lim.soft:
+        return Trigger("L1", f"utilization {u:.2f} >= soft {lim.soft / lim.limit:.2f}")
+    if old_tool_tokens >= max(1, lim.min_batch):
+        return Trigger("L2", f"{old_tool_tokens} tokens of tool calls and output older than the recent budget "
+                             f"({lim.keep_recent} tokens)")
     return Trigger(None, f"utilization {u:.2f}: nothing to do")
 
 
 @dataclass(frozen=True, slots=True)
-class Economics:
+class Economy:
     """Dollars: what an edit costs now (cache re-write, summary call) and saves later."""
 
     rewrite_cost: float
@@ -137,7 +230,7 @@ class Economics:
 
 
 def economics(cfg: PolicyConfig, price: ModelInfo, *, removed: int, suffix: int, steps: int, cold: bool,
-              summary_cost: float = 0.0, ttl: str = "5m") -> Economics:
+              summary_cost: float = 0.0, ttl: str = "5m") -> Economy:
     """The cache model of docs/policy.md.
 
     Without the edit the next request reads the ``suffix`` (tokens from the edit point to the
@@ -146,5 +239,6 @@ def economics(cfg: PolicyConfig, price: ModelInfo, *, removed: int, suffix: int,
     """
     write = price.write_1h if ttl == "1h" else price.write_5m
     rewrite = 0.0 if cold else max(0.0, ((suffix - removed) * write - suffix * price.read) / 1e6)
-    remaining = max(cfg.min_remaining_turns, min(cfg.max_remaining_turns, steps))
-    return Economics(rewrite, removed * price.read / 1e6, remaining, summary_cost)
+    e = cfg.economics
+    remaining = max(e.min_remaining_turns, min(e.max_remaining_turns, steps))
+    return Economy(rewrite, removed * price.read / 1e6, remaining, summary_cost)

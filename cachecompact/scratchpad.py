@@ -1,8 +1,8 @@
 """Content-addressed storage for tool output taken out of the context (L2), readable again.
 
-A reference is ``sp_`` + the first 32 hex digits of the sha256 of the UTF-8 content, and
-the file is ``DIR/<ref>.txt`` (mode 0600). References are checked against that exact
-pattern before any path is built, so ``../../etc/passwd`` or any id that would leave the
+A reference is ``sp_`` + the first 32 hex digits of the sha256 of the UTF-8 content; in a
+folder the file is ``DIR/<ref>.txt`` (mode 0600). References are checked against that exact
+pattern before anything is looked up, so ``../../etc/passwd`` or any id that would leave the
 folder is refused with `ScratchpadRefError`.
 """
 
@@ -13,9 +13,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ScratchpadRefError
+from .store import SessionStore
+from .store.safefs import atomic_replace, ensure_dir
+
+if TYPE_CHECKING:
+    from .session import Session
 
 __all__ = ["READ_SCRATCHPAD_TOOL", "Scratchpad", "ScratchpadRefError"]
 
@@ -41,66 +46,74 @@ READ_SCRATCHPAD_TOOL: dict[str, Any] = {
 
 
 class Scratchpad:
-    """A folder of externalized outputs, keyed by content hash (writing twice is a no-op)."""
+    """Externalized outputs, keyed by content hash (writing twice is a no-op).
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
-        self._path = Path(path) if path is not None else None
+    Backed by a session's store (a persisted session keeps them with its records: the
+    session directory's ``scratchpad/`` folder, or the database) or by a folder; an
+    in-memory session gets a private temporary folder (mode 0700) made on first use, so
+    nothing lands in the working directory.
+    """
+
+    def __init__(self, where: str | os.PathLike[str] | SessionStore | None = None) -> None:
+        self._store = where if isinstance(where, SessionStore) else None
+        self._path = Path(where) if isinstance(where, (str, os.PathLike)) else None
 
     @property
     def path(self) -> Path:
-        """The folder; a private temporary one (mode 0700) is made on first use when none was given."""
+        """The folder the content lives in (file-backed scratchpads only)."""
+        if self._store is not None:
+            loc = Path(self._store.location) / "scratchpad"
+            return loc
         if self._path is None:
             self._path = Path(tempfile.mkdtemp(prefix="cachecompact-scratchpad-"))
         return self._path
 
     @classmethod
-    def for_session(cls, session_path: Path | None) -> Scratchpad:
-        """``<session dir>/scratchpad`` for a persisted session; for an in-memory one a temporary
-        folder made only if something is externalized, so nothing lands in the working directory."""
-        return cls(Path(session_path) / "scratchpad" if session_path is not None else None)
+    def for_session(cls, session: Session | None) -> Scratchpad:
+        """The scratchpad of ``session``: its store when persisted, else a temporary folder."""
+        return cls(session.store if session is not None and session.store is not None else None)
 
-    def _file(self, ref: str) -> Path:
+    @staticmethod
+    def _check(ref: object) -> str:
         if not isinstance(ref, str) or not REF_RE.match(ref):
             raise ScratchpadRefError(f"invalid scratchpad reference {str(ref)[:80]!r}: expected sp_ + 32 hex digits")
-        p = self.path / f"{ref}.txt"
-        if p.resolve().parent != self.path.resolve():
-            raise ScratchpadRefError(f"scratchpad reference {ref!r} escapes {self.path}")
-        return p
+        return ref
 
     @staticmethod
     def ref_for(text: str) -> str:
         return "sp_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     def put(self, text: str) -> str:
-        """Store ``text`` (atomically, fsynced, mode 0600); return its reference."""
+        """Store ``text`` (atomically, fsynced, private); return its reference."""
         ref = self.ref_for(text)
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        final = self._file(ref)
-        if final.exists():
+        data = text.encode("utf-8")
+        if self._store is not None:
+            self._store.put_blob(ref, data)
             return ref
-        tmp = self.path / f".{ref}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            data = text.encode("utf-8")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        folder = self.path
+        ensure_dir(folder)
+        final = folder / f"{ref}.txt"
+        if not final.is_file():
+            atomic_replace(final, data)
         return ref
+
+    def _get(self, ref: str) -> str:
+        ref = self._check(ref)
+        if self._store is not None:
+            data = self._store.get_blob(ref)
+        else:
+            p = self.path / f"{ref}.txt"
+            data = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        if data is None:
+            raise ScratchpadRefError(f"unknown scratchpad reference {ref!r}")
+        return data.decode("utf-8")
 
     def read(self, ref: str, offset: int = 0, limit: int = MAX_READ) -> str:
         """``limit`` characters from ``offset``; raises `ScratchpadRefError` for unknown refs."""
-        p = self._file(ref)
+        self._check(ref)
         if not isinstance(offset, int) or offset < 0 or not isinstance(limit, int) or limit < 1:
             raise ScratchpadRefError("offset must be >= 0 and limit >= 1")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ScratchpadRefError(f"unknown scratchpad reference {ref!r}") from None
-        return text[offset: offset + min(limit, MAX_READ)]
+        return self._get(ref)[offset: offset + min(limit, MAX_READ)]
 
     def handle_tool_call(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
         """Run a ``read_scratchpad`` call: (tool_result content, is_error)."""
@@ -109,7 +122,7 @@ class Scratchpad:
             offset = int(tool_input.get("offset", 0))
             limit = int(tool_input.get("limit", MAX_READ))
             chunk = self.read(str(ref), offset, limit)
-            total = len(self._file(str(ref)).read_text(encoding="utf-8"))
+            total = len(self._get(str(ref)))
         except (ScratchpadRefError, TypeError, ValueError) as err:
             return f"read_scratchpad error: {err}", True
         end = offset + len(chunk)

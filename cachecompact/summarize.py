@@ -23,11 +23,12 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from .errors import SummaryRejected
+from .extractive import block_texts, summary_facts
 from .pricing import get_model
 from .wire import canonical_bytes
 
@@ -43,8 +44,6 @@ __all__ = [
     "SummaryRequest",
     "SummaryResult",
     "check_summary",
-    "extract_facts",
-    "facts_from_summary_request",
     "format_summary",
     "open_issues_of",
     "parse_summary",
@@ -108,6 +107,7 @@ class SummaryResult:
     duration_s: float = 0.0
 
 
+@runtime_checkable
 class Summarizer(Protocol):
     def summarize(self, req: SummaryRequest) -> SummaryResult: ...
 
@@ -180,74 +180,13 @@ def open_issues_of(text: str) -> list[str]:
 
 # -- extractive -------------------------------------------------------------------------------------
 
-_PATH_RE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|"
-                      r"toml|yaml|yml|txt|cfg|ini|sh|c|h|cpp|java|rb))(?![\w/])")
-_ISSUE_RE = re.compile(r"\b(\w*error|\w*exception|fail(?:s|ed|ing|ure)?|traceback|todo|not yet|still|remaining|bug)\b",
-                       re.I)
-
-
-def _texts(m: dict[str, Any]) -> list[str]:
-    content = m.get("content")
-    if isinstance(content, str):
-        return [content]
-    out = []
-    for b in content or []:
-        if not isinstance(b, dict):
-            continue
-        if b.get("type") == "text":
-            out.append(str(b.get("text", "")))
-        elif b.get("type") == "tool_result":
-            c = b.get("content")
-            out.append(c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
-                                                             if isinstance(x, dict)))
-        elif b.get("type") == "tool_use":
-            out.append(f"{b.get('name')}({canonical_bytes(b.get('input', {})).decode()})")
-    return out
-
-
-def _first_line(s: str, limit: int = 160) -> str:
-    return next((x.strip() for x in s.splitlines() if x.strip()), "")[:limit]
-
-
-def extract_facts(messages: Sequence[dict[str, Any]], goal: str | None = None) -> dict[str, Any]:
-    """Extractive facts: goal (first user text), steps, findings, issues and files."""
-    if goal is None:
-        goal = ""
-        for m in messages:
-            if m.get("role") == "user":
-                t = " ".join(x for x in _texts(m) if x and not x.startswith(("[cachecompact", SUMMARY_MARKER)))
-                if t.strip():
-                    goal = t.strip()
-                    break
-    steps: list[str] = []
-    findings: list[str] = []
-    issues: list[str] = []
-    files: dict[str, str] = {}
-    for m in messages:
-        for t in _texts(m):
-            if t.startswith(SUMMARY_MARKER):
-                continue
-            for p in _PATH_RE.findall(t):
-                files.setdefault(p, "mentioned" if m.get("role") == "user" else "used")
-            if m.get("role") == "assistant":
-                if t and not t.startswith("["):
-                    steps.append(_first_line(t))
-            elif _ISSUE_RE.search(t or ""):
-                issues.append(_first_line(next((x for x in t.splitlines() if _ISSUE_RE.search(x)), t)))
-            elif t:
-                findings.append(_first_line(t))
-    return {"task_goal": goal, "completed_steps": steps[-12:], "key_findings": findings[-12:],
-            "open_issues": list(dict.fromkeys(issues))[-6:],
-            "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]]}
-
-
 class ExtractiveSummarizer:
     """Offline fallback with the same schema: no model call, no cost."""
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
-        facts = extract_facts(req.messages, req.goal)
-        facts["open_issues"] = list(dict.fromkeys([*req.previous_open_issues, *facts["open_issues"]]))
+        facts = summary_facts(req.messages, req.goal, req.previous_open_issues, skip_prefixes=("[cachecompact",
+                                                                                               SUMMARY_MARKER))
         s = parse_summary(facts)
         check_summary(s, req.goal, req.previous_open_issues)
         return SummaryResult(s, 0.0, {}, "extractive", time.perf_counter() - t0)
@@ -255,10 +194,12 @@ class ExtractiveSummarizer:
 
 # -- LLM ----------------------------------------------------------------------------------------------
 
-def _serialize(messages: Sequence[dict[str, Any]], limit: int = 2000) -> str:
+def _serialize(messages: Sequence[dict[str, Any]], limit: int = 20_000) -> str:
+    """The range as ``role: text`` lines for a forced-tool summary (each block cut at ``limit``
+    characters, so one huge output cannot crowd out the rest)."""
     lines = []
     for m in messages:
-        for t in _texts(m):
+        for _, t in block_texts(m):
             t = t if len(t) <= limit else t[:limit] + f" [... {len(t) - limit} more characters]"
             lines.append(f"{m.get('role')}: {t}")
     return "\n".join(lines)
@@ -273,39 +214,13 @@ def _instructions(req: SummaryRequest, how: str) -> str:
             "</open_issues>\nKeep exact identifiers: file paths, function names, ids, numbers, commands.")
 
 
-def facts_from_summary_request(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """For an offline model: the extractive facts a summary request asks for, or None if it is
-    not one. Understands both shapes `LLMSummarizer` sends."""
-    def text_of(m: dict[str, Any]) -> str:
-        return "\n".join(_texts(m))
-
-    idx = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"
-                and text_of(messages[i]).startswith(SUMMARY_MARKER)), None)
-    if idx is None:
-        return None
-    ask = text_of(messages[idx])
-    goal_m = re.search(r"<goal>(.*?)</goal>", ask, re.S)
-    issues_m = re.search(r"<open_issues>\n(.*?)\n</open_issues>", ask, re.S)
-    prev = [x[2:] for x in (issues_m.group(1).splitlines() if issues_m else []) if x.startswith("- ")
-            and x[2:] != "(none)"]
-    conv_m = re.search(r"<conversation>\n(.*)\n</conversation>", ask, re.S)
-    if conv_m:  # forced-tool shape: the range is serialized as "role: text" lines
-        convo = [{"role": ln.split(": ", 1)[0], "content": ln.split(": ", 1)[1]}
-                 for ln in conv_m.group(1).splitlines() if ": " in ln and ln.split(": ", 1)[0] in ("user", "assistant")]
-    else:  # prefix-reuse shape: the conversation is the request itself
-        convo = list(messages[:idx])
-    facts = extract_facts(convo, goal_m.group(1) if goal_m else None)
-    facts["open_issues"] = list(dict.fromkeys([*prev, *facts["open_issues"]]))
-    return facts
-
-
 @dataclass
 class LLMSummarizer:
     """Summaries from a model through the anthropic SDK; see the module docstring for modes."""
 
     client: Any  # anthropic.Anthropic
     model: str = "claude-haiku-4-5"
-    mode: Literal["auto", "forced-tool", "prefix-reuse"] = "auto"
+    mode: str = "auto"  # "auto" | "forced-tool" | "prefix-reuse"
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
 

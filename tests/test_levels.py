@@ -11,13 +11,16 @@ import pytest
 
 from cachecompact import Session
 from cachecompact.emulator import Emulator
+from cachecompact.emulator.validation import validate_request
 from cachecompact.levels import (
     build_view,
+    propose_entry_summary,
     propose_full,
     propose_micro,
     propose_tool_summary,
     propose_truncate,
     propose_turn_collapse,
+    results_since,
     rule_summary,
 )
 from cachecompact.levels.micro import DEFAULT_WRITE_TOOLS
@@ -34,7 +37,6 @@ from cachecompact.summarize import (
     open_issues_of,
     parse_summary,
 )
-from cachecompact.validate import validate_request
 
 from .conftest import history
 
@@ -88,7 +90,7 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
     s = session_with(turns)
     view = build_view(s)
     p = propose_micro(view, keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset({"memory"}),
-                      min_tokens=100)
+                      min_tokens=100, keep_recent_tokens=0)
     cleared = {e.start for e in p.edits}
     ids = {r.message: r.name for r in view.results}
     assert {ids[i] for i in cleared} == {"read_file"} and len(cleared) == 3  # 6 reads - 3 recent
@@ -102,6 +104,10 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
     # a caller predicate can mark writes too
     p2 = propose_micro(build_view(s), keep_recent=0, write_tools=frozenset(), exempt_tools=frozenset(),
                        min_tokens=100, is_write=lambda name, inp: name == "read_file")
+    # and a token budget keeps the newest results verbatim too
+    p3 = propose_micro(build_view(session_with(turns)), keep_recent=0, write_tools=DEFAULT_WRITE_TOOLS,
+                       exempt_tools=frozenset({"memory"}), min_tokens=100, keep_recent_tokens=10**9)
+    assert not p3.edits
     assert all(view.results[0].name != "read_file" or e.tool_use_id != "toolu_0" for e in p2.edits)
 
 
@@ -122,39 +128,66 @@ def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:
     assert [(e.start, e.tool_use_id) for e in p.edits][:1] == [(2, "toolu_r")]
 
 
+def test_l1_placeholder_keeps_key_lines_verbatim() -> None:
+    code = "\n".join(["import os", "", 'TIMEOUT_S = "30"', "def parse(path, limit=3):", "    x = 1",
+                       "    return x", *(f"    y{k} = {k}" for k in range(200)), "class Loader:", "    pass"])
+    s = session_with([tool_turn(0, "read_file", code), *(tool_turn(k, "read_file", "z\n" * 300)
+                                                        for k in range(1, 5))])
+    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+                      min_tokens=50, key_fraction=0.25, key_max_chars=1500, counter=s.counter)
+    text = p.edits[0].summary  # type: ignore[union-attr]
+    assert 'TIMEOUT_S = "30"' in text.split("\n") and "def parse(path, limit=3):" in text.split("\n")
+    assert "class Loader:" in text.split("\n") and "    y3 = 3" not in text
+    assert "read_scratchpad" not in text and "run the tool again" in text
+
+
 # -- L2 ---------------------------------------------------------------------------------------------
 
-def test_l2_on_entry_externalizes_without_breaking_the_cache(tmp_path: Path) -> None:
+def test_l2_on_entry_shortens_without_breaking_the_cache(tmp_path: Path) -> None:
     big = "\n".join(f"src/mod{k % 7}.py:{k}: def handler_{k}(): pass" for k in range(3000))
     s = session_with([tool_turn(0, "read_file", "small")])
     before = s.render()
     since = len(s)
     s.append(tool_turn(1, "grep", big, {"pattern": "handler"}))
     sp = Scratchpad(tmp_path / "sp")
-    p = propose_tool_summary(build_view(s), sp, s.counter, since=since, big_tokens=10_000, result_chars=30_000,
-                             turn_chars=200_000, preview_chars=2_000)
+    p = propose_entry_summary(results_since(s, since), sp, s.counter, big_tokens=10_000, turn_tokens=50_000,
+                              preview_chars=2_000, key_chars=1_500)
     assert len(p.edits) == 1 and p.break_at is None
     e = s.edit(p.edits[0], level="L2")
     after = s.render()
     assert after.first_divergence(before) is None  # only new content changed: nothing cached breaks
     shown = after.body["messages"][-1]["content"][0]["content"]
-    ref = shown.split("scratchpad as ")[1].split(" ")[0]
-    assert "grep: 3000 matches in 7 files" in shown and len(shown) < 5000 and "they mention: " in shown
+    ref = shown.split("scratchpad as ")[1].split(";")[0]
+    assert "grep: 3000 matches in 7 files" in shown and len(shown) < 5000
+    assert "src/mod6.py:2999: def handler_2999(): pass" not in shown  # past both budgets
     assert (tmp_path / "sp" / f"{ref}.txt").read_text() == big and sp.read(ref, 100, 50) == big[100:150]
     assert e.tokens_after < e.tokens_before // 10
+    # without the scratchpad tool the placeholder never names it: re-run the tool instead
+    plain = propose_entry_summary(results_since(s, since), None, s.counter, big_tokens=10_000, turn_tokens=50_000,
+                                  preview_chars=2_000)
+    assert "read_scratchpad" not in plain.edits[0].summary and "run the tool again" in plain.edits[0].summary  # type: ignore[union-attr]
 
 
 def test_l2_turn_budget_takes_largest_results_first(tmp_path: Path) -> None:
-    results = [("toolu_a", "a" * 120_000), ("toolu_b", "b" * 90_000), ("toolu_c", "c" * 25_000)]
+    results = [("toolu_a", "a " * 60_000), ("toolu_b", "b " * 45_000), ("toolu_c", "c " * 12_500)]
     msgs = [{"role": "user", "content": GOAL},
             {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": "bash", "input": {"command": "x"}}
                                               for i, _ in results]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": c} for i, c in results]}]
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    p = propose_tool_summary(build_view(s), Scratchpad(tmp_path), s.counter, since=1, big_tokens=10**9,
-                             result_chars=10**9, turn_chars=200_000, preview_chars=2_000)
-    assert [e.tool_use_id for e in p.edits] == ["toolu_a"]  # 235k -> 117k chars once the largest goes
+    p = propose_entry_summary(results_since(s, 1), Scratchpad(tmp_path), s.counter, big_tokens=10**9,
+                              turn_tokens=70_000, preview_chars=2_000)
+    assert [e.tool_use_id for e in p.edits] == ["toolu_a"]  # 117k -> 58k tokens once the largest goes
+
+
+def test_l2_on_old_results_keeps_the_recent_ones_and_the_prefix() -> None:
+    s = session_with([tool_turn(k, "bash", f"out {k} " * 2000, {"command": f"run {k}"}) for k in range(8)], prefix=3)
+    p = propose_tool_summary(build_view(s), None, s.counter, old_min_tokens=1000, preview_chars=400,
+                             keep_recent=2, keep_recent_tokens=0)
+    assert p.edits and all(e.start >= 3 for e in p.edits)
+    assert {e.tool_use_id for e in p.edits}.isdisjoint({"toolu_6", "toolu_7"})
+    assert p.break_at == min(e.start for e in p.edits)
 
 
 @pytest.mark.parametrize(("name", "inp", "text", "expect"), [
@@ -249,13 +282,12 @@ def test_llm_summarizer_through_the_sdk(mode: str) -> None:
 
 def test_in_memory_sessions_keep_the_scratchpad_out_of_the_working_directory(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachecompact.compactor import Compactor
-
     monkeypatch.chdir(tmp_path)
-    c = Compactor(Session.create(None))
-    c.scratchpad.put("big output")
-    assert not c.scratchpad.path.is_relative_to(tmp_path)
-    assert stat.S_IMODE(c.scratchpad.path.stat().st_mode) == 0o700
-    persisted = Compactor(Session.create(tmp_path / "s"))
-    assert persisted.scratchpad.path == tmp_path / "s" / "scratchpad"
+    sp = Scratchpad.for_session(Session.create(None))
+    sp.put("big output")
+    assert not sp.path.is_relative_to(tmp_path)
+    assert stat.S_IMODE(sp.path.stat().st_mode) == 0o700
+    persisted = Session.create(tmp_path / "s")
+    ref = Scratchpad.for_session(persisted).put("more output")
+    assert (tmp_path / "s" / "scratchpad" / f"{ref}.txt").read_text() == "more output"
     assert list(tmp_path.iterdir()) == [tmp_path / "s"]

@@ -1,12 +1,12 @@
-"""The five compaction levels, cheapest first. Each one only plans ledger edits (and L2 writes
+"""The five compaction levels, cheapest first. Each one only plans ledger edits (and L2 may write
 the scratchpad); the policy decides which to use and the compactor appends them."""
 
 from .full import propose_full
-from .micro import DEFAULT_WRITE_TOOLS, is_write_op, propose_micro
-from .tool_summary import externalized_text, propose_tool_summary, rule_summary
+from .micro import DEFAULT_WRITE_TOOLS, cleared_text, is_write_op, propose_micro
+from .tool_summary import externalized_text, propose_entry_summary, propose_tool_summary, rule_summary
 from .truncate import propose_truncate
 from .turn_collapse import propose_turn_collapse
-from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, build_view
+from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, build_view, message_results, results_since
 
 __all__ = [
     "DEFAULT_WRITE_TOOLS",
@@ -15,12 +15,16 @@ __all__ = [
     "ResultInfo",
     "View",
     "build_view",
+    "cleared_text",
     "externalized_text",
     "is_write_op",
+    "message_results",
+    "propose_entry_summary",
     "propose_full",
     "propose_micro",
     "propose_tool_summary",
     "propose_truncate",
     "propose_turn_collapse",
+    "results_since",
     "rule_summary",
 ]

@@ -15,7 +15,7 @@ def propose_full(view: View, *, keep_rounds: int, summary_tokens: int) -> Propos
     p = Proposal("L4", f"summarize everything after the prefix except the last {keep_rounds} rounds",
                  previous_summary=prev)
     end = max((e for e in view.round_ends if start <= e < tail), default=None)
-    if end is None:
+    if end is None or view.tokens_between(start, end) <= summary_tokens:
         return p
     p.summarize = (start, end)
     p.tokens_removed = max(0, view.tokens_between(start, end) - summary_tokens)

@@ -1,9 +1,10 @@
 """L1 micro: clear old tool results in place, keeping every tool_use/tool_result pair.
 
-Results beyond the most recent ``keep_recent`` are cleared, except write operations (their
-results are the model's only evidence that the action ran; clearing them invites a repeat)
-and exempt tools. All eligible results are cleared in one batch, so one cache break removes
-as much as possible.
+Results older than the most recent ones (a count, and a budget of tool-output tokens) are
+cleared, except write operations (their results are the model's only evidence that the
+action ran; clearing them invites a repeat) and exempt tools. A placeholder keeps the
+result's key lines verbatim (`keylines`): definitions, assignments, errors, search hits. All
+eligible results are cleared in one batch, so one cache break removes as much as possible.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..identifiers import digest
-from ..ledger import ReplaceWithSummary
-from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View
+from ..keylines import key_lines
+from ..ledger import ReplaceWithSummary, SkipRange
+from ..tokens import TokenCounter
+from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, older_tool_blocks
 
 __all__ = ["DEFAULT_WRITE_TOOLS", "cleared_text", "is_write_op", "propose_micro"]
 
@@ -29,31 +31,41 @@ def is_write_op(r: ResultInfo, write_tools: frozenset[str],
     return r.name in write_tools or (predicate is not None and predicate(r.name, r.input))
 
 
-def cleared_text(r: ResultInfo, digest_share: float = 0.25, digest_max_chars: int = 1200) -> str:
-    """The placeholder: what was cleared, how to get it back, and the identifiers it mentioned
-    (within ``digest_share`` of the result's own size), so later references stay resolvable."""
-    ids = digest(r.text, min(digest_max_chars, int(r.chars * digest_share)))
-    return (f"[cachecompact: old {r.name} result cleared to save context (~{r.tokens} tokens); run the tool again "
-            f"for the full output." + (f" It mentioned: {ids}" if ids else "") + "]")
+def cleared_text(r: ResultInfo, key_budget: int = 0) -> str:
+    """The placeholder: what was cleared, its key lines (verbatim, within ``key_budget``
+    characters), and how to get the rest back with the agent's own tools."""
+    keep = key_lines(r.text, key_budget) if key_budget > 0 else []
+    head = (f"[cachecompact: old {r.name} result cleared to save context (~{r.tokens} tokens); "
+            + ("its key lines follow; " if keep else "") + "run the tool again if you need the rest.]")
+    return head + ("\n" + "\n".join(keep) if keep else "")
 
 
 def propose_micro(view: View, *, keep_recent: int, write_tools: frozenset[str], exempt_tools: frozenset[str],
                   min_tokens: int, is_write: Callable[[str, dict[str, Any]], bool] | None = None,
-                  keep_after: int | None = None) -> Proposal:
-    """Clear every eligible old result. ``keep_after``: never touch messages at or after it."""
-    visible = [r for r in view.results if r.visible and r.message >= view.prefix_end]
-    old = visible[:-keep_recent] if keep_recent > 0 else visible
+                  keep_recent_tokens: int = 0, key_fraction: float = 0.0, key_max_chars: int = 0,
+                  counter: TokenCounter | None = None) -> Proposal:
+    """Clear every eligible old result: all but the ``keep_recent`` most recent results and the
+    results within the most recent ``keep_recent_tokens`` of tool output stay verbatim. A
+    placeholder keeps up to ``key_fraction`` of the result's characters (at most
+    ``key_max_chars``) of its key lines."""
+    old, old_calls = older_tool_blocks(view, keep_recent, keep_recent_tokens)
     chosen = [r for r in old if not r.edited and r.tokens >= min_tokens and r.name not in exempt_tools
-              and not is_write_op(r, write_tools, is_write) and (keep_after is None or r.message < keep_after)]
-    p = Proposal("L1", f"clear {len(chosen)} old tool result(s), keeping the last {keep_recent}")
-    if not chosen:
+              and not is_write_op(r, write_tools, is_write)]
+    # the inputs of old calls (a file write's content, a long command) go too: a call's result is
+    # what tells the agent what it did, and a write's result is kept
+    calls = [c for c in old_calls if not c.edited and c.tokens >= min_tokens and c.name not in exempt_tools]
+    p = Proposal("L1", f"clear {len(chosen)} old tool result(s) and {len(calls)} old tool input(s), keeping the last "
+                       f"{keep_recent} results and the newest {keep_recent_tokens} tokens of tool output")
+    if not chosen and not calls:
         return p
-    by_msg: dict[int, list[ResultInfo]] = {}
     for r in chosen:
-        by_msg.setdefault(r.message, []).append(r)
-    for i in sorted(by_msg):
-        p.edits += [ReplaceWithSummary(i, i, cleared_text(r), "L1: old tool output", tool_use_id=r.tool_use_id)
-                    for r in by_msg[i]]
-    p.tokens_removed = sum(max(0, r.tokens - PLACEHOLDER_TOKENS - r.chars // 16) for r in chosen)
-    p.break_at = min(by_msg)
+        text = cleared_text(r, min(key_max_chars, int(key_fraction * r.chars)))
+        p.edits.append(ReplaceWithSummary(r.message, r.message, text, "L1: old tool output", tool_use_id=r.tool_use_id))
+        after = counter.count_text(text) if counter is not None else PLACEHOLDER_TOKENS + len(text) // 4
+        p.tokens_removed += max(0, r.tokens - after)
+    for c in calls:
+        p.edits.append(SkipRange(c.message, c.message, "L1: old tool input", tool_use_id=c.tool_use_id))
+        p.tokens_removed += max(0, c.tokens - PLACEHOLDER_TOKENS)
+    p.edits.sort(key=lambda e: e.start)
+    p.break_at = min(e.start for e in p.edits)
     return p

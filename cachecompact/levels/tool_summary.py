@@ -1,23 +1,28 @@
-"""L2 tool summary: move big tool output to the scratchpad; keep a preview, a rule-based
-summary and the reference in the tool result.
+"""L2 tool summary: big tool output is shortened to a rule-based summary and a verbatim preview.
 
 Applied when a result *enters* the transcript (before it was ever sent, so no cached byte
-changes), for results over the token threshold, over the per-result character budget, or
-past the per-turn budget (largest first). It can also be applied to old big results when
-tool output dominates the context; then it breaks the cache like any edit.
+changes), for a result over the per-result budget, or when one message's results exceed
+the per-turn budget (largest first). It can also be applied to old big results when tool
+output dominates the context; then it breaks the cache like any edit.
+
+Where the rest of the output can be had again depends on the agent: when its requests carry
+the ``read_scratchpad`` tool (``wrap(client, scratchpad_tool=True)``), the full output is
+kept in the scratchpad and the placeholder names its reference; otherwise the placeholder
+says to run the tool again (or re-read the file), and never mentions a tool the agent lacks.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-from ..identifiers import digest
+from ..keylines import key_lines
 from ..ledger import ReplaceWithSummary
 from ..scratchpad import Scratchpad
 from ..tokens import TokenCounter
-from .view import Proposal, ResultInfo, View
+from .view import Proposal, ResultInfo, View, older_results
 
-__all__ = ["externalized_text", "propose_tool_summary", "rule_summary"]
+__all__ = ["ON_ENTRY", "externalized_text", "propose_entry_summary", "propose_tool_summary", "rule_summary"]
 
 _GREP_HIT = re.compile(r"^(?:\./)?([^\s:]+):\d+[:-]", re.M)
 _PYTEST = re.compile(r"=+ (.*(?:passed|failed|error).*?) in [\d.]+s", re.I)
@@ -50,53 +55,71 @@ def rule_summary(r: ResultInfo) -> str:
     return f"{r.name} output: {lines} lines, {len(text)} characters"
 
 
-def externalized_text(r: ResultInfo, ref: str, preview_chars: int, digest_chars: int = 1500) -> str:
-    """The tool result the model sees instead of the full output: summary, preview, and the
-    identifiers that appear only after the preview."""
+def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0) -> str:
+    """The tool result the model sees instead of the full output: a rule-based summary, the first
+    lines (``preview_chars``), and the key lines after them (``key_chars``), all verbatim."""
     preview = r.text[:preview_chars]
+    cut = preview.rfind("\n") + 1 if "\n" in preview and len(r.text) > preview_chars else len(preview)
+    preview = preview[:cut]  # whole lines only
     more = len(r.text) - len(preview)
-    rest = digest(r.text[preview_chars:], digest_chars, skip=preview) if more > 0 else ""
-    return (f"[cachecompact: {r.name} output moved to the scratchpad as {ref} ({len(r.text)} characters, "
-            f"~{r.tokens} tokens) to save context; call read_scratchpad(ref=\"{ref}\", offset, limit) to read it. "
-            f"{rule_summary(r)}]\nPreview (first {len(preview)} characters):\n{preview}"
-            + (f"\n[... {more} more characters in {ref}" + (f"; they mention: {rest}" if rest else "") + "]"
-               if more > 0 else ""))
+    keep = key_lines(r.text[len(preview):], key_chars) if more > 0 and key_chars > 0 else []
+    if ref is not None:
+        how = (f"the full output is in the scratchpad as {ref}; call read_scratchpad(ref=\"{ref}\", offset, limit) "
+               "to read it")
+    else:
+        how = "run the tool again (or re-read the file) if you need the rest"
+    return (f"[cachecompact: {r.name} output shortened to save context ({len(r.text)} characters, ~{r.tokens} tokens); "
+            f"{how}. {rule_summary(r)}]\nFirst {len(preview)} characters:\n{preview}"
+            + (f"\n[... {more} more characters not shown" + ("; their key lines:]\n" + "\n".join(keep) if keep
+                                                              else "]") if more > 0 else ""))
 
 
-def propose_tool_summary(view: View, scratchpad: Scratchpad, counter: TokenCounter, *, since: int,
-                         big_tokens: int, result_chars: int, turn_chars: int, preview_chars: int,
-                         old_min_tokens: int | None = None, exempt_tools: frozenset[str] = frozenset()) -> Proposal:
-    """Externalize new results (messages >= ``since``) over the budgets; with ``old_min_tokens``
-    also old visible results at least that big. Writes the scratchpad files it refers to."""
-    chosen: list[ResultInfo] = []
-    fresh = [r for r in view.results if r.message >= since and r.visible and not r.edited
-             and r.name not in exempt_tools]
-    for r in fresh:
-        if r.tokens > big_tokens or r.chars > result_chars:
-            chosen.append(r)
-    for msg in sorted({r.message for r in fresh}):
-        turn = [r for r in fresh if r.message == msg and r not in chosen]
-        total = sum(r.chars for r in turn) + sum(min(r.chars, preview_chars) for r in chosen if r.message == msg)
-        for r in sorted(turn, key=lambda x: -x.chars):
-            if total <= turn_chars:
-                break
-            if r.chars > min(result_chars, preview_chars * 2):
-                chosen.append(r)
-                total -= r.chars - preview_chars
-    breaks = False
-    if old_min_tokens is not None:
-        for r in view.results:
-            if (r.message < since and r.visible and not r.edited and r.tokens >= old_min_tokens
-                    and r.name not in exempt_tools and r not in chosen):
-                chosen.append(r)
-                breaks = True
-    p = Proposal("L2", f"externalize {len(chosen)} large tool result(s) to the scratchpad")
+ON_ENTRY = "L2 on entry"  # the ledger reason of entry-time edits (they are not compactions of old context)
+
+
+def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter,
+           preview_chars: int, key_chars: int, p: Proposal, tag: str) -> None:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
-        ref = scratchpad.put(r.text)
-        text = externalized_text(r, ref, preview_chars)
-        p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"L2: {rule_summary(r)}",
+        ref = scratchpad.put(r.text) if scratchpad is not None else None
+        text = externalized_text(r, ref, preview_chars, key_chars)
+        p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"{tag}: {rule_summary(r)}",
                                           tool_use_id=r.tool_use_id))
         p.tokens_removed += max(0, r.tokens - counter.count_text(text))
-    if breaks and p.edits:
+
+
+def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter, *,
+                          big_tokens: int, turn_tokens: int, preview_chars: int, key_chars: int = 0,
+                          exempt_tools: frozenset[str] = frozenset()) -> Proposal:
+    """L2 on entry: new results over ``big_tokens``, then per message the largest ones until the
+    message's results fit ``turn_tokens``. Free: nothing of them was ever sent."""
+    fresh = [r for r in new if not r.edited and r.name not in exempt_tools]
+    preview_tokens = preview_chars // 4
+    chosen = [r for r in fresh if r.tokens > max(big_tokens, 2 * preview_tokens)]
+    for msg in sorted({r.message for r in fresh}):
+        rest = [r for r in fresh if r.message == msg and r not in chosen]
+        total = sum(r.tokens for r in rest) + sum(min(r.tokens, preview_tokens) for r in chosen if r.message == msg)
+        for r in sorted(rest, key=lambda x: -x.tokens):
+            if total <= turn_tokens:
+                break
+            if r.tokens > 2 * preview_tokens:
+                chosen.append(r)
+                total -= r.tokens - preview_tokens
+    p = Proposal("L2", f"shorten {len(chosen)} large new tool result(s)")
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, ON_ENTRY)
+    return p
+
+
+def propose_tool_summary(view: View, scratchpad: Scratchpad | None, counter: TokenCounter, *, old_min_tokens: int,
+                         preview_chars: int, key_chars: int = 0, keep_recent: int = 0, keep_recent_tokens: int = 0,
+                         exempt_tools: frozenset[str] = frozenset()) -> Proposal:
+    """L2 on old results: visible, unedited results after the immutable prefix of at least
+    ``old_min_tokens``, except the most recent ones (``keep_recent`` of them, and those within
+    the newest ``keep_recent_tokens`` of tool output). Breaks the cache."""
+    old = older_results(view, keep_recent, keep_recent_tokens)
+    chosen = [r for r in old if not r.edited and r.tokens >= max(old_min_tokens, 2 * preview_chars // 4)
+              and r.name not in exempt_tools]
+    p = Proposal("L2", f"shorten {len(chosen)} large old tool result(s)")
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, "L2")
+    if p.edits:
         p.break_at = min(e.start for e in p.edits)
     return p

@@ -28,8 +28,8 @@ def propose_turn_collapse(view: View, *, target_tokens: int, keep_rounds: int, s
         chosen = e
         if removed >= max(need, min_batch_tokens):
             break
-    if chosen is None:
-        return p
+    if chosen is None or view.tokens_between(start, chosen) <= summary_tokens:
+        return p  # nothing to gain: the summary would not be smaller than what it replaces
     p.summarize = (start, chosen)
     p.tokens_removed = max(0, view.tokens_between(start, chosen) - summary_tokens)
     p.break_at = start

@@ -3,6 +3,7 @@ tool calls and results, and round boundaries. Read-only; built once per policy r
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,8 @@ from ..wire import ToolResultBlock, ToolUseBlock, content_blocks
 if TYPE_CHECKING:
     from ..session import Session
 
-__all__ = ["PLACEHOLDER_TOKENS", "Proposal", "ResultInfo", "View", "build_view"]
+__all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "Proposal", "ResultInfo", "View", "build_view", "message_results",
+           "older_results", "older_tool_blocks", "results_since"]
 
 PLACEHOLDER_TOKENS = 60  # what a cleared result still costs (its placeholder text)
 
@@ -35,6 +37,19 @@ class ResultInfo:
 
 
 @dataclass(slots=True)
+class InputInfo:
+    """One tool_use block's input (the arguments of a call) in an assistant message."""
+
+    message: int
+    block: int
+    tool_use_id: str
+    name: str
+    tokens: int  # raw tokens of the original tool_use block
+    edited: bool
+    visible: bool
+
+
+@dataclass(slots=True)
 class View:
     n: int
     prefix_end: int
@@ -43,8 +58,9 @@ class View:
     covered_by: list[LedgerEntry | None]  # whole-message effective edit covering each message
     results: list[ResultInfo]
     tool_result_tokens: int  # raw tokens of visible tool_result blocks in the render
-    round_ends: list[int]  # indices e where a whole API round ends (e+1 starts with an assistant or is the end)
+    round_ends: list[int]  # indices e where a whole API round ends and no edit straddles e (valid range ends)
     cumulative_before: list[int] = field(default_factory=list)  # raw tokens before message i in the render
+    inputs: list[InputInfo] = field(default_factory=list)  # tool calls after the prefix
 
     def editable_start(self) -> tuple[int, LedgerEntry | None]:
         """First editable index, and the summary starting there that a new summary would subsume."""
@@ -88,6 +104,64 @@ class Proposal:
         return not self.edits and self.summarize is None
 
 
+def message_results(session: Session, i: int, *, edited_ids: Collection[str] = (), whole: bool = False,
+                    visible: bool = True) -> list[ResultInfo]:
+    """The tool results of transcript message ``i`` with the calls (in message i-1) they answer."""
+    t = session.transcript
+    uses = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)} if i else {}
+    plain = session.renderer.plain_message(i)
+    out = []
+    for j, blk in enumerate(content_blocks(t[i])):
+        if not isinstance(blk, ToolResultBlock):
+            continue
+        use = uses.get(blk.tool_use_id)
+        text = blk.content if isinstance(blk.content, str) else (
+            "\n".join(getattr(x, "text", "") for x in blk.content) if isinstance(blk.content, list) else "")
+        out.append(ResultInfo(
+            message=i, block=j, tool_use_id=blk.tool_use_id, name=use.name if use else "?",
+            input=use.input if use else {}, tokens=plain.blocks[j].tokens, chars=len(text), text=text,
+            edited=whole or blk.tool_use_id in edited_ids, visible=visible,
+            is_error=bool(blk.is_error) if blk.is_error is not None else False))
+    return out
+
+
+def results_since(session: Session, since: int) -> list[ResultInfo]:
+    """Tool results of messages ``since..`` (new ones, never edited yet): no full view needed."""
+    t = session.transcript
+    out: list[ResultInfo] = []
+    for i in range(max(since, session.prefix_end or 0), len(t)):
+        if t.is_tool_result_message(i):
+            out += message_results(session, i)
+    return out
+
+
+def _ends_at(e: LedgerEntry | None, i: int) -> bool:
+    return e is None or e.end == i
+
+
+def older_tool_blocks(view: View, keep_recent: int, keep_recent_tokens: int) -> tuple[list[ResultInfo],
+                                                                                     list[InputInfo]]:
+    """Visible tool results and tool calls after the prefix, minus the recent ones every level
+    keeps verbatim: the last ``keep_recent`` results, and the newest calls and results that fit
+    together in ``keep_recent_tokens``."""
+    results = [r for r in view.results if r.visible and r.message >= view.prefix_end]
+    inputs = [c for c in view.inputs if c.visible and c.message >= view.prefix_end]
+    kept: set[int] = {id(r) for r in results[-keep_recent:]} if keep_recent > 0 else set()
+    blocks: list[ResultInfo | InputInfo] = sorted([*results, *inputs], key=lambda b: (b.message, b.block))
+    used = 0
+    for b in reversed(blocks):  # the newest fill the budget first
+        if used + b.tokens > keep_recent_tokens:
+            break
+        used += b.tokens
+        kept.add(id(b))
+    return [r for r in results if id(r) not in kept], [c for c in inputs if id(c) not in kept]
+
+
+def older_results(view: View, keep_recent: int, keep_recent_tokens: int) -> list[ResultInfo]:
+    """The old results of `older_tool_blocks`."""
+    return older_tool_blocks(view, keep_recent, keep_recent_tokens)[0]
+
+
 def build_view(session: Session) -> View:
     """Snapshot the session's current render as a `View` (through the render's public read API)."""
     r = session.render(breakpoints=False)
@@ -124,35 +198,24 @@ def build_view(session: Session) -> View:
         else:
             cum_before[i] = nxt
     results: list[ResultInfo] = []
-    uses: dict[str, ToolUseBlock] = {}
-    for i in range(n):
-        m = t[i]
-        if m.role == "assistant":
-            for blk in content_blocks(m):
-                if isinstance(blk, ToolUseBlock):
-                    uses[blk.id] = blk
-            continue
-        if not t.is_tool_result_message(i):
-            continue
-        plain = session.renderer.plain_message(i)
-        tmap = targeted.get(i, {})
-        for j, blk in enumerate(content_blocks(m)):
-            if not isinstance(blk, ToolResultBlock):
-                continue
-            use = uses.get(blk.tool_use_id)
-            cov = covered[i]
-            text = blk.content if isinstance(blk.content, str) else (
-                "\n".join(getattr(x, "text", "") for x in blk.content) if isinstance(blk.content, list) else "")
-            results.append(ResultInfo(
-                message=i, block=j, tool_use_id=blk.tool_use_id, name=use.name if use else "?",
-                input=use.input if use else {}, tokens=plain.blocks[j].tokens, chars=len(text), text=text,
-                edited=blk.tool_use_id in tmap or covered[i] is not None,
-                visible=cov is None or (cov.kind == "skip" and all(
-                    t.is_tool_result_message(x) for x in range(cov.start, cov.end + 1))),
-                is_error=bool(blk.is_error) if blk.is_error is not None else False,
-            ))
+    inputs: list[InputInfo] = []
+    for i in range(pe, n):
+        cov = covered[i]
+        if t.is_tool_result_message(i):
+            visible = cov is None or (cov.kind == "skip" and all(
+                t.is_tool_result_message(x) for x in range(cov.start, cov.end + 1)))
+            results += message_results(session, i, edited_ids=set(targeted.get(i, {})), whole=cov is not None,
+                                       visible=visible)
+        elif t.has_tool_use(i):
+            plain = session.renderer.plain_message(i)
+            tmap = targeted.get(i, {})
+            inputs += [InputInfo(i, j, b.id, b.name, plain.blocks[j].tokens, b.id in tmap or cov is not None,
+                                 cov is None)
+                       for j, b in enumerate(content_blocks(t[i])) if isinstance(b, ToolUseBlock)]
+    # a range may end after message i only where a whole API round ends and no earlier edit
+    # straddles i (a new edit must contain every edit it overlaps)
     round_ends = [i for i in range(pe, n) if t[i].role == "user" and (i + 1 == n or t[i + 1].role == "assistant")
-                  and not t.has_tool_use(i)]
+                  and not t.has_tool_use(i) and _ends_at(covered[i], i)]
     return View(n=n, prefix_end=pe, total_tokens=r.raw_tokens, msg_tokens=msg_tokens, covered_by=covered,
                 results=results, tool_result_tokens=tool_tokens, round_ends=round_ends,
-                cumulative_before=cum_before)
+                cumulative_before=cum_before, inputs=inputs)
