@@ -21,8 +21,7 @@ import anthropic
 
 import cachecompact
 from cachecompact.emulator import CLOCK_HEADER, Emulator, ReplayResponder, SummarizingResponder
-from cachecompact.monitor import session_report
-from cachecompact.policy import PolicyConfig
+from cachecompact.report import session_report
 from cachecompact.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 
@@ -41,8 +40,7 @@ def main() -> int:
     store = Path(tempfile.mkdtemp(prefix="cachecompact-example-"))
     with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="not-needed-for-the-emulator")
-        client = cachecompact.wrap(raw, store_dir=store,  # <- the one line
-                                   config=PolicyConfig(window_tokens=args.window, margin_tokens=args.window // 10))
+        client = cachecompact.wrap(raw, store=store, window_tokens=args.window)  # <- the one line
 
         history = [trace.messages[0]]
         i = 1
@@ -57,9 +55,9 @@ def main() -> int:
             if i < len(trace.messages):  # "run the tools": the recorded results
                 history.append(trace.messages[i])
                 i += 1
-    session_dir = next(p for p in store.iterdir() if p.is_dir())
+    (session,) = cachecompact.wrapped_sessions(client)
     print(f"replayed {trace.name}: {trace.turns} model calls through a wrapped client\n")
-    print(session_report(session_dir))
+    print(session_report(session))
     return 0
 
 

@@ -1,0 +1,150 @@
+"""The per-session cache report (``cachecompact report``): requests, misses and their causes,
+what they cost, compactions, and everything that went wrong.
+
+The total is what was billed: the agent's requests plus cachecompact's own summary calls
+(failed ones included). Data comes from the session's request log (each record carries the
+forensics `Finding`) and its event log.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .session import Session
+from .store import Store
+
+__all__ = ["plot_session", "session_data", "session_report"]
+
+_COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
+            "repeated_tool_calls")
+
+
+def session_data(session: Session) -> dict[str, Any]:
+    """Everything the report shows, as plain data (the dashboard's API serves the same)."""
+    store = session.store
+    requests = _requests(session)
+    events = store.read_events() if store is not None else []
+    usage_cost = sum(float(r.get("cost_usd") or 0.0) for r in requests)
+    summary_cost = sum(float(e.get("cost_usd") or 0.0) for e in events
+                       if e.get("kind") in ("compaction", "failure") and e.get("level") in ("L3", "L4", "seed", None))
+    reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in requests)
+    total_in = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens",
+                                                              "cache_creation_input_tokens", "input_tokens"))
+                   for r in requests)
+    kinds = Counter(str(e.get("kind")) for e in events)
+    misses: Counter[str] = Counter()
+    wasted: dict[str, float] = {}
+    for r in requests:
+        f = r.get("finding") or {}
+        if f.get("cls") and f["cls"] != "read_as_expected":
+            misses[f["cls"]] += 1
+            wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
+    return {
+        "session_id": session.session_id, "location": store.location if store is not None else None,
+        "messages": len(session), "ledger_entries": len(session.ledger), "prefix_hash": session.prefix_hash,
+        "head": session.head, "requests": requests, "events": events,
+        "cost": {"requests_usd": usage_cost, "summaries_usd": summary_cost, "total_usd": usage_cost + summary_cost},
+        "hit_rate": reads / total_in if total_in else 0.0,
+        "counts": {k: kinds.get(k, 0) for k in _COUNTED},
+        "misses": dict(misses), "wasted_usd": wasted,
+        "compactions": [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
+                         "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": e.reason}
+                        for e in session.ledger.entries],
+    }
+
+
+def _requests(session: Session) -> list[dict[str, Any]]:
+    if session.store is None:
+        return []
+    return [rec for _, rec in session.store.read_all("requests") if isinstance(rec, dict)]
+
+
+def session_report(target: Session | str | os.PathLike[str] | Store, session_id: str | None = None,
+                   plot: str | os.PathLike[str] | None = None) -> str:
+    """The text report of one session; with ``plot`` also a PNG (the ``[plot]`` extra)."""
+    if isinstance(target, Session):
+        sess = target
+    elif isinstance(target, Store):
+        sess = Session.open(target, session_id, readonly=True)
+    else:
+        sess = Session.open(target, readonly=True)
+    d = session_data(sess)
+    lines = [f"session {d['session_id']}  ({d['location']})",
+             f"transcript: {d['messages']} messages; ledger: {d['ledger_entries']} edits; prefix {d['prefix_hash']}",
+             f"head: {d['head']}"]
+    reqs = d["requests"]
+    c = d["cost"]
+    lines.append(f"requests: {len(reqs)}; cost ${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries "
+                 f"${c['summaries_usd']:.4f}); overall hit rate {d['hit_rate']:.3f}")
+    counts = {k: v for k, v in d["counts"].items() if v}
+    if counts:
+        lines.append("events: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if d["misses"]:
+        lines.append("cache misses: " + ", ".join(f"{k} {v} (${d['wasted_usd'][k]:.4f} wasted)"
+                                                  for k, v in sorted(d["misses"].items())))
+    if reqs:
+        lines += ["", "   #  read   write  input      cost  finding"]
+        for i, r in enumerate(reqs):
+            u = r["usage"]
+            f = r.get("finding") or {}
+            note = "" if f.get("cls") in (None, "read_as_expected") else (
+                f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
+                + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
+            lines.append(f"{i:4d} {int(u.get('cache_read_input_tokens') or 0):6d} "
+                         f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
+                         f"${float(r.get('cost_usd') or 0):.5f}  {note}")
+    trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",
+                                                           "deferred")]
+    if trouble:
+        lines += ["", "failures, deferrals and the breaker:"]
+        for e in trouble[-40:]:
+            lines.append(f"  {e.get('kind')} {e.get('level') or ''} {str(e.get('reason'))[:110]}")
+    if d["compactions"]:
+        lines += ["", "compactions:"]
+        for e in d["compactions"]:
+            lines.append(f"  #{e['seq']} {e['level']} {e['kind']} {e['start']}..{e['end']} "
+                         f"{e['tokens_before']}->{e['tokens_after']} {e['reason'][:70]}")
+    text = "\n".join(lines)
+    if plot is not None and reqs:
+        plot_session(d, Path(plot))
+        text += f"\n\nplot written to {plot}"
+    return text
+
+
+def plot_session(d: dict[str, Any], out: Path) -> None:
+    """Input tokens per request (read / written / uncached) with misses marked, and cumulative cost."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:  # the optional [plot] extra
+        raise RuntimeError("plotting needs matplotlib: pip install 'cachecompact[plot]'") from err
+    reqs = d["requests"]
+    xs = list(range(len(reqs)))
+    read = [int(r["usage"].get("cache_read_input_tokens") or 0) for r in reqs]
+    write = [int(r["usage"].get("cache_creation_input_tokens") or 0) for r in reqs]
+    inp = [int(r["usage"].get("input_tokens") or 0) for r in reqs]
+    fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    ax[0].bar(xs, read, label="read", color="#4c9f70")
+    ax[0].bar(xs, write, bottom=read, label="written", color="#e07a5f")
+    ax[0].bar(xs, inp, bottom=[a + b for a, b in zip(read, write, strict=True)], label="uncached", color="#999")
+    miss = [i for i, r in enumerate(reqs) if (r.get("finding") or {}).get("cls") not in (None, "read_as_expected")]
+    ax[0].scatter(miss, [read[i] + write[i] + inp[i] for i in miss], color="red", marker="v", label="miss", zorder=3)
+    ax[0].set_ylabel("input tokens")
+    ax[0].legend()
+    cum, c = [], 0.0
+    for r in reqs:
+        c += float(r.get("cost_usd") or 0.0)
+        cum.append(c)
+    ax[1].plot(xs, cum, label="cumulative cost ($)")
+    ax[1].set_xlabel("request")
+    ax[1].set_ylabel("$")
+    ax[1].legend()
+    fig.suptitle(f"session {str(d['session_id'])[:24]}")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

@@ -1,0 +1,53 @@
+"""``openhands``: OpenHands' LLMSummarizingCondenser (max_size 120 events, keep_first 4).
+
+Once the view has more than ``max_size`` events, keep the first ``keep_first`` and the last
+``max_size / 2 - keep_first - 1`` and summarise the rest together with the previous summary
+(rolling). Its summarizer runs with prompt caching disabled (a forced-tool call that reads
+nothing from cache). On a context-window error it condenses at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
+
+__all__ = ["OpenHandsCondenser", "OpenHandsConfig"]
+
+
+@dataclass(frozen=True)
+class OpenHandsConfig:
+    name: ClassVar[str] = "openhands"
+    max_size: int = 120
+    keep_first: int = 4
+    prefix_messages: int = 4
+    summary_model: str | None = None
+    summary_mode: str = "forced-tool"
+
+    def build(self, ctx: StrategyContext) -> Strategy:
+        return OpenHandsCondenser(ctx, self)
+
+
+class OpenHandsCondenser(LedgerStrategy):
+    def __init__(self, ctx: StrategyContext, cfg: OpenHandsConfig | None = None) -> None:
+        super().__init__(ctx)
+        self.cfg = cfg or OpenHandsConfig()
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> TurnReport:
+        s = self.session
+        before = self._tokens()
+        report = TurnReport(before, before)
+        if s.prefix_end is not None and s.render(breakpoints=False).n_messages > self.cfg.max_size:
+            tail = self.cfg.max_size // 2 - self.cfg.keep_first - 1
+            self._summarize(s.prefix_end, len(s) - tail - 1, "L4", "openhands: condense forgotten events")
+        report.tokens_after = self._tokens()
+        return report
+
+    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+        s = self.session
+        pe = s.prefix_end or 0
+        tail = self.cfg.max_size // 2 - self.cfg.keep_first - 1
+        end = max(pe, min(len(s) - tail - 1, len(s) - 2))
+        return bool(self._summarize(pe, end, "L4", "openhands: context window exceeded"))
