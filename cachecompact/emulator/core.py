@@ -7,9 +7,13 @@ from the `CacheSimulator`; every request is appended to the request log.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import math
 import random
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -17,24 +21,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import xxhash
 
 from ..cache_sim import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
-from ..errors import MalformedMessageError
-from ..pricing import UnknownModelError, get_model
+from ..errors import MalformedMessageError, UnknownModelError
+from ..pricing import get_model
+from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
+from ..store.safefs import append_bytes
 from ..tokens import TokenCounter
-from ..validate import validate_request
 from ..wire import canonical_bytes
 from .context_editing import apply_context_management
 from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
+from .validation import MessageInfo, check_message, check_request
 
 __all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply"]
 
-CLOCK_HEADER = "x-cachecompact-clock"
-INTERNAL_HEADER = "x-cachecompact-internal"  # marks cachecompact's own calls (summaries) in the log
 _WHERE = re.compile(r"^messages\[(\d+)\]\.content\[(\d+)\]$")
+_ROUTES = {"/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens", "/v1/models": "models"}
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_INFOS = "\x00infos"  # where _decode leaves the per-message checks for the request check
+
+
+def _short(err: BaseException) -> str:
+    return "nesting too deep" if isinstance(err, RecursionError) else str(err)[:200]
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
+                408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                529: "overloaded_error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +118,20 @@ class EmulatorCore:
         faults: FaultConfig | None = None,
         log_path: str | Path | None = None,
         counter: TokenCounter | None = None,
+        context_window: int | None = None,
     ) -> None:
         self.responder: Responder = responder or SummarizingResponder(ScriptedResponder())
         self.faults = faults or FaultConfig()
         self._rng = random.Random(self.faults.seed)
         self.counter = counter or TokenCounter()
         self.sim = CacheSimulator(lambda m: get_model(m).min_cacheable)
+        self.context_window = context_window  # overrides every model's window (benchmarks at small windows)
+        self._secret = secrets.token_bytes(16)  # signs thinking blocks: bound to model and conversation
         self.log: list[dict[str, Any]] = []
         self.log_path = Path(log_path) if log_path else None
         self._fingerprints: dict[str, _Fingerprint] = {}
         self._blocks_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = {}
+        self._msg_memo: dict[bytes, tuple[Any, MessageInfo]] = {}  # raw message bytes -> (message, checks)
         self._clearing: dict[bytes, int] = {}  # context editing state per conversation
         self._lock = threading.Lock()
         self._n = 0
@@ -134,9 +152,8 @@ class EmulatorCore:
 
     def _record(self, entry: dict[str, Any]) -> None:
         self.log.append(entry)
-        if self.log_path is not None:
-            with open(self.log_path, "ab") as f:
-                f.write(canonical_bytes(entry) + b"\n")
+        if self.log_path is not None:  # 0600, never through a symlink
+            append_bytes(self.log_path, canonical_bytes(entry) + b"\n")
 
     def _fault(self, path: str, request_id: str) -> HttpReply | None:
         f = self.faults
@@ -155,30 +172,32 @@ class EmulatorCore:
     def handle(self, method: str, path: str, headers: Mapping[str, str], raw: bytes) -> HttpReply:
         """Answer one HTTP request. Never raises for bad input: that is a 4xx reply."""
         path = path.split("?", 1)[0]
+        method = method.upper()
         with self._lock:
             request_id, msg_id = self._next_ids()
-            if path not in ("/v1/messages", "/v1/messages/count_tokens"):
-                return self._error(404, f"Not Found: {path}", request_id)
-            if method.upper() != "POST":
-                return self._error(405, f"Method {method} not allowed on {path}", request_id)
+            route = _ROUTES.get(path) or ("model" if path.startswith("/v1/models/") else None)
+            if route is None:
+                return self._error(404, f"Not Found: {path[:200]}", request_id)
+            allowed = "GET" if route in ("models", "model") else "POST"
+            if method != allowed:
+                return self._error(405, f"Method {method[:20]} not allowed on {path[:200]}; use {allowed}", request_id,
+                                   {"allow": allowed})
+            if allowed == "GET":
+                return self._models(path, request_id)
             fault = self._fault(path, request_id)
             if fault is not None:
                 self._record({"request_id": request_id, "path": path, "status": fault.status, "fault": True})
                 return fault
             try:
-                body = json.loads(raw or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                return self._error(400, f"There was an error parsing the body of your request: {err}", request_id)
-            try:
                 now = self._clock(headers)
-                if path.endswith("/count_tokens"):
-                    return self._count_tokens(body, request_id)
-                return self._messages(body, headers, now, request_id, msg_id)
+                body, keys = self._decode(raw)
+                if route == "count_tokens":
+                    return self._count_tokens(body, keys, request_id)
+                return self._messages(body, keys, headers, now, request_id, msg_id)
             except MalformedMessageError as err:
                 return self._error(400, str(err), request_id)
-            except UnknownModelError as err:
-                return self._error(404, f"model: {body.get('model') if isinstance(body, dict) else None} ({err})",
-                                   request_id)
+            except UnknownModelError:
+                return self._error(404, f"model: {str(body.get('model'))[:100]}", request_id)
 
     @staticmethod
     def _clock(headers: Mapping[str, str]) -> float:
@@ -186,25 +205,92 @@ class EmulatorCore:
         if value is None:
             return time.time()
         try:
-            return float(value)
+            t = float(value)
         except ValueError:
-            raise MalformedMessageError(CLOCK_HEADER, f"must be unix seconds, got {value!r}") from None
+            t = math.nan
+        if not math.isfinite(t):
+            raise MalformedMessageError(CLOCK_HEADER, f"must be a finite number of unix seconds, got {value[:40]!r}")
+        return t
 
-    def _count_tokens(self, body: Any, request_id: str) -> HttpReply:
-        if not isinstance(body, dict):
-            raise MalformedMessageError("body", "must be a JSON object")
-        get_model(str(body.get("model")))
-        validate_request({**body, "max_tokens": 1})
-        req = request_from_body(body, 0.0, self.counter)
+    def _decode(self, raw: bytes) -> tuple[dict[str, Any], list[bytes]]:
+        """The body, its messages decoded once per distinct message (memo by raw bytes), and each
+        message's key. Malformed JSON, lone surrogates and absurd nesting are 400s."""
+        try:
+            top = _TOP.decode(raw) if raw else None
+            if not isinstance(top, dict):
+                raise MalformedMessageError("body", "must be a JSON object")
+            body: dict[str, Any] = {k: msgspec.json.decode(v) for k, v in top.items() if k != "messages"}
+            msgs_raw = _RAW_LIST.decode(top["messages"]) if "messages" in top else None
+        except (msgspec.DecodeError, RecursionError) as err:
+            raise MalformedMessageError("body", f"There was an error parsing the body of your request: "
+                                                f"{_short(err)}") from None
+        if msgs_raw is None:
+            raise MalformedMessageError("messages", "Field required")
+        if not msgs_raw:
+            raise MalformedMessageError("messages", "at least one message is required")
+        keys: list[bytes] = []
+        msgs: list[Any] = []
+        infos: list[MessageInfo] = []
+        if len(self._msg_memo) > 200_000:
+            self._msg_memo.clear()
+        for i, r in enumerate(msgs_raw):
+            k = xxhash.xxh3_128_digest(r)
+            hit = self._msg_memo.get(k)
+            if hit is None:
+                try:
+                    m = msgspec.json.decode(r)
+                except (msgspec.DecodeError, RecursionError) as err:
+                    raise MalformedMessageError(f"messages[{i}]", f"not valid JSON: {_short(err)}") from None
+                hit = self._msg_memo[k] = (m, check_message(m, i))
+            keys.append(k)
+            msgs.append(hit[0])
+            infos.append(hit[1])
+        body["messages"] = msgs
+        body[_INFOS] = infos
+        return body, keys
+
+    def _models(self, path: str, request_id: str) -> HttpReply:
+        """``GET /v1/models`` and ``/v1/models/{id}`` from the price table."""
+        from ..pricing import known_models
+
+        def card(name: str) -> dict[str, Any]:
+            info = get_model(name)
+            return {"type": "model", "id": name, "display_name": name.replace("-", " ").title(),
+                    "created_at": "2026-01-01T00:00:00Z", "max_input_tokens": info.context_window,
+                    "max_tokens": info.max_output}
+
+        hdrs = {"content-type": "application/json", "request-id": request_id}
+        if path == "/v1/models":
+            data = [card(n) for n in known_models()]
+            return HttpReply(200, hdrs, json.dumps({"data": data, "has_more": False, "first_id": data[0]["id"],
+                                                    "last_id": data[-1]["id"]}).encode())
+        name = path[len("/v1/models/"):]
+        try:
+            return HttpReply(200, hdrs, json.dumps(card(get_model(name).name)).encode())
+        except UnknownModelError:
+            return self._error(404, f"model: {name[:100]}", request_id)
+
+    def _count_tokens(self, body: dict[str, Any], keys: list[bytes], request_id: str) -> HttpReply:
+        info = get_model(str(body.get("model")))
+        check_request(body, body.pop(_INFOS), count_only=True)
+        req = request_from_body(body, 0.0, self.counter, self._blocks_memo, ratio=info.token_ratio, keys=keys)
         total = sum(b.tokens for b in req.blocks)
         headers = {"content-type": "application/json", "request-id": request_id}
-        return HttpReply(200, headers, json.dumps({"input_tokens": self.counter.calibrated(total)}).encode())
+        return HttpReply(200, headers, json.dumps({"input_tokens": total}).encode())
 
-    def _messages(self, body: Any, headers: Mapping[str, str], now: float, request_id: str,
-                  msg_id: str) -> HttpReply:
-        validate_request(body)
+    def _messages(self, body: dict[str, Any], keys: list[bytes], headers: Mapping[str, str], now: float,
+                  request_id: str, msg_id: str) -> HttpReply:
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            raise MalformedMessageError("model", "Field required")
         info = get_model(body["model"])
-        req = request_from_body(body, now, self.counter, self._blocks_memo)
+        check_request(body, body.pop(_INFOS), max_output=info.max_output)
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("tool", "any") and not info.forced_tool_ok:
+            raise MalformedMessageError("tool_choice", f"forcing tool use (tool_choice type {choice.get('type')!r}) "
+                                                       f"is not supported by {body['model']}; use 'auto' or 'none'")
+        self._check_thinking(body, info.name)
+        req = request_from_body(body, now, self.counter, self._blocks_memo, ratio=info.token_ratio, keys=keys)
+        window = self.context_window or info.context_window
         total = sum(b.tokens for b in req.blocks)
         applied: list[dict[str, Any]] = []
         if "context_management" in body:
@@ -215,18 +301,20 @@ class EmulatorCore:
                     per_block[(int(m.group(1)), int(m.group(2)))] = b.tokens
             body, applied = apply_context_management(body, total, per_block, self._clearing)
             if applied:
-                req = request_from_body(body, now, self.counter, self._blocks_memo)
+                req = request_from_body(body, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
                 total = sum(b.tokens for b in req.blocks)
-        if total > info.context_window:  # the API's exact wording, which clients parse
-            return self._error(400, f"prompt is too long: {total} tokens > {info.context_window} maximum", request_id)
-        if total + body["max_tokens"] > info.context_window:
+        if total > window:  # the API's exact wording, which clients parse
+            return self._error(400, f"prompt is too long: {total} tokens > {window} maximum", request_id)
+        if total + body["max_tokens"] > window:
             return self._error(400, f"input length and `max_tokens` exceed context limit: {total} + "
-                                    f"{body['max_tokens']} > {info.context_window}, decrease input length or "
+                                    f"{body['max_tokens']} > {window}, decrease input length or "
                                     "`max_tokens` and try again", request_id)
         result = self.sim.process(req)
         reply = self._reply(body)
-        out_tokens = sum(self.counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
-                                                 else str(b.get("text", ""))) for b in reply.content)
+        reply = Reply(self._sign(reply.content, info.name, body), reply.stop_reason)
+        out_tokens = round(info.token_ratio * sum(
+            self.counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
+                                    else str(b.get("text", b.get("thinking", "")))) for b in reply.content))
         stop = reply.stop_reason
         if body["max_tokens"] == 0:
             reply, out_tokens, stop = Reply([]), 0, "max_tokens"
@@ -256,6 +344,50 @@ class EmulatorCore:
             return HttpReply(200, {**hdrs, "content-type": "text/event-stream", "cache-control": "no-cache"},
                              events=_sse_events(message))
         return HttpReply(200, {**hdrs, "content-type": "application/json"}, json.dumps(message).encode())
+
+    # -- thinking blocks ---------------------------------------------------------------------------
+
+    def _signature(self, model: str, body: dict[str, Any], thinking: str) -> str:
+        first = body["messages"][0] if body.get("messages") else None
+        mac = hmac.new(self._secret, canonical_bytes([model, first, thinking]), hashlib.sha256)
+        return "emu" + mac.hexdigest()[:40]
+
+    def _sign(self, content: list[dict[str, Any]], model: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """Thinking blocks the model returns carry a signature bound to the model and conversation."""
+        return [{**b, "signature": self._signature(model, body, str(b.get("thinking", "")))}
+                if b.get("type") == "thinking" else b for b in content]
+
+    def _check_thinking(self, body: dict[str, Any], model: str) -> None:
+        """Thinking blocks must come back unmodified (their signature verifies), and with thinking
+        on, the assistant turn a tool loop continues must still start with its thinking."""
+        msgs = body["messages"]
+        for i, m in enumerate(msgs):
+            content = m.get("content")
+            if m.get("role") != "assistant" or not isinstance(content, list):
+                continue
+            for j, b in enumerate(content):
+                if isinstance(b, dict) and b.get("type") == "thinking":
+                    sig = b.get("signature")
+                    if not isinstance(sig, str) or not sig.startswith("emu"):
+                        continue  # not signed by this emulator (a recorded trace): nothing to verify
+                    if sig != self._signature(model, body, str(b.get("thinking", ""))):
+                        raise MalformedMessageError(f"messages[{i}].content[{j}].signature",
+                                                    "Invalid `signature` in `thinking` block")
+        thinking = body.get("thinking")
+        if not (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")) or len(msgs) < 2:
+            return
+        last, prev = msgs[-1], msgs[-2]
+        pc = prev.get("content")
+        if last.get("role") == "user" and prev.get("role") == "assistant" and isinstance(pc, list) and any(
+                isinstance(b, dict) and b.get("type") == "tool_use" for b in pc):
+            first = pc[0] if pc else {}
+            signed = any(isinstance(b, dict) and b.get("type") == "thinking" and str(b.get("signature", ""))
+                         .startswith("emu") for b in pc)
+            if signed and first.get("type") not in ("thinking", "redacted_thinking"):
+                raise MalformedMessageError(f"messages[{len(msgs) - 2}].content[0].type",
+                                            "Expected `thinking` or `redacted_thinking`, but found "
+                                            f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` "
+                                            "message must start with a thinking block")
 
     def _reply(self, body: dict[str, Any]) -> Reply:
         reply = self.responder.respond(body)

@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import xxhash
 
-from ..summarize import SUMMARY_SCHEMA, extract_facts, facts_from_summary_request
+from ..extractive import block_texts, summary_facts
 from ..wire import canonical_bytes
 
 __all__ = ["ReplayResponder", "Reply", "Responder", "ScriptedResponder", "SummarizingResponder", "fill_schema"]
@@ -93,6 +94,11 @@ class ReplayResponder:
             if m.get("role") == "user" and self.messages[i + 1].get("role") == "assistant":
                 self._by_user.setdefault(_user_key(m), i + 1)
 
+    @property
+    def cursor(self) -> int:
+        """Trace index just after the assistant message last returned."""
+        return self._cursor
+
     def respond(self, body: dict[str, Any]) -> Reply:
         msgs = body.get("messages") or []
         last_user = next((m for m in reversed(msgs) if m.get("role") == "user"), None)
@@ -112,7 +118,18 @@ class ReplayResponder:
         return Reply([dict(b) for b in blocks], stop)
 
 
-# -- extractive schema filling --------------------------------------------------------------------
+# -- an offline summarizer, standing in for a model -------------------------------------------------
+
+_TAG = r"<{0}>\n?(.*?)\n?</{0}>"
+def summary_request_facts(messages: Sequence[dict[str, Any]], ask: str) -> dict[str, Any]:
+    """Facts for a summary of ``messages``, following ``ask`` where it names the goal
+    (``<goal>``) or issues to keep (``<open_issues>``), as an instruction-following model would."""
+    goal_m = re.search(_TAG.format("goal"), ask, re.S)
+    issues_m = re.search(_TAG.format("open_issues"), ask, re.S)
+    keep = [x[2:].strip() for x in (issues_m.group(1).splitlines() if issues_m else [])
+            if x.startswith("- ") and x[2:].strip() not in ("", "(none)")]
+    return summary_facts(messages, goal_m.group(1).strip() if goal_m else "", keep)
+
 
 def fill_schema(schema: dict[str, Any], facts: dict[str, Any], name: str = "") -> Any:
     """A value of JSON-schema ``schema`` built from ``facts`` (by property name, then by type)."""
@@ -139,25 +156,70 @@ def fill_schema(schema: dict[str, Any], facts: dict[str, Any], name: str = "") -
     return "; ".join(facts.get("completed_steps", [])[-3:]) if t == "string" else None
 
 
+def _schema_in(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` that looks like a JSON schema (has ``properties``)."""
+    i = text.find("{")
+    while i >= 0:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text[i:])
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict) and "properties" in obj:
+            return obj
+        i = text.find("{", i + 1)
+    return None
+
+
 @dataclass
 class SummarizingResponder:
-    """Forced-tool requests get an extractive tool_use; everything else goes to ``inner``."""
+    """Answers summary requests the way a model would; everything else goes to ``inner``.
+
+    * a request whose ``tool_choice`` forces a tool gets a call of that tool, its
+      ``input_schema`` filled from the conversation in the request (`summary_facts`);
+    * a request whose last user message asks for an answer inside ``<summary>`` tags (a summary
+      on the conversation's own cached prefix) gets ``<summary>{json}</summary>`` filled from
+      the messages before it, by the JSON schema given in the ask.
+    """
 
     inner: Responder = field(default_factory=ScriptedResponder)
 
     def respond(self, body: dict[str, Any]) -> Reply:
         msgs = body.get("messages") or []
         choice = body.get("tool_choice") or {}
-        asked = facts_from_summary_request(msgs)
         if isinstance(choice, dict) and choice.get("type") == "tool":
             tool = next((t for t in body.get("tools") or [] if t.get("name") == choice.get("name")), None)
             if tool is not None:
-                facts = asked if asked is not None else extract_facts(msgs)
+                ask = "\n".join(t for m in msgs for _, t in block_texts(m))
+                conv = re.search(_TAG.format("conversation"), ask, re.S)
+                convo = _serialized(conv.group(1)) if conv else msgs
+                facts = summary_request_facts(convo, ask)
                 args = fill_schema(tool.get("input_schema") or {"type": "object"}, facts)
-                n = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+                n = sum(1 for m in msgs if m.get("role") == "assistant")
                 return Reply([{"type": "tool_use", "id": f"toolu_emu_summary_{n:06d}", "name": tool["name"],
                                "input": args}], "tool_use")
-        if asked is not None:  # a summary requested in text, on the session's own cached prefix
-            args = fill_schema(SUMMARY_SCHEMA, asked)
-            return _text_reply(f"<summary>{json.dumps(args)}</summary>")
+        last = msgs[-1] if msgs else {}
+        # a request written as text by the user (never a tool's output that happens to mention tags)
+        ask = "\n".join(t for k, t in block_texts(last) if k == "text") if last.get("role") == "user" else ""
+        if "<summary>" in ask and "</summary>" in ask and "summar" in ask.replace("<summary>", ""):
+            schema = _schema_in(ask) or {"type": "object", "properties": {"summary": {"type": "string"}}}
+            args = fill_schema(schema, summary_request_facts(msgs[:-1], ask))
+            return Reply([{"type": "text", "text": f"<summary>{json.dumps(args)}</summary>"}])
         return self.inner.respond(body)
+
+
+def _serialized(text: str) -> list[dict[str, Any]]:
+    """A conversation given as ``role: text`` lines, back as messages (continuation lines kept)."""
+    out: list[dict[str, Any]] = []
+    for line in text.split("\n"):
+        role, _, rest = line.partition(": ")
+        if role in ("user", "assistant") and _:
+            kind = "tool_result" if role == "user" else "text"
+            block = {"type": "tool_result", "tool_use_id": "x", "content": rest} if kind == "tool_result" else \
+                {"type": "text", "text": rest}
+            out.append({"role": role, "content": [block]})
+        elif out:
+            b = out[-1]["content"][-1]
+            key = "content" if b["type"] == "tool_result" else "text"
+            b[key] += "\n" + line
+    return out

@@ -1,54 +1,75 @@
-"""HTTP front of the emulator (stdlib ThreadingHTTPServer on loopback) and `Emulator`."""
+"""HTTP front of the emulator on the shared async stack (`cachecompact.httpserver`), and `Emulator`.
+
+Billing is CPU work under one lock (`EmulatorCore`), so it runs on a small bounded pool of
+worker threads; reading requests and writing streams are asynchronous, so stalled clients
+hold no thread. With ``gzip=True`` the emulator compresses like the API does for a client
+that sends ``Accept-Encoding: gzip``: whole JSON bodies, and SSE streams frame by frame
+(a sync flush per event, so events still arrive as they are written).
+"""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import asyncio
+import gzip
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .core import EmulatorCore, FaultConfig
+from aiohttp import web
+
+from ..httpserver import ServerThread, api_errors, read_body, serve_forever
+from .core import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder
 
-__all__ = ["Emulator"]
+__all__ = ["Emulator", "make_app"]
+
+WORKERS = 2  # billing threads; the core serialises on one lock anyway
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body are separate writes: avoid the 40 ms delayed-ACK stall
-    core: EmulatorCore  # set on the subclass made per server
+def _accepts_gzip(request: web.Request) -> bool:
+    return any(p.strip().split(";")[0] == "gzip" for p in request.headers.get("accept-encoding", "").split(","))
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the request log is the emulator's own JSONL."""
 
-    def _serve(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length > 0 else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        try:
-            reply = self.core.handle(self.command, self.path, headers, raw)
-        except Exception as err:  # a bug must never kill the server thread; report it as the API would
-            reply = self.core._error(500, f"emulator internal error: {type(err).__name__}: {err}", "req_emu_error")
-        self.send_response(reply.status)
-        for k, v in reply.headers.items():
-            self.send_header(k, v)
-        if reply.events is not None:
-            self.send_header("connection", "close")
-            self.end_headers()
-            for chunk in reply.sse():
-                self.wfile.write(chunk)
-                self.wfile.flush()
-            self.close_connection = True
-            return
-        self.send_header("content-length", str(len(reply.body)))
-        self.end_headers()
-        self.wfile.write(reply.body)
+def make_app(core: EmulatorCore, *, gzip_responses: bool = False, workers: int = WORKERS) -> web.Application:
+    """The emulator as an aiohttp application: every method and path goes to `EmulatorCore`."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cachecompact-emulator")
+    app = web.Application(middlewares=[api_errors], client_max_size=1 << 30)  # read_body enforces the real cap
 
-    do_POST = _serve
-    do_GET = _serve
-    do_PUT = _serve
-    do_DELETE = _serve
+    async def handle(request: web.Request) -> web.StreamResponse:
+        raw = await read_body(request)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        loop = asyncio.get_running_loop()
+        reply: HttpReply = await loop.run_in_executor(pool, core.handle, request.method, request.path_qs, headers,
+                                                      raw)
+        compress = gzip_responses and _accepts_gzip(request)
+        if reply.events is None:
+            body = reply.body
+            hdrs = dict(reply.headers)
+            if compress and body:
+                body = gzip.compress(body, compresslevel=5)
+                hdrs["content-encoding"] = "gzip"
+            return web.Response(status=reply.status, body=body, headers=hdrs)
+        resp = web.StreamResponse(status=reply.status, headers=reply.headers)
+        z = None
+        if compress:
+            resp.headers["content-encoding"] = "gzip"
+            z = zlib.compressobj(5, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        await resp.prepare(request)
+        for chunk in reply.sse():
+            await resp.write(z.compress(chunk) + z.flush(zlib.Z_SYNC_FLUSH) if z is not None else chunk)
+        if z is not None:
+            await resp.write(z.flush())
+        await resp.write_eof()
+        return resp
+
+    async def close_pool(_: web.Application) -> None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_cleanup.append(close_pool)
+    return app
 
 
 class Emulator:
@@ -66,17 +87,16 @@ class Emulator:
         log: str | Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        context_window: int | None = None,
+        gzip: bool = False,
     ) -> None:
-        self.core = EmulatorCore(responder, faults=faults, log_path=log)
-        handler = type("Handler", (_Handler,), {"core": self.core})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self.core = EmulatorCore(responder, faults=faults, log_path=log, context_window=context_window)
+        self._gzip = gzip
+        self._server = ServerThread(lambda: make_app(self.core, gzip_responses=gzip), host, port)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._server.url
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -84,21 +104,16 @@ class Emulator:
         return self.core.log
 
     def start(self) -> Emulator:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="cachecompact-emulator",
-                                            daemon=True)
-            self._thread.start()
+        self._server.start()
         return self
 
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
+    def serve_forever(self, ready: Any = None) -> None:
+        """Serve in the calling thread until interrupted (``cachecompact serve``)."""
+        serve_forever(lambda: make_app(self.core, gzip_responses=self._gzip), self._server.host, self._server.port,
+                      ready)
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        self._server.stop()
 
     def __enter__(self) -> Emulator:
         return self.start()
