@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from cachecompact import Session
+from cachecompact.emulator.validation import validate_messages
 from cachecompact.traces import TraceFormatError, discover, load_trace, synthetic_trace
-from cachecompact.validate import validate_messages
 
 
 def test_every_shared_trace_loads_and_syncs(shared_traces: Path) -> None:

@@ -1,51 +1,53 @@
-"""The hindsight oracle: the cheapest masking schedule that never hides a needed result.
+"""The masking oracle: the cheapest schedule of lossless masking found in hindsight, billed by the
+emulator's own cache model.
 
 Knowing the whole trace, a tool result r is *needed* up to the last request whose reply
-calls a tool with an identifier found in r; after that it may be masked (replaced by a
-placeholder). The oracle chooses the turns at which to compact; at a compaction turn it
-masks every result that is no longer needed (and bigger than a placeholder). That family is
-parameterised by the last compaction turn j alone, because the masked set M(j) only grows
-with j, so dynamic programming over (turn, last compaction) is exact for it:
+calls a tool with an identifier found in r; after that it may be masked (its content replaced
+by a placeholder). The oracle chooses the requests at which to compact; at a compaction it
+masks every result that is no longer needed. That family is parameterised by the last
+compaction request j alone (the masked set only grows with j), so a dynamic program over
+(request, last compaction) finds its best schedule under an idealised cache (every earlier
+write found, reads up to the first changed byte).
 
-    dp[k][j] = dp[k-1][j] + stay(k, j)                       (no compaction at request k)
-    dp[k][k] = min_j dp[k-1][j] + compact(k, j -> k)         (compaction at request k)
-
-on the same cost model the emulator bills: with a warm cache (gap <= TTL) a request reads
-the previous request's tokens up to the first byte that changed and writes the rest; a cold
-one writes everything; output is billed the same for every schedule. A request must fit the
-window (tokens + max_tokens). This is the optimum *of that family* under an idealised cache
-(every previous end is found): a strategy that summarises can beat it, and one that masks
-differently cannot do better on masking alone, except through the cache idealisation.
+The chosen schedule is then **billed** the way the emulator bills: its requests are rendered
+(masks as ledger edits, cachecompact's breakpoints) and run through `CacheSimulator` with the
+trace's times, plus output tokens as the emulator counts them. Never compacting is in the
+family; its billed cost is exactly ``none``'s, so the oracle reported is
+``min(billed DP schedule, none)`` and is never above ``none``. It is a reference point for
+*lossless masking*, not a floor for every strategy: summarising or shortening with previews
+is outside the family and can beat it.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache_sim import TTL_SECONDS, message_blocks, request_from_body
+from ..cache_sim import TTL_SECONDS, CacheSimulator, message_blocks, request_from_body
 from ..identifiers import identifiers, identifiers_in_input
+from ..ledger import SkipRange
 from ..levels.view import PLACEHOLDER_TOKENS
 from ..pricing import ModelInfo
+from ..session import Session
 from ..tokens import TokenCounter
 from ..traces import Trace
 
-__all__ = ["OracleResult", "oracle_cost", "schedule_cost"]
+__all__ = ["OracleResult", "oracle_cost"]
 
 
 @dataclass(frozen=True, slots=True)
 class OracleResult:
-    cost_usd: float
+    cost_usd: float  # billed cost of the DP's schedule (math.inf when infeasible)
     compactions: int
     masked_results: int
     feasible: bool
 
 
 def _reply_output_tokens(counter: TokenCounter, m: dict[str, Any]) -> int:
-    import json
-
+    """Output tokens of a recorded reply, counted as the emulator counts the replay's answer."""
     c = m.get("content")
     blocks = c if isinstance(c, list) else [{"type": "text", "text": c}]
     blocks = [b for b in blocks if b.get("type") not in ("thinking", "redacted_thinking")] or blocks
@@ -54,7 +56,7 @@ def _reply_output_tokens(counter: TokenCounter, m: dict[str, Any]) -> int:
 
 
 class _Model:
-    """Precomputed token sums and prices for one trace; the DP and `schedule_cost` share it."""
+    """Token sums per request and per masking state, for the dynamic program."""
 
     def __init__(self, trace: Trace, price: ModelInfo, window: int, max_tokens: int, counter: TokenCounter) -> None:
         msgs = trace.messages
@@ -68,8 +70,8 @@ class _Model:
         needs = [identifiers_in_input([b.get("input", {}) for b in msgs[i]["content"] if isinstance(b, dict)
                                        and b.get("type") == "tool_use"]) if isinstance(msgs[i]["content"], list)
                  else [] for i in calls]
-        # (message index, tokens saved when masked, first request at which it may be masked)
-        self.results: list[tuple[int, int, int]] = []
+        # (message index, tool_use_id, tokens saved when masked, first request at which it may be masked)
+        self.results: list[tuple[int, str, int, int]] = []
         for mi, m in enumerate(msgs):
             if m["role"] != "user" or not isinstance(m["content"], list):
                 continue
@@ -87,27 +89,27 @@ class _Model:
                 present = next((k for k, i in enumerate(calls) if i > mi), len(calls))
                 last_need = max((k for k, used in enumerate(needs) if k >= present and ids.intersection(used)),
                                 default=-1)
-                self.results.append((mi, saving, max(present, last_need + 1)))
+                self.results.append((mi, str(b.get("tool_use_id")), saving, max(present, last_need + 1)))
         self.K = K = len(calls)
         self.by_j: list[tuple[list[int], list[int]]] = []
         for j in range(K):
-            masked = sorted((mi, sv) for mi, sv, jr in self.results if jr <= j)
+            masked = sorted((mi, sv) for mi, _, sv, jr in self.results if jr <= j)
             idx, sums = [mi for mi, _ in masked], [0]
             for _, sv in masked:
                 sums.append(sums[-1] + sv)
             self.by_j.append((idx, sums))
         self.first_new = [10**9] * (K + 1)  # min message index of the results maskable from request j on
-        for mi, _, jr in self.results:
+        for mi, _, _, jr in self.results:
             if jr < K:
                 self.first_new[jr] = min(self.first_new[jr], mi)
         times = [trace.timestamps[i - 1] or float(i) for i in calls]
+        self.times = times
         self.warm = [False] + [times[k] - times[k - 1] <= TTL_SECONDS["5m"] for k in range(1, K)]
         self.out = [_reply_output_tokens(counter, msgs[i]) * price.output / 1e6 for i in calls]
         self.r, self.w = price.read / 1e6, price.write_5m / 1e6
         self.window, self.max_tokens = window, max_tokens
 
     def saved(self, j: int, x: int) -> int:
-        """Tokens saved by the masks of state j before message index x."""
         idx, sums = self.by_j[j]
         return sums[bisect.bisect_left(idx, x)]
 
@@ -125,7 +127,6 @@ class _Model:
         return before * self.r + (tk - before) * self.w + self.out[k]
 
     def compact(self, k: int, j: int, p: int) -> float:
-        """Request k right after masking M(k) \\ M(j), whose earliest message is p."""
         tk = self.tokens(k, k)
         if not self.warm[k]:
             return tk * self.w + self.out[k]
@@ -133,37 +134,13 @@ class _Model:
         return kept * self.r + (tk - kept) * self.w + self.out[k]
 
 
-def schedule_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int, compact_at: list[int],
-                  counter: TokenCounter | None = None) -> float:
-    """Cost of one schedule of the oracle's family (compactions at these request indices)."""
-    m = _Model(trace, price, window, max_tokens, counter or TokenCounter())
-    j, cost = 0, 0.0
-    at = set(compact_at)
-    for k in range(m.K):
-        if k in at and k > 0:
-            p = min(m.first_new[j + 1: k + 1], default=10**9)
-            if p < 10**9:
-                if not m.fits(k, k):
-                    return math.inf
-                cost += m.compact(k, j, p)
-                j = k
-                continue
-        if not m.fits(k, j):
-            return math.inf
-        cost += m.stay(k, j)
-    return cost
-
-
-def oracle_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int,
-                counter: TokenCounter | None = None) -> OracleResult:
-    m = _Model(trace, price, window, max_tokens, counter or TokenCounter())
+def _schedule(m: _Model) -> tuple[list[int], bool]:
+    """The DP's best state per request (the last compaction at or before it), or infeasible."""
     K = m.K
-    if K == 0:
-        return OracleResult(0.0, 0, 0, True)
     inf = math.inf
     prev = [inf] * K
     prev[0] = m.stay(0, 0) if m.fits(0, 0) else inf
-    came: list[list[int]] = [[-1] * K for _ in range(K)]
+    came: list[dict[int, int]] = [{} for _ in range(K)]
     for k in range(1, K):
         cur = [inf] * K
         for j in range(k):
@@ -181,11 +158,45 @@ def oracle_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int,
         prev = cur
     best = min(prev)
     if best == inf:
-        return OracleResult(inf, 0, 0, False)
-    j = final = prev.index(best)
-    compactions = 0
-    for k in range(K - 1, 0, -1):
-        if j == k:
-            compactions += 1
+        return [], False
+    state = [0] * K
+    j = prev.index(best)
+    for k in range(K - 1, -1, -1):
+        state[k] = j
+        if j == k and k > 0:
             j = came[k][k]
-    return OracleResult(best, compactions, sum(1 for r in m.results if r[2] <= final), True)
+    return state, True
+
+
+def oracle_cost(trace: Trace, price: ModelInfo, window: int, max_tokens: int,
+                counter: TokenCounter | None = None) -> OracleResult:
+    """Bill the DP's masking schedule with the emulator's cache model (see the module docstring)."""
+    counter = counter or TokenCounter()
+    m = _Model(trace, price, window, max_tokens, counter)
+    if m.K == 0:
+        return OracleResult(0.0, 0, 0, True)
+    state, feasible = _schedule(m)
+    if not feasible:
+        return OracleResult(math.inf, 0, 0, False)
+    sess = Session.create(None, system=trace.system, tools=trace.tools, prefix_messages=0)
+    sim = CacheSimulator(lambda _m: price.min_cacheable)
+    memo: dict[tuple[bytes, int], Any] = {}
+    masked: set[str] = set()
+    total = 0.0
+    compactions = 0
+    for k, i in enumerate(m.calls):
+        sess.append(trace.messages[len(sess):i])
+        if k and state[k] == k:
+            compactions += 1
+            for mi, tid, _, jr in m.results:
+                if jr <= k and tid not in masked and mi < i:
+                    masked.add(tid)
+                    sess.edit(SkipRange(mi, mi, "oracle mask", tool_use_id=tid), level="L1")
+        r = sess.render(model=price.name, max_tokens=max_tokens)
+        sess.note_sent(r)
+        req = request_from_body(r.body, m.times[k], counter, memo)
+        if sum(b.tokens for b in req.blocks) + max_tokens > window:
+            return OracleResult(math.inf, compactions, len(masked), False)
+        usage = sim.process(req).usage()
+        total += price.cost({**usage, "output_tokens": 0}) + m.out[k]
+    return OracleResult(total, compactions, len(masked), True)

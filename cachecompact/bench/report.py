@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -10,49 +11,90 @@ from typing import Any
 
 from .run import BenchResult
 
-__all__ = ["LONG_TURNS", "aggregate", "markdown", "replace_section", "table", "write_outputs"]
+__all__ = ["LONG_TURNS", "aggregate", "dominated_by", "markdown", "replace_section", "task_rows", "text_report",
+           "write_outputs"]
 
 LONG_TURNS = 50  # "long traces" for the targets
+OURS = "cachecompact"
 
 
-def aggregate(b: BenchResult, long_only: bool = False) -> list[dict[str, Any]]:
-    """One row per strategy, over traces every strategy completed (so sums are comparable)."""
-    turns = {t["name"]: t["turns"] for t in b.traces}
-    names = [t for t in turns if not long_only or turns[t] >= LONG_TURNS]
-    by = {(r.trace, r.strategy): r for r in b.results}
+def _names(b: BenchResult, long_only: bool, half: str | None) -> list[str]:
+    return [t["name"] for t in b.traces if (not long_only or t["turns"] >= LONG_TURNS)
+            and (half is None or t.get("half") == half)]
+
+
+def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | None = None) -> list[dict[str, Any]]:
+    """One row per strategy at ``window`` over the chosen traces. Costs are summed over the traces
+    every strategy of the row completed together with ``none``; recall is weighted by references."""
+    names = _names(b, long_only, half)
+    by = {(r.trace, r.strategy): r for r in b.results if r.window == window}
     none_cost = {t: by[(t, "none")].cost_usd for t in names if (t, "none") in by and by[(t, "none")].completed}
+    oracle = b.oracle.get(str(window), {})
     rows = []
     for s in b.strategies:
         rs = [by[(t, s)] for t in names if (t, s) in by]
         ok = [r for r in rs if r.completed]
         common = [r for r in ok if r.trace in none_cost]
-        cost = sum(r.cost_usd for r in ok)
-        both = [r for r in ok if b.oracle.get(r.trace) is not None]
-        oracle_sum = sum(b.oracle[r.trace] or 0.0 for r in both)
+        base = sum(none_cost[r.trace] for r in common)
         refs = sum(r.references for r in ok)
+        orc = [(r, min(x, none_cost.get(r.trace, math.inf))) for r in ok
+               if (x := oracle.get(r.trace)) is not None]
+        orc_sum = sum(c for _, c in orc)
         comps: dict[str, int] = {}
         for r in ok:
             for k, v in r.compactions.items():
                 comps[k] = comps.get(k, 0) + v
         rows.append({
-            "strategy": s,
-            "traces": len(rs),
-            "completed": len(ok),
-            "failed": [r.trace for r in rs if not r.completed],
-            "cost_usd": cost,
-            "cost_vs_none": (sum(r.cost_usd for r in common) / sum(none_cost[r.trace] for r in common)
-                             if common and sum(none_cost[r.trace] for r in common) else None),
-            "cost_vs_oracle": (sum(r.cost_usd for r in both) / oracle_sum) if oracle_sum else None,
+            "strategy": s, "traces": len(rs), "completed": len(ok),
+            "failed": [{"trace": r.trace, "reason": r.failure} for r in rs if not r.completed],
+            "cost_usd": sum(r.cost_usd for r in ok),
+            "adjusted_cost_usd": sum(r.adjusted_cost_usd for r in ok),
+            "cost_vs_none": sum(r.cost_usd for r in common) / base if base else None,
+            "adjusted_vs_none": sum(r.adjusted_cost_usd for r in common) / base if base else None,
+            "cost_vs_oracle": sum(r.cost_usd for r, _ in orc) / orc_sum if orc_sum else None,
             "summary_cost_usd": sum(r.summary_cost_usd for r in ok),
+            "rereads": sum(r.rereads for r in ok),
+            "evidence_recall": sum(r.evidence_recall * r.references for r in ok) / refs if refs else 1.0,
+            "name_recall": sum(r.name_recall * r.references for r in ok) / refs if refs else 1.0,
             "hit_rate": (sum(r.hit_rate * r.mean_tokens * len(r.token_series) for r in ok)
                          / max(1e-9, sum(r.mean_tokens * len(r.token_series) for r in ok))),
             "cache_breaks": sum(r.cache_breaks for r in ok),
             "peak_tokens": max((r.peak_tokens for r in ok), default=0),
-            "mean_tokens": statistics.fmean([r.mean_tokens for r in ok]) if ok else 0.0,
             "compactions": comps,
             "overhead_ms_per_turn": statistics.fmean([r.overhead_ms_per_turn for r in ok]) if ok else 0.0,
-            "recall": (sum(r.recall * r.references for r in ok) / refs) if refs else 1.0,
         })
+    return rows
+
+
+def dominated_by(rows: list[dict[str, Any]], ours: str = OURS) -> list[str]:
+    """Peers both cheaper in adjusted cost and higher in evidence recall than ``ours``."""
+    me = next((r for r in rows if r["strategy"] == ours), None)
+    if me is None or me["adjusted_vs_none"] is None:
+        return []
+    out = []
+    for r in rows:
+        if r["strategy"] in (ours, "cachecompact-no-econ") or r["adjusted_vs_none"] is None:
+            continue
+        if r["completed"] >= me["completed"] and r["adjusted_vs_none"] < me["adjusted_vs_none"] \
+                and r["evidence_recall"] > me["evidence_recall"]:
+            out.append(r["strategy"])
+    return out
+
+
+def task_rows(b: BenchResult, window: int) -> list[dict[str, Any]]:
+    rows = []
+    for s in b.strategies:
+        rs = [t for t in b.tasks if t.strategy == s and t.window == window]
+        if not rs:
+            continue
+        passed = sum(t.passed for t in rs)
+        cost = sum(t.cost_usd for t in rs)
+        quotes = sum(t.quotes for t in rs)
+        rows.append({"strategy": s, "tasks": len(rs), "passed": passed, "rereads": sum(t.rereads for t in rs),
+                     "quotes": quotes, "reread_rate": sum(t.rereads for t in rs) / quotes if quotes else 0.0,
+                     "turns": sum(t.turns for t in rs), "cost_usd": cost,
+                     "cost_per_pass": cost / passed if passed else None,
+                     "failures": [f"{t.task}: {t.failure}" for t in rs if not t.passed]})
     return rows
 
 
@@ -70,16 +112,26 @@ def _fmt(v: Any, kind: str = "") -> str:
     return str(v)
 
 
-def table(rows: list[dict[str, Any]]) -> list[list[str]]:
-    head = ["strategy", "done", "cost", "vs none", "vs oracle", "summaries", "hit rate", "breaks", "peak tok",
-            "mean tok", "recall", "overhead/turn", "compactions"]
+def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "vs oracle", "evidence recall",
+            "name recall", "re-reads", "summaries", "hit rate", "breaks", "peak tok", "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
         out.append([r["strategy"], f"{r['completed']}/{r['traces']}", _fmt(r["cost_usd"], "$"),
-                    _fmt(r["cost_vs_none"], "x"), _fmt(r["cost_vs_oracle"], "x"), _fmt(r["summary_cost_usd"], "$"),
-                    _fmt(r["hit_rate"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}",
-                    f"{r['mean_tokens']:,.0f}", _fmt(r["recall"], "%"), f"{r['overhead_ms_per_turn']:.2f} ms", comps])
+                    _fmt(r["cost_vs_none"], "x"), _fmt(r["adjusted_cost_usd"], "$"), _fmt(r["adjusted_vs_none"], "x"),
+                    _fmt(r["cost_vs_oracle"], "x"), _fmt(r["evidence_recall"], "%"), _fmt(r["name_recall"], "%"),
+                    str(r["rereads"]), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
+                    str(r["cache_breaks"]), f"{r['peak_tokens']:,}", comps])
+    return out
+
+
+def tasks_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    out = [["strategy", "passed", "re-reads", "re-read rate", "turns", "cost", "cost per passed task"]]
+    for r in rows:
+        out.append([r["strategy"], f"{r['passed']}/{r['tasks']}", f"{r['rereads']}/{r['quotes']}",
+                    f"{r['reread_rate']:.1%}", str(r["turns"]), _fmt(r["cost_usd"], "$"),
+                    _fmt(r["cost_per_pass"], "$")])
     return out
 
 
@@ -94,54 +146,55 @@ def _render(rows: list[list[str]], md: bool) -> str:
     return "\n".join(lines)
 
 
-def text_table(b: BenchResult, long_only: bool = False) -> str:
-    return _render(table(aggregate(b, long_only)), md=False)
+def _sections(b: BenchResult, md: bool) -> list[str]:
+    parts: list[str] = []
+    h = "### " if md else ""
+    for w in b.windows:
+        if b.results:
+            for label, half in (("long traces, all", None), ("long traces, half A (fit)", "A"),
+                                ("long traces, half B (held out)", "B")):
+                rows = aggregate(b, w, True, half)
+                n = len(_names(b, True, half))
+                parts += [f"{h}window {w:,}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
+                if half is None:
+                    dom = dominated_by(rows)
+                    parts += [f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact: "
+                              f"{', '.join(dom) if dom else 'none'}.", ""]
+        trows = task_rows(b, w)
+        if trows:
+            parts += [f"{h}window {w:,}: closed-loop tasks", "", _render(tasks_table(trows), md), ""]
+    return parts
+
+
+def text_report(b: BenchResult) -> str:
+    return "\n".join(_sections(b, md=False))
 
 
 def markdown(b: BenchResult, command: str) -> str:
     long_n = sum(1 for t in b.traces if t["turns"] >= LONG_TURNS)
     parts = [
-        "# cachecompact bench",
-        "",
+        "# cachecompact bench", "",
         f"Command: `{command}`  ",
-        f"Corpus: {b.corpus}: {len(b.traces)} traces ({long_n} with >= {LONG_TURNS} turns); model pricing "
-        f"`{b.model}`, context window {b.window:,} tokens; wall time {b.wall_s:.0f} s.",
-        "",
-        f"## Long traces (>= {LONG_TURNS} turns)",
-        "",
-        _render(table(aggregate(b, long_only=True)), md=True),
-        "",
-        "## All traces",
-        "",
-        _render(table(aggregate(b)), md=True),
-        "",
-        "Columns: cost = agent requests + summarizer calls, summed over completed traces; *vs none* and *vs "
-        "oracle* are ratios of sums over the traces both completed; hit rate = cache reads / input tokens; "
-        "breaks = requests whose hit rate fell below 0.8x the rolling mean of the previous 10; recall = share of "
-        "identifiers that later tool calls used and that were still visible in the request sent.",
+        f"Corpus: {b.corpus}: {len(b.traces)} traces ({long_n} with >= {LONG_TURNS} turns); model pricing `{b.model}`; "
+        f"windows {', '.join(f'{w:,}' for w in b.windows)}; {len(b.tasks)} task runs; wall time {b.wall_s:.0f} s.", "",
+        *_sections(b, md=True),
+        "Columns: cost = agent requests + summarizer calls over completed traces; *vs none* ratios are over the "
+        "traces both completed; *adjusted* adds one re-read turn (context read from cache, the lost tool result "
+        "written, 150 output tokens) the first time a tool result's evidence is lost; *vs oracle* against the billed "
+        "masking oracle (never above none); evidence recall = share of references whose evidence lines were still "
+        "visible verbatim; name recall = share whose identifier appeared anywhere.",
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]
     failed = [r for r in b.results if not r.completed]
     if failed:
-        parts += ["", "## Failed runs (not counted as complete)", ""]
-        parts += [f"- {r.strategy} on `{r.trace}`: {r.failure}" for r in failed]
-    parts += ["", "## Per trace", "", "| trace | turns | oracle | " + " | ".join(b.strategies) + " |",
-              "|---|---:|---:|" + "---:|" * len(b.strategies)]
-    by = {(r.trace, r.strategy): r for r in b.results}
-    for t in b.traces:
-        cells = []
-        for s in b.strategies:
-            r = by.get((t["name"], s))
-            cells.append("-" if r is None else (f"${r.cost_usd:.2f}" + ("" if r.completed else " (failed)")))
-        o = b.oracle.get(t["name"])
-        parts.append(f"| {t['name']} | {t['turns']} | {'-' if o is None else f'${o:.2f}'} | " + " | ".join(cells)
-                     + " |")
+        parts += ["", "## Failed runs (counted as failed, not in the sums)", ""]
+        parts += [f"- {r.strategy} at {r.window:,} on `{r.trace}`: {r.failure}" for r in failed]
     return "\n".join(parts) + "\n"
 
 
 def plots(b: BenchResult, out: Path, n: int = 3) -> list[Path]:
-    """Cumulative cost and context size over turns for the ``n`` longest traces."""
+    """Cumulative cost and context size over turns for the ``n`` longest traces, per window."""
     try:
         import matplotlib
 
@@ -149,38 +202,42 @@ def plots(b: BenchResult, out: Path, n: int = 3) -> list[Path]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    by = {(r.trace, r.strategy): r for r in b.results}
     written = []
-    for t in sorted(b.traces, key=lambda x: -x["turns"])[:n]:
-        fig, ax = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
-        for s in b.strategies:
-            r = by.get((t["name"], s))
-            if r is None or not r.cost_series:
-                continue
-            (line,) = ax[0].plot(r.cost_series, label=s)
-            ax[1].plot(r.token_series, color=line.get_color(), label=s)
-            marks = [k for k, _ in r.event_turns if k < len(r.token_series)]
-            ax[1].scatter(marks, [r.token_series[k] for k in marks], color=line.get_color(), s=12, marker="v")
-        ax[0].set_ylabel("cumulative cost ($)")
-        ax[1].set_ylabel("input tokens per request")
-        ax[1].set_xlabel("request (turn)")
-        ax[0].legend(fontsize=7, ncol=2)
-        ax[0].set_title(f"{t['name']} ({t['turns']} turns); triangles = compaction events")
-        fig.tight_layout()
-        p = out / f"{t['name'].replace('/', '__')}.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        written.append(p)
+    for w in b.windows:
+        by = {(r.trace, r.strategy): r for r in b.results if r.window == w}
+        for t in sorted(b.traces, key=lambda x: -x["turns"])[:n]:
+            fig, ax = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
+            for s in b.strategies:
+                r = by.get((t["name"], s))
+                if r is None or not r.cost_series:
+                    continue
+                (line,) = ax[0].plot(r.cost_series, label=s)
+                ax[1].plot(r.token_series, color=line.get_color(), label=s)
+                marks = [k for k, _ in r.event_turns if k < len(r.token_series)]
+                ax[1].scatter(marks, [r.token_series[k] for k in marks], color=line.get_color(), s=12, marker="v")
+            ax[0].set_ylabel("cumulative cost ($)")
+            ax[1].set_ylabel("input tokens per request")
+            ax[1].set_xlabel("request (turn)")
+            ax[0].legend(fontsize=7, ncol=2)
+            ax[0].set_title(f"{t['name']} ({t['turns']} turns, window {w:,}); triangles = compaction events")
+            fig.tight_layout()
+            p = out / f"{t['name'].replace('/', '__')}.w{w // 1000}k.png"
+            fig.savefig(p, dpi=90)
+            plt.close(fig)
+            written.append(p)
     return written
 
 
 def write_outputs(b: BenchResult, out: Path, command: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = {
-        "model": b.model, "window": b.window, "corpus": b.corpus, "wall_s": b.wall_s, "strategies": b.strategies,
+        "model": b.model, "windows": b.windows, "corpus": b.corpus, "wall_s": b.wall_s, "strategies": b.strategies,
         "traces": b.traces, "skipped": b.skipped, "oracle": b.oracle,
-        "aggregate": {"all": aggregate(b), "long": aggregate(b, long_only=True)},
+        "aggregate": {str(w): {"long": aggregate(b, w), "long_A": aggregate(b, w, True, "A"),
+                               "long_B": aggregate(b, w, True, "B"), "all": aggregate(b, w, False),
+                               "tasks": task_rows(b, w)} for w in b.windows},
         "results": [asdict(r) for r in b.results],
+        "tasks": [asdict(t) for t in b.tasks],
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "report.md").write_text(markdown(b, command))

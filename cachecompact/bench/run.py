@@ -1,7 +1,10 @@
-"""``cachecompact bench``: every strategy on every trace, in parallel, with a progress bar."""
+"""``cachecompact bench``: every strategy on every trace at every window, plus the closed-loop
+tasks, in parallel, with a progress bar."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 import time
@@ -11,27 +14,87 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..pricing import get_model, override
-from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
-from .harness import MAX_TOKENS, STRATEGIES, TraceResult, replay
-from .oracle import oracle_cost
+import xxhash
 
-__all__ = ["BenchResult", "load_corpus", "run_bench"]
+from ..errors import ConfigError
+from ..pricing import get_model
+from ..strategies import get_strategy, strategy_names
+from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
+from .harness import MAX_TOKENS, TraceResult, replay
+from .oracle import oracle_cost
+from .tasks import TaskResult, make_task, run_task
+
+__all__ = ["DEFAULT_WINDOWS", "TASK_SEEDS", "BenchResult", "load_corpus", "run_bench", "split_halves"]
 
 SYNTHETIC_CORPUS = 12
+DEFAULT_WINDOWS = (200_000, 50_000)
+TASK_SEEDS = tuple(range(1, 7))  # six closed-loop tasks
+TASK_WINDOWS = (50_000,)
 
 
 @dataclass
 class BenchResult:
     model: str
-    window: int
+    windows: list[int]
     strategies: list[str]
-    traces: list[dict[str, Any]]  # name, source, turns, format
+    traces: list[dict[str, Any]]  # name, source, turns, format, half
     results: list[TraceResult]
-    oracle: dict[str, float | None]  # trace -> oracle cost (None when infeasible)
+    oracle: dict[str, dict[str, float | None]]  # window -> trace -> billed masking oracle (None: infeasible)
+    tasks: list[TaskResult] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # files that could not be loaded
     wall_s: float = 0.0
     corpus: str = ""
+
+
+def _kind(t: Trace) -> str:
+    return "claude-code" if "claude-code" in t.source or t.format.startswith("claude") else "swe"
+
+
+def _groups(traces: Sequence[Trace]) -> dict[str, str]:
+    """Trace name -> group: traces that are not independent share a group. Sessions resumed from
+    one another share long messages; runs of one SWE-bench instance by different models share
+    the instance name (union-find over both)."""
+    parent = {t.name: t.name for t in traces}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    seen: dict[str, str] = {}
+    for t in traces:
+        keys = {"instance:" + t.name.split("/")[-1]} if _kind(t) == "swe" else set()
+        for m in t.messages:
+            raw = json.dumps(m, sort_keys=True)
+            if len(raw) > 400:  # long messages only: short ones ("continue") are shared by chance
+                keys.add(xxhash.xxh3_64_hexdigest(raw.encode()))
+        for k in keys:
+            if k in seen:
+                parent[find(t.name)] = find(seen[k])
+            else:
+                seen[k] = t.name
+    return {t.name: find(t.name) for t in traces}
+
+
+def split_halves(traces: Sequence[Trace]) -> dict[str, str]:
+    """A deterministic split into halves A (fit) and B (held out): whole groups (see `_groups`),
+    per kind of agent, largest first, each to the half with fewer long traces of that kind so
+    far (ties broken by a hash of the group), so both halves hold both kinds of agent."""
+    group = _groups(traces)
+    members: dict[tuple[str, str], list[Trace]] = {}
+    for t in traces:
+        members.setdefault((_kind(t), group[t.name]), []).append(t)
+    out: dict[str, str] = {}
+    size: dict[tuple[str, str], int] = {}
+    for key in sorted(members, key=lambda g: (g[0], -sum(x.turns >= 50 for x in members[g]),
+                                              xxhash.xxh3_64_hexdigest(g[1].encode()))):
+        kind = key[0]
+        half = "A" if size.get((kind, "A"), 0) <= size.get((kind, "B"), 0) else "B"
+        size[(kind, half)] = size.get((kind, half), 0) + sum(x.turns >= 50 for x in members[key])
+        for t in members[key]:
+            out[t.name] = half
+    return out
 
 
 def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
@@ -63,11 +126,15 @@ def _job(args: tuple[Trace, str, str, int]) -> TraceResult:
     return replay(trace, strategy, model=model, window=window)
 
 
-def _oracle(args: tuple[Trace, str, int]) -> tuple[str, float | None]:
+def _oracle(args: tuple[Trace, str, int]) -> tuple[str, int, float | None]:
     trace, model, window = args
-    override(model, context_window=window)
     o = oracle_cost(trace, get_model(model), window, MAX_TOKENS)
-    return trace.name, (o.cost_usd if o.feasible else None)
+    return trace.name, window, (o.cost_usd if o.feasible and math.isfinite(o.cost_usd) else None)
+
+
+def _task(args: tuple[int, str, str, int]) -> TaskResult:
+    seed, strategy, model, window = args
+    return run_task(make_task(seed), strategy, model=model, window=window)
 
 
 def _progress(total: int, desc: str) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -88,49 +155,60 @@ def _progress(total: int, desc: str) -> tuple[Callable[[], None], Callable[[], N
 
 
 def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None = None,
-              model: str = "claude-sonnet-4-6", window: int = 200_000, workers: int | None = None,
-              progress: bool = True, synthetic: int | None = None) -> BenchResult:
-    names = list(strategies or STRATEGIES)
-    unknown = [s for s in names if s not in STRATEGIES]
-    if unknown:
-        raise KeyError(f"unknown strategy {', '.join(unknown)}; known: {', '.join(STRATEGIES)}")
+              model: str = "claude-sonnet-4-6", windows: Sequence[int] = DEFAULT_WINDOWS,
+              workers: int | None = None, progress: bool = True, synthetic: int | None = None,
+              tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS) -> BenchResult:
+    """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md)."""
+    names = list(strategies or strategy_names())
+    for s in names:
+        get_strategy(s)
     get_model(model)  # fail early on an unknown model
+    if not windows or any(w < 8_000 for w in windows):
+        raise ConfigError(f"windows must be at least 8000 tokens, got {list(windows)}")
     t0 = time.perf_counter()
-    traces, skipped, label = load_corpus(paths, synthetic)
-    jobs = [(t, s, model, window) for t in traces for s in names]
-    jobs.sort(key=lambda j: -len(j[0].messages))  # longest first: better packing across workers
+    corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
+    jobs: list[tuple[Callable[..., Any], Any]] = []
+    for w in windows:
+        jobs += [(_oracle, (t, model, w)) for t in corpus]
+        jobs += [(_job, (t, s, model, w)) for t in corpus for s in names]
+    if tasks:
+        jobs += [(_task, (seed, s, model, w)) for w in TASK_WINDOWS for seed in task_seeds for s in names]
+    jobs.sort(key=lambda j: -(len(j[1][0].messages) if isinstance(j[1][0], Trace) else 120))  # long ones first
     workers = workers or min(os.cpu_count() or 1, 2)
     results: list[TraceResult] = []
-    oracle: dict[str, float | None] = {}
-    tick, close = _progress(len(jobs) + len(traces), "cachecompact bench") if progress else (lambda: None,
-                                                                                              lambda: None)
+    task_results: list[TaskResult] = []
+    oracle: dict[str, dict[str, float | None]] = {str(w): {} for w in windows}
+    tick, close = _progress(len(jobs), "cachecompact bench") if progress else (lambda: None, lambda: None)
+
+    def take(out: Any) -> None:
+        if isinstance(out, TraceResult):
+            results.append(out)
+        elif isinstance(out, TaskResult):
+            task_results.append(out)
+        else:
+            name, w, cost = out
+            oracle[str(w)][name] = cost
+        tick()
+
     try:
         if workers <= 1:
-            for t in traces:
-                k, v = _oracle((t, model, window))
-                oracle[k] = v
-                tick()
-            for j in jobs:
-                results.append(_job(j))
-                tick()
+            for fn, args in jobs:
+                take(fn(args))
         else:
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                futs: list[Future[Any]] = [pool.submit(_oracle, (t, model, window)) for t in traces]
-                futs += [pool.submit(_job, j) for j in jobs]
+                futs: list[Future[Any]] = [pool.submit(fn, args) for fn, args in jobs]
                 for f in as_completed(futs):
-                    out = f.result()
-                    if isinstance(out, TraceResult):
-                        results.append(out)
-                    else:
-                        name, cost = out
-                        oracle[name] = cost
-                    tick()
+                    take(f.result())
     finally:
         close()
-    order = {(t.name, s): (i, k) for i, t in enumerate(traces) for k, s in enumerate(names)}
-    results.sort(key=lambda r: order.get((r.trace, r.strategy), (0, 0)))
+    halves = split_halves(corpus)
+    order = {(t.name, s, w): (k, i, j) for k, w in enumerate(windows) for i, t in enumerate(corpus)
+             for j, s in enumerate(names)}
+    results.sort(key=lambda r: order.get((r.trace, r.strategy, r.window), (0, 0, 0)))
+    task_results.sort(key=lambda r: (r.window, r.task, names.index(r.strategy) if r.strategy in names else 0))
     return BenchResult(
-        model=model, window=window, strategies=names,
-        traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format} for t in traces],
-        results=results, oracle=oracle,
-        skipped=skipped, wall_s=time.perf_counter() - t0, corpus=label)
+        model=model, windows=list(windows), strategies=names,
+        traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format, "half": halves[t.name]}
+                for t in corpus],
+        results=results, oracle=oracle, tasks=task_results, skipped=skipped, wall_s=time.perf_counter() - t0,
+        corpus=label)
