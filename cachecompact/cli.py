@@ -1,21 +1,30 @@
-"""The ``cachecompact`` command line."""
+"""The ``cachecompact`` command line.
+
+Every command checks its arguments before it starts work; every error is one line on stderr
+(``cachecompact: error: ...``, exit 2) unless ``--debug`` asks for the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from .errors import CacheCompactError, LedgerCorruptError, MalformedMessageError, StoreError
+from .errors import CacheCompactError, LedgerCorruptError, MalformedMessageError
 from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from .session import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, Session
-from .validate import validate_request
 
 __all__ = ["main"]
+
+
+class UsageError(Exception):
+    """A bad command line: reported in one line, exit 2."""
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -32,39 +41,62 @@ def ledger_table(sess: Session) -> str:
     return _table(rows, ["seq", "level", "kind", "range", "tokens", "at_len", "created", "reason"])
 
 
+def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
+    """The session named on the command line: a directory, or an id in ``--store``."""
+    if getattr(args, "store", None):
+        from .store import open_store
+
+        return Session.open(open_store(args.store), args.target, readonly=readonly)
+    return Session.open(args.target, readonly=readonly)
+
+
 def cmd_ledger_show(args: argparse.Namespace) -> int:
-    sess = Session.open(args.dir)
+    sess = _open(args)
     if not sess.ledger.entries:
-        print(f"{args.dir}: no ledger entries ({len(sess)} transcript messages)")
+        print(f"{args.target}: no ledger entries ({len(sess)} transcript messages)")
         return 0
     print(ledger_table(sess))
     return 0
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Exit 0 when hashes, the chain and the replay of every entry are valid."""
+    """Exit 0 when every chain, the prefix and the replay of every entry are valid. Never writes,
+    unless ``--repair`` sets a torn tail aside."""
+    from .emulator.validation import validate_request
+
     try:
-        sess = Session.open(args.dir)
+        sess = _open(args, readonly=True)
     except LedgerCorruptError as err:
         print(f"INVALID {err}", file=sys.stderr)
         return 1
     for torn in sess.torn:
-        print(f"warning: {torn}", file=sys.stderr)
-    ledger_path = Path(args.dir) / "ledger.jsonl"
+        if args.repair and sess.store is not None:
+            with sess.store.lock():
+                sess.store.repair(torn.log)  # type: ignore[arg-type]
+            print(f"repaired: {torn} (set aside)", file=sys.stderr)
+        else:
+            print(f"warning: {torn}; `--repair` sets it aside", file=sys.stderr)
+    if args.head and not sess.extends(args.head):
+        print(f"INVALID {sess.store.location if sess.store else args.target}: the stored state does not extend "
+              f"head {args.head} (entries it covered were changed, removed or rolled back)", file=sys.stderr)
+        return 1
+    where = sess.store.where("ledger") if sess.store is not None else "ledger"
     for e in sess.ledger.entries:
         try:
             validate_request(sess.render(at_entry=e.seq).body)
         except MalformedMessageError as err:
-            print(f"INVALID {ledger_path}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}",
-                  file=sys.stderr)
+            print(f"INVALID {where}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}", file=sys.stderr)
             return 1
-    print(f"ok: {len(sess)} messages, {len(sess.ledger)} ledger entries, chain head {sess.ledger.head_hash[:16]}, "
-          f"prefix {sess.prefix_hash}")
+    print(f"ok: {len(sess)} messages, {len(sess.ledger)} ledger entries, prefix {sess.prefix_hash}\n"
+          f"head {sess.head}")
     return 0
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    sess = Session.open(args.dir)
+    sess = _open(args)
+    if args.at_entry is not None and not 0 <= args.at_entry < len(sess.ledger):
+        raise UsageError(f"--at-entry {args.at_entry}: the session has ledger entries 0..{len(sess.ledger) - 1}"
+                         if sess.ledger.entries else f"--at-entry {args.at_entry}: the session has no ledger entries")
     result = sess.render(model=args.model, max_tokens=args.max_tokens, at_entry=args.at_entry)
     if args.pretty:
         print(json.dumps(result.body, indent=2, ensure_ascii=False))
@@ -117,111 +149,250 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     inner = ReplayResponder(load_trace(args.trace).messages) if args.trace else ScriptedResponder()
     faults = FaultConfig(rate=args.fault_rate, seed=args.seed, slow_rate=args.slow_rate)
-    emu = Emulator(SummarizingResponder(inner), faults=faults, log=args.log, host=args.host, port=args.port)
-    print(f"cachecompact emulator listening on {emu.url}  (anthropic.Anthropic(base_url={emu.url!r}, "
-          f"api_key='test'); Ctrl-C to stop", flush=True)
+    emu = Emulator(SummarizingResponder(inner), faults=faults, log=args.log, host=args.host, port=args.port,
+                   gzip=args.gzip)
+
+    def ready(url: str) -> None:
+        print(f"cachecompact emulator listening on {url}  (anthropic.Anthropic(base_url={url!r}, "
+              f"api_key='test')); Ctrl-C to stop", flush=True)
+
     try:
-        emu.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        emu.stop()
+        emu.serve_forever(ready)
+    except OSError as err:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Per-session cache report: hit rate over time, breaks and causes, cost, compactions."""
-    from .monitor import session_report
+    from .report import plot_session, session_data, session_report
 
-    print(session_report(args.dir, plot=args.plot))
+    sess = _open(args)
+    print(session_report(sess), flush=True)  # the text first: a failing plot must not lose it
+    if args.plot:
+        try:
+            plot_session(session_data(sess), Path(args.plot))
+        except (OSError, RuntimeError, ValueError) as err:
+            print(f"cachecompact: error: the plot was not written: {_one_line(err)}", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Replay traces under every strategy; print a table; write results, report and plots."""
-    import logging
+    """Replay traces and run the tasks under every strategy; print tables; write results, report, plots."""
     import shlex
 
-    from .bench.report import LONG_TURNS, text_table, write_outputs
+    from .bench.report import text_report, write_outputs
     from .bench.run import run_bench
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
-    res = run_bench(args.paths, args.strategy, model=args.model, window=args.window, workers=args.workers,
-                    progress=not args.json, synthetic=args.synthetic)
+    res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window, workers=args.workers,
+                    progress=not args.json, synthetic=args.synthetic, tasks=not args.no_tasks,
+                    traces=not args.tasks)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
     files = write_outputs(res, Path(args.out), command)
     if args.json:
         print((Path(args.out) / "results.json").read_text())
         return 0
-    print(f"\n{res.corpus}: {len(res.traces)} traces, model {res.model}, window {res.window:,}, "
-          f"{res.wall_s:.0f} s")
+    print(f"\n{res.corpus}: {len(res.traces)} traces, {len(res.tasks)} task runs, model {res.model}, windows "
+          f"{', '.join(f'{w:,}' for w in res.windows)}, {res.wall_s:.0f} s\n")
     for s in res.skipped:
         print(f"skipped {s['file']}: {s['reason']}")
-    print(f"\nlong traces (>= {LONG_TURNS} turns):\n{text_table(res, long_only=True)}")
-    print(f"\nall traces:\n{text_table(res)}")
-    print("\nwrote " + ", ".join(str(f) for f in files))
+    print(text_report(res))
+    print("wrote " + ", ".join(str(f) for f in files))
+    if not args.tasks and not res.results:
+        print("cachecompact: error: no trace ran (see the skipped files above)", file=sys.stderr)
+        return 1
     return 0
 
 
+
+
+# -- argument checks: each names the option and the rule ------------------------------------------
+
+
+def _int_in(name: str, lo: int, hi: int | None = None) -> Any:
+    def parse(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {v!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            rule = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {n}")
+        return n
+    return parse
+
+
+def _fraction(name: str) -> Any:
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
+        if not 0.0 <= x <= 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1, got {v}")
+        return x
+    return parse
+
+
+def _existing_file(name: str) -> Any:
+    def parse(v: str) -> str:
+        if not Path(v).is_file():
+            raise argparse.ArgumentTypeError(f"{name} {v}: no such file")
+        return v
+    return parse
+
+
+def _writable_dir(p: Path, what: str) -> None:
+    """Create ``p`` (a folder for outputs) now, so a bad path fails before the work, not after."""
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".cachecompact-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"{what} {p}: not a writable folder ({err.strerror or err})") from None
+
+
+def _writable_file(p: Path, what: str) -> None:
+    parent = p.parent
+    if p.is_dir():
+        raise UsageError(f"{what} {p}: is a folder")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"{what} {p}: the folder {parent} does not exist or is not writable")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Checks that need the file system or the registries, run before any work."""
+    if args.command == "bench":
+        from .pricing import get_model
+        from .strategies import get_strategy
+
+        for name in args.strategy or []:
+            get_strategy(name)
+        get_model(args.model)
+        if args.tasks and args.no_tasks:
+            raise UsageError("--tasks and --no-tasks exclude each other")
+        _writable_dir(Path(args.out), "--out")
+    if getattr(args, "plot", None):
+        _writable_file(Path(args.plot), "--plot")
+    if getattr(args, "log", None):
+        _writable_file(Path(args.log), "--log")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as `UsageError`, so they print as one line like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _session_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="SESSION", help="a session directory, or a session id with --store")
+    p.add_argument("--store", metavar="URL", help="the store holding SESSION: a folder or postgresql://...")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cachecompact", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    led = sub.add_parser("ledger", help="inspect a session's ledger")
-    lsub = led.add_subparsers(dest="ledger_command", required=True)
-    show = lsub.add_parser("show", help="print a table of the edits")
-    show.add_argument("dir")
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    p = _Parser(prog="cachecompact", description=__doc__.splitlines()[0], parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    led = sub.add_parser("ledger", help="inspect a session's ledger", parents=[common])
+    lsub = led.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = lsub.add_parser("show", help="print a table of the edits", parents=[common])
+    _session_args(show)
     show.set_defaults(func=cmd_ledger_show)
-    ver = lsub.add_parser("verify", help="check hashes, the chain and the replay; exit 1 on the first bad line")
-    ver.add_argument("dir")
+    ver = lsub.add_parser("verify", parents=[common],
+                          help="check every chain, the prefix and the replay; never writes; exit 1 when invalid")
+    _session_args(ver)
+    ver.add_argument("--repair", action="store_true", help="set a torn tail aside (the only write verify makes)")
+    ver.add_argument("--head", metavar="HEAD", help="a head printed earlier: fail if the store no longer extends it")
     ver.set_defaults(func=cmd_ledger_verify)
-    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)")
-    ren.add_argument("dir")
-    ren.add_argument("--at-entry", type=int, default=None, metavar="K")
+    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
+    _session_args(ren)
+    ren.add_argument("--at-entry", type=_int_in("--at-entry", 0), default=None, metavar="K")
     ren.add_argument("--model", default=DEFAULT_MODEL)
-    ren.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    ren.add_argument("--max-tokens", type=_int_in("--max-tokens", 1), default=DEFAULT_MAX_TOKENS)
     ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
     ren.set_defaults(func=cmd_render)
-    srv = sub.add_parser("serve", help="run the local Messages API emulator")
+    srv = sub.add_parser("serve", help="run the local Messages API emulator", parents=[common])
     srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8765)
-    srv.add_argument("--trace", help="replay the assistant messages of this trace file")
-    srv.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 429/529/500")
-    srv.add_argument("--slow-rate", type=float, default=0.0, help="share of requests delayed")
+    srv.add_argument("--port", type=_int_in("--port", 0, 65535), default=8765)
+    srv.add_argument("--trace", type=_existing_file("--trace"), help="replay the assistant messages of this trace")
+    srv.add_argument("--fault-rate", type=_fraction("--fault-rate"), default=0.0,
+                     help="share of requests answered 429/529/500")
+    srv.add_argument("--slow-rate", type=_fraction("--slow-rate"), default=0.0, help="share of requests delayed")
     srv.add_argument("--seed", type=int, default=0)
-    srv.add_argument("--log", help="append one JSON line per request here")
+    srv.add_argument("--log", help="append one JSON line per request here (created 0600)")
+    srv.add_argument("--gzip", action="store_true", help="gzip responses for clients that accept it, as the API does")
     srv.set_defaults(func=cmd_serve)
-    bench = sub.add_parser("bench", help="replay traces under each strategy and compare cost, hits and recall")
+    bench = sub.add_parser("bench", help="replay traces and run tasks under each strategy; compare cost and recall",
+                           parents=[common])
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
     bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model")
-    bench.add_argument("--window", type=int, default=200_000, help="context window in tokens")
+    bench.add_argument("--window", type=_int_in("--window", 8_000), nargs="+", default=[200_000, 50_000],
+                       metavar="N", help="context windows in tokens (default: 200000 50000)")
+    bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")
+    bench.add_argument("--no-tasks", action="store_true", help="skip the closed-loop task suite")
     bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
-    bench.add_argument("--workers", type=int, default=None, help="processes (default: up to 2)")
+    bench.add_argument("--workers", type=_int_in("--workers", 1, 64), default=None,
+                       help="processes (default: up to 2)")
     bench.add_argument("--json", action="store_true", help="print results.json instead of the table")
-    bench.add_argument("--synthetic", type=int, metavar="N", help="run N synthetic traces instead of files")
+    bench.add_argument("--synthetic", type=_int_in("--synthetic", 1, 10_000), metavar="N",
+                       help="run N synthetic traces instead of files")
     bench.set_defaults(func=cmd_bench)
-    rep = sub.add_parser("report", help="cache health report of a session directory")
-    rep.add_argument("dir")
+    rep = sub.add_parser("report", help="cache health report of a session", parents=[common])
+    _session_args(rep)
     rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
     rep.set_defaults(func=cmd_report)
-    demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger")
-    demo.add_argument("--trace", help="a trace file (default: the first shared Claude Code trace, else synthetic)")
+    demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger",
+                          parents=[common])
+    demo.add_argument("--trace", type=_existing_file("--trace"),
+                      help="a trace file (default: the first shared Claude Code trace, else synthetic)")
     demo.add_argument("--out", help="session directory to create (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
+    for extra in _EXTRA_COMMANDS:
+        extra(sub, common)
     return p
 
 
+_EXTRA_COMMANDS: list[Any] = []  # (sub, common) -> None: commands defined in other modules (proxy, store)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    debug = "--debug" in argv
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     try:
-        rc: Any = args.func(args)
-    except (StoreError, CacheCompactError, IndexError, RuntimeError, KeyError) as err:
-        print(f"cachecompact: error: {err}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        _check(args)
+        return int(args.func(args))
     except BrokenPipeError:  # pragma: no cover - e.g. `| head`
         return 0
-    return int(rc)
+    except KeyboardInterrupt:
+        return 130
+    except (UsageError, CacheCompactError, OSError) as err:
+        if debug:
+            raise
+        print(f"cachecompact: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: still one line, with how to see more
+        if debug:
+            raise
+        print(f"cachecompact: error: internal error {type(err).__name__}: {_one_line(err)} (rerun with --debug "
+              "for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return " ".join(text.split())[:500]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -52,7 +52,86 @@ def test_render_at_entry(session_dir: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ledger", "show", str(tmp_path / "nope")]) == 2
-    assert "not a cachecompact session directory" in capsys.readouterr().err
+    assert "no such session directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["serve", "--port", "99999"], "--port must be between 0 and 65535"),
+    (["serve", "--trace", "missing.json"], "missing.json: no such file"),
+    (["serve", "--fault-rate", "2"], "--fault-rate must be between 0 and 1"),
+    (["serve", "--log", "/nonexistent/dir/log.jsonl"], "/nonexistent/dir"),
+    (["bench", "--window", "-5"], "--window must be at least 8000"),
+    (["bench", "--out", "/proc/x"], "--out /proc/x"),
+    (["bench", "--strategy", "magic"], "unknown strategy 'magic'"),
+    (["bench", "--model", "gpt-9"], "gpt-9"),
+    (["report", "/nonexistent", "--plot", "/nonexistent/x.png"], "--plot"),
+    (["render", "/nonexistent", "--at-entry", "-1"], "--at-entry must be at least 0"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_every_error_is_one_line_before_any_work(argv: list[str], says: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cachecompact: error: ") and says in lines[0], cap.err
+    assert "Traceback" not in cap.err and not cap.out
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    from cachecompact.errors import SessionNotFoundError
+
+    with pytest.raises(SessionNotFoundError):
+        main(["ledger", "show", str(tmp_path / "nope"), "--debug"])
+
+
+def test_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot listen" in err
+
+
+def test_report_prints_its_text_even_when_the_plot_fails(session_dir: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    bad = tmp_path / "plot.nosuchformat"  # passes the up-front checks, fails in the plotter
+    assert main(["report", str(session_dir), "--plot", str(bad)]) == 2
+    cap = capsys.readouterr()
+    assert "transcript:" in cap.out and "the plot was not written" in cap.err
+
+
+def test_verify_never_writes_and_repair_sets_a_torn_tail_aside(session_dir: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    p = session_dir / "transcript.jsonl"
+    with open(p, "ab") as f:
+        f.write(b'{"h":"torn')  # a torn append: no newline
+    before = {q.name: q.read_bytes() for q in session_dir.iterdir() if q.is_file()}
+    assert main(["ledger", "verify", str(session_dir)]) == 0
+    assert "torn" in capsys.readouterr().err
+    assert {q.name: q.read_bytes() for q in session_dir.iterdir() if q.is_file()} == before
+    assert main(["ledger", "verify", str(session_dir), "--repair"]) == 0
+    assert "repaired" in capsys.readouterr().err
+    assert not p.read_bytes().endswith(b"torn") and list(session_dir.glob("transcript.jsonl.torn.*"))
+    assert main(["ledger", "verify", str(session_dir)]) == 0
+    assert "torn" not in capsys.readouterr().err
+
+
+def test_verify_head_detects_a_rollback(session_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ledger", "verify", str(session_dir)]) == 0
+    head = capsys.readouterr().out.split("head ")[-1].strip()
+    assert main(["ledger", "verify", str(session_dir), "--head", head]) == 0
+    p = session_dir / "ledger.jsonl"
+    p.write_bytes(b"".join(p.read_bytes().splitlines(keepends=True)[:-1]))  # drop the last entry whole
+    assert main(["ledger", "verify", str(session_dir)]) == 0  # consistent on its own ...
+    capsys.readouterr()
+    assert main(["ledger", "verify", str(session_dir), "--head", head]) == 1  # ... but not what was acknowledged
+    assert "does not extend head" in capsys.readouterr().err
 
 
 def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
