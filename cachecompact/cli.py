@@ -209,6 +209,61 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """Run the proxy until interrupted."""
+    from .proxy import Proxy, ProxyConfig
+
+    token = args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
+    cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
+                      keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
+                      window_tokens=args.window)
+    cfg.check()
+    proxy = Proxy(cfg)
+
+    def ready(url: str) -> None:
+        print(f"cachecompact proxy ({cfg.mode}) listening on {url} -> {cfg.upstream}\n"
+              f"  clients: ANTHROPIC_BASE_URL={url}\n  dashboard: {url}/ui"
+              + ("?token=..." if token else ""), flush=True)
+
+    try:
+        proxy.serve_forever(ready)
+    except OSError as err:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    return 0
+
+
+def cmd_forensics(args: argparse.Namespace) -> int:
+    """Cache forensics of recorded Claude Code logs: misses per class and what they cost."""
+    from .replay_forensics import summarize_logs
+    from .traces import discover
+
+    files = discover(list(args.paths))
+    if not files:
+        raise UsageError(f"no trace files found in {' '.join(args.paths)}")
+    done, skipped, totals = summarize_logs(files)
+    if args.json:
+        print(json.dumps({"logs": [{"name": r.name, "calls": r.calls, "misses": r.misses, "wasted_usd": r.wasted,
+                                    "findings": [f.to_dict() for f in r.findings
+                                                 if f.cls != "read_as_expected"]} for r in done],
+                          "skipped": skipped, "totals": totals}, indent=1))
+        return 0 if done else 1
+    for r in done:
+        print(f"{r.name}: {r.calls} calls, " + (", ".join(f"{k} {v} (${r.wasted[k]:.2f})" for k, v in
+                                                          sorted(r.misses.items())) or "no misses"))
+        if args.verbose:
+            for f in r.findings:
+                if f.cls != "read_as_expected":
+                    print(f"  call {f.request}: {f.cls} at {f.location or '-'}: {f.detail[:140]} "
+                          f"(${f.wasted_usd:.4f})")
+    for s in skipped:
+        print(f"skipped {s['file']}: {s['reason']}")
+    print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage")
+    rows = [[k, str(v), f"${totals['wasted_usd'][k]:.2f}"] for k, v in totals["misses"].items()]
+    print(_table(rows, ["class", "misses", "wasted"]))
+    print(f"explained by a class: {totals['explained']}; unexplained (provider suspected): {totals['unexplained']}")
+    return 0 if done else 1
+
+
 # -- argument checks: each names the option and the rule ------------------------------------------
 
 
@@ -279,6 +334,14 @@ def _check(args: argparse.Namespace) -> None:
         _writable_file(Path(args.plot), "--plot")
     if getattr(args, "log", None):
         _writable_file(Path(args.log), "--log")
+    if args.command == "proxy":
+        from .proxy import ProxyConfig
+        from .strategies import get_strategy
+
+        get_strategy(args.strategy)
+        ProxyConfig(upstream=args.upstream, host=args.host, mode=args.mode, store=args.store,
+                    keep_bodies=args.keep_bodies,
+                    auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -353,6 +416,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a trace file (default: the first shared Claude Code trace, else synthetic)")
     demo.add_argument("--out", help="session directory to create (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
+    px = sub.add_parser("proxy", help="an Anthropic-compatible proxy with cache forensics, compaction and a dashboard",
+                        parents=[common])
+    px.add_argument("--upstream", default="https://api.anthropic.com", help="where requests go (default: the API)")
+    px.add_argument("--host", default="127.0.0.1", help="beyond loopback needs --auth-token")
+    px.add_argument("--port", type=_int_in("--port", 0, 65535), default=8787)
+    px.add_argument("--mode", choices=["observe", "compact"], default="observe",
+                    help="observe: never change a byte; compact: run the strategy on each session")
+    px.add_argument("--store", metavar="DIR|URL", help="persist sessions and records (a folder or postgresql://...)")
+    px.add_argument("--keep-bodies", action="store_true", help="also keep request bodies (needs --store)")
+    px.add_argument("--auth-token", help="required for the dashboard and /api (or CACHECOMPACT_AUTH_TOKEN)")
+    px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
+    px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
+                    help="compact mode: the context window (default: the model's)")
+    px.set_defaults(func=cmd_proxy)
+    fo = sub.add_parser("forensics", help="why recorded Claude Code sessions missed the cache, and what it cost",
+                        parents=[common])
+    fo.add_argument("paths", nargs="+", help="Claude Code JSONL logs or folders")
+    fo.add_argument("--json", action="store_true", help="print every finding as JSON")
+    fo.add_argument("-v", "--verbose", action="store_true", help="list every miss")
+    fo.set_defaults(func=cmd_forensics)
     for extra in _EXTRA_COMMANDS:
         extra(sub, common)
     return p

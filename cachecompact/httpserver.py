@@ -140,8 +140,10 @@ class ServerThread:
     """
 
     def __init__(self, app_factory: Callable[[], web.Application], host: str = "127.0.0.1", port: int = 0, *,
-                 header_timeout: float = HEADER_TIMEOUT_S, shutdown_timeout: float = 1.0) -> None:
+                 header_timeout: float = HEADER_TIMEOUT_S, shutdown_timeout: float = 1.0,
+                 auto_decompress: bool = True) -> None:
         self._factory = app_factory
+        self._auto_decompress = auto_decompress  # a proxy forwards compressed bodies as they came
         self.host, self.port = host, port
         self._header_timeout = header_timeout
         self._shutdown_timeout = shutdown_timeout
@@ -177,9 +179,11 @@ class ServerThread:
             assert manager is not None
             loop = self._loop
             timeout = self._header_timeout
+            decompress = self._auto_decompress
             server = await loop.create_server(
-                lambda: _JsonErrorHandler(manager, loop=loop, keepalive_timeout=timeout, lingering_time=2.0),
-                self.host, self.port)
+                lambda: _JsonErrorHandler(manager, loop=loop, keepalive_timeout=timeout, lingering_time=2.0,
+                                          auto_decompress=decompress),
+                self.host, self.port, backlog=1024)
             self.port = server.sockets[0].getsockname()[1]
         except BaseException as err:  # surfaced in the caller's thread by start()
             self._error = err
@@ -226,9 +230,9 @@ class ServerThread:
 
 
 def serve_forever(app_factory: Callable[[], web.Application], host: str, port: int,
-                  ready: Callable[[str], None] | None = None) -> None:
+                  ready: Callable[[str], None] | None = None, *, auto_decompress: bool = True) -> None:
     """Run in the calling thread until interrupted (the CLI); ``ready(url)`` once listening."""
-    st = ServerThread(app_factory, host, port)
+    st = ServerThread(app_factory, host, port, auto_decompress=auto_decompress)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -37,7 +37,7 @@ def opening_key(tools: Any, system: Any, first: Any) -> str:
     return "s_" + xxhash.xxh3_128_hexdigest(canonical_bytes([tools, system, first]))[:24]
 
 
-def _head_key(tools: Any, system: Any) -> bytes:
+def head_key(tools: Any, system: Any) -> bytes:
     return xxhash.xxh3_128_digest(canonical_bytes([tools, system]))
 
 
@@ -124,7 +124,7 @@ class SessionRegistry:
         Retries on a race (another writer extended the chosen session first) by resolving again.
         """
         messages = body["messages"]
-        head = _head_key(body.get("tools"), body.get("system"))
+        head = head_key(body.get("tools"), body.get("system"))
         for _ in range(8):
             with self._lock:
                 live = (self._named(explicit, head, body) if explicit is not None

@@ -29,9 +29,21 @@ GENESIS = "0" * 64
 PROBES_PER_CALL = 2  # earlier messages compared per sync besides the first and the last recorded one
 
 
+def unmarked(raw: Any) -> Any:
+    """The message without ``cache_control`` markers on its blocks. Markers say where the caller
+    wanted a cache breakpoint, not what was said; clients move them every turn (Claude Code
+    takes the marker off the previous last block), so they are not part of the history. The
+    renderer places its own."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list) or not any(isinstance(b, dict) and "cache_control" in b for b in content):
+        return raw
+    return {**raw, "content": [{k: v for k, v in b.items() if k != "cache_control"}
+                               if isinstance(b, dict) and "cache_control" in b else b for b in content]}
+
+
 def message_hash(raw: Any) -> bytes:
-    """xxh3-128 of the caller's message in canonical encoding (so key order never matters)."""
-    return xxhash.xxh3_128_digest(canonical_bytes(raw))
+    """xxh3-128 of the caller's message in canonical encoding (key order and markers never matter)."""
+    return xxhash.xxh3_128_digest(canonical_bytes(unmarked(raw if isinstance(raw, dict) else plain(raw))))
 
 
 class MessageRecord(msgspec.Struct, frozen=True):
@@ -118,7 +130,7 @@ class Transcript:
         start = len(self.messages)
         for k, raw_in in enumerate(new):
             i = start + k
-            raw = plain(raw_in)
+            raw = unmarked(plain(raw_in))
             msg = message_from_dict(raw, i)
             self._check_pairing(msg, prev_msg, i, self._tool_ids, new_ids)
             data = canonical_bytes(raw)

@@ -41,7 +41,7 @@ __all__ = [
 # The API's own pattern for tool_use ids; anything else is refused before it reaches a
 # placeholder text, a log line or a file name.
 TOOL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "system")  # "system": a mid-conversation system message (Claude Code)
 
 def _sdk_model_hook(obj: Any) -> Any:
     """Serialise SDK pydantic models exactly as the SDK itself puts them in a request body."""
@@ -243,7 +243,7 @@ def message_from_dict(d: Any, index: int) -> Message:
         raise _bad(where, f"a message must be an object, got {type(d).__name__}")
     role = d.get("role")
     if role not in ROLES:
-        raise _bad(f"{where}.role", f"unknown role {role!r}; expected 'user' or 'assistant'")
+        raise _bad(f"{where}.role", f"unknown role {role!r}; expected 'user', 'assistant' or 'system'")
     if "content" not in d:
         raise _bad(f"{where}.content", "missing")
     content = d["content"]
@@ -257,6 +257,8 @@ def message_from_dict(d: Any, index: int) -> Message:
     blocks = [block_from_dict(b, f"{where}.content[{j}]") for j, b in enumerate(content)]
     if not blocks:
         raise _bad(f"{where}.content", "empty list; the API rejects empty content")
+    if role == "system" and not all(isinstance(b, TextBlock) for b in blocks):
+        raise _bad(f"{where}.content", "a system message holds text blocks only")
     return Message(role=str(role), content=blocks, extra=dict(extra))
 
 

@@ -20,14 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from ..cache_sim import CacheSimulator, SimBlock, SimRequest, message_blocks
+from ..cache_sim import CacheSimulator
 from ..pricing import get_model
+from ..replay_forensics import rebuild_calls
 from ..tokens import TokenCounter
-from ..traces.claude_code import load_claude_code
 
-__all__ = ["CallFit", "SessionFidelity", "fit_line", "session_fidelity"]
+__all__ = ["CallFit", "SessionFidelity", "session_fidelity"]
 
 
 @dataclass(slots=True)
@@ -83,56 +81,17 @@ class SessionFidelity:
         return statistics.fmean(errs) if errs else 0.0
 
 
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares intercept and slope of ys ~ a + b * xs."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return my, 1.0
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - b * mx, b
-
-
 def session_fidelity(path: str | Path, counter: TokenCounter | None = None) -> SessionFidelity | None:
     """Fit and replay one Claude Code session; None when it has fewer than 3 usable calls."""
-    counter = counter or TokenCounter()
-    trace = load_claude_code(path, keep_compaction=True)
-    model = trace.model or "claude-sonnet-4"
-    per_msg = [message_blocks(m, i, counter)[0] for i, m in enumerate(trace.messages)]
-    starts = sorted(set(trace.compactions))
-    calls: list[tuple[int, int, dict[str, int]]] = []  # (call index, context start, recorded usage)
-    for i, (m, u) in enumerate(zip(trace.messages, trace.usage, strict=True)):
-        if m["role"] != "assistant" or not u or i == 0:
-            continue
-        s = max((c for c in starts if c <= i - 1), default=0)
-        rec = {"input": int(u.get("input_tokens") or 0), "write": int(u.get("cache_creation_input_tokens") or 0),
-               "read": int(u.get("cache_read_input_tokens") or 0)}
-        called = trace.models[i] if i < len(trace.models) else model
-        if sum(rec.values()) and i > s and called != "<synthetic>":
-            calls.append((i, s, rec))
-    if len(calls) < 3:
+    rs = rebuild_calls(path, counter)
+    if rs is None:
         return None
-    est = [sum(b.tokens for blocks in per_msg[s:i] for b in blocks) for i, s, _ in calls]
-    prefix, ratio = fit_line([float(x) for x in est], [float(sum(r.values())) for _, _, r in calls])
-    prefix = max(prefix, 0.0)
     sim = CacheSimulator(lambda name: get_model(name).min_cacheable)
-    head = SimBlock(xxhash.xxh3_128_digest(f"{trace.name}:system+tools".encode()), round(prefix), "text", "5m")
-    out = SessionFidelity(trace.name, get_model(model).name, prefix, ratio)
-    for (i, s, rec), e in zip(calls, est, strict=True):
-        blocks = [SimBlock(b.key, max(0, round(b.tokens * ratio)), b.kind, None, b.cacheable)
-                  for blocks_ in per_msg[s:i] for b in blocks_]
-        k = len(blocks) - 1
-        while k >= 0 and not blocks[k].cacheable:
-            k -= 1
-        if k >= 0:
-            b = blocks[k]
-            blocks[k] = SimBlock(b.key, b.tokens, b.kind, "5m", True)
-        t = trace.timestamps[i - 1] or trace.timestamps[i] or 0.0
-        call_model = (trace.models[i] if i < len(trace.models) else None) or model
-        r = sim.process(SimRequest(model=call_model, time=t, blocks=[head, *blocks], n_tools=0, n_system=1))
+    out = SessionFidelity(rs.name, rs.model, rs.prefix, rs.ratio)
+    for c in rs.calls:
+        r = sim.process(c.request)
         simulated = {"input": r.input_tokens, "write": r.cache_creation_input_tokens, "read": r.cache_read_input_tokens}
-        out.calls.append(CallFit(i, rec, simulated, e))
+        out.calls.append(CallFit(c.index, c.recorded, simulated, c.estimated))
     return out
 
 

@@ -1,0 +1,426 @@
+"""The transport-independent core of `wrap()` and the proxy's compact mode.
+
+`CompactionEngine` takes a Messages API request body (a dict), finds its session, runs the
+strategy and returns the body to send; after the response it records usage and runs the
+cache forensics. The SDK middleware (`middleware.py`) and the proxy (`proxy/`) are thin
+adapters around it, so sessions, ledger, policy and forensics exist once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import xxhash
+
+from .cache_sim import request_from_body
+from .errors import (
+    CacheCompactError,
+    ConfigError,
+    ContextFullError,
+    InvalidSessionIdError,
+    MalformedMessageError,
+    PolicyConfigError,
+    UnknownModelError,
+)
+from .events import Event, EventBus
+from .forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
+from .policy import MIN_WINDOW_TOKENS, PolicyConfig
+from .pricing import ModelInfo, model_prices
+from .registry import Live, SessionRegistry, head_key
+from .render import RenderResult
+from .scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
+from .session import Session
+from .store import Store, check_session_id, open_store
+from .store.safefs import ensure_dir
+from .strategies import get_strategy, with_policy
+from .strategy import Strategy, StrategyConfig, StrategyContext
+from .summarize import ExtractiveSummarizer, Summarizer
+from .wire import canonical_bytes
+
+__all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long"]
+
+log = logging.getLogger("cachecompact")
+
+SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
+STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request made ready to send, and what is needed to record its response."""
+
+    live: Live
+    body: dict[str, Any]
+    render: RenderResult
+    snapshot: Callable[[], Snapshot]
+    now: float
+    model: str
+    max_tokens: int
+    params: dict[str, Any]
+    fingerprint: bytes
+
+
+def too_long(payload: Any) -> tuple[int, int, int] | None:
+    """(prompt tokens, limit, max_tokens) from a prompt-too-long 400 body, else None."""
+    try:
+        msg = payload["error"]["message"]
+    except (TypeError, KeyError):
+        return None
+    if not isinstance(msg, str):
+        return None
+    m = re.search(r"prompt is too long: (\d+) tokens > (\d+) maximum", msg)
+    if m:
+        return int(m.group(1)), int(m.group(2)), 0
+    m = re.search(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)", msg)
+    if m:
+        return int(m.group(1)), int(m.group(3)), int(m.group(2))
+    return None
+
+
+def json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # not JSON: the caller's own error handling applies
+
+
+def open_writable_store(store: str | os.PathLike[str] | Store | None) -> Store | None:
+    """Open the store now, so a misconfiguration fails when the adapter is built."""
+    if store is None:
+        return None
+    s = open_store(store)
+    root = getattr(s, "root", None)
+    if isinstance(root, Path):
+        try:
+            ensure_dir(root)
+            probe = root / f".probe-{os.getpid()}-{threading.get_ident()}"
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+        except (OSError, CacheCompactError) as err:
+            raise ConfigError(f"store {root} is not a writable directory: {err}") from None
+    return s
+
+
+class CompactionEngine:
+    """Sessions, strategy and forensics for request bodies; thread-safe."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
+        *,
+        session_id: str | None = None,
+        strategy: str | StrategyConfig = "cachecompact",
+        config: PolicyConfig | None = None,
+        window_tokens: int | None = None,
+        summarizer: Summarizer | SummarizerFactory | None = None,
+        prefix_messages: int | None = None,
+        scratchpad_tool: bool = False,
+        diagnostics: bool = False,
+        ttl: Literal["5m", "1h"] | None = None,
+        prefix_ttl: Literal["5m", "1h"] | None = None,
+        on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if session_id is not None:
+            check_session_id(session_id, "session_id")
+        for name, v in (("ttl", ttl), ("prefix_ttl", prefix_ttl)):
+            if v not in (None, "5m", "1h"):
+                raise ConfigError(f"{name} must be '5m', '1h' or None, got {v!r}")
+        if window_tokens is not None and (not isinstance(window_tokens, int) or isinstance(window_tokens, bool)
+                                          or window_tokens < MIN_WINDOW_TOKENS):
+            raise PolicyConfigError(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, "
+                                    f"got {window_tokens!r}")
+        if prefix_messages is not None and (not isinstance(prefix_messages, int) or prefix_messages < 0):
+            raise ConfigError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
+        cfg = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        if not callable(getattr(cfg, "build", None)):
+            raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
+        self.strategy_config: StrategyConfig = with_policy(cfg, config)
+        self.config = config or PolicyConfig()
+        self.window_tokens = window_tokens or self.config.window_tokens
+        self.store: Store | None = open_writable_store(store)
+        self.session_id = session_id
+        self._summarizer = summarizer
+        self.prefix_messages = prefix_messages
+        self.scratchpad_tool = scratchpad_tool
+        self.diagnostics = diagnostics
+        self.ttl, self.prefix_ttl = ttl, prefix_ttl
+        callbacks = on_event if isinstance(on_event, list) else ([on_event] if on_event else [])
+        self.events = EventBus(callbacks)
+        self.events.subscribe(self._persist_event)
+        self.clock = clock
+        self.overhead_s = 0.0  # time spent preparing requests and recording usage
+        self.registry = SessionRegistry(self.store, create=self._create, open_=self._open)
+        self._last_prepared: dict[bytes, Prepared] = {}
+        self._lock = threading.Lock()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def sessions(self) -> list[Session]:
+        """The sessions this engine has in memory."""
+        return [x.session for x in self.registry.sessions()]
+
+    def strategies(self) -> list[Strategy]:
+        return [x.strategy for x in self.registry.sessions()]
+
+    def _summarizer_for(self, model: str | None) -> Summarizer:
+        s = self._summarizer
+        if s is None:
+            return ExtractiveSummarizer()
+        if isinstance(s, Summarizer):
+            return s
+        cfg = self.strategy_config
+        return s(cfg.summary_model or model, cfg.summary_mode)
+
+    def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
+        model = str(body.get("model") or "")
+        try:
+            info: ModelInfo | None = model_prices(model) if model else None
+        except UnknownModelError:
+            info = None
+        window = self.window_tokens or (info.context_window if info is not None else 200_000)
+        ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
+                              window_tokens=window, scratchpad=Scratchpad.for_session(session),
+                              scratchpad_tool=self.scratchpad_tool)
+        live = Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head)
+        live.extra["forensics"] = Forensics(model_prices)
+        return live
+
+    def _create(self, sid: str, body: dict[str, Any]) -> Live:
+        tools = list(body.get("tools") or [])
+        if self.scratchpad_tool:
+            tools.append(READ_SCRATCHPAD_TOOL)
+        model = str(body.get("model") or "")
+        try:
+            ratio = model_prices(model).token_ratio if model else 1.0
+        except UnknownModelError:
+            ratio = 1.0
+        prefix = self.prefix_messages if self.prefix_messages is not None else self.strategy_config.prefix_messages
+        session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
+                                 prefix_messages=prefix, token_ratio=ratio)
+        return self._live(session, body, head_key(body.get("tools"), body.get("system")))
+
+    def _open(self, sid: str) -> Live:
+        assert self.store is not None
+        session = Session.open(self.store, sid)
+        tools = session.tools_param
+        if self.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
+            tools = tools[:-1]
+        body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
+                "system": session.system_param}
+        return self._live(session, body, head_key(tools or None, session.system_param))
+
+    # -- preparing a request ---------------------------------------------------------------------
+
+    def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False) -> Prepared:
+        """The session, strategy and render for ``body``; raises for bad input.
+
+        ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
+        (same fingerprint), so nothing is appended twice.
+        """
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise MalformedMessageError("messages", "must be a non-empty list")
+        if explicit is not None:
+            check_session_id(explicit, "session id")
+        else:
+            explicit = self.session_id
+        params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
+        fp = xxhash.xxh3_128_digest(canonical_bytes([explicit, len(messages), messages[0], messages[-1], params]))
+        with self._lock:
+            again = self._last_prepared.get(fp) if retry else None
+        if again is not None:
+            return again  # a retried attempt: nothing new to record
+        live, _ = self.registry.resolve(body, explicit)
+        with live.lock:
+            model = str(params.pop("model", ""))
+            max_tokens = int(params.pop("max_tokens", 0) or 0)
+            if self.diagnostics:
+                params["diagnostics"] = {"previous_message_id": live.extra.get("last_message_id")}
+            live.strategy.before_request(now, model, max_tokens, params=params)
+            r = live.session.render(model=model, max_tokens=max_tokens, ttl=self.ttl, prefix_ttl=self.prefix_ttl,
+                                    **params)
+            if live.strategy.renders:
+                out = r.body
+
+                def snap() -> Snapshot:
+                    return snapshot_from_render(r, time=now, model=model, params=params_key(out, False))
+            else:
+                whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
+                                         **{k: body[k] for k in ("system", "tools") if k in body},
+                                         "messages": messages}
+                out = live.strategy.shape(whole)
+                memo = live.extra.setdefault("sim_memo", {})
+                t = live.session.transcript
+                same = out.get("messages") is messages and len(messages) == len(t)
+
+                def snap() -> Snapshot:
+                    if len(memo) > 50_000:
+                        memo.clear()
+                    keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
+                    sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
+                    return snapshot_from_sim(sim, out, keep_text=False)
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp)
+        with self._lock:
+            self._last_prepared = {fp: p}
+        return p
+
+    def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
+                             retry: bool = False) -> Prepared | None:
+        """`prepare`, or None (send the original request) on anything but `ContextFullError`."""
+        t0 = time.perf_counter()
+        try:
+            return self.prepare(body, explicit=explicit, now=now, retry=retry)
+        except ContextFullError:
+            raise  # cannot fit at all, even after L5: say so clearly
+        except (MalformedMessageError, InvalidSessionIdError) as err:
+            log.warning("cachecompact: request passed through unchanged: %s", err)
+            return None
+        except Exception as err:  # fail open: the user's request still goes out
+            log.exception("cachecompact: compaction failed; sending the original request")
+            self.events.emit(Event("failure", self.session_id or "-", reason=f"compaction: {type(err).__name__}: "
+                                                                           f"{err}"))
+            return None
+        finally:
+            self.overhead_s += time.perf_counter() - t0
+
+    # -- after the response --------------------------------------------------------------------
+
+    def record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
+               cache_miss_reason: dict[str, Any] | None, stream: bool) -> Finding | None:
+        """Usage and forensics of one response; never raises."""
+        t0 = time.perf_counter()
+        try:
+            live = p.live
+            with live.lock:
+                live.strategy.after_response(p.now, usage)
+                live.extra["last_message_id"] = message_id or live.extra.get("last_message_id")
+                try:
+                    cost = model_prices(p.model).cost(usage)
+                except UnknownModelError:
+                    cost = 0.0
+                snap = p.snapshot()
+                finding: Finding = live.extra["forensics"].observe(snap, usage, cache_miss_reason)
+                self._report(live, finding)
+                rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
+                       "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
+                       "sent_tokens": snap.total, "finding": finding.to_dict()}
+                if live.strategy.renders:
+                    live.session.record_request(p.render, rec)
+                return finding
+        except Exception:  # recording must never break the caller's response
+            log.exception("cachecompact: could not record usage")
+            return None
+        finally:
+            self.overhead_s += time.perf_counter() - t0
+
+    def _report(self, live: Live, f: Finding) -> None:
+        if f.cls == "read_as_expected":
+            return
+        level = (logging.DEBUG if f.explained_by is not None or f.cls == "below_minimum" else
+                 logging.INFO if f.cls == "ttl_expiry" else logging.WARNING)
+        self.events.emit(Event("cache_miss", live.session.session_id, reason=f"{f.cls}: {f.detail}",
+                               cost_usd=f.wasted_usd, detail=f.to_dict()), level=level)
+
+    def _persist_event(self, ev: Event) -> None:
+        live = self.registry.get(ev.session_id)
+        if live is not None and live.session.store is not None:
+            try:
+                live.session.log_event(ev.to_dict())
+            except (OSError, CacheCompactError):
+                log.exception("cachecompact: could not persist an event")
+
+    def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
+        """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""
+        n, limit, out = info
+        live = p.live
+        with live.lock:
+            if not live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens):
+                return None
+            r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=self.ttl,
+                                    prefix_ttl=self.prefix_ttl, **p.params)
+            p.render = r
+            p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
+            return p.body
+
+    # -- the read_scratchpad tool ---------------------------------------------------------------------
+
+    def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
+        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error)."""
+        ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
+        for live in self.registry.sessions():
+            sp = Scratchpad.for_session(live.session)
+            text, is_error = sp.handle_tool_call(tool_input)
+            if not is_error or not str(ref).startswith("sp_"):
+                return text, is_error
+        return Scratchpad(None).handle_tool_call(tool_input)
+
+
+def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], float]) -> float:
+    """Request time from a clock header (finite unix seconds), else ``default()``."""
+    v = headers.get(header)
+    try:
+        t = float(v) if isinstance(v, str) else default()
+    except ValueError:
+        return default()
+    return t if t == t and abs(t) != float("inf") else default()
+
+
+class SSEUsage:
+    """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
+
+    def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
+        self.buf = b""
+        self.usage: dict[str, Any] = {}
+        self.message_id: str | None = None
+        self.diag: dict[str, Any] | None = None
+        self.done = done
+        self.reported = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        while True:
+            cut = min((i for i in (self.buf.find(b"\n\n"), self.buf.find(b"\r\n\r\n")) if i >= 0), default=-1)
+            if cut < 0:
+                return
+            sep = 4 if self.buf[cut:cut + 4] == b"\r\n\r\n" else 2
+            frame, self.buf = self.buf[:cut], self.buf[cut + sep:]
+            for line in frame.splitlines():
+                if line.startswith(b"data:"):
+                    self._event(line[5:].strip())
+
+    def _event(self, data: bytes) -> None:
+        if b'"message_start"' not in data and b'"message_delta"' not in data and b'"message_stop"' not in data:
+            return  # content deltas: most of the stream, nothing to keep
+        try:
+            d = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if not isinstance(d, dict):
+            return
+        kind = d.get("type")
+        if kind == "message_start":
+            msg = d.get("message") or {}
+            self.message_id = msg.get("id")
+            self.usage.update({k: v for k, v in (msg.get("usage") or {}).items() if v is not None})
+            reason = (msg.get("diagnostics") or {}).get("cache_miss_reason")
+            self.diag = reason if isinstance(reason, dict) else None
+        elif kind == "message_delta":
+            self.usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.reported and self.usage:
+            self.reported = True
+            self.done(dict(self.usage), self.message_id, self.diag)

@@ -1,0 +1,447 @@
+"""``cachecompact proxy``: an Anthropic-compatible reverse proxy with cache forensics, optional
+compaction and a live dashboard, on the same aiohttp stack as the emulator.
+
+Every path is forwarded to the upstream with the caller's method, query, headers (hop-by-hop
+ones dropped) and body; the response's status, headers and body come back unchanged, streamed
+chunk by chunk as they arrive (``iter_any``), compressed or not (neither side decompresses).
+Credentials are forwarded and never stored or logged.
+
+``POST /v1/messages`` is also recorded. In ``observe`` mode the request bytes are forwarded
+untouched and analysed after the response, off the request path, in one worker thread. In
+``compact`` mode the body is first run through `CompactionEngine` (the same code as `wrap()`),
+and a prompt-too-long 400 triggers reactive compaction and one retry.
+
+``/ui`` serves the dashboard (static files shipped in the package) and ``/api/...`` its JSON.
+Bound beyond loopback, both require the ``--auth-token`` (``Authorization: Bearer``, or a
+cookie set by opening ``/ui?token=...`` once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_none, too_long
+from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
+from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
+from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
+from ..store import Store, open_store
+from ..summarize import LLMSummarizer, SummaryRequest, SummaryResult
+from .observe import Observer, session_hint
+
+__all__ = ["Proxy", "ProxyConfig", "make_app"]
+
+log = logging.getLogger("cachecompact")
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade"})
+CREDENTIALS = ("x-api-key", "authorization")
+_COOKIE = "cachecompact_token"
+UPSTREAM: web.AppKey[aiohttp.ClientSession] = web.AppKey("upstream", aiohttp.ClientSession)
+STATE: web.AppKey[ProxyState] = web.AppKey("state")
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str = "https://api.anthropic.com"
+    host: str = "127.0.0.1"
+    port: int = 8787
+    mode: str = "observe"  # or "compact"
+    store: str | Store | None = None
+    keep_bodies: bool = False
+    auth_token: str | None = None
+    strategy: str = "cachecompact"
+    window_tokens: int | None = None
+    max_connections: int = 200
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse a configuration that would run unsafely or not at all."""
+        if self.mode not in ("observe", "compact"):
+            raise ConfigError(f"--mode must be 'observe' or 'compact', got {self.mode!r}")
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
+        if not is_loopback(self.host) and not self.auth_token:
+            raise ConfigError(f"binding to {self.host} (beyond loopback) needs --auth-token: the dashboard and its API "
+                              "show request contents")
+        if self.keep_bodies and self.store is None:
+            raise ConfigError("--keep-bodies needs --store (bodies are kept in the store)")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _filter(headers: Any, drop: tuple[str, ...] = ()) -> CIMultiDict[str]:
+    """Headers without hop-by-hop ones (and those named in ``Connection``) and ``drop``."""
+    gone = set(HOP_BY_HOP) | set(drop)
+    for v in headers.getall("Connection", []) if hasattr(headers, "getall") else []:
+        gone |= {t.strip().lower() for t in v.split(",") if t.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in gone:
+            out.add(k, v)
+    return out
+
+
+class _Tap:
+    """Reads usage from a response while its raw bytes are forwarded: SSE events as they pass,
+    or a JSON body kept up to a cap. Decompresses a copy when the response is compressed."""
+
+    CAP = 8 * 1024 * 1024
+
+    def __init__(self, content_type: str, encoding: str) -> None:
+        self.sse = "text/event-stream" in content_type
+        self.json = "json" in content_type
+        self.z = (zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else
+                  zlib.decompressobj() if encoding == "deflate" else None)
+        self.unreadable = encoding not in ("", "identity", "gzip", "deflate")
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.result: tuple[dict[str, Any], str | None, dict[str, Any] | None] | None = None
+        self.parser = SSEUsage(self._done)
+        self.first_byte: float | None = None
+
+    def _done(self, usage: dict[str, Any], mid: str | None, diag: dict[str, Any] | None) -> None:
+        self.result = (usage, mid, diag)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.perf_counter()
+        if self.unreadable or not (self.sse or self.json):
+            return
+        if self.z is not None:
+            try:
+                chunk = self.z.decompress(chunk)
+            except zlib.error:
+                self.unreadable = True
+                return
+        if self.sse:
+            self.parser.feed(chunk)
+        elif self.size < self.CAP:
+            self.parts.append(chunk)
+            self.size += len(chunk)
+
+    def finish(self) -> tuple[dict[str, Any], str | None, dict[str, Any] | None] | None:
+        if self.sse:
+            self.parser.finish()
+            return self.result
+        if self.json and not self.unreadable and self.size < self.CAP:
+            d = json_or_none(b"".join(self.parts))
+            if isinstance(d, dict) and isinstance(d.get("usage"), dict):
+                reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
+                return d["usage"], d.get("id"), reason if isinstance(reason, dict) else None
+        return None
+
+
+class _UpstreamSummarizer:
+    """Summaries through the upstream with the credentials of the request being compacted
+    (held for the duration of that request only, in a thread-local)."""
+
+    def __init__(self, upstream: str, model: str, mode: str, creds: threading.local) -> None:
+        self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
+
+    def summarize(self, req: SummaryRequest) -> SummaryResult:
+        import anthropic
+
+        h: dict[str, str] = getattr(self.creds, "headers", {})
+        key = h.get("x-api-key")
+        bearer = h.get("authorization", "")
+        client = anthropic.Anthropic(base_url=self.upstream, api_key=key or "none",
+                                     auth_token=bearer[7:] if bearer.lower().startswith("bearer ") else None,
+                                     max_retries=2)
+        extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
+        return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra).summarize(req)
+
+
+class ProxyState:
+    """Everything one proxy app holds: config, observer, engine, workers."""
+
+    def __init__(self, cfg: ProxyConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.store: Store | None = open_store(cfg.store) if cfg.store is not None else None
+        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies)
+        self.creds = threading.local()
+        self.engine: CompactionEngine | None = None
+        if cfg.mode == "compact":
+            creds = self.creds
+            upstream = cfg.upstream
+
+            def summarizer(model: str | None, mode: str) -> Any:
+                return _UpstreamSummarizer(upstream, model or "claude-haiku-4-5", mode, creds)
+
+            self.engine = CompactionEngine(self.store, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
+                                           summarizer=summarizer, **cfg.engine_options)
+        # analysis after the response: one thread, so records of a session stay in order
+        self.analysis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cachecompact-proxy-analysis")
+        self.compute = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cachecompact-proxy-compact")
+        self.pending = 0
+
+
+def make_app(cfg: ProxyConfig) -> web.Application:
+    """The proxy as an aiohttp application."""
+    state = ProxyState(cfg)
+    base = cfg.upstream.rstrip("/")
+    app = web.Application(middlewares=[api_errors, _auth(cfg)], client_max_size=1 << 30)
+    app[STATE] = state
+
+    async def upstream_ctx(a: web.Application) -> Any:
+        a[UPSTREAM] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,
+                                           keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, connect=30, sock_read=600), auto_decompress=False)
+        yield
+        await a[UPSTREAM].close()
+        state.analysis.shutdown(wait=True)
+        state.compute.shutdown(wait=False, cancel_futures=True)
+
+    app.cleanup_ctx.append(upstream_ctx)
+
+    async def send(request: web.Request, data: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
+        return await app[UPSTREAM].request(
+            request.method, base + str(request.rel_url), headers=headers, data=data or None, allow_redirects=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"))
+
+    async def relay(request: web.Request, up: aiohttp.ClientResponse, tap: _Tap | None,
+                    head: bytes = b"") -> web.StreamResponse:
+        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)))
+        if up.content_length is not None and request.method != "HEAD":
+            resp.content_length = up.content_length
+        await resp.prepare(request)
+        if head:
+            if tap is not None:
+                tap.feed(head)
+            await resp.write(head)
+        async for chunk in up.content.iter_any():
+            if tap is not None:
+                tap.feed(chunk)
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        raw = await read_body(request)
+        try:
+            up = await send(request, raw, _filter(request.headers, ("host", "content-length")))
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        async with up:
+            return await relay(request, up, None)
+
+    async def messages(request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return await forward(request)
+        raw = await read_body(request)
+        t0 = time.perf_counter()
+        headers = _filter(request.headers, ("host", "content-length"))
+        lower = {k.lower(): v for k, v in request.headers.items()}
+        now = clock_from(lower, CLOCK_HEADER, time.time)  # replays and tests set the clock
+        if INTERNAL_HEADER in lower:
+            return await _plain(request, raw, headers)
+        prepared: Prepared | None = None
+        data = raw
+        if state.engine is not None and not request.headers.get("content-encoding"):
+            got_p = await asyncio.get_running_loop().run_in_executor(state.compute, _prepare, state, raw, lower, now)
+            if isinstance(got_p, web.Response):
+                return got_p
+            prepared = got_p
+            if prepared is not None:
+                data = json.dumps(prepared.body, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            up = await send(request, data, headers)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        head = b""
+        if prepared is not None and up.status == 400:
+            head = await up.read()
+            info = too_long(json_or_none(head))
+            if info is not None:
+                body = await asyncio.get_running_loop().run_in_executor(state.compute, _reactive, state, prepared,
+                                                                        info, lower)
+                up.release()
+                if body is None:
+                    return api_error(400, "context is full: the prompt is too long even after compaction; start a "
+                                          "new session", kind="invalid_request_error")
+                data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+                head = b""
+                try:
+                    up = await send(request, data, headers)
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower())
+        t_up = time.perf_counter()
+        state.pending += 1  # before the client can see the response: `Proxy.wait_idle` waits for the record
+        try:
+            async with up:
+                return await relay(request, up, tap, head)
+        finally:
+            timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
+                      "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
+                      "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
+            got = tap.finish()
+            stream = tap.sse
+            status = up.status
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(state.analysis, _record, state, raw, lower, prepared, status, got, now,
+                                       timing, stream)
+            fut.add_done_callback(lambda _f: _done(state))
+
+    async def _plain(request: web.Request, raw: bytes, headers: CIMultiDict[str]) -> web.StreamResponse:
+        try:
+            up = await send(request, raw, headers)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        async with up:
+            return await relay(request, up, None)
+
+    from .dashboard import add_routes
+
+    add_routes(app, state)
+    app.router.add_route("*", "/v1/messages", messages)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def _done(state: ProxyState) -> None:
+    state.pending -= 1
+
+
+def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
+    """Compact mode, in a worker thread: the engine's body, None (forward unchanged), or an error."""
+    assert state.engine is not None
+    body = json_or_none(raw)
+    if not isinstance(body, dict):
+        return None
+    try:
+        hint = session_hint(headers, body)
+    except InvalidSessionIdError as err:
+        return api_error(400, str(err))
+    state.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
+    try:
+        return state.engine.prepare_or_fail_open(body, explicit=hint, now=now)
+    except ContextFullError as err:
+        return api_error(400, str(err))
+    finally:
+        state.creds.headers = {}
+
+
+def _reactive(state: ProxyState, p: Prepared, info: tuple[int, int, int], headers: dict[str, str]
+              ) -> dict[str, Any] | None:
+    assert state.engine is not None
+    state.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
+    try:
+        return state.engine.reactive(p, info)
+    finally:
+        state.creds.headers = {}
+
+
+def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared | None, status: int,
+            got: tuple[dict[str, Any], str | None, dict[str, Any] | None] | None, now: float,
+            timing: dict[str, float], stream: bool) -> None:
+    """After the response, in the analysis thread: forensics and the session record."""
+    try:
+        usage, mid, diag = got if got is not None else (None, None, None)
+        if p is None or state.engine is None:
+            state.observer.observe(raw, headers, status=status, usage=usage, message_id=mid, cache_miss_reason=diag,
+                                   now=now, timing=timing, stream=stream)
+            return
+        finding = state.engine.record(p, usage, mid, diag, stream) if usage else None
+        sess = p.live.session
+        comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
+                  "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
+                 for e in sess.ledger.entries]
+        state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
+                            timing=timing, stream=stream, compactions=comps)
+    except Exception:  # never let analysis take the proxy down
+        log.exception("cachecompact proxy: could not record a request")
+
+
+def _auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+    token = cfg.auth_token
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        path = request.path
+        if token is None or not (path == "/ui" or path.startswith(("/ui/", "/api/"))):
+            return await handler(request)
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
+        query = request.query.get("token")
+        if query is not None and hmac.compare_digest(query.encode(), token.encode()):
+            resp = web.HTTPFound(path)  # the token leaves the address bar; a cookie carries it from now on
+            resp.set_cookie(_COOKIE, token, httponly=True, samesite="Strict", path="/")
+            raise resp
+        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+            return api_error(401, "this proxy's dashboard and API need the auth token: an 'Authorization: Bearer' "
+                                  "header, or open /ui?token=... once", kind="authentication_error")
+        return await handler(request)
+    return check
+
+
+def static_file(name: str) -> bytes:
+    return resources.files("cachecompact.proxy").joinpath("static", name).read_bytes()
+
+
+class Proxy:
+    """The proxy on a free loopback port in a background thread (tests, benchmarks, embedding)."""
+
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.cfg = cfg
+        self._server = ServerThread(lambda: make_app(cfg), cfg.host, cfg.port, auto_decompress=False)
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def state(self) -> ProxyState:
+        assert self._server.app is not None, "the proxy is not running"
+        return self._server.app[STATE]
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until every response so far has been analysed."""
+        deadline = time.time() + timeout
+        while self.state.pending > 0 and time.time() < deadline:
+            time.sleep(0.01)
+
+    def start(self) -> Proxy:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def serve_forever(self, ready: Callable[[str], None] | None = None) -> None:
+        serve_forever(lambda: make_app(self.cfg), self.cfg.host, self.cfg.port, ready, auto_decompress=False)
+
+    def __enter__(self) -> Proxy:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        with contextlib.suppress(Exception):
+            self.wait_idle(5)
+        self.stop()

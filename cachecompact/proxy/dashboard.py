@@ -1,0 +1,114 @@
+"""The proxy's dashboard (``/ui``) and its JSON API (``/api/...``).
+
+The page is three static files shipped in the package (no CDN, no build step); it polls
+``/api/version`` and re-reads what changed. Everything it shows is inserted as text nodes,
+never as HTML, and the responses carry a strict Content-Security-Policy, so hostile tool
+output in an excerpt stays text.
+
+API:
+
+* ``GET /api/version`` — a counter that grows with every recorded request;
+* ``GET /api/sessions`` — every session: requests, cost, hit rate, wasted dollars, misses;
+* ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
+  read, written and uncached, cost, timing, the finding of each) and its compactions;
+* ``GET /api/sessions/{id}/requests/{i}`` — one request, with the finding's excerpts and, with
+  ``--keep-bodies``, the stored body.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..httpserver import api_error
+
+if TYPE_CHECKING:
+    from .app import ProxyState
+
+__all__ = ["add_routes"]
+
+_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+_SECURE = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
+_STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=json.dumps(data, ensure_ascii=True, default=str).encode(),
+                        content_type="application/json", headers=_SECURE)
+
+
+def add_routes(app: web.Application, state: ProxyState) -> None:
+    from .app import static_file
+
+    files = {name: static_file(name) for name in _STATIC}
+
+    async def page(request: web.Request) -> web.Response:
+        name = request.match_info.get("name") or "index.html"
+        if name not in files:
+            return api_error(404, f"no such dashboard file: {name[:60]}")
+        return web.Response(body=files[name], content_type=_STATIC[name], headers=_SECURE)
+
+    async def version(_: web.Request) -> web.Response:
+        return _json({"version": state.observer.version, "mode": state.cfg.mode, "upstream": state.cfg.upstream,
+                      "keep_bodies": state.cfg.keep_bodies})
+
+    async def sessions(_: web.Request) -> web.Response:
+        out = [s.summary() for s in state.observer.sessions()]
+        out.sort(key=lambda d: -float(d["last_time"]))
+        return _json({"sessions": out})
+
+    async def session(request: web.Request) -> web.Response:
+        s = state.observer.get(request.match_info["sid"])
+        if s is None:
+            return api_error(404, "no such session")
+        with s.lock:
+            recs = [_brief(r) for r in s.records]
+            comps = list(s.compactions)
+        return _json({"session": s.summary(), "requests": recs, "compactions": comps})
+
+    async def one(request: web.Request) -> web.Response:
+        s = state.observer.get(request.match_info["sid"])
+        if s is None:
+            return api_error(404, "no such session")
+        try:
+            i = int(request.match_info["i"])
+        except ValueError:
+            return api_error(400, "the request index must be an integer")
+        with s.lock:
+            rec = next((r for r in s.records if r.get("i") == i), None)
+        if rec is None:
+            return api_error(404, "no such request (or no longer in memory)")
+        out = dict(rec)
+        ref = rec.get("body_ref")
+        if ref and state.store is not None:
+            try:
+                st = state.store.open(s.sid)
+                blob = st.get_blob(ref)
+                out["body"] = blob.decode("utf-8", "replace")[:200_000] if blob else None
+            except Exception:  # a missing or unreadable body is shown as missing
+                out["body"] = None
+        return _json(out)
+
+    app.router.add_get("/ui", page)
+    app.router.add_get("/ui/", page)
+    app.router.add_get("/ui/{name}", page)
+    app.router.add_get("/api/version", version)
+    app.router.add_get("/api/sessions", sessions)
+    app.router.add_get("/api/sessions/{sid}", session)
+    app.router.add_get("/api/sessions/{sid}/requests/{i}", one)
+
+
+def _brief(r: dict[str, Any]) -> dict[str, Any]:
+    """A request for the timeline: usage split, cost, timing and the finding without excerpts."""
+    u = r.get("usage") or {}
+    f = r.get("finding") or {}
+    return {"i": r.get("i"), "time": r.get("time"), "status": r.get("status"), "stream": r.get("stream"),
+            "model": r.get("model"), "read": u.get("cache_read_input_tokens") or 0,
+            "write": u.get("cache_creation_input_tokens") or 0, "input": u.get("input_tokens") or 0,
+            "cost_usd": r.get("cost_usd"), "ttfb_ms": r.get("ttfb_ms"), "total_ms": r.get("total_ms"),
+            "cls": f.get("cls"), "location": f.get("location"), "wasted_usd": f.get("wasted_usd"),
+            "api_reason": f.get("api_reason")}

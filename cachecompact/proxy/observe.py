@@ -1,0 +1,281 @@
+"""What the proxy knows about each session: its requests, their usage, cost and cache findings.
+
+`Observer` is fed one request at a time, after its response. In ``observe`` mode it builds
+the request's block hash chain itself and runs the forensics engine (`cachecompact.forensics`,
+the one implementation); in ``compact`` mode the `CompactionEngine` has already done that and
+hands over its finding. Either way the dashboard and the JSON API read the same records.
+
+Bodies are not kept unless asked (``keep_bodies``): a record holds hashes, sizes, breakpoint
+locations, usage, cost, timing and, for a miss, excerpts of at most 200 characters around the
+first divergence. The previous body of each session stays in memory only, to cut those
+excerpts from. Memory is bounded: at most ``max_sessions`` sessions (least recently used
+out) and ``max_records`` records per session (totals keep counting).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from ..cache_sim import request_from_body
+from ..errors import CacheCompactError, InvalidSessionIdError, MalformedMessageError, UnknownModelError
+from ..forensics import Finding, Forensics, snapshot_from_sim
+from ..pricing import model_prices
+from ..protocol import SESSION_HEADER
+from ..store import Store, check_session_id
+from ..tokens import TokenCounter
+from ..transcript import message_hash
+from ..wire import canonical_bytes
+
+__all__ = ["ObservedSession", "Observer", "session_hint"]
+
+log = logging.getLogger("cachecompact")
+
+
+def session_hint(headers: Mapping[str, str], body: Any) -> str | None:
+    """The session a request names: the ``x-cachecompact-session`` header, else the client's own
+    session metadata (Claude Code sends ``metadata.user_id``, a JSON string with ``session_id``).
+    Raises `InvalidSessionIdError` for a header that could name a path."""
+    h = headers.get(SESSION_HEADER)
+    if h is not None:
+        return check_session_id(h, SESSION_HEADER)
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    uid = meta.get("user_id") if isinstance(meta, dict) else None
+    if isinstance(uid, str) and uid.startswith("{"):
+        try:
+            sid = json.loads(uid).get("session_id")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(sid, str):
+            try:
+                return check_session_id("cc-" + sid[:100], "metadata.user_id.session_id")
+            except InvalidSessionIdError:
+                return None
+    return None
+
+
+@dataclass(eq=False)
+class ObservedSession:
+    sid: str
+    name: str  # the base name (a hint) or the opening key
+    mode: str
+    head: bytes = b""  # tools + system
+    hashes: list[bytes] = field(default_factory=list)  # messages of the last request (markers ignored)
+    forensics: Forensics = field(default_factory=lambda: Forensics(model_prices))
+    memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
+    records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    cost_usd: float = 0.0
+    wasted_usd: float = 0.0
+    read: int = 0
+    total_in: int = 0
+    misses: dict[str, int] = field(default_factory=dict)
+    api_agree: int = 0
+    api_conclusive: int = 0
+    errors: int = 0
+    last_time: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
+                "cost_usd": round(self.cost_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
+                "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
+                "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
+                "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
+                "compactions": len(self.compactions)}
+
+
+class Observer:
+    """The proxy's session records (thread-safe); optionally persisted as events in a `Store`."""
+
+    def __init__(self, *, store: Store | None = None, keep_bodies: bool = False, max_sessions: int = 256,
+                 max_records: int = 2000) -> None:
+        self.store = store
+        self.keep_bodies = keep_bodies
+        self.max_sessions = max_sessions
+        self.max_records = max_records
+        self.counter = TokenCounter()
+        self._sessions: OrderedDict[str, ObservedSession] = OrderedDict()
+        self._lock = threading.Lock()
+        self.version = 0  # bumped on every record: the dashboard polls it
+
+    # -- reading (the dashboard and the API) -----------------------------------------------------
+
+    def sessions(self) -> list[ObservedSession]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def get(self, sid: str) -> ObservedSession | None:
+        with self._lock:
+            return self._sessions.get(sid)
+
+    # -- sessions ----------------------------------------------------------------------------------
+
+    def _remember(self, s: ObservedSession) -> ObservedSession:
+        self._sessions[s.sid] = s
+        self._sessions.move_to_end(s.sid)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return s
+
+    def _resolve(self, hint: str | None, head: bytes, hashes: list[bytes], mode: str) -> ObservedSession:
+        """By name, else by first message and extension (a history that extends no session starts
+        ``<opening>.N``). A named session whose history was rewritten (Claude Code after its own
+        compaction) continues as segment ``<name>.sN``. Segments share one forensics state, and
+        tools or system changes never start a session, so every change is compared with the
+        previous request and classified."""
+        with self._lock:
+            if hint is not None:
+                segs = [s for s in self._sessions.values() if s.name == hint]
+                if not segs:
+                    return self._remember(ObservedSession(hint, hint, mode, head))
+                cur = max(segs, key=lambda s: _seg_no(s.sid))
+                if hashes[: len(cur.hashes)] == cur.hashes:
+                    self._sessions.move_to_end(cur.sid)
+                    return cur
+                seg = ObservedSession(f"{hint}.s{_seg_no(cur.sid) + 1}", hint, mode, head, forensics=cur.forensics,
+                                      memo=cur.memo)
+                return self._remember(seg)
+            key = "o_" + xxhash.xxh3_64_hexdigest(hashes[0] if hashes else b"")
+            best: ObservedSession | None = None
+            same = [s for s in self._sessions.values() if s.name == key]
+            for s in same:
+                if hashes[: len(s.hashes)] == s.hashes and (best is None or len(s.hashes) > len(best.hashes)):
+                    best = s
+            if best is not None:
+                self._sessions.move_to_end(best.sid)
+                return best
+            sid = key if not same else f"{key}.{len(same) + 1}"
+            return self._remember(ObservedSession(sid, key, mode, head))
+
+    def session_for_engine(self, sid: str) -> ObservedSession:
+        """The record of a session the compaction engine named (compact mode)."""
+        with self._lock:
+            s = self._sessions.get(sid)
+            return s if s is not None else self._remember(ObservedSession(sid, sid.split(".")[0], "compact"))
+
+    # -- recording ----------------------------------------------------------------------------------
+
+    def observe(self, raw: bytes, headers: Mapping[str, str], *, status: int, usage: dict[str, Any] | None,
+                message_id: str | None, cache_miss_reason: dict[str, Any] | None, now: float,
+                timing: dict[str, float], stream: bool) -> dict[str, Any] | None:
+        """Analyse one forwarded request (observe mode). Never raises: a body we cannot read is
+        counted and skipped."""
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+                return None
+            hint = session_hint(headers, body)
+            hashes = [message_hash(m) for m in body["messages"]]
+            head = xxhash.xxh3_128_digest(canonical_bytes([body.get("tools"), body.get("system")]))
+            s = self._resolve(hint, head, hashes, "observe")
+        except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError) as err:
+            log.debug("cachecompact proxy: request not analysed: %s", err)
+            return None
+        with s.lock:
+            s.hashes = hashes
+            if status != 200 or not usage:
+                s.errors += 1
+                return self._add(s, {"time": now, "status": status, "stream": stream, **timing})
+            try:
+                req = request_from_body(body, now, self.counter, s.memo, keys=hashes)
+                snap = snapshot_from_sim(req, body)  # keeps this body until the next request's excerpts
+                finding = s.forensics.observe(snap, usage, cache_miss_reason)
+                if len(s.memo) > 20_000:
+                    s.memo.clear()
+            except (MalformedMessageError, UnknownModelError, CacheCompactError, ValueError) as err:
+                log.debug("cachecompact proxy: request not analysed: %s", err)
+                s.errors += 1
+                return self._add(s, {"time": now, "status": status, "stream": stream, "error": str(err)[:200],
+                                     **timing})
+            rec = {"time": now, "status": status, "stream": stream, "model": req.model, "message_id": message_id,
+                   "blocks": len(req.blocks), "est_tokens": snap.total,
+                   "chain_head": snap.chain[-1].hex() if len(snap.chain) else None,
+                   "breakpoints": [req.blocks[k].where for k, _ in snap.breakpoints],
+                   "bytes": len(raw), **timing}
+            if self.keep_bodies and self.store is not None:
+                rec["body_ref"] = self._put_body(s, raw)
+            return self._finish(s, rec, usage, finding)
+
+    def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
+             status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+        """Record a request the compaction engine prepared and analysed (compact mode)."""
+        s = self.session_for_engine(sid)
+        with s.lock:
+            if compactions is not None:
+                s.compactions = compactions
+            rec = {"time": now, "status": status, "stream": stream, "model": model, **timing}
+            if status != 200 or not usage or finding is None:
+                s.errors += int(status != 200)
+                return self._add(s, rec)
+            return self._finish(s, rec, usage, finding)
+
+    def _finish(self, s: ObservedSession, rec: dict[str, Any], usage: dict[str, Any], f: Finding) -> dict[str, Any]:
+        try:
+            cost = model_prices(str(rec.get("model") or "")).cost(usage)
+        except UnknownModelError:
+            cost = 0.0
+        read = int(usage.get("cache_read_input_tokens") or 0)
+        total = read + int(usage.get("cache_creation_input_tokens") or 0) + int(usage.get("input_tokens") or 0)
+        s.cost_usd += cost
+        s.read += read
+        s.total_in += total
+        if f.cls != "read_as_expected":
+            s.misses[f.cls] = s.misses.get(f.cls, 0) + 1
+            s.wasted_usd += f.wasted_usd
+        if f.agrees is not None:
+            s.api_conclusive += 1
+            s.api_agree += int(f.agrees)
+        rec.update({"usage": {k: usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                                         "cache_creation_input_tokens", "output_tokens")},
+                    "cost_usd": round(cost, 8), "finding": f.to_dict()})
+        return self._add(s, rec)
+
+    def _add(self, s: ObservedSession, rec: dict[str, Any]) -> dict[str, Any]:
+        rec["i"] = s.requests
+        s.requests += 1
+        s.last_time = float(rec.get("time") or time.time())
+        s.records.append(rec)
+        with self._lock:
+            self.version += 1
+        if self.store is not None:
+            self._persist(s, rec)
+        return rec
+
+    def _persist(self, s: ObservedSession, rec: dict[str, Any]) -> None:
+        try:
+            st = s.__dict__.get("_stored")
+            if st is None:
+                st = (self.store.open(s.sid) if self.store.exists(s.sid)  # type: ignore[union-attr]
+                      else self.store.create(s.sid, {"session_id": s.sid, "observed": True,  # type: ignore[union-attr]
+                                                     "name": s.name, "mode": s.mode}))
+                s.__dict__["_stored"] = st
+            st.append_event({"kind": "observation", **rec})
+        except (OSError, CacheCompactError) as err:
+            log.warning("cachecompact proxy: could not store a record of %s: %s", s.sid, err)
+
+    def _put_body(self, s: ObservedSession, raw: bytes) -> str | None:
+        ref = "body_" + xxhash.xxh3_128_hexdigest(raw)
+        try:
+            st = s.__dict__.get("_stored")
+            if st is None:
+                return None
+            st.put_blob(ref, raw)
+            return ref
+        except (OSError, CacheCompactError):
+            return None
+
+
+def _seg_no(sid: str) -> int:
+    tail = sid.rsplit(".s", 1)
+    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else 1

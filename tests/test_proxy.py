@@ -1,0 +1,306 @@
+"""The proxy with the Python SDK and raw HTTP against the emulator: forwarding byte for byte,
+streams chunk by chunk, sessions, the forensics classes, compact mode, auth and the API."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from aiohttp import web
+
+from cachecompact.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.errors import ConfigError
+from cachecompact.httpserver import ServerThread
+from cachecompact.proxy import Proxy, ProxyConfig, session_hint
+from cachecompact.proxy.observe import ObservedSession
+
+MODEL = "claude-sonnet-4-6"
+CC = {"type": "ephemeral"}
+SYSTEM = [{"type": "text", "text": "You are a careful agent. " * 300, "cache_control": CC}]
+
+
+@pytest.fixture
+def emu() -> Iterator[Emulator]:
+    with Emulator() as e:
+        yield e
+
+
+def _proxy(upstream: str, **kw: Any) -> Proxy:
+    return Proxy(ProxyConfig(upstream=upstream, port=0, **kw))
+
+
+def _only(px: Proxy) -> ObservedSession:
+    px.wait_idle()
+    (s,) = px.state.observer.sessions()
+    return s
+
+
+def _turns(client: Any, n: int, *, system: Any = None, t0: float = 1000.0, gap: float = 10.0,
+           extra: dict[str, Any] | None = None, stream: bool = False) -> list[dict[str, Any]]:
+    def text(t: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "text", "text": t}]}
+
+    msgs: list[dict[str, Any]] = [text("Read the project and fix the bug. " * 50)]
+    for k in range(n):
+        content = msgs[-1]["content"]  # the marker moves to the newest block, as Claude Code does
+        marked = [*msgs[:-1], {"role": "user", "content": [*content[:-1], {**content[-1], "cache_control": CC}]}]
+        kw = dict(model=MODEL, max_tokens=50, system=system or SYSTEM, messages=marked,
+                  extra_headers={CLOCK_HEADER: str(t0 + k * gap), **(extra or {})})
+        if stream:
+            with client.messages.stream(**kw) as s:
+                reply = s.get_final_message()
+        else:
+            reply = client.messages.create(**kw)
+        msgs += [{"role": "assistant", "content": reply.content[0].text}, text(f"step {k}: " + "output line\n" * 200)]
+    return msgs
+
+
+# -- forwarding ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_sdk_through_the_proxy_records_every_request(emu: Emulator, stream: bool) -> None:
+    with _proxy(emu.url) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="sk-test-secret", max_retries=0)
+        _turns(client, 5, stream=stream)
+        s = _only(px)
+    assert s.requests == 5 and s.mode == "observe"
+    billed = [r for r in emu.requests if r.get("status") == 200]
+    recs = list(s.records)
+    assert [r["usage"]["cache_read_input_tokens"] for r in recs] == [b["usage"]["cache_read_input_tokens"]
+                                                                     for b in billed]
+    assert s.cost_usd == pytest.approx(sum(b["cost_usd"] for b in billed), rel=1e-6)
+    assert all(r["finding"]["cls"] == "read_as_expected" for r in recs)
+    assert recs[-1]["breakpoints"] and recs[-1]["chain_head"] and recs[-1]["ttfb_ms"] >= 0
+
+
+def test_async_client_and_other_paths_pass_through(emu: Emulator) -> None:
+    with _proxy(emu.url) as px:
+        async def go() -> None:
+            c = anthropic.AsyncAnthropic(base_url=px.url, api_key="k", max_retries=0)
+            await c.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+            async with c.messages.stream(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}]) as s:
+                await s.get_final_message()
+            n = await c.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            assert n.input_tokens > 0
+            assert [m.id async for m in c.models.list()]
+        asyncio.run(go())
+        px.wait_idle()
+        assert sum(s.requests for s in px.state.observer.sessions()) == 2  # count_tokens and models: not recorded
+
+
+def test_status_headers_and_error_bodies_are_unchanged(emu: Emulator) -> None:
+    bad = [b'{"model":"claude-sonnet-4-6","max_tokens":5,"messages":[]}', b"{not json",
+           b'{"model":"gpt-4","max_tokens":5,"messages":[{"role":"user","content":"x"}]}']
+    with _proxy(emu.url) as px, httpx2.Client() as http:
+        for raw in bad:
+            direct = http.post(emu.url + "/v1/messages", content=raw, headers={"content-type": "application/json"})
+            via = http.post(px.url + "/v1/messages", content=raw, headers={"content-type": "application/json"})
+            assert via.status_code == direct.status_code >= 400
+            assert {**json.loads(via.content), "request_id": None} == {**json.loads(direct.content), "request_id": None}
+            assert via.headers["content-type"] == direct.headers["content-type"]
+        r = http.get(px.url + "/v1/models/claude-sonnet-4-6", headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 200 and r.json()["id"] == "claude-sonnet-4-6"
+
+
+class _Recorder:
+    """An upstream that records the exact bytes and headers it got, and streams slowly on demand."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[dict[str, str], bytes]] = []
+
+    def app(self) -> web.Application:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            raw = await request.read()
+            self.got.append(({k.lower(): v for k, v in request.headers.items()}, raw))
+            if request.path.endswith("/slow"):
+                resp = web.StreamResponse(headers={"content-type": "text/event-stream", "x-upstream": "yes"})
+                await resp.prepare(request)
+                for k in range(5):
+                    await resp.write(f"event: ping\ndata: {{\"type\": \"ping\", \"k\": {k}}}\n\n".encode())
+                    await asyncio.sleep(0.2)
+                await resp.write_eof()
+                return resp
+            return web.json_response({"ok": True}, status=418, headers={"x-upstream": "yes", "retry-after": "7"})
+
+        a = web.Application()
+        a.router.add_route("*", "/{tail:.*}", handle)
+        return a
+
+
+def test_observe_mode_never_changes_a_byte_and_never_keeps_credentials(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    rec = _Recorder()
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "héllo  {}"}],
+                       "metadata": {"user_id": "u"}}, indent=3).encode()  # odd spacing on purpose
+    with ServerThread(rec.app) as up, _proxy(up.url, store=str(tmp_path), keep_bodies=True) as px, \
+            caplog.at_level(logging.DEBUG):
+        r = httpx2.post(px.url + "/v1/messages?beta=true", content=body,
+                        headers={"x-api-key": "sk-SECRET-1", "authorization": "Bearer sk-SECRET-2",
+                                 "anthropic-beta": "b1,b2", "anthropic-version": "2023-06-01",
+                                 "content-type": "application/json", "connection": "keep-alive, x-hop",
+                                 "x-hop": "drop me"})
+        px.wait_idle()
+    assert r.status_code == 418 and r.headers["x-upstream"] == "yes" and r.headers["retry-after"] == "7"
+    headers, got = rec.got[0]
+    assert got == body
+    assert headers["x-api-key"] == "sk-SECRET-1" and headers["authorization"] == "Bearer sk-SECRET-2"
+    assert headers["anthropic-beta"] == "b1,b2" and headers["anthropic-version"] == "2023-06-01"
+    assert "x-hop" not in headers
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert b"SECRET" not in stored and "SECRET" not in caplog.text
+
+
+def test_streams_are_forwarded_as_they_arrive() -> None:
+    rec = _Recorder()
+    with ServerThread(rec.app) as up, _proxy(up.url) as px, httpx2.Client() as http:
+        t0 = time.perf_counter()
+        arrivals = []
+        with http.stream("POST", px.url + "/v1/slow", content=b"{}") as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    arrivals.append(time.perf_counter() - t0)
+    assert len(arrivals) == 5
+    assert arrivals[0] < 0.15 and arrivals[-1] > 0.7  # the first event long before the stream ended
+
+
+def test_gzip_passes_through_and_usage_is_read(tmp_path: Path) -> None:
+    with Emulator(gzip=True) as emu, _proxy(emu.url) as px, httpx2.Client() as http:
+        body = json.dumps({"model": MODEL, "max_tokens": 5, "system": SYSTEM,
+                           "messages": [{"role": "user", "content": "hi " * 2000}]}).encode()
+        r = http.post(px.url + "/v1/messages", content=body,
+                      headers={"accept-encoding": "gzip", "content-type": "application/json"})
+        assert r.status_code == 200 and r.json()["usage"]["cache_creation_input_tokens"] > 0
+        s = _only(px)
+    assert s.records[0]["usage"]["cache_creation_input_tokens"] == r.json()["usage"]["cache_creation_input_tokens"]
+
+
+# -- sessions and forensics ---------------------------------------------------------------------------
+
+
+def test_sessions_by_header_metadata_and_extension(emu: Emulator) -> None:
+    uid = json.dumps({"device_id": "d", "account_uuid": "", "session_id": "925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea"})
+    assert session_hint({}, {"metadata": {"user_id": uid}}) == "cc-925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea"
+    assert session_hint({"x-cachecompact-session": "job-1"}, {}) == "job-1"
+    with _proxy(emu.url) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        _turns(c, 3, extra={"x-cachecompact-session": "job-1"})
+        _turns(c, 2)  # no name: by opening and extension
+        _turns(c, 2)  # the same opening again: extends nothing longer, so a second session
+        c.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "a"}],
+                          metadata={"user_id": uid})
+        c.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "rewritten"}],
+                          metadata={"user_id": uid})  # a rewrite (Claude Code's own compaction): a new segment
+        px.wait_idle()
+        ids = sorted(s.sid for s in px.state.observer.sessions())
+    assert "job-1" in ids and "cc-925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea" in ids
+    assert "cc-925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea.s2" in ids
+    assert len([i for i in ids if i.startswith("o_")]) == 2
+    with _proxy(emu.url) as px:
+        r = httpx2.post(px.url + "/v1/messages", content=b'{"model":"x","max_tokens":1,"messages":[]}',
+                        headers={"x-cachecompact-session": "../etc"})
+        assert r.status_code == 400  # the emulator's own answer: the proxy forwards, never stores
+
+
+def test_forensics_classes_through_the_proxy(emu: Emulator) -> None:
+    with _proxy(emu.url) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs = _turns(c, 3, extra={"x-cachecompact-session": "f"})
+
+        def send(t: float, system: Any = None, model: str = MODEL, messages: Any = None) -> None:
+            m = messages or [*msgs[:-1], {"role": "user", "content": [{"type": "text", "text": "next",
+                                                                       "cache_control": CC}]}]
+            c.messages.create(model=model, max_tokens=50, system=system or SYSTEM, messages=m,
+                              extra_headers={CLOCK_HEADER: str(t), "x-cachecompact-session": "f"})
+
+        send(1040)  # read as expected
+        send(1050, system=[{"type": "text", "text": "Date: 2026-11-30. " + SYSTEM[0]["text"], "cache_control": CC}])
+        send(1060)  # back to the cached system prompt: ...
+        send(2000)  # idle beyond the 5-minute TTL
+        send(2010, model="claude-opus-4-8")  # another model
+        px.wait_idle()
+        s = px.state.observer.get("f")
+    assert s is not None
+    cls = [r["finding"]["cls"] for r in s.records]
+    assert cls[3] == "read_as_expected"
+    churn = s.records[4]["finding"]
+    assert churn["cls"] == "prefix_churn" and churn["location"] == "system[0]" and churn["offset"] == 0
+    assert churn["wasted_usd"] > 0 and "Date: 2026" in churn["after"] and len(churn["after"]) <= 200
+    assert cls[6] == "ttl_expiry" and cls[7] == "invalidation"
+    assert s.misses["prefix_churn"] >= 1 and s.wasted_usd > 0
+
+
+# -- compact mode ---------------------------------------------------------------------------------------
+
+
+def test_compact_mode_runs_the_strategy_and_keeps_unknown_fields(tmp_path: Path) -> None:
+    def reader(body: dict[str, Any]) -> Any:
+        from cachecompact.emulator.responders import Reply
+        n = len(body["messages"])
+        return Reply([{"type": "tool_use", "id": f"toolu_{n:04d}", "name": "read", "input": {"path": f"f{n}.py"}}],
+                     "tool_use")
+
+    with Emulator(SummarizingResponder(ScriptedResponder(reader))) as emu, \
+            _proxy(emu.url, mode="compact", store=str(tmp_path), window_tokens=30_000) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]
+        tools = [{"name": "read", "description": "read a file", "input_schema": {"type": "object"}}]
+        for _ in range(40):
+            r = c.messages.create(model=MODEL, max_tokens=500, system="sys", tools=tools, messages=msgs,
+                                  metadata={"user_id": "someone"}, extra_body={"context_management": {"edits": []}})
+            call = r.content[-1]
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                   "content": f"contents of {call.input}\n" + "code line\n" * 800}]}]
+        px.wait_idle()
+        sent = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+        (s,) = px.state.observer.sessions()
+    assert max(r["total_input_tokens"] for r in sent) <= 30_000
+    assert s.mode == "compact" and s.compactions and s.requests == 40
+    engine = px.state.engine
+    assert engine is not None
+    (sess,) = engine.sessions()
+    assert sess.last_request is not None
+
+
+# -- the dashboard's API and auth ------------------------------------------------------------------------------
+
+
+def test_api_and_auth_token(emu: Emulator) -> None:
+    with pytest.raises(ConfigError, match="auth-token"):
+        ProxyConfig(upstream=emu.url, host="0.0.0.0").check()
+    with _proxy(emu.url, auth_token="t0ken") as px, httpx2.Client(base_url=px.url) as http:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        _turns(c, 2, extra={"x-cachecompact-session": "a"})  # /v1 needs no token: the client's key is checked upstream
+        px.wait_idle()
+        assert http.get("/api/sessions").status_code == 401
+        assert http.get("/ui").status_code == 401
+        auth = {"authorization": "Bearer t0ken"}
+        data = http.get("/api/sessions", headers=auth).json()
+        assert [s["id"] for s in data["sessions"]] == ["a"] and data["sessions"][0]["requests"] == 2
+        one = http.get("/api/sessions/a", headers=auth).json()
+        assert len(one["requests"]) == 2 and one["requests"][1]["read"] > 0
+        r = http.get("/ui?token=t0ken", follow_redirects=False)
+        assert r.status_code == 302 and "cachecompact_token" in r.headers["set-cookie"]
+        http.cookies.set("cachecompact_token", "t0ken")
+        page = http.get("/ui")
+        assert page.status_code == 200 and "Content-Security-Policy" in page.headers
+        assert http.get("/api/sessions/nope", headers=auth).status_code == 404
+
+
+def test_gzip_request_bodies_are_forwarded_compressed(emu: Emulator) -> None:
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    rec = _Recorder()
+    with ServerThread(rec.app, auto_decompress=False) as up, _proxy(up.url) as px:
+        httpx2.post(px.url + "/v1/messages", content=gzip.compress(body),
+                    headers={"content-encoding": "gzip", "content-type": "application/json"})
+    assert gzip.decompress(rec.got[0][1]) == body and rec.got[0][0]["content-encoding"] == "gzip"
