@@ -328,7 +328,8 @@ class Compactor:
             if after >= tokens:
                 self._fail(p.level, "no reduction", tokens, cost, report)
                 continue
-            self.failures = 0
+            if p.summarize:
+                self.failures = 0  # the breaker counts summaries: an L1/L2 success says nothing about them
             self.last_compact_step = self.steps
             self._pending = None
             report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",

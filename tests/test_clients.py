@@ -1,0 +1,188 @@
+"""Real clients through the proxy into the emulator: curl, the TypeScript SDK, the Claude Code
+CLI (observe mode, and compact mode at a small window), and the dashboard in a headless
+Chromium. Each test skips, saying why, only when its client is not installed; `.ci/run`
+installs them all (see there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachecompact.emulator import Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.emulator.responders import Reply
+from cachecompact.proxy import Proxy, ProxyConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE_MODULES = Path(os.environ.get("CACHECOMPACT_NODE_MODULES", ROOT / ".ci" / "node" / "node_modules"))
+CLAUDE = NODE_MODULES / ".bin" / "claude"
+CHROMIUM = os.environ.get("CACHECOMPACT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("CACHECOMPACT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+MODEL = "claude-sonnet-4-6"
+
+
+def _need(ok: bool, why: str) -> None:
+    if not ok:
+        pytest.skip(why)
+
+
+# -- curl -----------------------------------------------------------------------------------------
+
+
+def test_curl_no_buffer_streams_through_the_proxy() -> None:
+    curl = shutil.which("curl")
+    _need(curl is not None, "curl is not installed")
+    body = {"model": MODEL, "max_tokens": 30, "stream": True, "messages": [{"role": "user", "content": "hi curl"}]}
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0)) as px:
+        out = subprocess.run([str(curl), "-sS", "--no-buffer", "-X", "POST", px.url + "/v1/messages",
+                              "-H", "content-type: application/json", "-H", "x-api-key: sk-curl",
+                              "-H", "anthropic-version: 2023-06-01", "-d", json.dumps(body)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        px.wait_idle()
+        (s,) = px.state.observer.sessions()
+    events = re.findall(r"^event: (\w+)", out, re.M)
+    assert events[0] == "message_start" and events[-1] == "message_stop" and "content_block_delta" in events
+    assert s.requests == 1 and s.records[0]["stream"] and s.records[0]["usage"]["output_tokens"] > 0
+
+
+# -- the TypeScript SDK ---------------------------------------------------------------------------------
+
+
+def test_typescript_sdk_through_the_proxy() -> None:
+    node = shutil.which("node")
+    _need(node is not None, "node is not installed")
+    _need((NODE_MODULES / "@anthropic-ai" / "sdk").is_dir(),
+          f"@anthropic-ai/sdk is not installed in {NODE_MODULES} (.ci/run installs it)")
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0)) as px:
+        r = subprocess.run([str(node), str(ROOT / "tests" / "clients" / "ts_sdk.mjs"), str(NODE_MODULES)],
+                           env={**os.environ, "PROXY_URL": px.url}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        px.wait_idle()
+        s = px.state.observer.get("ts-sdk")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["create"] and out["stream"]["deltas"] >= 1 and out["stream"]["read"] > 0
+    assert out["raw"][0] == "message_start" and out["raw"][-1] == "message_stop" and out["count"] > 0
+    assert s is not None and s.requests == 3  # count_tokens is forwarded, not recorded
+    assert [r["finding"]["cls"] for r in s.records] == ["read_as_expected"] * 3
+
+
+# -- the Claude Code CLI ------------------------------------------------------------------------------------
+
+
+def _bash_model(steps: int, lines: int) -> Any:
+    """A scripted model that asks Claude Code to run ``steps`` Bash commands, then says done.
+    It numbers steps by the highest ``line N`` it can still see, so compaction cannot loop it."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        seen = [int(x) for x in re.findall(r"line (\d+) ", json.dumps(body["messages"]))]
+        n = max(seen) + 1 if seen else 0
+        if n >= steps:
+            return Reply([{"type": "text", "text": "done"}], "end_turn")
+        return Reply([{"type": "text", "text": f"Running step {n}."},
+                      {"type": "tool_use", "id": f"toolu_cc_{n:03d}", "name": "Bash",
+                       "input": {"command": f"seq 1 {lines} | sed 's/^/line {n} /'", "description": f"step {n}"}}],
+                     "tool_use")
+    return respond
+
+
+def _run_claude(proxy_url: str, tmp: Path) -> dict[str, Any]:
+    env = {**os.environ, "ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": "sk-claude-code-test",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CONFIG_DIR": str(tmp / "cfg"),
+           "CLAUDE_CODE_MAX_RETRIES": "1", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096"}
+    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    r = subprocess.run([str(CLAUDE), "-p", "run the steps", "--allowedTools", "Bash", "--output-format", "json"],
+                       env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL, cwd=work)
+    assert r.returncode == 0, (r.stdout[-1500:], r.stderr[-1500:])
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_claude_code_through_the_proxy(tmp_path: Path, mode: str) -> None:
+    _need(CLAUDE.exists(), f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    window = 40_000 if mode == "compact" else None
+    steps, lines = (12, 500) if mode == "compact" else (4, 50)
+    with Emulator(SummarizingResponder(ScriptedResponder(_bash_model(steps, lines))), context_window=window) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, window_tokens=window,
+                              store=str(tmp_path / "store"))) as px:
+        result = _run_claude(px.url, tmp_path)
+        px.wait_idle()
+        served = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+        sessions = px.state.observer.sessions()
+    assert result["result"] == "done" and not result["is_error"]
+    assert result["num_turns"] == steps + 1
+    # the findings account for every request Claude Code made
+    assert sum(s.requests for s in sessions) == len(served) == steps + 1
+    (s,) = [x for x in sessions if x.sid.startswith("cc-")]
+    assert s.sid == f"cc-{result['session_id']}"
+    assert all("finding" in r for r in s.records)
+    if mode == "observe":
+        assert s.misses == {} and s.read > 0
+        assert [r["usage"]["cache_read_input_tokens"] for r in s.records] == \
+            [r["usage"]["cache_read_input_tokens"] for r in served]
+    else:
+        assert window is not None and max(r["total_input_tokens"] for r in served) <= window
+        assert s.compactions  # the ledger did the work, and Claude Code never noticed
+        churn = [r["finding"] for r in s.records if r["finding"]["cls"] == "prefix_churn"]
+        assert all(f["explained_by"] is not None for f in churn)  # our own edits, each named
+
+
+# -- the dashboard in a real browser ---------------------------------------------------------------------------------
+
+
+def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
+    _need(Path(CHROMIUM).exists(), f"chromium is not installed at {CHROMIUM}")
+    import anthropic
+
+    hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+    cc = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are careful. " * 400, "cache_control": cc}]
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, store=str(tmp_path / "s"),
+                                              keep_bodies=True)) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "start " * 600}]}]
+        for k in range(4):
+            marked = [*msgs[:-1], {"role": "user", "content": [{**msgs[-1]["content"][0], "cache_control": cc}]}]
+            sysk = system if k != 2 else [{"type": "text", "text": hostile + system[0]["text"], "cache_control": cc}]
+            r = c.messages.create(model=MODEL, max_tokens=20, system=sysk, messages=marked,
+                                  extra_headers={"x-cachecompact-session": "web"})
+            msgs += [{"role": "assistant", "content": r.content[0].text},
+                     {"role": "user", "content": [{"type": "text", "text": f"tool output {k} " * 300}]}]
+        px.wait_idle()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(px.url + "/ui")
+                row = page.locator("#sessions tbody tr", has_text="web")
+                sync_api.expect(row).to_have_count(1, timeout=10_000)
+                row.click()
+                sync_api.expect(page.locator("#session-title")).to_have_text("session web")
+                assert page.locator("#timeline svg rect").count() >= 12
+                miss = page.locator("#misses tbody tr").first
+                sync_api.expect(miss).to_contain_text("prefix_churn")
+                page.screenshot(path=str(ARTIFACTS / "dashboard-session.png"), full_page=True)
+                miss.click()
+                sync_api.expect(page.locator("#miss-title")).to_contain_text("prefix_churn")
+                after = page.locator("#miss-after").inner_text()
+                assert "<script>window.pwned=2</script>" in after  # shown as text ...
+                assert page.evaluate("() => window.pwned") is None  # ... never run
+                assert page.locator("#miss-body").inner_text().startswith("{")  # --keep-bodies: the body
+                page.screenshot(path=str(ARTIFACTS / "dashboard-miss.png"), full_page=True)
+                assert not errors, errors
+            finally:
+                browser.close()
+    assert (ARTIFACTS / "dashboard-miss.png").stat().st_size > 5_000
