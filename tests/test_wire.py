@@ -94,7 +94,8 @@ def test_sdk_pydantic_blocks_are_accepted_like_the_sdk_sends_them() -> None:
 
 @pytest.mark.parametrize(("msg", "where"), [
     ({"role": "robot", "content": "x"}, "messages[7].role"),
-    ({"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}, "messages[7].content"),
+    ({"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+     "messages[7].content"),
     ({"role": "user"}, "messages[7].content"),
     ({"role": "user", "content": ""}, "messages[7].content"),
     ({"role": "user", "content": []}, "messages[7].content"),
