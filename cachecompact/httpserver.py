@@ -69,6 +69,8 @@ async def read_body(request: web.Request, *, cap: int = MAX_BODY, timeout: float
     declared = request.content_length
     if declared is not None and declared > cap:
         raise _http(413, f"request body of {declared} bytes exceeds the limit of {cap} bytes")
+    if declared is not None and request.content.is_eof():
+        return await request.read()  # already here (the usual small request): no timer, no loop
     try:
         async with asyncio.timeout(timeout):
             chunks: list[bytes] = []
@@ -202,7 +204,7 @@ class ServerThread:
     def start(self) -> ServerThread:
         if self._thread is not None:
             return self
-        self._thread = threading.Thread(target=lambda: asyncio.run(self.serve()), name="cachecompact-http",
+        self._thread = threading.Thread(target=lambda: _run(self.serve()), name="cachecompact-http",
                                         daemon=True)
         self._thread.start()
         if not self._ready.wait(30):
@@ -249,4 +251,15 @@ def serve_forever(app_factory: Callable[[], web.Application], host: str, port: i
             stop.set()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        _run(main())
+
+
+def _run(coro: Any) -> None:
+    """``asyncio.run``, on uvloop when it is installed (the ``[fast]`` extra): the same
+    server, with about half the per-request overhead of the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)

@@ -24,6 +24,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import queue
 import threading
 import time
 import zlib
@@ -53,6 +54,7 @@ log = logging.getLogger("cachecompact")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade"})
 CREDENTIALS = ("x-api-key", "authorization")
+WHOLE = 1 << 20  # JSON bodies up to this size are relayed in one write (streams always chunk by chunk)
 _COOKIE = "cachecompact_token"
 UPSTREAM: web.AppKey[aiohttp.ClientSession] = web.AppKey("upstream", aiohttp.ClientSession)
 STATE: web.AppKey[ProxyState] = web.AppKey("state")
@@ -195,17 +197,50 @@ class ProxyState:
 
             self.engine = CompactionEngine(self.store, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
                                            summarizer=summarizer, **cfg.engine_options)
-        # analysis after the response: one thread, so records of a session stay in order
-        self.analysis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cachecompact-proxy-analysis")
+        # analysis after the response: one thread fed by a queue (cheaper per request than an
+        # executor's futures), so the records of a session stay in order
+        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.compute = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cachecompact-proxy-compact")
-        self.pending = 0
+        self._pending = 0
+        self._plock = threading.Lock()
+        self.worker = threading.Thread(target=self._analyse, name="cachecompact-proxy-analysis", daemon=True)
+        self.worker.start()
+
+    @property
+    def pending(self) -> int:
+        """Requests whose records are not written yet."""
+        return self._pending
+
+    def begin(self) -> None:
+        with self._plock:
+            self._pending += 1
+
+    def submit(self, job: tuple[Any, ...]) -> None:
+        self.queue.put(job)
+
+    def _analyse(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            try:
+                _record(self, *job)
+            finally:
+                with self._plock:
+                    self._pending -= 1
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.worker.join(30)
+        self.compute.shutdown(wait=False, cancel_futures=True)
 
 
 def make_app(cfg: ProxyConfig) -> web.Application:
     """The proxy as an aiohttp application."""
     state = ProxyState(cfg)
     base = cfg.upstream.rstrip("/")
-    app = web.Application(middlewares=[api_errors, _auth(cfg)], client_max_size=1 << 30)
+    app = web.Application(middlewares=[api_errors, _auth(cfg)] if cfg.auth_token else [api_errors],
+                          client_max_size=1 << 30)
     app[STATE] = state
 
     async def upstream_ctx(a: web.Application) -> Any:
@@ -215,8 +250,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             timeout=aiohttp.ClientTimeout(total=None, connect=30, sock_read=600), auto_decompress=False)
         yield
         await a[UPSTREAM].close()
-        state.analysis.shutdown(wait=True)
-        state.compute.shutdown(wait=False, cancel_futures=True)
+        state.close()
 
     app.cleanup_ctx.append(upstream_ctx)
 
@@ -227,6 +261,15 @@ def make_app(cfg: ProxyConfig) -> web.Application:
 
     async def relay(request: web.Request, up: aiohttp.ClientResponse, tap: _Tap | None,
                     head: bytes = b"") -> web.StreamResponse:
+        length = up.content_length
+        if length is not None and length <= WHOLE and "text/event-stream" not in up.headers.get("content-type", ""):
+            # a small complete (non-stream) body: one write with the headers instead of three
+            body = head or await up.read()
+            if tap is not None:
+                tap.feed(body)
+            out = web.Response(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)),
+                               body=body if request.method != "HEAD" else None)
+            return out
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)))
         if up.content_length is not None and request.method != "HEAD":
             resp.content_length = up.content_length
@@ -293,7 +336,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                     return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
         tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower())
         t_up = time.perf_counter()
-        state.pending += 1  # before the client can see the response: `Proxy.wait_idle` waits for the record
+        state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
         try:
             async with up:
                 return await relay(request, up, tap, head)
@@ -302,12 +345,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
             got = tap.finish()
-            stream = tap.sse
-            status = up.status
-            loop = asyncio.get_running_loop()
-            fut = loop.run_in_executor(state.analysis, _record, state, raw, lower, prepared, status, got, now,
-                                       timing, stream)
-            fut.add_done_callback(lambda _f: _done(state))
+            state.submit((raw, lower, prepared, up.status, got, now, timing, tap.sse))
 
     async def _plain(request: web.Request, raw: bytes, headers: CIMultiDict[str]) -> web.StreamResponse:
         try:
@@ -323,10 +361,6 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     app.router.add_route("*", "/v1/messages", messages)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
-
-
-def _done(state: ProxyState) -> None:
-    state.pending -= 1
 
 
 def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
