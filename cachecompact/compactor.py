@@ -103,6 +103,35 @@ class Compactor:
             at = done[-1].transcript_len
             self.last_compact_step = sum(1 for i in asst if i < at)
 
+    # -- state that travels with the session (replicas sharing a store) ------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything the next decision depends on besides the session itself, as JSON. Stored
+        with each request record, so a replica that picks the session up next decides exactly
+        as this one would have."""
+        return {"steps": self.steps, "last_compact_step": self.last_compact_step, "failures": self.failures,
+                "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
+                "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
+                "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
+                "calibration": self.session.counter.calibration,
+                "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()}}
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        """Continue from `state` recorded by another process (unknown or bad fields are ignored)."""
+        try:
+            self.steps, self.last_compact_step = int(st["steps"]), int(st["last_compact_step"])
+            self.failures, self.tripped = int(st["failures"]), bool(st["tripped"])
+            self.last_request_at = st["last_request_at"]
+            self._seen = min(int(st["seen"]), len(self.session.transcript))
+            self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
+            self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
+            self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
+            self.session.counter.calibration = float(st["calibration"])
+            self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
+                           for k, v in st["calls"].items()}
+        except (KeyError, TypeError, ValueError) as err:
+            log.warning("cachecompact: ignoring a stored compactor state: %s", err)
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _emit(self, kind: str, **kw: Any) -> Event:

@@ -243,6 +243,7 @@ class CompactionEngine:
             return again  # a retried attempt: nothing new to record
         live, _ = self.registry.resolve(body, explicit)
         with live.lock:
+            self._catch_up(live)
             model = str(params.pop("model", ""))
             max_tokens = int(params.pop("max_tokens", 0) or 0)
             if self.diagnostics:
@@ -274,6 +275,19 @@ class CompactionEngine:
         with self._lock:
             self._last_prepared = {fp: p}
         return p
+
+    @staticmethod
+    def _catch_up(live: Live) -> None:
+        """Another process (a replica on the same store) recorded requests of this session since
+        we last did: continue from the strategy state stored with the newest one."""
+        s = live.session
+        if s.requests_recorded == live.extra.get("requests_seen", 0):
+            return
+        st = (s.last_request or {}).get("strategy_state")
+        load = getattr(live.strategy, "load_state", None)
+        if isinstance(st, dict) and callable(load):
+            load(st)
+        live.extra["requests_seen"] = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
                              retry: bool = False) -> Prepared | None:
@@ -315,8 +329,12 @@ class CompactionEngine:
                 rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
                        "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
                        "sent_tokens": snap.total, "finding": finding.to_dict()}
+                state = getattr(live.strategy, "state", None)
+                if callable(state):
+                    rec["strategy_state"] = state()
                 if live.strategy.renders:
                     live.session.record_request(p.render, rec)
+                    live.extra["requests_seen"] = live.session.requests_recorded
                 return finding
         except Exception:  # recording must never break the caller's response
             log.exception("cachecompact: could not record usage")

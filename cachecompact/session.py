@@ -245,6 +245,11 @@ class Session:
     def __len__(self) -> int:
         return len(self.transcript)
 
+    @property
+    def requests_recorded(self) -> int:
+        """Request records stored so far (by any writer, as of the last refresh)."""
+        return self._requests
+
     # -- reading what is stored -------------------------------------------------------------------
 
     def _refresh(self) -> None:

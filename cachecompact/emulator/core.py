@@ -27,7 +27,7 @@ import xxhash
 from ..cache_sim import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
 from ..errors import MalformedMessageError, UnknownModelError
 from ..pricing import get_model
-from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
+from ..protocol import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..store.safefs import append_bytes
 from ..tokens import TokenCounter
 from ..wire import canonical_bytes
@@ -193,7 +193,7 @@ class EmulatorCore:
                 body, keys = self._decode(raw)
                 if route == "count_tokens":
                     return self._count_tokens(body, keys, request_id)
-                return self._messages(body, keys, headers, now, request_id, msg_id)
+                return self._messages(body, keys, headers, now, request_id, msg_id, xxhash.xxh3_64_hexdigest(raw))
             except MalformedMessageError as err:
                 return self._error(400, str(err), request_id)
             except UnknownModelError:
@@ -279,7 +279,7 @@ class EmulatorCore:
         return HttpReply(200, headers, json.dumps({"input_tokens": total}).encode())
 
     def _messages(self, body: dict[str, Any], keys: list[bytes], headers: Mapping[str, str], now: float,
-                  request_id: str, msg_id: str) -> HttpReply:
+                  request_id: str, msg_id: str, body_hash: str = "") -> HttpReply:
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise MalformedMessageError("model", "Field required")
         info = get_model(body["model"])
@@ -336,7 +336,8 @@ class EmulatorCore:
             "stream": bool(body.get("stream")), "n_messages": len(body["messages"]), "usage": usage,
             "cost_usd": round(cost, 8), "total_input_tokens": result.total_tokens, "hit_block": result.hit_block,
             "breakpoints": [k for k, _ in result.breakpoints], "prefix_hashes": result.prefix_hashes,
-            "diagnostics": diag, "internal": INTERNAL_HEADER in headers,
+            "diagnostics": diag, "internal": INTERNAL_HEADER in headers, "body_hash": body_hash,
+            "session": headers.get(SESSION_HEADER),
             "cleared_tool_uses": sum(int(a.get("cleared_tool_uses", 0)) for a in applied),
         })
         hdrs = {"request-id": request_id}

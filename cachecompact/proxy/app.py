@@ -260,13 +260,16 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"))
 
     async def relay(request: web.Request, up: aiohttp.ClientResponse, tap: _Tap | None,
-                    head: bytes = b"") -> web.StreamResponse:
+                    head: bytes = b"", before_send: Callable[[], Awaitable[None]] | None = None
+                    ) -> web.StreamResponse:
         length = up.content_length
         if length is not None and length <= WHOLE and "text/event-stream" not in up.headers.get("content-type", ""):
             # a small complete (non-stream) body: one write with the headers instead of three
             body = head or await up.read()
             if tap is not None:
                 tap.feed(body)
+            if before_send is not None:
+                await before_send()
             out = web.Response(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)),
                                body=body if request.method != "HEAD" else None)
             return out
@@ -337,15 +340,28 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower())
         t_up = time.perf_counter()
         state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
+        recorded: list[Any] = []
+
+        async def record_first() -> None:
+            """Compact mode, a whole JSON answer: the session records it before the client sees it,
+            so the client's next turn finds it, on this replica or another."""
+            if prepared is None or up.status != 200:
+                return
+            got = tap.finish()
+            if got is not None:
+                finding = await asyncio.get_running_loop().run_in_executor(
+                    state.compute, state.engine.record, prepared, got[0], got[1], got[2], False)  # type: ignore[union-attr]
+                recorded.append(finding)
+
         try:
             async with up:
-                return await relay(request, up, tap, head)
+                return await relay(request, up, tap, head, record_first)
         finally:
             timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
             got = tap.finish()
-            state.submit((raw, lower, prepared, up.status, got, now, timing, tap.sse))
+            state.submit((raw, lower, prepared, up.status, got, now, timing, tap.sse, recorded))
 
     async def _plain(request: web.Request, raw: bytes, headers: CIMultiDict[str]) -> web.StreamResponse:
         try:
@@ -394,15 +410,16 @@ def _reactive(state: ProxyState, p: Prepared, info: tuple[int, int, int], header
 
 def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared | None, status: int,
             got: tuple[dict[str, Any], str | None, dict[str, Any] | None] | None, now: float,
-            timing: dict[str, float], stream: bool) -> None:
-    """After the response, in the analysis thread: forensics and the session record."""
+            timing: dict[str, float], stream: bool, recorded: list[Any]) -> None:
+    """After the response, in the analysis thread: forensics and the session record (compact
+    mode: unless the engine recorded it already, see ``record_first``)."""
     try:
         usage, mid, diag = got if got is not None else (None, None, None)
         if p is None or state.engine is None:
             state.observer.observe(raw, headers, status=status, usage=usage, message_id=mid, cache_miss_reason=diag,
                                    now=now, timing=timing, stream=stream)
             return
-        finding = state.engine.record(p, usage, mid, diag, stream) if usage else None
+        finding = recorded[0] if recorded else (state.engine.record(p, usage, mid, diag, stream) if usage else None)
         sess = p.live.session
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}

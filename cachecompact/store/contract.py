@@ -103,6 +103,10 @@ class SessionStore(Protocol):
 
     def get_blob(self, ref: str) -> bytes | None: ...
 
+    def blob_refs(self) -> list[str]:
+        """Every stored content address, sorted (for export)."""
+        ...
+
     def lock(self) -> AbstractContextManager[None]:
         """Exclusive access for read-then-append sequences."""
         ...

@@ -297,6 +297,13 @@ class FileSessionStore:
             return
         atomic_replace(p, data)
 
+    def blob_refs(self) -> list[str]:
+        d = self.path / SCRATCH
+        if not d.is_dir() or d.is_symlink():
+            return []
+        return sorted(p.name[:-4] for p in d.iterdir() if p.name.endswith(".txt") and p.is_file()
+                      and not p.is_symlink())
+
     def get_blob(self, ref: str) -> bytes | None:
         p = self.path / SCRATCH / f"{ref}.txt"
         try:

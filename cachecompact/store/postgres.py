@@ -1,0 +1,391 @@
+"""`PostgresStore`: the session store contract on PostgreSQL, for fleets of agents and proxy replicas.
+
+Why PostgreSQL: the logs are append-only, per-session sequences; a unique key on
+``(session_id, log, seq)`` makes every append a compare-and-append (two writers can never both
+write record N), and a transaction makes a multi-record append all-or-nothing. psycopg 3 with
+a connection pool (the ``[postgres]`` extra); no table is created at import or connect time:
+``cachecompact store migrate URL`` applies the versioned schema (`MIGRATIONS`).
+
+Each record is stored as the exact canonical JSON bytes the file store writes as one line
+(without the newline), so ``store export`` reproduces a session directory byte for byte and
+the same verifier reads both. Hash chains are verified on read by `Session`, as for files.
+
+The session lock is a transaction-scoped advisory lock on a connection the lock holds (a
+crashed holder's lock ends with its connection). Every append is its own transaction on
+another connection and commits before `append` returns, so what the session holds in memory
+is always stored; a connection killed mid-append (a terminated backend) rolls that append
+back and raises. Even without the lock, the unique key refuses a second record N. Reads are
+incremental: ``read_new`` fetches records after the last one seen, never the whole session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import msgspec
+
+from ..errors import (
+    ConfigError,
+    LedgerCorruptError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreConflictError,
+    StoreError,
+)
+from ..wire import canonical_bytes
+from .contract import LOGS, LogName, TornTail, check_session_id
+from .records import FORMAT, VERSION
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool
+except ImportError as err:  # pragma: no cover - the extra is missing
+    raise ImportError("the PostgreSQL store needs the postgres extra: pip install 'cachecompact[postgres]'") from err
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresSessionStore", "PostgresStore", "migrate", "schema_version"]
+
+_DECODER = msgspec.json.Decoder()
+RETRIES = 3  # attempts on a fresh connection after a dead one
+_LOG_ID = {name: k for k, name in enumerate(LOGS)}
+
+# Each migration moves the schema from version k to k + 1; never edit one that has shipped.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE cachecompact_sessions (
+        session_id  text PRIMARY KEY,
+        meta        bytea NOT NULL,          -- canonical JSON of session.json
+        created_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE cachecompact_records (
+        session_id  text NOT NULL REFERENCES cachecompact_sessions ON DELETE CASCADE,
+        log         smallint NOT NULL,       -- 0 transcript, 1 ledger, 2 requests
+        seq         integer NOT NULL,        -- 1-based, the line number in the file store
+        body        bytea NOT NULL,          -- canonical JSON, the line without its newline
+        PRIMARY KEY (session_id, log, seq)
+    );
+    CREATE TABLE cachecompact_events (
+        session_id  text NOT NULL REFERENCES cachecompact_sessions ON DELETE CASCADE,
+        id          bigserial,
+        body        bytea NOT NULL,
+        PRIMARY KEY (session_id, id)
+    );
+    CREATE TABLE cachecompact_blobs (
+        session_id  text NOT NULL REFERENCES cachecompact_sessions ON DELETE CASCADE,
+        ref         text NOT NULL,           -- content address (sp_<sha256 prefix>)
+        data        bytea NOT NULL,
+        PRIMARY KEY (session_id, ref)
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+_VERSION_TABLE = "cachecompact_schema_version"
+
+
+def _redact(url: str) -> str:
+    """The URL without a password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        cred, host = rest.rsplit("@", 1)
+        return f"{scheme}://{cred.split(':', 1)[0]}:***@{host}" if ":" in cred else url
+    return url
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The applied schema version (0: none)."""
+    row = conn.execute("SELECT to_regclass(%s)", (_VERSION_TABLE,)).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    got = conn.execute(f"SELECT max(version) FROM {_VERSION_TABLE}").fetchone()
+    return int(got[0] or 0) if got else 0
+
+
+def migrate(url: str) -> tuple[int, int]:
+    """Apply the missing migrations in one transaction each; returns (before, after)."""
+    try:
+        conn = psycopg.connect(url, autocommit=False)
+    except psycopg.Error as err:
+        raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()}") from None
+    with conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('cachecompact-migrate'))")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version integer PRIMARY KEY, "
+                     "applied_at timestamptz NOT NULL DEFAULT now())")
+        before = schema_version(conn)
+        if before > SCHEMA_VERSION:
+            raise ConfigError(f"{_redact(url)}: schema version {before} is newer than this build ({SCHEMA_VERSION})")
+        for v in range(before, SCHEMA_VERSION):
+            conn.execute(MIGRATIONS[v])
+            conn.execute(f"INSERT INTO {_VERSION_TABLE} (version) VALUES (%s)", (v + 1,))
+        conn.commit()
+    return before, SCHEMA_VERSION
+
+
+class PostgresStore:
+    """Sessions in one PostgreSQL database (``postgresql://user@host:port/db``)."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 16, timeout: float = 30.0) -> None:
+        self._url = url
+        self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
+                                   kwargs={"autocommit": True}, name="cachecompact")
+        try:
+            self.pool.open(wait=True, timeout=timeout)
+        except Exception as err:
+            self.pool.close()
+            raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()[:300]}") from None
+        with self.pool.connection() as conn:
+            v = schema_version(conn)
+        if v != SCHEMA_VERSION:
+            self.pool.close()
+            raise ConfigError(f"{_redact(url)}: schema version {v}, this build needs {SCHEMA_VERSION}; run "
+                              f"`cachecompact store migrate URL` first")
+        self._locked = threading.local()  # the connection of the lock held by this thread, per session
+
+    @property
+    def url(self) -> str:
+        return _redact(self._url)
+
+    def _conn(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return self.pool.connection()
+
+    def create(self, session_id: str, meta: dict[str, Any]) -> PostgresSessionStore:
+        check_session_id(session_id)
+        data = canonical_bytes({**meta, "format": FORMAT, "version": VERSION})
+        try:
+            with self._conn() as conn:
+                conn.execute("INSERT INTO cachecompact_sessions (session_id, meta) VALUES (%s, %s)",
+                             (session_id, data))
+        except pg_errors.UniqueViolation:
+            raise SessionExistsError(f"{self.url}#{session_id}: already exists") from None
+        except psycopg.Error as err:
+            raise StoreError(f"{self.url}#{session_id}: cannot create: {str(err).strip()[:300]}") from None
+        return PostgresSessionStore(self, session_id)
+
+    def open(self, session_id: str) -> PostgresSessionStore:
+        check_session_id(session_id)
+        if not self.exists(session_id):
+            raise SessionNotFoundError(f"{self.url}#{session_id}: no such session")
+        return PostgresSessionStore(self, session_id)
+
+    def exists(self, session_id: str) -> bool:
+        try:
+            with self._conn() as conn:
+                row = conn.execute("SELECT 1 FROM cachecompact_sessions WHERE session_id = %s",
+                                   (session_id,)).fetchone()
+        except psycopg.Error as err:
+            raise StoreError(f"{self.url}: {str(err).strip()[:300]}") from None
+        return row is not None
+
+    def list(self, prefix: str = "") -> list[str]:
+        try:
+            with self._conn() as conn:
+                rows = conn.execute("SELECT session_id FROM cachecompact_sessions WHERE starts_with(session_id, %s) "
+                                    "ORDER BY session_id", (prefix,)).fetchall()
+        except psycopg.Error as err:
+            raise StoreError(f"{self.url}: {str(err).strip()[:300]}") from None
+        return [r[0] for r in rows]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class PostgresSessionStore:
+    """One session's rows. Positions for `read_new` are per instance, like the file store's offsets."""
+
+    def __init__(self, store: PostgresStore, session_id: str) -> None:
+        self.store = store
+        self._sid = session_id
+        self._seen: dict[LogName, int] = {k: 0 for k in LOGS}
+
+    @property
+    def session_id(self) -> str:
+        return self._sid
+
+    @property
+    def location(self) -> str:
+        return f"{self.store.url}#{self._sid}"
+
+    def where(self, log: LogName) -> str:
+        return f"{self.location}/{log}"
+
+    def _conn(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+        return self.store.pool.connection()  # autocommit: each statement is durable when it returns
+
+    def _fail(self, what: str, err: Exception) -> StoreError:
+        return StoreError(f"{self.location}: {what}: {str(err).strip()[:300]}")
+
+    def lock(self) -> AbstractContextManager[None]:
+        return self._lock()
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        if getattr(self.store._locked, self._sid, None) is not None:
+            yield  # re-entrant within one thread
+            return
+        conn = self._locked_conn()
+        setattr(self.store._locked, self._sid, conn)
+        try:
+            yield
+        finally:
+            delattr(self.store._locked, self._sid)
+            with contextlib.suppress(psycopg.Error):  # a dead connection released its lock with it
+                conn.execute("COMMIT")  # ends the transaction: the advisory lock is released
+            self.store.pool.putconn(conn)
+
+    def _locked_conn(self) -> psycopg.Connection[Any]:
+        """A pooled connection inside a transaction holding this session's advisory lock. A dead
+        pooled connection (a restarted server, a terminated backend) is dropped and another tried."""
+        last: Exception | None = None
+        for _ in range(RETRIES):
+            conn = self.store.pool.getconn()
+            try:
+                conn.execute("BEGIN")
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._sid,))
+                return conn
+            except psycopg.OperationalError as err:
+                last = err
+                self.store.pool.putconn(conn)  # broken: the pool discards it
+            except BaseException:
+                self.store.pool.putconn(conn)
+                raise
+        raise self._fail("cannot take the session lock", last or RuntimeError("no connection"))
+
+    def _retrying(self, fn: Any, what: str) -> Any:
+        """Run ``fn(conn)`` on a pooled connection, again on another if the first was dead. Safe for
+        appends too: a retried append that had in fact committed meets the unique key and becomes
+        a `StoreConflictError`, which the session resolves by reading what is stored."""
+        last: Exception | None = None
+        for _ in range(RETRIES):
+            try:
+                with self._conn() as conn:
+                    return fn(conn)
+            except psycopg.OperationalError as err:
+                last = err
+                continue
+        raise self._fail(what, last or RuntimeError("no connection"))
+
+    # -- metadata -------------------------------------------------------------------------------------
+
+    def read_meta(self) -> dict[str, Any]:
+        try:
+            row = self._retrying(lambda conn: conn.execute(
+                "SELECT meta FROM cachecompact_sessions WHERE session_id = %s", (self._sid,)).fetchone(),
+                "cannot read the session metadata")
+        except psycopg.Error as err:
+            raise self._fail("cannot read the session metadata", err) from None
+        if row is None:
+            raise SessionNotFoundError(f"{self.location}: no such session")
+        try:
+            meta = _DECODER.decode(bytes(row[0]))
+        except msgspec.DecodeError as err:
+            raise StoreError(f"{self.location}: unreadable session metadata: {err}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise StoreError(f"{self.location}: not {FORMAT} version {VERSION} metadata")
+        return meta
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        data = canonical_bytes({**meta, "format": FORMAT, "version": VERSION})
+        try:
+            with self._conn() as conn:
+                conn.execute("UPDATE cachecompact_sessions SET meta = %s WHERE session_id = %s", (data, self._sid))
+        except psycopg.Error as err:
+            raise self._fail("cannot write the session metadata", err) from None
+
+    # -- logs -------------------------------------------------------------------------------------------
+
+    def _rows(self, log: LogName, after: int) -> list[tuple[int, Any]]:
+        try:
+            rows = self._retrying(lambda conn: conn.execute(
+                "SELECT seq, body FROM cachecompact_records WHERE session_id = %s AND log = %s AND seq > %s "
+                "ORDER BY seq", (self._sid, _LOG_ID[log], after)).fetchall(), f"cannot read the {log} log")
+        except psycopg.Error as err:
+            raise self._fail(f"cannot read the {log} log", err) from None
+        out: list[tuple[int, Any]] = []
+        expect = after + 1
+        for seq, body in rows:
+            if seq != expect:
+                raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")
+            try:
+                out.append((seq, _DECODER.decode(bytes(body))))
+            except msgspec.DecodeError as err:
+                raise LedgerCorruptError(self.where(log), seq, f"not valid JSON: {err}") from None
+            expect += 1
+        return out
+
+    def read_new(self, log: LogName) -> tuple[list[tuple[int, Any]], TornTail | None]:
+        rows = self._rows(log, self._seen[log])
+        if rows:
+            self._seen[log] = rows[-1][0]
+        return rows, None  # a transaction is never torn
+
+    def read_all(self, log: LogName) -> list[tuple[int, Any]]:
+        return self._rows(log, 0)
+
+    def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
+        if at != self._seen[log]:
+            raise StoreConflictError(self.where(log), at, self._seen[log])
+        params = [(self._sid, _LOG_ID[log], at + 1 + k, canonical_bytes(r)) for k, r in enumerate(records)]
+
+        def insert(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany("INSERT INTO cachecompact_records (session_id, log, seq, body) "
+                                "VALUES (%s, %s, %s, %s)", params)
+        try:
+            self._retrying(insert, f"cannot append to the {log} log (nothing was written)")
+        except pg_errors.UniqueViolation:
+            # another writer appended record at + 1 first: nothing of ours was written
+            raise StoreConflictError(self.where(log), at, at + 1) from None
+        except psycopg.Error as err:
+            raise self._fail(f"cannot append to the {log} log (nothing was written)", err) from None
+        self._seen[log] = at + len(records)
+
+    def repair(self, log: LogName) -> TornTail | None:
+        return None  # nothing is ever torn
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        try:
+            with self._conn() as conn:
+                conn.execute("INSERT INTO cachecompact_events (session_id, body) VALUES (%s, %s)",
+                             (self._sid, canonical_bytes(event)))
+        except psycopg.Error as err:
+            raise self._fail("cannot append an event", err) from None
+
+    def read_events(self) -> list[dict[str, Any]]:
+        try:
+            with self._conn() as conn:
+                rows = conn.execute("SELECT body FROM cachecompact_events WHERE session_id = %s ORDER BY id",
+                                    (self._sid,)).fetchall()
+        except psycopg.Error as err:
+            raise self._fail("cannot read the events", err) from None
+        out = []
+        for (body,) in rows:
+            with contextlib.suppress(msgspec.DecodeError):
+                d = _DECODER.decode(bytes(body))
+                if isinstance(d, dict):
+                    out.append(d)
+        return out
+
+    def put_blob(self, ref: str, data: bytes) -> None:
+        try:
+            with self._conn() as conn:
+                conn.execute("INSERT INTO cachecompact_blobs (session_id, ref, data) VALUES (%s, %s, %s) "
+                             "ON CONFLICT DO NOTHING", (self._sid, ref, data))
+        except psycopg.Error as err:
+            raise self._fail("cannot store scratchpad content", err) from None
+
+    def get_blob(self, ref: str) -> bytes | None:
+        try:
+            with self._conn() as conn:
+                row = conn.execute("SELECT data FROM cachecompact_blobs WHERE session_id = %s AND ref = %s",
+                                   (self._sid, ref)).fetchone()
+        except psycopg.Error as err:
+            raise self._fail("cannot read scratchpad content", err) from None
+        return bytes(row[0]) if row else None
+
+    def blob_refs(self) -> list[str]:
+        with self._conn() as conn:
+            return [r[0] for r in conn.execute("SELECT ref FROM cachecompact_blobs WHERE session_id = %s ORDER BY ref",
+                                               (self._sid,)).fetchall()]

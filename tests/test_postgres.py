@@ -1,0 +1,204 @@
+"""The store contract on both implementations against a real PostgreSQL server: parity with the
+file store, migrations, compare-and-append under concurrency, a terminated backend, export and
+import, the same verdicts, and `wrap()` with a database URL."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from cachecompact import Session, wrap
+from cachecompact.cli import main
+from cachecompact.emulator import Emulator
+from cachecompact.errors import (
+    ConfigError,
+    HistoryRewrittenError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreConflictError,
+    StoreError,
+)
+from cachecompact.ledger import SkipRange
+from cachecompact.store import FileStore, Store, open_store
+
+from .conftest import fresh_database, history
+
+psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+
+
+def _sid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["files", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "files":
+        yield FileStore(tmp_path / "store")
+        return
+    st = open_store(request.getfixturevalue("pg_url"))
+    yield st
+    st.close()
+
+
+def test_the_contract_holds_for_both_stores(store: Store) -> None:
+    sid = _sid("contract_x")  # '_' is a LIKE wildcard: listing must not treat it as one
+    a = store.create(sid, {"session_id": sid, "n": 1})
+    with pytest.raises(SessionExistsError):
+        store.create(sid, {})
+    with pytest.raises(SessionNotFoundError):
+        store.open(sid + "-missing")
+    assert store.exists(sid) and sid in store.list("contract_") and store.list("contractx") == []
+    a.read_new("transcript")
+    a.append("transcript", [{"i": 0, "x": "é\u2028"}, {"i": 1, "f": 1.5e-7}], 0)
+    b = store.open(sid)
+    assert b.read_new("transcript") == ([(1, {"i": 0, "x": "é\u2028"}), (2, {"i": 1, "f": 1.5e-7})], None)
+    with pytest.raises(StoreConflictError):  # a stays at 2; b appends first; a is refused
+        b.append("transcript", [{"i": 2}], 2)
+        a.append("transcript", [{"i": 2, "other": True}], 1)
+    assert [r for _, r in a.read_all("transcript")][-1] == {"i": 2}
+    assert a.read_new("transcript")[0] == [(3, {"i": 2})]
+    a.append_event({"kind": "x"})
+    a.put_blob("sp_abc", b"hello")
+    a.put_blob("sp_abc", b"hello")
+    assert b.read_events() == [{"kind": "x"}] and b.get_blob("sp_abc") == b"hello" and b.get_blob("nope") is None
+    assert b.blob_refs() == ["sp_abc"]
+    assert b.read_meta()["n"] == 1
+    b.write_meta({"session_id": sid, "n": 2})
+    assert a.read_meta()["n"] == 2
+
+
+def test_sessions_verify_alike_in_both_stores_and_export_byte_for_byte(pg_url: str, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    sid = _sid("verdict")
+    pg = open_store(pg_url)
+    files = FileStore(tmp_path / "files")
+    for st in (pg, files):
+        s = Session.create(st, session_id=sid, system="sys", prefix_messages=3)
+        s.sync(history(8))
+        s.edit(SkipRange(4, 4, "old output"), level="L1", created_at="2026-11-30T00:00:00.000000Z")
+        s.sync(history(10))
+        s.record_request(s.render(), {"time": 1.5e-7, "cost_usd": 0.00001, "note": "ünïcode"})
+    assert Session.open(pg, sid).head == Session.open(files, sid).head
+    assert main(["ledger", "verify", "--store", pg_url, sid]) == 0
+    assert main(["ledger", "verify", str(tmp_path / "files" / sid)]) == 0
+    out = tmp_path / "exported"
+    assert main(["store", "export", pg_url, sid, str(out)]) == 0
+    for name in ("transcript.jsonl", "ledger.jsonl", "requests.jsonl", "session.json"):
+        assert (out / name).read_bytes() == (tmp_path / "files" / sid / name).read_bytes(), name
+    # import into another database: the same session, the same verdict
+    other = fresh_database(pg_url, "cachecompact_import")
+    assert main(["store", "migrate", other]) == 0
+    assert main(["store", "import", str(out), other]) == 0
+    assert Session.open(open_store(other), sid).head == Session.open(pg, sid).head
+    # a tampered row is named as a file line would be
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        n = conn.execute("UPDATE cachecompact_records SET body = convert_to(replace(convert_from(body, 'UTF8'), "
+                         "'step 1', 'STEP 1'), 'UTF8') WHERE session_id = %s AND log = 0 AND seq = 4", (sid,)).rowcount
+    assert n == 1
+    capsys.readouterr()
+    assert main(["ledger", "verify", "--store", pg_url, sid]) == 1
+    assert f"{sid}/transcript:4" in capsys.readouterr().err
+    pg.close()
+
+
+def test_migrations_are_explicit_and_versioned(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = fresh_database(pg_url, "cachecompact_empty")
+    with pytest.raises(ConfigError, match="store migrate"):
+        open_store(empty)  # nothing is created implicitly
+    with psycopg.connect(empty) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'cachecompact%'").fetchone() == (0,)
+    assert main(["store", "migrate", empty]) == 0
+    assert "0 -> 1" in capsys.readouterr().out
+    assert main(["store", "migrate", empty]) == 0
+    assert "current" in capsys.readouterr().out
+    open_store(empty).close()
+    assert main(["store", "migrate", "postgresql://postgres@127.0.0.1:1/none"]) == 2
+    assert "cannot connect" in capsys.readouterr().err
+
+
+def test_concurrent_writers_never_duplicate(pg_url: str) -> None:
+    sid = _sid("race")
+    Session.create(open_store(pg_url), session_id=sid, prefix_messages=3)
+    full = history(40)
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        st = open_store(pg_url)
+        try:
+            s = Session.open(st, sid)
+            for n in range(2 + k, len(full) + 1, 3):
+                with contextlib.suppress(HistoryRewrittenError):  # another writer is ahead: not a rewrite
+                    s.sync(full[:n])
+            s.sync(full)
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            st.close()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    s = Session.open(open_store(pg_url), sid, readonly=True)
+    assert s.messages() == full
+    with psycopg.connect(pg_url) as conn:
+        n = conn.execute("SELECT count(*), count(DISTINCT seq) FROM cachecompact_records WHERE session_id = %s "
+                         "AND log = 0", (sid,)).fetchone()
+    assert n == (len(full), len(full))
+
+
+def test_a_terminated_backend_never_half_applies(pg_url: str) -> None:
+    sid = _sid("terminate")
+    st = open_store(pg_url)
+    s = Session.create(st, session_id=sid, prefix_messages=3)
+    s.sync(history(3))
+    n0 = len(s)
+    # a transaction that inserted two records, killed before it commits
+    victim = psycopg.connect(pg_url)
+    victim.execute("INSERT INTO cachecompact_records (session_id, log, seq, body) VALUES (%s, 0, %s, 'x'), "
+                   "(%s, 0, %s, 'y')", (sid, n0 + 1, sid, n0 + 2))
+    pid = victim.info.backend_pid
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        victim.execute("COMMIT")
+    # the pool's own connections die too: the next append fails cleanly, the one after succeeds
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '' "
+                      "AND pid <> pg_backend_pid() AND datname = current_database()")
+    with contextlib.suppress(StoreError):
+        s.sync(history(4))
+    s2 = Session.open(open_store(pg_url), sid, readonly=True)
+    assert len(s2) in (n0, len(history(4)))  # all or nothing
+    s.sync(history(5))
+    assert Session.open(open_store(pg_url), sid, readonly=True).messages() == history(5)
+    st.close()
+
+
+def test_wrap_with_a_database_url_fails_open_when_the_database_goes_away(pg_url: str) -> None:
+    events: list[Any] = []
+    with Emulator() as emu:
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=pg_url,
+                      summarizer=None, session_id=_sid("wrap"), on_event=events.append)
+        for n in range(1, 4):
+            client.messages.create(model="claude-sonnet-4-6", max_tokens=10, messages=history(n))
+        (s,) = client.middleware[-1].sessions()
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                          "AND datname = current_database() AND application_name = ''")
+        out = client.messages.create(model="claude-sonnet-4-6", max_tokens=10, messages=history(4))
+        assert out.content  # answered either way
+        client.messages.create(model="claude-sonnet-4-6", max_tokens=10, messages=history(5))
+    again = Session.open(open_store(pg_url), s.session_id, readonly=True)
+    assert again.messages() == history(5)[: len(again)] and len(again) >= len(history(5)) - 1
+    assert json.dumps([e.to_dict() for e in events], default=str)
