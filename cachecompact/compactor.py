@@ -109,12 +109,14 @@ class Compactor:
         """Everything the next decision depends on besides the session itself, as JSON. Stored
         with each request record, so a replica that picks the session up next decides exactly
         as this one would have."""
+        recent = self.last_request_at
         return {"steps": self.steps, "last_compact_step": self.last_compact_step, "failures": self.failures,
                 "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
                 "calibration": self.session.counter.calibration,
-                "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()}}
+                "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
+                          if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
 
     def load_state(self, st: dict[str, Any]) -> None:
         """Continue from `state` recorded by another process (unknown or bad fields are ignored)."""
@@ -153,6 +155,8 @@ class Compactor:
         `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
         answer again and again is not."""
         t = self.session.transcript
+        if len(self._calls) > 64:  # forget calls older than the window: the map stays small
+            self._calls = {k: v for k, v in self._calls.items() if v and now - v[-1][0] <= REPEAT_WINDOW_S}
         calls = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)}
         for b in content_blocks(t[i]):
             if not isinstance(b, ToolResultBlock) or b.tool_use_id not in calls:
@@ -289,8 +293,11 @@ class Compactor:
                 body = None
                 if model and self._wants_body():
                     body = s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body
+                before = tokens
                 tokens = self._compact(trig, cold, body, report, model, lim)
-                self._deferred_old = old if self._pending else None
+                # deferred, or nothing worth clearing: look again once a quarter batch more old output
+                # has accrued, not every turn (each look builds a view of the whole session)
+                self._deferred_old = old if (self._pending or tokens >= before) else None
         report.tokens_after = self._ensure_fits(tokens, lim, report)
         self._last_tokens = report.tokens_after
         return report

@@ -257,11 +257,17 @@ class Session:
         if self.store is None:
             return
         self.torn = []
-        for name, loader in (("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
-                             ("requests", self._load_request_line)):
-            lines, torn = self.store.read_new(name)  # type: ignore[arg-type]
-            if torn:
-                self.torn.append(torn)
+        loaders = (("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
+                   ("requests", self._load_request_line))
+        batch = getattr(self.store, "read_new_logs", None)  # one round trip for every log, where offered
+        got = batch(tuple(n for n, _ in loaders)) if callable(batch) else None
+        for name, loader in loaders:
+            if got is not None:
+                lines = got[name]
+            else:
+                lines, torn = self.store.read_new(name)  # type: ignore[arg-type]
+                if torn:
+                    self.torn.append(torn)
             where = self.store.where(name)  # type: ignore[arg-type]
             for line_no, rec in lines:
                 loader(where, line_no, rec)

@@ -44,36 +44,7 @@ def shared_traces() -> Path:
 
 # -- a real PostgreSQL server -------------------------------------------------------------------------
 
-
-def _start_postgres(tmp: Path) -> tuple[str, Any]:
-    """A throwaway server from Debian's postgresql binaries (as root, through the postgres user)."""
-    import glob
-    import shutil
-    import socket
-    import subprocess
-
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-    if not bins or os.geteuid() != 0 or shutil.which("runuser") is None:
-        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql, or not root")
-    pgbin = bins[-1]
-    shutil.chown(tmp, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-
-    def run(*args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120)
-
-    run(f"{pgbin}/initdb", "-D", f"{tmp}/data", "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale",
-        "--no-sync")
-    run(f"{pgbin}/pg_ctl", "-D", f"{tmp}/data", "-l", f"{tmp}/log", "-w", "-t", "60", "-o",
-        f"-c listen_addresses=127.0.0.1 -p {port} -k {tmp} -c fsync=off -c synchronous_commit=off "
-        "-c max_connections=400", "start")
-    run(f"{pgbin}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "cachecompact_test")
-
-    def stop() -> None:
-        run(f"{pgbin}/pg_ctl", "-D", f"{tmp}/data", "-m", "immediate", "-w", "stop")
-    return f"postgresql://postgres@127.0.0.1:{port}/cachecompact_test", stop
+from .pgserver import start_postgres  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +59,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
         try:
             tmp = Path("/tmp") / f"cachecompact-pgtest-{os.getpid()}"
             tmp.mkdir(exist_ok=True)
-            url, stop = _start_postgres(tmp)
+            url, stop = start_postgres(tmp)
         except Exception as err:
             if os.environ.get("CACHECOMPACT_REQUIRE_POSTGRES") == "1":
                 raise

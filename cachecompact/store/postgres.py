@@ -199,6 +199,7 @@ class PostgresSessionStore:
         self.store = store
         self._sid = session_id
         self._seen: dict[LogName, int] = {k: 0 for k in LOGS}
+        self._prefetched: list[Any] | None = None  # rows read together with the lock
 
     @property
     def session_id(self) -> str:
@@ -211,8 +212,16 @@ class PostgresSessionStore:
     def where(self, log: LogName) -> str:
         return f"{self.location}/{log}"
 
-    def _conn(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
-        return self.store.pool.connection()  # autocommit: each statement is durable when it returns
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection holding this session's lock when this thread holds it (no pool checkout),
+        else a pooled one. Autocommit either way: every statement is durable when it returns."""
+        held = getattr(self.store._locked, self._sid, None)
+        if held is not None:
+            yield held
+            return
+        with self.store.pool.connection() as conn:
+            yield conn
 
     def _fail(self, what: str, err: Exception) -> StoreError:
         return StoreError(f"{self.location}: {what}: {str(err).strip()[:300]}")
@@ -231,19 +240,27 @@ class PostgresSessionStore:
             yield
         finally:
             delattr(self.store._locked, self._sid)
-            with contextlib.suppress(psycopg.Error):  # a dead connection released its lock with it
-                conn.execute("COMMIT")  # ends the transaction: the advisory lock is released
+            try:
+                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self._sid,))
+            except psycopg.Error:
+                conn.close()  # a dead connection released its lock with it; never reuse an unsure one
             self.store.pool.putconn(conn)
 
     def _locked_conn(self) -> psycopg.Connection[Any]:
-        """A pooled connection inside a transaction holding this session's advisory lock. A dead
+        """A pooled connection holding this session's advisory lock (a session-level lock: one
+        round trip to take, one to release, and released by the server if the holder dies). A dead
         pooled connection (a restarted server, a terminated backend) is dropped and another tried."""
         last: Exception | None = None
         for _ in range(RETRIES):
             conn = self.store.pool.getconn()
             try:
-                conn.execute("BEGIN")
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._sid,))
+                # the lock and a read of what others appended, in one round trip (a pipeline): the
+                # session reads its logs right after locking, every turn
+                query, args = self._new_rows_query(LOGS)
+                with conn.pipeline():
+                    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (self._sid,))
+                    cur = conn.execute(query, args)
+                self._prefetched = cur.fetchall()
                 return conn
             except psycopg.OperationalError as err:
                 last = err
@@ -315,6 +332,40 @@ class PostgresSessionStore:
             expect += 1
         return out
 
+    def _new_rows_query(self, logs: tuple[LogName, ...]) -> tuple[str, list[Any]]:
+        cond = " OR ".join("(log = %s AND seq > %s)" for _ in logs)
+        args: list[Any] = [self._sid]
+        for log in logs:
+            args += [_LOG_ID[log], self._seen[log]]
+        return (f"SELECT log, seq, body FROM cachecompact_records WHERE session_id = %s AND ({cond}) "
+                "ORDER BY log, seq", args)
+
+    def read_new_logs(self, logs: tuple[LogName, ...]) -> dict[LogName, list[tuple[int, Any]]]:
+        """`read_new` for several logs in one round trip (what `Session` does every turn); right
+        after `lock` the rows fetched with the lock are used."""
+        pre, self._prefetched = self._prefetched, None
+        if pre is not None and logs == LOGS and getattr(self.store._locked, self._sid, None) is not None:
+            rows = pre
+        else:
+            query, args = self._new_rows_query(logs)
+            try:
+                rows = self._retrying(lambda conn: conn.execute(query, args).fetchall(),
+                                      "cannot read the session's logs")
+            except psycopg.Error as err:
+                raise self._fail("cannot read the session's logs", err) from None
+        out: dict[LogName, list[tuple[int, Any]]] = {log: [] for log in logs}
+        for log_id, seq, body in rows:
+            log = LOGS[log_id]
+            expect = self._seen[log] + 1
+            if seq != expect:
+                raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")
+            try:
+                out[log].append((seq, _DECODER.decode(bytes(body))))
+            except msgspec.DecodeError as err:
+                raise LedgerCorruptError(self.where(log), seq, f"not valid JSON: {err}") from None
+            self._seen[log] = seq
+        return out
+
     def read_new(self, log: LogName) -> tuple[list[tuple[int, Any]], TornTail | None]:
         rows = self._rows(log, self._seen[log])
         if rows:
@@ -327,12 +378,14 @@ class PostgresSessionStore:
     def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
         if at != self._seen[log]:
             raise StoreConflictError(self.where(log), at, self._seen[log])
-        params = [(self._sid, _LOG_ID[log], at + 1 + k, canonical_bytes(r)) for k, r in enumerate(records)]
+        seqs = [at + 1 + k for k in range(len(records))]
+        bodies = [canonical_bytes(r) for r in records]
 
         def insert(conn: psycopg.Connection[Any]) -> None:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany("INSERT INTO cachecompact_records (session_id, log, seq, body) "
-                                "VALUES (%s, %s, %s, %s)", params)
+            # one statement, so one round trip, and atomic by itself: all records or none
+            conn.execute("INSERT INTO cachecompact_records (session_id, log, seq, body) SELECT %s, %s, s, b "
+                         "FROM unnest(%s::integer[], %s::bytea[]) AS t(s, b)",
+                         (self._sid, _LOG_ID[log], seqs, bodies))
         try:
             self._retrying(insert, f"cannot append to the {log} log (nothing was written)")
         except pg_errors.UniqueViolation:
