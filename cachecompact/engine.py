@@ -37,10 +37,10 @@ from .policy import MIN_WINDOW_TOKENS, PolicyConfig
 from .pricing import ModelInfo, model_prices
 from .registry import Live, SessionRegistry, head_key
 from .render import RenderResult
+from .safefs import ensure_dir
 from .scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
 from .session import Session
 from .store import Store, check_session_id, open_store
-from .store.safefs import ensure_dir
 from .strategies import get_strategy, with_policy
 from .strategy import Strategy, StrategyConfig, StrategyContext
 from .summarize import ExtractiveSummarizer, Summarizer

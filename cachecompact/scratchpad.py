@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ScratchpadRefError
+from .safefs import atomic_replace, ensure_dir
 from .store import SessionStore
-from .store.safefs import atomic_replace, ensure_dir
 
 if TYPE_CHECKING:
     from .session import Session

@@ -29,7 +29,7 @@ import msgspec
 
 from .errors import SummaryRejected
 from .extractive import block_texts, summary_facts
-from .pricing import get_model
+from .pricing import get_model, model_prices
 from .wire import canonical_bytes
 
 __all__ = [
@@ -259,15 +259,26 @@ class LLMSummarizer:
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
-        return u, get_model(model).cost(u)
+        return u, model_prices(model).cost(u)
 
     def _forced(self, req: SummaryRequest) -> SummaryResult:
+        """The forced-tool form, or the in-text form for a model that refuses forced tool use
+        (by the price table's ``forced_tool_ok``, or by the API's 400 saying so)."""
+        import anthropic
+
+        if not model_prices(self.model).forced_tool_ok:
+            return self._in_text(req)
         text = _instructions(req, "Call emit_summary.") + "\n<conversation>\n" + _serialize(req.messages) + \
             "\n</conversation>"
-        resp = self.client.messages.create(
-            model=self.model, max_tokens=self.max_tokens, tools=[EMIT_SUMMARY_TOOL],
-            tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}],
-            extra_headers=self.extra_headers)
+        try:
+            resp = self.client.messages.create(
+                model=self.model, max_tokens=self.max_tokens, tools=[EMIT_SUMMARY_TOOL],
+                tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}],
+                extra_headers=self.extra_headers)
+        except anthropic.BadRequestError as err:
+            if "tool_choice" not in str(err.message):
+                raise
+            return self._in_text(req)
         usage, cost = self._usage_cost(self.model, resp.usage)
         block = next((b for b in resp.content if getattr(b, "type", None) == "tool_use"), None)
         try:
@@ -280,15 +291,19 @@ class LLMSummarizer:
             raise
         return SummaryResult(s, cost, usage, "forced-tool")
 
-    def _prefix_reuse(self, req: SummaryRequest) -> SummaryResult:
-        assert req.body is not None
-        body = dict(req.body)
+    def _in_text(self, req: SummaryRequest) -> SummaryResult:
+        """The range as text, the schema in the instructions, the JSON answer in <summary> tags."""
         ask = _instructions(req, "Answer with only the JSON object for the emit_summary schema "
                                  f"{json.dumps(SUMMARY_SCHEMA)} inside <summary></summary> tags; call no tool.")
-        body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
-        body["max_tokens"] = self.max_tokens
-        resp = self.client.messages.create(**body, extra_headers=self.extra_headers)
-        usage, cost = self._usage_cost(body["model"], resp.usage)
+        text = ask + "\n<conversation>\n" + _serialize(req.messages) + "\n</conversation>"
+        resp = self.client.messages.create(model=self.model, max_tokens=self.max_tokens,
+                                           messages=[{"role": "user", "content": text}],
+                                           extra_headers=self.extra_headers)
+        usage, cost = self._usage_cost(self.model, resp.usage)
+        return self._from_text(req, resp, usage, cost, "in-text")
+
+    def _from_text(self, req: SummaryRequest, resp: Any, usage: dict[str, Any], cost: float,
+                   mode: str) -> SummaryResult:
         text = "".join(getattr(b, "text", "") for b in resp.content)
         m = re.search(r"<summary>(.*?)</summary>", text, re.S)
         try:
@@ -299,4 +314,15 @@ class LLMSummarizer:
         except SummaryRejected as err:
             err.cost_usd += cost
             raise
-        return SummaryResult(s, cost, usage, "prefix-reuse")
+        return SummaryResult(s, cost, usage, mode)
+
+    def _prefix_reuse(self, req: SummaryRequest) -> SummaryResult:
+        assert req.body is not None
+        body = dict(req.body)
+        ask = _instructions(req, "Answer with only the JSON object for the emit_summary schema "
+                                 f"{json.dumps(SUMMARY_SCHEMA)} inside <summary></summary> tags; call no tool.")
+        body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
+        body["max_tokens"] = self.max_tokens
+        resp = self.client.messages.create(**body, extra_headers=self.extra_headers)
+        usage, cost = self._usage_cost(body["model"], resp.usage)
+        return self._from_text(req, resp, usage, cost, "prefix-reuse")

@@ -5,6 +5,7 @@ agents, branches, restarts, gzip, and a 150-turn tool agent at a 40k window."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -493,3 +494,36 @@ def test_example_agent_loop_prints_the_cache_report() -> None:
     out = subprocess.run([sys.executable, str(root / "examples" / "replay_agent.py"), "--window", "60000"],
                          capture_output=True, text=True, timeout=300, check=True)
     assert "through a wrapped client" in out.stdout and "hit rate" in out.stdout
+
+
+def test_signed_thinking_survives_compaction(tmp_path: Path) -> None:
+    """With thinking on, the emulator signs each thinking block and refuses a changed one, and a
+    tool loop's last assistant turn must still start with its thinking (as the API does)."""
+
+    def thinker(body: dict[str, Any]) -> Reply:
+        r = _tool_model(body)
+        n = r.content[-1]["input"]["path"]
+        return Reply([{"type": "thinking", "thinking": f"I should read {n} next, then compare."}, *r.content],
+                     "tool_use")
+
+    events: list[Event] = []
+    with Emulator(SummarizingResponder(ScriptedResponder(thinker))) as emu:
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                      window_tokens=20_000, on_event=events.append)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Read every module."}]
+        for _ in range(60):
+            reply = client.messages.create(model=MODEL, max_tokens=4096, system=SYSTEM, tools=TOOLS,
+                                           thinking={"type": "enabled", "budget_tokens": 1024}, messages=messages)
+            messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+            messages.append({"role": "user", "content": [_tool_result(c) for c in reply.content
+                                                         if c.type == "tool_use"]})
+        bad = [r for r in emu.requests if r.get("status") != 200]
+    assert not bad, bad[:2]  # every rendered request kept every signature and the loop's thinking
+    (s,) = _mw(client).sessions()
+    assert len(s.ledger) > 0 and not [e for e in events if e.kind in ("failure", "context_full")]
+    body = s.render(model=MODEL, max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 1024}).body
+    sent = {json.dumps(b, sort_keys=True) for m in body["messages"] if m["role"] == "assistant"
+            for b in m["content"] if isinstance(m["content"], list) and b.get("type") == "thinking"}
+    original = {json.dumps(b, sort_keys=True) for m in s.messages() if m["role"] == "assistant"
+                for b in m["content"] if b.get("type") == "thinking"}
+    assert sent and sent <= original  # thinking blocks are kept whole or dropped with their turn, never edited

@@ -28,7 +28,7 @@ from ..cache_sim import CacheSimulator, SimBlock, SimRequest, SimResult, request
 from ..errors import MalformedMessageError, UnknownModelError
 from ..pricing import get_model
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
-from ..store.safefs import append_bytes
+from ..safefs import append_bytes
 from ..tokens import TokenCounter
 from ..wire import canonical_bytes
 from .context_editing import apply_context_management
@@ -349,7 +349,16 @@ class EmulatorCore:
     # -- thinking blocks ---------------------------------------------------------------------------
 
     def _signature(self, model: str, body: dict[str, Any], thinking: str) -> str:
+        """Bound to the model, the conversation's first message (its content, not where the client
+        put cache markers, which move between requests) and the thinking text."""
         first = body["messages"][0] if body.get("messages") else None
+        if isinstance(first, dict):
+            c = first.get("content")
+            blocks = [{"type": "text", "text": c}] if isinstance(c, str) else c
+            if isinstance(blocks, list):
+                first = {"role": first.get("role"), "content": [
+                    {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+                    for b in blocks]}
         mac = hmac.new(self._secret, canonical_bytes([model, first, thinking]), hashlib.sha256)
         return "emu" + mac.hexdigest()[:40]
 

@@ -33,10 +33,10 @@ from typing import Any
 import msgspec
 
 from ..errors import LedgerCorruptError, SessionExistsError, SessionNotFoundError, StoreConflictError, StoreError
+from ..safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 from ..wire import canonical_bytes
 from .contract import LogName, TornTail, check_session_id
 from .records import FORMAT, VERSION
-from .safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import SessionLockedError, StoreConflictError, StoreError
+from .errors import SessionLockedError, StoreConflictError, StoreError
 
 __all__ = ["FileLock", "append_bytes", "atomic_replace", "ensure_dir", "fsync_dir", "open_nofollow", "write_new"]
 

@@ -1,0 +1,186 @@
+"""Guarantee 3 with breakpoints on (across a restart and across processes), the first request
+after a restart reading as much cache as an uninterrupted run, and the code's own rules: the
+runtime's import layers, only the SDK's public names, no reading of other modules' private
+fields."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anthropic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cachecompact import Session
+from cachecompact.emulator import CLOCK_HEADER, Emulator
+from cachecompact.errors import InvalidEditError
+from cachecompact.ledger import ReplaceWithSummary, SkipRange
+from cachecompact.middleware import wrap
+
+from .conftest import SYSTEM, TOOLS, history
+
+PKG = Path(__file__).resolve().parents[1] / "cachecompact"
+
+
+def _step(s: Session, op: str, a: int, w: int, full: list[dict[str, Any]], upto: int) -> int:
+    if op == "append":
+        upto = min(len(full), upto + 2)
+        s.sync(full[:upto])
+    else:
+        start = a % len(s)
+        edit = SkipRange(start, min(len(s) - 1, start + w), "t") if op == "skip" else \
+            ReplaceWithSummary(start, min(len(s) - 1, start + w), f"summary {start}", "t")
+        with contextlib.suppress(InvalidEditError):
+            s.edit(edit, level="manual", created_at="2026-11-30T00:00:00.000000Z")
+    return upto
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=st.lists(st.tuples(st.sampled_from(["append", "append", "skip", "summary"]), st.integers(0, 60),
+                                 st.integers(0, 6)), min_size=2, max_size=14),
+       restart_at=st.integers(0, 13))
+def test_guarantee_3_with_breakpoints_across_a_restart(script: list[tuple[str, int, int]], restart_at: int) -> None:
+    """A live session and one reopened mid-way (recorded requests persisted) render byte-identical
+    requests, breakpoints included, at every step after the restart."""
+    full = history(30, n_calls=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        live = Session.create(Path(tmp) / "a", system=SYSTEM, tools=TOOLS)
+        other = Session.create(Path(tmp) / "b", system=SYSTEM, tools=TOOLS)
+        upto_a = upto_b = 3
+        live.sync(full[:3])
+        other.sync(full[:3])
+        for k, (op, a, w) in enumerate(script):
+            upto_a = _step(live, op, a, w, full, upto_a)
+            upto_b = _step(other, op, a, w, full, upto_b)
+            if k == restart_at:
+                other = Session.open(Path(tmp) / "b")  # a restart: only what is stored survives
+            ra, rb = live.render(), other.render()
+            assert ra.to_json() == rb.to_json(), f"step {k}"
+            live.record_request(ra, {"step": k})
+            other.record_request(rb, {"step": k})
+
+
+def test_guarantee_3_across_processes_with_recorded_requests(tmp_path: Path) -> None:
+    s = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)
+    for n in range(3, 14):
+        s.sync(history(n, n_calls=2))
+        if n == 8:
+            s.edit(SkipRange(4, 4), level="L1")
+        if n == 11:
+            s.edit(ReplaceWithSummary(5, 12, "explored f3..f6"), level="L3")
+        s.record_request(s.render(model="claude-haiku-4-5", max_tokens=77), {"n": n})
+    here = s.render(model="claude-haiku-4-5", max_tokens=77)
+    assert len(here.breakpoints) >= 2
+    code = ("import sys; from cachecompact import Session; s=Session.open(sys.argv[1]); "
+            "sys.stdout.buffer.write(s.render(model='claude-haiku-4-5', max_tokens=77).to_json())")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, check=True)
+    assert out.stdout == here.to_json()
+
+
+def test_the_first_request_after_a_restart_reads_the_cache_like_an_uninterrupted_run(tmp_path: Path) -> None:
+    def run(restart_at: int | None, store: Path) -> list[int]:
+        with Emulator() as emu:
+            def fresh() -> Any:
+                return wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
+                            summarizer=None, session_id="restart")
+            client = fresh()
+            for n in range(1, 25):
+                if n == restart_at:
+                    client = fresh()  # the agent process restarts; the store survives
+                client.messages.create(model="claude-haiku-4-5", max_tokens=20, system=SYSTEM * 200, tools=TOOLS,
+                                       messages=history(n, n_calls=2), extra_headers={CLOCK_HEADER: str(100 + n)})
+            return [r["usage"]["cache_read_input_tokens"] for r in emu.requests if r.get("status") == 200]
+
+    straight = run(None, tmp_path / "a")
+    restarted = run(12, tmp_path / "b")
+    assert restarted == straight and straight[12] > 0
+
+
+# -- the code's own rules -----------------------------------------------------------------------------------
+
+RUNTIME = {"cache_sim", "cachemodel", "compactor", "engine", "errors", "events", "extractive", "forensics",
+           "identifiers", "keylines", "ledger", "levels", "middleware", "policy", "pricing", "protocol", "quality",
+           "registry", "render", "scratchpad", "session", "store", "strategies", "strategy", "summarize", "tokens",
+           "transcript", "wire", "report", "replay_forensics", "traces", "safefs"}
+TOOLS_LAYER = {"emulator", "bench", "proxy", "cli", "httpserver"}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    out = []
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).with_suffix("")
+        out.append((".".join(rel.parts), ast.parse(p.read_text(), str(p))))
+    return out
+
+
+def _imports(mod: str, tree: ast.Module) -> list[str]:
+    """Absolute dotted names imported by a module of the package."""
+    pkg = mod.split(".")[:-1]  # the package a module's relative imports start from
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - node.level + 1] if node.level > 1 else pkg
+                names.append(".".join(["cachecompact", *base, *(node.module.split(".") if node.module else [])]))
+            elif node.module:
+                names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
+def test_the_runtime_never_imports_the_emulator_the_bench_or_the_proxy() -> None:
+    bad = []
+    for mod, tree in _modules():
+        top = mod.split(".")[0]
+        if top not in RUNTIME:
+            assert top in TOOLS_LAYER or top == "__init__", f"classify module {mod} as runtime or tool"
+            continue
+        for name in _imports(mod, tree):
+            parts = name.split(".")
+            if parts[0] == "cachecompact" and len(parts) > 1 and parts[1] in TOOLS_LAYER:
+                bad.append(f"{mod} imports {name}")
+    assert not bad, bad
+
+
+def test_the_emulator_never_imports_the_product() -> None:
+    # the shared neutral modules (the cache model, prices, wire format, files), and the extractive
+    # summarizer the summarizing responder writes its summaries with
+    allowed = {"cache_sim", "cachemodel", "errors", "pricing", "protocol", "tokens", "wire", "httpserver",
+               "emulator", "identifiers", "traces", "safefs", "extractive"}
+    bad = [f"{mod} imports {name}" for mod, tree in _modules() if mod.startswith("emulator")
+           for name in _imports(mod, tree)
+           if name.startswith("cachecompact.") and name.split(".")[1] not in allowed]
+    assert not bad, bad
+
+
+def test_only_the_sdks_public_names() -> None:
+    bad = [f"{mod} imports {name}" for mod, tree in _modules() for name in _imports(mod, tree)
+           if name.startswith(("anthropic._", "anthropic.lib._")) or (name.startswith("anthropic.") and
+                                                                      any(p.startswith("_") for p in name.split(".")))]
+    assert not bad, bad
+
+
+def test_no_module_reads_another_modules_private_fields() -> None:
+    """``obj._name`` (obj not self or cls) only for names the same module defines."""
+    bad = []
+    for mod, tree in _modules():
+        own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id in ("self", "cls") and n.attr.startswith("_")}
+        own |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                 ast.ClassDef))}
+        own |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+                if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                    continue
+                if n.attr not in own:
+                    bad.append(f"{mod}:{n.lineno} reads .{n.attr}")
+    assert not bad, bad
