@@ -15,6 +15,8 @@ most 4 breakpoints and 1-hour TTLs before 5-minute ones.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from collections.abc import Sequence
@@ -29,6 +31,9 @@ __all__ = ["MessageInfo", "check_message", "check_pairing", "check_request", "co
 
 _TTL_ORDER = {"1h": 0, "5m": 1}
 _ROLES = ("user", "assistant", "system")
+# block types the API documents besides the ones checked field by field (server tools' uses and
+# results are recognised by their suffix)
+_OTHER_TYPES = frozenset({"redacted_thinking", "search_result", "container_upload", "tool_reference"})
 _TOOL_ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -81,8 +86,13 @@ def _check_source(src: Any, where: str, kind: str) -> None:
         raise _bad(f"{where}.source", f"{kind} source must be an object with a type")
     st = src["type"]
     if st == "base64":
-        if not isinstance(src.get("data"), str):
+        data = src.get("data")
+        if not isinstance(data, str):
             raise _bad(f"{where}.source.data", "must be a base64 string")
+        try:
+            base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(f"{where}.source.data", "is not valid base64") from None
         if kind == "image" and src.get("media_type") not in _IMAGE_TYPES:
             raise _bad(f"{where}.source.media_type", f"must be one of {', '.join(_IMAGE_TYPES)}")
     elif st == "url" and not isinstance(src.get("url"), str):
@@ -138,6 +148,9 @@ def _check_block(b: Any, where: str, role: str, markers: list[tuple[str, str]], 
             raise _bad(f"{where}.signature", "must be a string")
     elif t == "redacted_thinking" and not isinstance(b.get("data"), str):
         raise _bad(f"{where}.data", "must be a string")
+    elif t not in _OTHER_TYPES and not t.endswith(("_tool_result", "_tool_use")):
+        raise _bad(f"{where}.type", f"Input tag {t[:40]!r} found using 'type' does not match any of the expected "
+                                    "tags")
     return t
 
 

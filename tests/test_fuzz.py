@@ -1,0 +1,150 @@
+"""The emulator (and the proxy in front of it) never answers 5xx and never hangs: a corpus of
+hostile bodies in tests/hostile/, more than 1,000 generated requests, protocol-level garbage,
+an oversized body, and 300 stalled connections."""
+
+from __future__ import annotations
+
+import json
+import socket
+import string
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cachecompact.emulator import Emulator
+from cachecompact.httpserver import MAX_BODY
+
+HOSTILE = Path(__file__).parent / "hostile"
+MODEL = "claude-sonnet-4-6"
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    with Emulator() as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def http(emu: Emulator) -> Iterator[httpx2.Client]:
+    with httpx2.Client(base_url=emu.url, timeout=10) as c:
+        yield c
+
+
+def _alive(http: httpx2.Client) -> None:
+    r = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 5,
+                                        "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+
+
+def _api_shaped(r: httpx2.Response) -> None:
+    assert r.status_code < 500, (r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        body = r.json()
+        assert body["type"] == "error" and body["error"]["type"] and body["error"]["message"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in HOSTILE.iterdir()))
+def test_hostile_corpus(http: httpx2.Client, name: str) -> None:
+    raw = (HOSTILE / name).read_bytes()
+    r = http.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
+    _api_shaped(r)
+    if name not in ("control_chars.json",):
+        assert r.status_code == 400, (name, r.text[:200])
+    _alive(http)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20)
+blocks = st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking",
+                                                         "document", "x"])},
+                                optional={"text": json_values, "id": json_values, "name": json_values,
+                                          "input": json_values, "content": json_values, "source": json_values,
+                                          "tool_use_id": json_values, "cache_control": json_values,
+                                          "signature": json_values, "thinking": json_values})
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "x"])},
+                                          optional={"content": st.text(max_size=10) | st.lists(blocks, max_size=3)
+                                                    | json_values}), max_size=4)
+bodies = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from([MODEL, "claude-haiku-4-5", "", "nope"]) | json_values,
+    "max_tokens": st.integers(-5, 10**9) | json_values, "messages": messages | json_values,
+    "system": st.text(max_size=10) | st.lists(blocks, max_size=2) | json_values,
+    "tools": st.lists(st.fixed_dictionaries({"name": st.text(string.ascii_letters, max_size=6)},
+                                            optional={"input_schema": json_values}), max_size=3) | json_values,
+    "tool_choice": json_values, "thinking": json_values, "stream": st.booleans() | json_values,
+    "cache_control": json_values, "temperature": json_values, "metadata": json_values,
+    "context_management": json_values, "diagnostics": json_values})
+
+
+@settings(max_examples=1100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(body=bodies, path=st.sampled_from(["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]))
+def test_generated_requests_never_get_a_5xx(http: httpx2.Client, body: dict[str, Any], path: str) -> None:
+    r = http.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    _api_shaped(r)
+
+
+def test_the_server_still_answers_after_the_fuzzing(http: httpx2.Client) -> None:
+    _alive(http)
+
+
+def _raw(url: str, data: bytes, timeout: float = 5.0) -> bytes:
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+                if b"\r\n\r\n" in out and len(out) > 200:
+                    break
+        except TimeoutError:
+            pass
+        return out
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"FOO /v1/messages HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/messages HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200 + b"\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,
+])
+def test_protocol_garbage_gets_a_4xx_in_the_apis_shape(emu: Emulator, http: httpx2.Client,
+                                                         request_bytes: bytes) -> None:
+    out = _raw(emu.url, request_bytes)
+    status = int(out.split(b" ", 2)[1]) if out.startswith(b"HTTP/") else 0
+    assert 400 <= status < 500, out[:200]
+    assert b'"type": "error"' in out or b'"type":"error"' in out
+    _alive(http)
+
+
+def test_an_oversized_body_is_a_413_before_it_is_read(emu: Emulator, http: httpx2.Client) -> None:
+    head = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {MAX_BODY + 1}\r\n\r\n").encode()
+    out = _raw(emu.url, head)
+    assert out.startswith(b"HTTP/1.1 413") and b"request_too_large" in out
+    _alive(http)
+
+
+def test_300_stalled_connections_do_not_block_anyone(emu: Emulator, http: httpx2.Client) -> None:
+    host, port = emu.url.split("//")[1].split(":")
+    stalled = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")  # headers never end
+            stalled.append(s)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            _alive(http)  # served at once: no thread is tied to a stalled connection
+        assert time.perf_counter() - t0 < 5
+    finally:
+        for s in stalled:
+            s.close()
