@@ -33,7 +33,7 @@ from .store import FileSessionStore, SessionStore, Store, TornTail
 from .store.records import GENESIS, record_hash, seal
 from .tokens import TokenCounter
 from .transcript import MessageRecord, Transcript, immutable_prefix_end
-from .wire import ToolDef, message_to_dict, plain, system_from_param, tool_from_dict
+from .wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
 
@@ -44,6 +44,10 @@ DEFAULT_MAX_TOKENS = 4096
 _CONFLICT_RETRIES = 5
 
 Target = str | os.PathLike[str] | SessionStore | None
+
+
+META_KEYS = frozenset({"session_id", "system", "tools", "prefix_messages", "prefix_end", "prefix_hash", "tokenizer",
+                       "token_ratio"})
 
 
 class Session:
@@ -142,6 +146,11 @@ class Session:
             store = FileSessionStore.open(target, lock_timeout)
         meta = store.read_meta()
         where = f"{store.location} (session metadata)"
+        keys = set(meta) - {"format", "version"}
+        if keys != META_KEYS:
+            odd = sorted(keys ^ META_KEYS)
+            raise StoreError(f"{where}: fields {', '.join(odd)} are unknown or missing (expected exactly "
+                             f"{', '.join(sorted(META_KEYS))})")
         try:
             sess = cls(
                 system=meta.get("system"), tools=meta.get("tools") or [],
@@ -169,6 +178,13 @@ class Session:
             "tokenizer": self.counter.encoding_name,
             "token_ratio": self.token_ratio,
         }
+
+    def meta_digest(self) -> str:
+        """sha256 of the metadata that never changes after creation (id, system, tools, prefix
+        size, tokenizer). Every request record commits to it, so an edited ``session.json`` is
+        detected like an edited log line."""
+        fixed = {k: v for k, v in self._meta().items() if k not in ("prefix_end", "prefix_hash")}
+        return hashlib.sha256(canonical_bytes(fixed)).hexdigest()
 
     def _check_meta(self, meta: dict[str, Any], readonly: bool) -> None:
         """The stored prefix fields must match what the transcript gives; fill them in once."""
@@ -323,6 +339,10 @@ class Session:
         if rec.get("seq") != self._requests or rec.get("prev_hash") != self._requests_head:
             raise LedgerCorruptError(path, line_no, f"request record seq {rec.get('seq')!r} breaks the chain "
                                                     f"(expected #{self._requests})")
+        if "meta" in rec and rec["meta"] != self.meta_digest():
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was made for other session metadata "
+                                                    "(session.json was changed: id, system, tools, prefix size or "
+                                                    "tokenizer)")
         tl, el = rec.get("transcript_len"), rec.get("ledger_len")
         if not isinstance(tl, int) or not 0 <= tl <= len(self.transcript) or \
                 rec.get("transcript_head") != self._chain[tl]:
@@ -424,7 +444,7 @@ class Session:
         carries the request's breakpoints, which guide the next render's breakpoint plan.
         """
         t_len = self._render_transcript_len(render)
-        base = {**fields, "transcript_len": t_len, "transcript_head": self._chain[t_len],
+        base = {**fields, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
                 "ledger_len": render.n_entries,
                 "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
