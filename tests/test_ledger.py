@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,45 @@ def test_targeted_edits_change_one_result_and_compose(tmp_path: Path) -> None:
     reopened = Session.open(tmp_path / "s")
     assert reopened.render().to_json() == s.render().to_json()
     assert json.loads((tmp_path / "s" / "ledger.jsonl").read_text().splitlines()[0])["tool_use_id"] == "toolu_0_0"
+
+
+def _doc_verifier() -> Any:
+    """The standalone verifier from docs/ledger-format.md, exactly as printed there."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "ledger-format.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "def verify(d)" in b)
+    ns: dict[str, Any] = {"__name__": "doc_verifier"}
+    exec(compile(code, "docs/ledger-format.md", "exec"), ns)
+    return ns["verify"]
+
+
+def test_the_documented_verifier_accepts_sessions_and_catches_tampering(tmp_path: Path) -> None:
+    from cachecompact import ReplaceWithSummary as Summary
+    from cachecompact import Session
+    from cachecompact import SkipRange as Skip
+
+    from .conftest import SYSTEM, TOOLS
+
+    verify = _doc_verifier()
+    s = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)
+    for n in range(3, 12):
+        s.sync(history(n, n_calls=2))
+        if n == 6:
+            s.edit(Skip(4, 4, "old"), level="L1")
+        if n == 9:
+            s.edit(Summary(5, 12, "explored"), level="L3")
+        s.record_request(s.render(), {"n": n, "cost_usd": 1.234e-05, "t": 1e-7})  # floats msgspec writes its way
+    assert verify(tmp_path / "s") == s.head
+    for name, old, new in [("transcript.jsonl", b"step 2", b"STEP 2"), ("ledger.jsonl", b'"old"', b'"new"'),
+                           ("requests.jsonl", b'"n":5', b'"n":6'), ("session.json", SYSTEM.encode(), b"x")]:
+        d = tmp_path / f"t-{name}"
+        import shutil
+
+        shutil.copytree(tmp_path / "s", d)
+        p = d / name
+        data = p.read_bytes()
+        assert old in data
+        p.write_bytes(data.replace(old, new, 1))
+        with pytest.raises(AssertionError, match=name.split(".")[0]):
+            verify(d)

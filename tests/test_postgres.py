@@ -93,6 +93,9 @@ def test_sessions_verify_alike_in_both_stores_and_export_byte_for_byte(pg_url: s
     assert main(["store", "export", pg_url, sid, str(out)]) == 0
     for name in ("transcript.jsonl", "ledger.jsonl", "requests.jsonl", "session.json"):
         assert (out / name).read_bytes() == (tmp_path / "files" / sid / name).read_bytes(), name
+    from .test_ledger import _doc_verifier
+
+    assert _doc_verifier()(out) == Session.open(pg, sid).head  # the stdlib verifier of docs/ledger-format.md
     # import into another database: the same session, the same verdict
     other = fresh_database(pg_url, "cachecompact_import")
     assert main(["store", "migrate", other]) == 0
