@@ -75,7 +75,9 @@ def main() -> int:
              "sessions": 0, "killed_in_create": 0}
     t0 = time.time()
     for rnd in range(args.rounds):
-        p = subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(ROOT), str(rnd)],
+        rdir = root / f"r{rnd}"
+        rdir.mkdir()
+        p = subprocess.Popen([sys.executable, "-c", CHILD, str(rdir), str(ROOT), str(rnd)],
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert p.stdout is not None
         ready = p.stdout.readline()
@@ -89,9 +91,8 @@ def main() -> int:
             rec = json.loads(line)
             acked[rec["sid"]] = rec
             stats["acked_writes"] += 1
-        touched = {d.name for d in root.iterdir() if d.name.startswith(f"s{rnd}-") or f"s{rnd}-" in d.name}
-        for name in touched:
-            d = root / name
+        for d in rdir.iterdir():
+            name = d.name
             if name.startswith("."):  # a creation that was killed before its rename: invisible by design
                 stats["killed_in_create"] += 1
                 continue
@@ -118,8 +119,8 @@ def main() -> int:
             s.sync([*s.messages(), *([{"role": "assistant", "content": "resumed"}]
                                      if s.messages() and s.messages()[-1]["role"] == "user" else [])])
         # a creation killed half-way never blocks creating the same session again
-        for name in [n for n in acked if not (root / n).is_dir()]:
-            Session.create(root / name, system="sys")
+        for name in [n for n in acked if not (rdir / n).is_dir()]:
+            Session.create(rdir / name, system="sys")
     wall = time.time() - t0
     text = (f"`python benchmarks/kill_loop.py --rounds {args.rounds}` ({time.strftime('%Y-%m-%d')}, {wall:.0f} s): "
             f"{stats['rounds']} SIGKILLs of a writer at random points; {stats['acked_writes']} acknowledged writes "
