@@ -32,7 +32,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import replace_section  # noqa: E402
+from cachecompact.bench.report import publish  # noqa: E402
 
 BODY = {"model": "claude-haiku-4-5", "max_tokens": 16,
         "system": [{"type": "text", "text": "You are a terse assistant. " * 200,
@@ -191,11 +191,7 @@ def main() -> int:
         f"| proxy RSS over {args.memory_requests:,} requests | {res['rss_before_mb']:.1f} MB | "
         f"{res['rss_after_mb']:.1f} MB | {res['rss_growth_mb']:+.1f} MB, {flood_errors} errors | <= 20 MB |",
     ])
-    print(text)
-    if args.write and not replace_section(args.write, "bench_proxy", text):
-        print(f"no <!-- bench_proxy:start/end --> markers in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "bench_proxy")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""Per-turn engine cost at turn 100 vs turn 1000, against json.dumps of the same body.
+"""Per-turn middleware cost at turns 100, 1,000 and 10,000, against json.dumps of the same body.
 
-Builds a 1,000+ turn session by chaining the turns of the shared traces (synthetic turns
-when ../shared/traces is absent), then replays it turn by turn: sync the new messages,
-render (which hashes and token-counts only the new blocks). The same 21 "probe" turns
-(tool ids renamed, so nothing is memoised) are replayed at turns 90-110 and 990-1010, so
-both checkpoints do the same new-block work and differ only in history length. Before each
-timed step (sync, render) the CPU caches are flushed (a 64 MiB buffer is copied), because between
-two real agent turns the model call and the tools run and the caches are cold anyway; in a
-tight loop a 100-turn session would otherwise fit in cache and a 1000-turn one would not.
-Reported times are medians over each window, measured side by side in one run.
+Builds a 10,000+ turn session by chaining the turns of the shared traces (synthetic turns
+when ../shared/traces is absent) and drives it through `CompactionEngine` turn by turn, as
+the middleware does: the agent's full history each turn (a new list), sync, the policy,
+render (hashing and token-counting only the new blocks), then recording the answer. The same
+21 "probe" turns (tool ids renamed, so nothing is memoised) are replayed around turns 100,
+1,000 and 10,000, so every checkpoint does the same new-block work and differs only in
+history length. Before each timed turn the CPU caches are flushed (a 64 MiB buffer is
+copied): between two real turns the model call and the tools run and the caches are cold.
+Medians per window, side by side in one run.
 
-    python benchmarks/bench_render.py [--turns 1010] [--write docs/benchmarks.md]
+    python benchmarks/bench_render.py [--turns 10010] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 import time
 from typing import Any
 
-from cachecompact import Session
-from cachecompact.bench.report import replace_section
+from cachecompact.bench.report import publish
+from cachecompact.engine import CompactionEngine
 from cachecompact.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 
@@ -71,91 +71,74 @@ def build_turns(n: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--turns", type=int, default=1010)
+    ap.add_argument("--turns", type=int, default=10_010)
     ap.add_argument("--write", help="update the bench_render section of this markdown file")
     args = ap.parse_args()
     first, turns, source = build_turns(args.turns)
-    checkpoints = {100: range(90, 111), 1000: range(990, 1011)}
+    checkpoints = {cp: range(cp - 10, cp + 11) for cp in (100, 1000, 10_000) if cp + 10 <= args.turns}
     probe = turns[200:221]
     for cp, window in checkpoints.items():
         for j, t in enumerate(window):
             turns[t - 1] = _retag(probe[j], f"p{cp}")
-    sess = Session.create(None, system="You are a coding agent.", prefix_messages=3)
+    # the whole middleware path minus HTTP: sync, the policy, render, and recording the answer;
+    # a window so large that nothing is compacted, so every checkpoint does the same work
+    eng = CompactionEngine(None, session_id="bench", summarizer=None, window_tokens=10**9)
     history = list(first)
-    sess.sync(history)
     rows: dict[int, dict[str, list[float]]] = {}
     gc.disable()
     in_window = {t: cp for cp, window in checkpoints.items() for t in window}
     flush_src = bytearray(64 << 20)
+    usage = {"input_tokens": 10, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 100,
+             "output_tokens": 50}
     for t, pair in enumerate(turns, 1):
-        history += pair
+        history = [*history, *pair]  # a new list each turn, as an agent builds its request
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 4096, "system": "You are a coding agent.",
+                "messages": history}
         cp = in_window.get(t)
         if cp is not None:
             bytes(flush_src)  # evict the caches, as a real turn's model call and tool run would
-        t_sync = time.perf_counter()
-        if cp is None:
-            sess.append(pair)  # validates only the new messages (keeps the run short)
-        else:
-            sess.sync(history)  # what the middleware does each turn: re-verify the whole history
-        t_sync = time.perf_counter() - t_sync
-        if cp is not None:
-            bytes(flush_src)  # each step is timed from cold caches, not from the previous step's
-        t_render = time.perf_counter()
-        r = sess.render(model="claude-sonnet-4-6", max_tokens=4096)
-        t_render = time.perf_counter() - t_render
+        t0 = time.perf_counter()
+        p = eng.prepare(body, explicit=None, now=1_800_000_000.0 + 10 * t)
+        t_prepare = time.perf_counter() - t0
+        eng.record(p, {**usage, "cache_read_input_tokens": p.render.raw_tokens}, f"msg_{t}", None, False)
+        t_turn = time.perf_counter() - t0
         if t % 100 == 0:
             gc.collect()
         if cp is None:
             continue
-        t_noop = time.perf_counter()
-        sess.render(model="claude-sonnet-4-6", max_tokens=4096)  # nothing new: the fixed per-turn overhead
-        t_noop = time.perf_counter() - t_noop
-        t_json = time.perf_counter()
-        assert r.to_json()
-        t_json = time.perf_counter() - t_json
         t_dumps = time.perf_counter()
-        dumped = json.dumps(r.body)
+        dumped = json.dumps(p.body)
         t_dumps = time.perf_counter() - t_dumps
-        rec = rows.setdefault(cp, {k: [] for k in ("sync", "render", "noop", "to_json", "dumps", "bytes",
-                                                   "blocks", "tokens")})
-        for k, v in (("sync", t_sync), ("render", t_render), ("noop", t_noop), ("to_json", t_json),
-                     ("dumps", t_dumps), ("bytes", len(dumped)), ("blocks", r.n_blocks), ("tokens", r.tokens)):
+        rec = rows.setdefault(cp, {k: [] for k in ("prepare", "turn", "dumps", "bytes", "blocks", "tokens")})
+        for k, v in (("prepare", t_prepare), ("turn", t_turn), ("dumps", t_dumps), ("bytes", len(dumped)),
+                     ("blocks", p.render.n_blocks), ("tokens", p.render.raw_tokens)):
             rec[k].append(v)
     gc.enable()
     med = {cp: {k: statistics.median(v) for k, v in rec.items()} for cp, rec in rows.items()}
     lines = [
-        f"Session: {len(turns)} turns chained from {source}; the same 21 probe turns replayed at turns "
-        "90-110 and 990-1010 (sync, then render, as the middleware does; caches flushed before each turn); "
-        "medians per window.",
+        f"Session: {len(turns):,} turns chained from {source}; the same 21 probe turns replayed around turns "
+        f"{', '.join(f'{cp:,}' for cp in sorted(med))} (caches flushed before each); medians per window. *Per turn* "
+        "is the whole middleware path minus HTTP (`CompactionEngine.prepare`: sync, the policy, render; then "
+        "`record`), against `json.dumps` of the same body.",
         "",
-        "| turn | blocks | body bytes | est. tokens | sync (verify all) | render+hash+count | render, nothing new | "
-        "to_json | json.dumps | render / json.dumps |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| turn | blocks | body bytes | est. tokens | prepare (sync + policy + render) | per turn (+ record) | "
+        "json.dumps | per turn / json.dumps |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cp in sorted(med):
         m = med[cp]
-        lines.append(f"| {cp} | {int(m['blocks'])} | {int(m['bytes']):,} | {int(m['tokens']):,} | "
-                     f"{m['sync'] * 1e3:.3f} ms | {m['render'] * 1e3:.3f} ms | {m['noop'] * 1e6:.1f} us | "
-                     f"{m['to_json'] * 1e3:.3f} ms | {m['dumps'] * 1e3:.3f} ms | {m['render'] / m['dumps']:.3f}x |")
-    growth = med[1000]["render"] / med[100]["render"]
-    ratio = med[1000]["render"] / med[1000]["dumps"]
-    lines += [
-        "",
-        f"- Growth, turn 1000 / turn 100 (render+hash+count of the same new turn): **{growth:.2f}x** "
-        "(goal <= 1.5x).",
-        f"- Fixed per-render overhead (nothing new), turn 1000 / turn 100: "
-        f"**{med[1000]['noop'] / med[100]['noop']:.2f}x** ({med[100]['noop'] * 1e6:.1f} us -> "
-        f"{med[1000]['noop'] * 1e6:.1f} us).",
-        f"- Engine / json.dumps of the full body at turn 1000: **{ratio:.3f}x** (goal <= 0.25x).",
-        f"- `sync` re-verifies the whole history (O(history) by design) at turn 1000: "
-        f"{med[1000]['sync'] * 1e3:.2f} ms, {med[1000]['sync'] / med[1000]['dumps']:.2f}x json.dumps.",
-    ]
+        lines.append(f"| {cp:,} | {int(m['blocks']):,} | {int(m['bytes']):,} | {int(m['tokens']):,} | "
+                     f"{m['prepare'] * 1e3:.3f} ms | {m['turn'] * 1e3:.3f} ms | {m['dumps'] * 1e3:.3f} ms | "
+                     f"{m['turn'] / m['dumps']:.3f}x |")
+    lines.append("")
+    last = max(med)
+    growth = med[last]["turn"] / med[100]["turn"]
+    lines.append(f"- Growth, turn {last:,} / turn 100 (the same new turn): **{growth:.2f}x** (goal <= 2x).")
+    if 1000 in med:
+        lines.append(f"- Per turn / json.dumps of the body at turn 1,000: "
+                     f"**{med[1000]['turn'] / med[1000]['dumps']:.3f}x** (goal <= 0.25x).")
     text = "\n".join(lines)
-    print(text)
-    if args.write and not replace_section(args.write, "bench_render", text):
-        print(f"markers <!-- bench_render:start/end --> not found in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "bench_render")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import replace_section  # noqa: E402
+from cachecompact.bench.report import publish  # noqa: E402
 from cachecompact.engine import CompactionEngine  # noqa: E402
 from cachecompact.store import FileStore, Store, open_store  # noqa: E402
 from cachecompact.store.postgres import migrate  # noqa: E402
@@ -133,11 +133,7 @@ def main() -> int:
         f"{p[w1] / f[w1]:.2f}x (target <= 2x) |",
         f"| turn {w1[0]}+ / turn {w0[0]}+ | {f[w1] / f[w0]:.2f}x | {p[w1] / p[w0]:.2f}x | |",
     ])
-    print(text)
-    if args.write and not replace_section(args.write, "bench_store", text):
-        print(f"no <!-- bench_store:start/end --> markers in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "bench_store")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from cachecompact.bench.fidelity import session_fidelity, summarize
-from cachecompact.bench.report import replace_section
+from cachecompact.bench.report import publish
 from cachecompact.traces import default_trace_dir, discover
 
 
@@ -48,11 +48,7 @@ def main() -> int:
         f"- Input cost, simulated / recorded, all sessions: **{s['cost_ratio']:.3f}**.",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.write and not replace_section(args.write, "fidelity", text):
-        print(f"markers <!-- fidelity:start/end --> not found in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "fidelity")
 
 
 if __name__ == "__main__":

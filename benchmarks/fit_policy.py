@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from cachecompact.bench.harness import TraceResult, replay
-from cachecompact.bench.report import LONG_TURNS, replace_section
+from cachecompact.bench.report import LONG_TURNS, publish
 from cachecompact.bench.run import load_corpus, split_halves
 from cachecompact.policy import Economics, LevelSettings, PolicyConfig, Triggers
 from cachecompact.strategies import CachecompactConfig, register
@@ -132,11 +132,7 @@ def main() -> int:
               f"{held[50_000][2]:.3f} | {held[200_000][3] + held[50_000][3]} |",
               "", f"({time.perf_counter() - t0:.0f} s.)"]
     text = "\n".join(lines)
-    print(text)
-    if args.write and not replace_section(args.write, "fit", text):
-        print(f"no <!-- fit:start --> section in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "fit")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import replace_section  # noqa: E402
+from cachecompact.bench.report import publish  # noqa: E402
 from cachecompact.replay_forensics import summarize_logs  # noqa: E402
 from cachecompact.traces import default_trace_dir, discover  # noqa: E402
 
@@ -41,11 +41,7 @@ def main() -> int:
         f"recorded usage, **{misses} misses**: {tot['explained']} explained by a class, **{tot['unexplained']} "
         "unexplained** (`provider_suspected`: nothing changed, the entry was within the TTL and the lookback, "
         "and still less was read).", "", *rows, "", *per])
-    print(text)
-    if args.write and not replace_section(args.write, "forensics", text):
-        print(f"no <!-- forensics:start/end --> markers in {args.write}", file=sys.stderr)
-        return 1
-    return 0
+    return publish(text, args.write, "forensics")
 
 
 if __name__ == "__main__":

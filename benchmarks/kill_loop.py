@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--write", metavar="MD")
     args = ap.parse_args()
     from cachecompact import Session
-    from cachecompact.bench.report import replace_section
+    from cachecompact.bench.report import publish
     from cachecompact.errors import SessionNotFoundError
     from cachecompact.store import half_made
 
@@ -127,9 +127,7 @@ def main() -> int:
             f"in {stats['sessions']} sessions; **{stats['lost']} lost**, **{stats['unusable']} unusable "
             f"sessions**; {stats['killed_in_create']} kills left a hidden half-built directory (invisible, and "
             f"creation works again); {stats['torn_seen']} torn tails reported and repaired by the next writer.")
-    print(text)
-    if args.write and not replace_section(args.write, "kill_loop", text):
-        print(f"no <!-- kill_loop:start/end --> markers in {args.write}", file=sys.stderr)
+    if publish(text, args.write, "kill_loop"):
         return 1
     return 0 if stats["lost"] == 0 and stats["unusable"] == 0 else 1
 

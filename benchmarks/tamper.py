@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact import Session  # noqa: E402
-from cachecompact.bench.report import replace_section  # noqa: E402
+from cachecompact.bench.report import publish  # noqa: E402
 from cachecompact.cli import main as cli  # noqa: E402
 from cachecompact.ledger import ReplaceWithSummary, SkipRange  # noqa: E402
 from tests.conftest import SYSTEM, TOOLS, history  # noqa: E402
@@ -202,11 +202,9 @@ def main() -> int:
     text = (f"`python benchmarks/tamper.py --trials {args.trials}` ({time.strftime('%Y-%m-%d')}, {wall:.0f} s): "
             "one random change per trial to a copy of a session with 29 messages, 2 ledger edits and 13 request "
             "records.\n\n" + "\n".join(rows))
-    print(text)
     if undetected:
         print("undetected:", sorted(set(undetected)), file=sys.stderr)
-    if args.write and not replace_section(args.write, "tamper", text):
-        print(f"no <!-- tamper:start/end --> markers in {args.write}", file=sys.stderr)
+    if publish(text, args.write, "tamper"):
         return 1
     return 0 if tot["undetected"] == 0 else 1
 

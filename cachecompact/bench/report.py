@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .run import BenchResult
 
-__all__ = ["LONG_TURNS", "aggregate", "dominated_by", "markdown", "replace_section", "task_rows", "text_report",
-           "write_outputs"]
+__all__ = ["LONG_TURNS", "aggregate", "dominated_by", "markdown", "publish", "replace_section", "task_rows",
+           "text_report", "write_outputs"]
 
 LONG_TURNS = 50  # "long traces" for the targets
 OURS = "cachecompact"
@@ -242,6 +243,16 @@ def write_outputs(b: BenchResult, out: Path, command: str) -> list[Path]:
     (out / "results.json").write_text(json.dumps(data, indent=1))
     (out / "report.md").write_text(markdown(b, command))
     return [out / "results.json", out / "report.md", *plots(b, out)]
+
+
+def publish(text: str, write: str | Path | None, name: str) -> int:
+    """Print a benchmark's text and, with ``write``, put it in that markdown file's ``name``
+    section; the exit status (1 when the section's markers are missing)."""
+    print(text)
+    if write and not replace_section(write, name, text):
+        print(f"no <!-- {name}:start --> / <!-- {name}:end --> markers in {write}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def replace_section(path: str | Path, name: str, text: str) -> bool:
