@@ -1,6 +1,6 @@
 """Kill a writer with SIGKILL at random points, over and over, and check what survives.
 
-Each round starts a child process that creates sessions (``Session.create``) and appends to
+Each round runs a child process (started ahead of time) that creates sessions (``Session.create``) and appends to
 them (transcript syncs, ledger edits, request records), printing one line per acknowledged
 write (after the call returned, so after fsync). The parent kills it after a random delay
 (a few milliseconds to ~0.3 s, so many kills land inside ``create`` or an append), then opens
@@ -40,6 +40,7 @@ from tests.conftest import history
 root, seed = Path(sys.argv[1]), int(sys.argv[3])
 Session.create(None).sync(history(1))  # warm the tokenizer before saying ready
 print("ready", flush=True)
+sys.stdin.readline()  # wait for "go": children are started ahead, so a round costs no start-up
 for k in range(1000):
     sid = f"s{seed}-{k}"
     s = Session.create(root / sid, system="sys", prefix_messages=1)
@@ -74,14 +75,23 @@ def main() -> int:
     stats = {"rounds": 0, "acked_writes": 0, "lost": 0, "unusable": 0, "half_made_rebuilt": 0, "torn_seen": 0,
              "sessions": 0, "killed_in_create": 0}
     t0 = time.time()
-    for rnd in range(args.rounds):
+    def spawn(rnd: int) -> subprocess.Popen[str]:
         rdir = root / f"r{rnd}"
         rdir.mkdir()
-        p = subprocess.Popen([sys.executable, "-c", CHILD, str(rdir), str(ROOT), str(rnd)],
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        assert p.stdout is not None
+        return subprocess.Popen([sys.executable, "-c", CHILD, str(rdir), str(ROOT), str(rnd)],
+                                stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, cwd=ROOT)
+
+    ahead = [spawn(k) for k in range(min(2, args.rounds))]
+    for rnd in range(args.rounds):
+        rdir = root / f"r{rnd}"
+        p = ahead.pop(0)
+        if rnd + 2 < args.rounds:
+            ahead.append(spawn(rnd + 2))
+        assert p.stdout is not None and p.stdin is not None
         ready = p.stdout.readline()
         assert ready.strip() == "ready", ready
+        p.stdin.write("go\n")
+        p.stdin.flush()
         time.sleep(rng.random() * 0.3)  # then kill anywhere: in create, in an append, between
         p.send_signal(signal.SIGKILL)
         out, _ = p.communicate()
