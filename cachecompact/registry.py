@@ -146,7 +146,10 @@ class SessionRegistry:
                 if live.head == head and not live.extra.pop("stale", False) and _extends(live.session,
                                                                                         body["messages"]):
                     return live
-                return self._new(name, ".s", body)  # a rewrite: the next segment
+                seg = self._new(name, ".s", body)  # a rewrite: the next segment
+                if "forensics" in live.extra:  # ... which the cache analysis compares with the last request
+                    seg.extra["forensics"] = live.extra["forensics"]
+                return seg
         return self._new(name, ".s", body)
 
     def _by_extension(self, head: bytes, body: dict[str, Any]) -> Live:

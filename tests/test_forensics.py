@@ -1,0 +1,138 @@
+"""The forensics engine class by class (on request bodies, billed by the emulator), the log
+levels of its findings, the in-text summaries for models that refuse forced tools, and
+`cachecompact forensics` on recorded logs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from cachecompact.cache_sim import request_from_body
+from cachecompact.cli import main
+from cachecompact.emulator import CLOCK_HEADER, Emulator
+from cachecompact.forensics import Finding, Forensics, snapshot_from_sim
+from cachecompact.pricing import model_prices
+from cachecompact.summarize import LLMSummarizer, SummaryRequest
+from cachecompact.tokens import TokenCounter
+
+MODEL = "claude-sonnet-4-6"
+CC = {"type": "ephemeral"}
+SYSTEM = [{"type": "text", "text": "You are a careful agent. " * 300, "cache_control": CC}]
+
+
+def _msgs(n: int, mark: bool = True) -> list[dict[str, Any]]:
+    """n user turns with replies between them; each call extends the previous one, as an agent's do."""
+    out: list[dict[str, Any]] = []
+    for k in range(n):
+        if k:
+            out.append({"role": "assistant", "content": [{"type": "text", "text": f"ok {k - 1}"}]})
+        out.append({"role": "user", "content": [{"type": "text", "text": f"step {k} " + "output line\n" * 150}]})
+    if mark:
+        out[-1] = {"role": "user", "content": [{**out[-1]["content"][0], "cache_control": CC}]}
+    return out
+
+
+class Run:
+    """Bodies through the emulator, and the same bodies through `Forensics` with the usage billed."""
+
+    def __init__(self, emu: Emulator) -> None:
+        self.client = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
+        self.f = Forensics(model_prices)
+        self.counter = TokenCounter()
+
+    def send(self, t: float, **body: Any) -> Finding:
+        body = {"model": MODEL, "max_tokens": 10, "system": SYSTEM, **body}
+        resp = self.client.messages.create(**body, extra_headers={CLOCK_HEADER: str(t)})
+        req = request_from_body(body, t, self.counter)
+        return self.f.observe(snapshot_from_sim(req, body), resp.usage.model_dump())
+
+
+@pytest.fixture
+def run() -> Any:
+    with Emulator() as emu:
+        yield Run(emu)
+
+
+def test_read_as_expected_then_every_class(run: Run) -> None:
+    assert run.send(0, messages=_msgs(3)).cls == "read_as_expected"
+    assert run.send(10, messages=_msgs(4)).cls == "read_as_expected"
+    # a changed earlier message: churn, named, with excerpts
+    edited = _msgs(5)
+    edited[2]["content"][0]["text"] = "step 1 EDITED " + edited[2]["content"][0]["text"]
+    f = run.send(20, messages=edited)
+    assert f.cls == "prefix_churn" and f.location == "messages[2].content[0]" and f.actionable
+    assert "EDITED" in (f.after or "") and f.wasted_usd > 0
+    # idle longer than the TTL
+    assert run.send(30, messages=_msgs(6)).cls in ("prefix_churn", "read_as_expected")
+    assert run.send(400, messages=_msgs(6)).cls == "ttl_expiry"
+    # another model
+    assert run.send(410, model="claude-opus-4-8", messages=_msgs(6)).cls == "invalidation"
+
+
+def test_lookback_miss_when_the_only_breakpoint_moved_too_far(run: Run) -> None:
+    run.send(0, messages=_msgs(2))
+    far = _msgs(16)  # 28 new blocks after the cached end, and the marker only at the end
+    f = run.send(10, messages=far)
+    assert f.cls == "lookback_miss" and f.actionable and "positions behind" in f.detail
+
+
+def test_below_minimum_and_tools_reordered(run: Run) -> None:
+    short = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": CC}]}]
+    run.send(0, system="s", messages=short)
+    assert run.send(5, system="s", messages=short).cls in ("read_as_expected", "below_minimum")
+    tools = [{"name": n, "description": "x " * 400, "input_schema": {"type": "object"}} for n in "abc"]
+    run.send(20, tools=tools, messages=_msgs(2))
+    f = run.send(30, tools=list(reversed(tools)), messages=_msgs(3))
+    assert f.cls == "prefix_churn" and f.location == "tools[0]" and "reordered" in f.detail
+
+
+def test_provider_suspected_when_nothing_explains_a_miss() -> None:
+    f = Forensics(model_prices)
+    counter = TokenCounter()
+    body = {"model": MODEL, "max_tokens": 10, "system": SYSTEM, "messages": _msgs(3)}
+    total = sum(b.tokens for b in request_from_body(body, 0, counter).blocks)
+    f.observe(snapshot_from_sim(request_from_body(body, 0, counter), body),
+              {"input_tokens": 0, "cache_creation_input_tokens": total, "cache_read_input_tokens": 0})
+    again = f.observe(snapshot_from_sim(request_from_body(body, 10, counter), body),  # same body, 10 s later
+                      {"input_tokens": 0, "cache_creation_input_tokens": total, "cache_read_input_tokens": 0})
+    assert again.cls == "provider_suspected" and not again.actionable and again.wasted_usd > 0
+
+
+def test_findings_are_logged_at_the_level_they_deserve(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from cachecompact import wrap
+
+    with Emulator() as emu, caplog.at_level(logging.DEBUG, logger="cachecompact"):
+        c = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path, summarizer=None)
+        sys_a = "You are careful. " * 300
+        for k, system in enumerate([sys_a, sys_a, "Date: today. " + sys_a]):
+            c.messages.create(model=MODEL, max_tokens=10, system=system, messages=_msgs(2 + k, mark=False),
+                              extra_headers={"x-cachecompact-session": "levels", CLOCK_HEADER: str(10 * k)})
+    misses = [r for r in caplog.records if "cache_miss" in r.getMessage()]
+    assert misses and all(r.levelno == logging.WARNING for r in misses if "prefix_churn" in r.getMessage())
+
+
+def test_in_text_summaries_for_models_that_refuse_forced_tools() -> None:
+    req = SummaryRequest(messages=[{"role": "user", "content": "Fix the bug in parser.py"},
+                                   {"role": "assistant", "content": "The bug is in parse_args; fixed it."}],
+                         goal="Fix the bug in parser.py", previous_open_issues=[])
+    with Emulator() as emu:
+        c = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError, match="tool_choice"):  # the emulator refuses, as the API does
+            c.messages.create(model="claude-sonnet-5-5", max_tokens=100, messages=[{"role": "user", "content": "x"}],
+                              tools=[{"name": "t", "input_schema": {"type": "object"}}],
+                              tool_choice={"type": "tool", "name": "t"})
+        res = LLMSummarizer(c, model="claude-sonnet-5-5", mode="forced-tool").summarize(req)
+        assert res.mode == "in-text" and res.summary.task_goal.startswith("Fix the bug") and res.cost_usd > 0
+        assert LLMSummarizer(c, model="claude-haiku-4-5", mode="forced-tool").summarize(req).mode == "forced-tool"
+        assert all(r.get("status") == 200 for r in emu.requests[1:])
+
+
+def test_forensics_command_on_recorded_logs(shared_traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["forensics", str(shared_traces / "claude-code")]) == 0
+    out = capsys.readouterr().out
+    assert "calls with usage" in out and "provider_suspected" in out and "ttl_expiry" in out
+    assert main(["forensics", str(shared_traces / "mini-swe-agent")]) == 1  # no usage recorded: nothing ran
