@@ -20,6 +20,8 @@ from .errors import CacheCompactError, LedgerCorruptError, MalformedMessageError
 from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from .session import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, Session
 
+DEFAULT_STORE = ".cachecompact/sessions"  # wrap()'s default store
+
 __all__ = ["main"]
 
 
@@ -47,7 +49,11 @@ def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
         from .store import open_store
 
         return Session.open(open_store(args.store), args.target, readonly=readonly)
-    return Session.open(args.target, readonly=readonly)
+    target = Path(args.target)
+    default = Path(DEFAULT_STORE) / args.target
+    if not target.exists() and "/" not in args.target and default.is_dir():
+        target = default  # a bare id: the session in wrap()'s default store
+    return Session.open(target, readonly=readonly)
 
 
 def cmd_ledger_show(args: argparse.Namespace) -> int:
@@ -221,9 +227,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     proxy = Proxy(cfg)
 
     def ready(url: str) -> None:
+        shown = url.replace("0.0.0.0", "<this machine's address>").replace("[::]", "<this machine's address>")
         print(f"cachecompact proxy ({cfg.mode}) listening on {url} -> {cfg.upstream}\n"
-              f"  clients: ANTHROPIC_BASE_URL={url}\n  dashboard: {url}/ui"
-              + ("?token=..." if token else ""), flush=True)
+              f"  clients: ANTHROPIC_BASE_URL={shown}\n  dashboard: {shown}/ui"
+              + ("?token=..." if token else "")
+              + ("" if cfg.store else "\n  (no --store: sessions are kept in memory only)"), flush=True)
 
     try:
         proxy.serve_forever(ready)
@@ -398,19 +406,30 @@ def _check(args: argparse.Namespace) -> None:
 
         get_strategy(args.strategy)
         ProxyConfig(upstream=args.upstream, host=args.host, mode=args.mode, store=args.store,
-                    keep_bodies=args.keep_bodies,
+                    keep_bodies=args.keep_bodies, strategy=args.strategy,
                     auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()
+        if args.store:
+            from .engine import open_writable_store
+
+            st = open_writable_store(args.store)  # a bad store fails now, not on every request
+            if st is not None:
+                st.close()
 
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors as `UsageError`, so they print as one line like every other error."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        import re
+
+        # "argument --port: --port must be ..." -> "--port must be ..."
+        m = re.match(r"argument (\S+): (\1 .*)$", message)
+        raise UsageError(m.group(2) if m else message)
 
 
 def _session_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="SESSION", help="a session directory, or a session id with --store")
+    p.add_argument("target", metavar="SESSION",
+                   help="a session directory, or a session id (in --store, else in .cachecompact/sessions)")
     p.add_argument("--store", metavar="URL", help="the store holding SESSION: a folder or postgresql://...")
 
 

@@ -375,9 +375,13 @@ class Compactor:
         return tokens
 
     def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str) -> int:
-        """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open."""
+        """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
+
+        It cuts to as far below the soft threshold as the window is above it, so one cache
+        re-write buys many turns instead of the next critical turn coming two turns later."""
+        target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
         p = self._guard(propose_truncate(build_view(self.session), target_tokens=int(
-            lim.soft / max(self.session.counter.calibration, 1e-9))))
+            target / max(self.session.counter.calibration, 1e-9))))
         if p.empty:
             return tokens
         try:

@@ -304,6 +304,14 @@ def wrap(
     """
     if not isinstance(client, (anthropic.Anthropic, anthropic.AsyncAnthropic)):
         raise ConfigError(f"wrap() takes an anthropic.Anthropic or AsyncAnthropic client, got {type(client).__name__}")
+    if any(isinstance(m, CompactionMiddleware) for m in client.middleware):
+        raise ConfigError("this client is already wrapped with cachecompact.wrap(); wrap the original client once")
+    if summarizer_model is not None:
+        if summarizer != "auto":
+            raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")
+        from .pricing import model_prices
+
+        model_prices(summarizer_model)  # an id of no known family is an error now, not at the first summary
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
         summ = summarizer_factory(client, summarizer_model)

@@ -37,9 +37,13 @@ def session_data(session: Session) -> dict[str, Any]:
     kinds = Counter(str(e.get("kind")) for e in events)
     misses: Counter[str] = Counter()
     wasted: dict[str, float] = {}
+    rewrites, rewrite_usd = 0, 0.0  # misses our own ledger edits caused: paid on purpose, not waste
     for r in requests:
         f = r.get("finding") or {}
-        if f.get("cls") and f["cls"] != "read_as_expected":
+        if f.get("cls") == "prefix_churn" and f.get("explained_by") is not None:
+            rewrites += 1
+            rewrite_usd += float(f.get("wasted_usd") or 0.0)
+        elif f.get("cls") and f["cls"] != "read_as_expected":
             misses[f["cls"]] += 1
             wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
     return {
@@ -50,6 +54,7 @@ def session_data(session: Session) -> dict[str, Any]:
         "hit_rate": reads / total_in if total_in else 0.0,
         "counts": {k: kinds.get(k, 0) for k in _COUNTED},
         "misses": dict(misses), "wasted_usd": wasted,
+        "compaction_rewrites": {"requests": rewrites, "usd": rewrite_usd},
         "compactions": [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                          "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": e.reason}
                         for e in session.ledger.entries],
@@ -85,6 +90,10 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
     if d["misses"]:
         lines.append("cache misses: " + ", ".join(f"{k} {v} (${d['wasted_usd'][k]:.4f} wasted)"
                                                   for k, v in sorted(d["misses"].items())))
+    cr = d["compaction_rewrites"]
+    if cr["requests"]:
+        lines.append(f"cache re-writes caused by our compactions (deliberate, each paid for by what it saves): "
+                     f"{cr['requests']} (${cr['usd']:.4f})")
     if reqs:
         lines += ["", "   #  read   write  input      cost  finding"]
         for i, r in enumerate(reqs):

@@ -301,7 +301,7 @@ class Session:
             raise LedgerCorruptError(path, line_no, str(err)) from None
         r = records[0]
         if r.hash.hex() != rec["h"]:
-            raise LedgerCorruptError(path, line_no, "message does not match its hash h")
+            raise LedgerCorruptError(path, line_no, "message does not match its hash (field h)")
         if r.chain != rec["c"]:
             raise LedgerCorruptError(path, line_no, "message does not match its chain value c (content changed, or "
                                                     "an earlier line was removed or reordered)")

@@ -39,11 +39,11 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_none, too_long
+from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_none, open_writable_store, too_long
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
-from ..store import Store, open_store
+from ..store import Store
 from ..summarize import LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
 
@@ -85,6 +85,8 @@ class ProxyConfig:
                               "show request contents")
         if self.keep_bodies and self.store is None:
             raise ConfigError("--keep-bodies needs --store (bodies are kept in the store)")
+        if self.mode == "observe" and self.strategy != "cachecompact":
+            raise ConfigError(f"--strategy {self.strategy} applies only with --mode compact")
 
 
 def is_loopback(host: str) -> bool:
@@ -171,9 +173,10 @@ class _UpstreamSummarizer:
         h: dict[str, str] = getattr(self.creds, "headers", {})
         key = h.get("x-api-key")
         bearer = h.get("authorization", "")
-        client = anthropic.Anthropic(base_url=self.upstream, api_key=key or "none",
-                                     auth_token=bearer[7:] if bearer.lower().startswith("bearer ") else None,
-                                     max_retries=2)
+        token = bearer[7:] if bearer.lower().startswith("bearer ") else None
+        # the caller's own credential, in the form it came (the SDK takes one or the other)
+        client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
+                  else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
         extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
         return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra).summarize(req)
 
@@ -184,7 +187,7 @@ class ProxyState:
     def __init__(self, cfg: ProxyConfig) -> None:
         cfg.check()
         self.cfg = cfg
-        self.store: Store | None = open_store(cfg.store) if cfg.store is not None else None
+        self.store: Store | None = open_writable_store(cfg.store)  # a bad path fails now, not per request
         self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies)
         self.creds = threading.local()
         self.engine: CompactionEngine | None = None

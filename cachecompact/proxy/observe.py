@@ -82,6 +82,8 @@ class ObservedSession:
     api_agree: int = 0
     api_conclusive: int = 0
     errors: int = 0
+    rewrites: int = 0
+    rewrite_usd: float = 0.0
     last_time: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -91,7 +93,8 @@ class ObservedSession:
                 "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
                 "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
-                "compactions": len(self.compactions)}
+                "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
+                "compaction_rewrite_usd": round(self.rewrite_usd, 6)}
 
 
 class Observer:
@@ -230,7 +233,10 @@ class Observer:
         s.cost_usd += cost
         s.read += read
         s.total_in += total
-        if f.cls != "read_as_expected":
+        if f.cls == "prefix_churn" and f.explained_by is not None:
+            s.rewrites += 1  # our own compaction: a deliberate re-write, not waste
+            s.rewrite_usd += f.wasted_usd
+        elif f.cls != "read_as_expected":
             s.misses[f.cls] = s.misses.get(f.cls, 0) + 1
             s.wasted_usd += f.wasted_usd
         if f.agrees is not None:

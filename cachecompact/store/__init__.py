@@ -43,7 +43,8 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
         try:
             module = importlib.import_module(".postgres", __package__)  # the optional [postgres] extra
         except ImportError as err:
-            raise ConfigError(f"a postgresql:// store needs the postgres extra: pip install 'cachecompact[postgres]' "
+            raise ConfigError(str(err) if "postgres extra" in str(err) else
+                              f"a postgresql:// store needs the postgres extra: pip install 'cachecompact[postgres]' "
                               f"({err})") from None
         store: Store = module.PostgresStore(str(spec))
         return store

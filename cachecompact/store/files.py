@@ -143,6 +143,13 @@ class FileSessionStore:
             raise StoreError(f"{p}: is a symbolic link; refusing to open it as a session")
         if not p.is_dir():
             raise SessionNotFoundError(f"{p}: no such session directory")
+        if not (p / META).exists():
+            inside = sorted(c.name for c in p.iterdir() if c.is_dir() and (c / META).is_file())[:3]
+            if inside:
+                raise SessionNotFoundError(f"{p}: a store holding sessions ({', '.join(inside)}, ...), not a session; "
+                                           f"name one, e.g. {p / inside[0]}")
+            if not any(p.iterdir()):
+                raise SessionNotFoundError(f"{p}: an empty folder, not a cachecompact session directory")
         if half_made(p):
             raise SessionNotFoundError(f"{p}: a half-made session directory (a crash during creation, no data); "
                                        "create the session again")
