@@ -3,7 +3,7 @@
     python benchmarks/fit_policy.py [--write docs/policy.md]
 
 Most thresholds of the default policy are derived from prices and the window (docs/policy.md).
-Four describe the agent rather than the window and are fitted here, on the long traces of
+Five describe the agent rather than the window and are fitted here, on the long traces of
 half A only (`cachecompact.bench.run.split_halves`), at both benchmark windows, by coordinate
 search in this order:
 
@@ -11,7 +11,9 @@ search in this order:
   agent looks, in tokens);
 * ``soft``: the utilization L1 starts at, and the target after compacting;
 * ``big_result_share``: which new results are shortened on entry (share of that budget);
-* ``min_batch_fraction``: how much a cache-breaking edit must remove (share of the window).
+* ``min_batch_fraction``: how much a cache-breaking edit must remove (share of the window);
+* ``collapse_keep_share``: how much L3 keeps verbatim after its summary (share of the window;
+  keeping less is always cheaper, see docs/policy.md, so this is where recall sets the floor).
 
 The objective is the issue's: the lowest adjusted cost (cost + re-read turns for lost
 evidence) summed over both windows, among candidates whose evidence recall on half A is at
@@ -43,12 +45,13 @@ GRID: dict[str, tuple[Any, ...]] = {
     "soft": (0.6, 0.7, 0.8),
     "big_result_share": (0.25, 0.5, 1.0),
     "min_batch_fraction": (0.02, 0.04, 0.08),
+    "collapse_keep_share": (0.3, 0.4, 0.5, 1.0),
 }
 
 
 def _policy(params: dict[str, Any]) -> PolicyConfig:
     lv = replace(LevelSettings(), keep_recent_tokens=params["keep_recent_tokens"],
-                 big_result_share=params["big_result_share"])
+                 big_result_share=params["big_result_share"], collapse_keep_share=params["collapse_keep_share"])
     return PolicyConfig(levels=lv, triggers=Triggers(soft=params["soft"]),
                         economics=replace(Economics(), min_batch_fraction=params["min_batch_fraction"]))
 
@@ -102,7 +105,8 @@ def main() -> int:
     b = [t for t in long_ if halves[t.name] == "B"]
     defaults = {"keep_recent_tokens": LevelSettings().keep_recent_tokens, "soft": Triggers().soft,
                 "big_result_share": LevelSettings().big_result_share,
-                "min_batch_fraction": Economics().min_batch_fraction}
+                "min_batch_fraction": Economics().min_batch_fraction,
+                "collapse_keep_share": LevelSettings().collapse_keep_share}
     lines = [f"Half A: {len(a)} long traces, half B: {len(b)} (split by repository, see `split_halves`).", "",
              "| step | parameter | value | A @200k: adjusted $ (vs none) | evidence | A @50k: adjusted $ | evidence "
              "| failed |", "|---|---|---|---|---|---|---|---|"]

@@ -202,7 +202,8 @@ class Compactor:
                                         exempt_tools=lv.exempt_tools | lv.write_tools)
         if level == "L3":
             return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=lv.keep_rounds_l3,
-                                         summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch)
+                                         summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
+                                         keep_tokens=int(lim.collapse_keep / max(ctr.calibration, 1e-9)))
         if level == "L4":
             return propose_full(view, keep_rounds=lv.keep_rounds_l4, summary_tokens=lv.summary_tokens)
         return propose_truncate(view, target_tokens=target_raw)

@@ -87,6 +87,7 @@ class LevelSettings:
 
     keep_recent_results: int = 3  # every level keeps this many most recent results verbatim ...
     keep_recent_tokens: int = 60_000  # ... and the newest tool output up to this many tokens (fitted, half A)
+    collapse_keep_share: float = 1.0  # L3 keeps at most this share of the window after its summary (fitted)
     big_result_share: float = 0.25  # a new result over this share of the recent budget is shortened on entry (fitted)
     key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size ...
     key_max_chars: int = 1_500  # ... and at most this many characters of them
@@ -104,7 +105,7 @@ class LevelSettings:
                 _bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_recent_tokens < 0:
             _bad("keep_recent_tokens must be >= 0")
-        for name in ("big_result_share", "key_fraction"):
+        for name in ("big_result_share", "key_fraction", "collapse_keep_share"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
@@ -163,6 +164,7 @@ class Limits:
     hard: int
     critical: int
     keep_recent: int  # newest tool output kept verbatim: what fits beside the prefix and a summary
+    collapse_keep: int  # what L3 keeps after its summary: the recent budget, at most a share of the window
     big_result: int  # a new result over this is shortened on entry
     old_result: int
     min_batch: int
@@ -182,7 +184,8 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     keep = min(lv.keep_recent_tokens, room)
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
-                  keep_recent=keep, big_result=max(lv.old_result_tokens, int(lv.big_result_share * keep)),
+                  keep_recent=keep, collapse_keep=min(keep, int(lv.collapse_keep_share * window)),
+                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * keep)),
                   old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window))
 
 

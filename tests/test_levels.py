@@ -219,6 +219,26 @@ def test_l3_takes_just_enough_old_rounds_and_l4_keeps_the_tail() -> None:
     assert p4.summarize == (1, len(s) - 1 - 2 * 2)
 
 
+def test_l3_with_a_keep_budget_collapses_everything_older_than_it() -> None:
+    s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
+    view = build_view(s)
+    last = len(s) - 1
+    round_tokens = view.tokens_between(view.round_ends[-2] + 1, view.round_ends[-1])
+    just = propose_turn_collapse(view, target_tokens=view.total_tokens - 3000, keep_rounds=2, summary_tokens=200,
+                                 min_batch_tokens=0)
+    deep = propose_turn_collapse(view, target_tokens=view.total_tokens - 3000, keep_rounds=2, summary_tokens=200,
+                                 min_batch_tokens=0, keep_tokens=3 * round_tokens)
+    assert just.summarize is not None and deep.summarize is not None
+    assert deep.summarize[1] > just.summarize[1]  # one cache break, a bigger batch
+    kept = view.tokens_between(deep.summarize[1] + 1, last)
+    assert kept <= 3 * round_tokens  # what stays is within the budget ...
+    assert view.tokens_between(view.round_ends[view.round_ends.index(deep.summarize[1]) - 1] + 1, last) \
+        > 3 * round_tokens  # ... and the round before the cut would not have fit
+    never = propose_turn_collapse(view, target_tokens=0, keep_rounds=4, summary_tokens=200, min_batch_tokens=0,
+                                  keep_tokens=0)
+    assert never.summarize is not None and never.summarize[1] == last - 2 * 4  # the last rounds always stay
+
+
 def test_l5_drops_whole_rounds_and_keeps_prefix_and_earlier_summary() -> None:
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(10)], prefix=3)
     s.edit(__import__("cachecompact").ReplaceWithSummary(3, 6, "Goal: x\nOpen issues:\n- bug"), level="L3")

@@ -46,6 +46,7 @@ MODEL = "claude-sonnet-4-6"
     lambda: Economics(min_remaining_turns=60), lambda: Economics(min_batch_fraction=1.0),
     lambda: Economics(cache_ttl_s=0),
     lambda: LevelSettings(keep_recent_tokens=-5), lambda: Safety(estimate_error=0.9),
+    lambda: LevelSettings(collapse_keep_share=1.5),
 ])
 def test_absurd_settings_are_refused(make: Any) -> None:
     with pytest.raises(PolicyConfigError, match="invalid PolicyConfig"):
@@ -63,6 +64,10 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
     assert limits(PolicyConfig(), 50_000, 4_096, prefix_tokens=10_000).keep_recent < limits(
         PolicyConfig(), 50_000, 4_096).keep_recent
     assert big.keep_recent == LevelSettings().keep_recent_tokens
+    # L3 keeps the recent budget, at most its share of the window
+    for lim in (small, big):
+        assert lim.collapse_keep == min(lim.keep_recent, int(LevelSettings().collapse_keep_share * lim.window))
+    assert limits(PolicyConfig(levels=LevelSettings(collapse_keep_share=0.1)), 200_000, 0).collapse_keep == 20_000
     # the default window is the model's own
     assert PolicyConfig().window_for(get_model("claude-haiku-4-5")) == 200_000
     assert PolicyConfig().window_for(get_model("claude-sonnet-5-5")) == 1_000_000
