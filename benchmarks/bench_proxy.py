@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,23 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact.bench.report import publish  # noqa: E402
+from cachecompact.httpserver import spawn_cli_server as _start  # noqa: E402
 
 BODY = {"model": "claude-haiku-4-5", "max_tokens": 16,
         "system": [{"type": "text", "text": "You are a terse assistant. " * 200,
                     "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": "Say ok."}]}
-
-
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-m", "cachecompact.cli", *args], stdout=subprocess.PIPE, text=True,
-                         cwd=ROOT)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-    if not m:
-        p.kill()
-        raise RuntimeError(f"could not start {args}: {line!r}")
-    return p, m.group(1)
 
 
 def _rss_mb(pid: int) -> float:

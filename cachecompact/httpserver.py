@@ -20,6 +20,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -37,6 +40,7 @@ __all__ = [
     "error_type",
     "read_body",
     "serve_forever",
+    "spawn_cli_server",
 ]
 
 log = logging.getLogger("cachecompact")
@@ -263,3 +267,20 @@ def _run(coro: Any) -> None:
         asyncio.run(coro)
         return
     uvloop.run(coro)
+
+
+def spawn_cli_server(args: list[str], *, env: dict[str, str] | None = None, quiet: bool = False
+                     ) -> tuple[subprocess.Popen[str], str]:
+    """Start ``cachecompact serve|proxy ...`` (with ``--port 0``) as a child process and return
+    it with its URL, read from the "listening on" line it prints once ready: for tests and
+    benchmarks that need a real separate server process."""
+    p = subprocess.Popen([sys.executable, "-m", "cachecompact.cli", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL if quiet else None, text=True, env=env)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+    if not m:
+        p.kill()
+        p.wait(10)
+        raise RuntimeError(f"cachecompact {' '.join(args)} did not start: {line.strip()!r}")
+    return p, m.group(1)

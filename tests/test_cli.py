@@ -142,21 +142,14 @@ def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
-    import re
-    import subprocess
-    import sys
-
     import anthropic
 
+    from cachecompact.httpserver import spawn_cli_server
+
     log = tmp_path / "req.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "cachecompact.cli", "serve", "--port", "0", "--log", str(log)],
-                            stdout=subprocess.PIPE, text=True)
+    proc, url = spawn_cli_server(["serve", "--port", "0", "--log", str(log)])
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-        assert m, line
-        client = anthropic.Anthropic(base_url=m.group(1), api_key="test", max_retries=0)
+        client = anthropic.Anthropic(base_url=url, api_key="test", max_retries=0)
         out = client.messages.create(model="claude-haiku-4-5", max_tokens=5,
                                      messages=[{"role": "user", "content": "hi"}])
         assert out.content[0].type == "text"

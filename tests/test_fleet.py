@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import aiohttp
 import pytest
 
 from cachecompact import Session
+from cachecompact.httpserver import spawn_cli_server
 from cachecompact.protocol import CLOCK_HEADER, SESSION_HEADER
 from cachecompact.store import open_store
 
@@ -27,18 +26,6 @@ pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 CONVERSATIONS = 50
 TURNS = 20
 WINDOW = 12_000  # small, so that every conversation compacts
-
-
-def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-m", "cachecompact.cli", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=env)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-    if not m:
-        p.kill()
-        raise RuntimeError(f"could not start {args}: {line!r}")
-    return p, m.group(1)
 
 
 def _user(c: int, t: int) -> dict[str, Any]:
@@ -114,19 +101,19 @@ def _check_sessions(store_url: str, tag: str, histories: dict[str, list[dict[str
 def test_replicas_on_postgres_behave_as_one_process(pg_url: str, tmp_path: Path, kill: bool) -> None:
     tag = f"fleet{uuid.uuid4().hex[:6]}-"
     log = tmp_path / "upstream.jsonl"
-    emu, emu_url = _start(["serve", "--port", "0", "--log", str(log)])
+    emu, emu_url = spawn_cli_server(["serve", "--port", "0", "--log", str(log)], quiet=True)
     procs: list[subprocess.Popen[str]] = [emu]
     try:
         # the reference: one process, the file store
-        single, single_url = _start(["proxy", "--port", "0", "--upstream", emu_url, "--mode", "compact",
-                                     "--store", str(tmp_path / "files"), "--window", str(WINDOW)])
+        single, single_url = spawn_cli_server(["proxy", "--port", "0", "--upstream", emu_url, "--mode", "compact",
+                                               "--store", str(tmp_path / "files"), "--window", str(WINDOW)], quiet=True)
         procs.append(single)
         ref = asyncio.run(_drive([single_url], tag + "ref-"))
         # the fleet: three replicas on PostgreSQL
         urls = []
         for _ in range(3):
-            p, u = _start(["proxy", "--port", "0", "--upstream", emu_url, "--mode", "compact", "--store", pg_url,
-                           "--window", str(WINDOW)])
+            p, u = spawn_cli_server(["proxy", "--port", "0", "--upstream", emu_url, "--mode", "compact",
+                                     "--store", pg_url, "--window", str(WINDOW)], quiet=True)
             procs.append(p)
             urls.append(u)
         victim = (CONVERSATIONS * TURNS // 3, procs[-2]) if kill else None
