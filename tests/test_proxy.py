@@ -130,6 +130,10 @@ class _Recorder:
                     await asyncio.sleep(0.2)
                 await resp.write_eof()
                 return resp
+            if request.path.endswith("/cookie"):
+                resp = web.json_response({"ok": True})
+                resp.set_cookie("upstream_session", "secret-of-the-first-client")
+                return resp
             return web.json_response({"ok": True}, status=418, headers={"x-upstream": "yes", "retry-after": "7"})
 
         a = web.Application()
@@ -158,6 +162,17 @@ def test_observe_mode_never_changes_a_byte_and_never_keeps_credentials(tmp_path:
     assert "x-hop" not in headers
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert b"SECRET" not in stored and "SECRET" not in caplog.text
+
+
+def test_upstream_cookies_reach_the_client_and_never_another_request() -> None:
+    """The proxy's own HTTP client keeps no cookie jar: a Set-Cookie meant for one client is
+    relayed to it, and never sent upstream on behalf of the next."""
+    rec = _Recorder()
+    with ServerThread(rec.app) as up, _proxy(up.url.replace("127.0.0.1", "localhost")) as px:  # a name, not an IP
+        first = httpx2.post(px.url + "/v1/cookie", content=b"{}")
+        httpx2.post(px.url + "/v1/other", content=b"{}")  # a new client, no cookies of its own
+    assert "upstream_session=secret-of-the-first-client" in first.headers["set-cookie"]
+    assert "cookie" not in rec.got[1][0]
 
 
 def test_streams_are_forwarded_as_they_arrive() -> None:

@@ -250,7 +250,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         a[UPSTREAM] = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,
                                            keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None, connect=30, sock_read=600), auto_decompress=False)
+            timeout=aiohttp.ClientTimeout(total=None, connect=30, sock_read=600), auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar())  # one client for every caller: it must remember no cookie
         yield
         await a[UPSTREAM].close()
         state.close()
