@@ -4,6 +4,7 @@ streams chunk by chunk, sessions, the forensics classes, compact mode, auth and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -319,3 +320,53 @@ def test_gzip_request_bodies_are_forwarded_compressed(emu: Emulator) -> None:
         httpx2.post(px.url + "/v1/messages", content=gzip.compress(body),
                     headers={"content-encoding": "gzip", "content-type": "application/json"})
     assert gzip.decompress(rec.got[0][1]) == body and rec.got[0][0]["content-encoding"] == "gzip"
+
+
+def test_a_request_without_credentials_never_summarises_on_the_operators_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SDK client built without a credential reads the operator's environment; the proxy's
+    summarizer must not, so a caller without a key gets an offline summary and no upstream call."""
+    import threading
+
+    from cachecompact.proxy.app import _UpstreamSummarizer
+    from cachecompact.summarize import SummaryRequest
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-OPERATOR")
+    rec = _Recorder()
+    creds = threading.local()
+    req = SummaryRequest(messages=[{"role": "user", "content": "Fix the bug in app.py"},
+                                   {"role": "assistant", "content": "I read app.py and found the bug."}],
+                         goal="Fix the bug in app.py")
+    with ServerThread(rec.app) as up:
+        summ = _UpstreamSummarizer(up.url, "claude-haiku-4-5", "forced-tool", creds)
+        creds.headers = {}
+        res = summ.summarize(req)
+        assert res.mode == "extractive" and rec.got == []
+        creds.headers = {"x-api-key": "sk-CALLER"}  # with the caller's own key: an upstream call, with it
+        with contextlib.suppress(Exception):  # the recorder is no model: the call fails, that is fine
+            summ.summarize(req)
+    assert rec.got and all("sk-OPERATOR" not in json.dumps(h) for h, _ in rec.got)
+    assert any("sk-CALLER" in json.dumps(h) for h, _ in rec.got)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_compact_mode_retries_after_prompt_too_long_even_when_the_error_is_compressed(compressed: bool) -> None:
+    """The upstream's window is smaller than the one the proxy plans for: its 400 (gzipped when
+    the client accepts gzip, as the SDK does) triggers reactive compaction and one retry."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]
+    for k in range(12):
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{k:04d}", "name": "read",
+                                                    "input": {"path": f"f{k}.py"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{k:04d}",
+                                               "content": f"contents of f{k}.py\n" + "code line\n" * 800}]}]
+    tools = [{"name": "read", "description": "read a file", "input_schema": {"type": "object"}}]
+    with Emulator(SummarizingResponder(), context_window=20_000, gzip=compressed) as emu, \
+            _proxy(emu.url, mode="compact", window_tokens=200_000) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        r = c.messages.create(model=MODEL, max_tokens=500, system="sys", tools=tools, messages=msgs)
+        px.wait_idle()
+        (s,) = px.state.observer.sessions()
+        sent = [x["total_input_tokens"] for x in emu.requests if x.get("status") == 200 and not x.get("internal")]
+    assert r.content  # the client got an answer, not the 400
+    assert [c["level"] for c in s.compactions][:1] in (["L4"], ["L5"])  # reactive: the plan saw a 200k window
+    assert sent and max(sent) <= 20_000

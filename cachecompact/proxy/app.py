@@ -44,7 +44,7 @@ from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
 from ..store import Store
-from ..summarize import LLMSummarizer, SummaryRequest, SummaryResult
+from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
 
 __all__ = ["Proxy", "ProxyConfig", "make_app"]
@@ -174,7 +174,13 @@ class _UpstreamSummarizer:
         key = h.get("x-api-key")
         bearer = h.get("authorization", "")
         token = bearer[7:] if bearer.lower().startswith("bearer ") else None
-        # the caller's own credential, in the form it came (the SDK takes one or the other)
+        if not key and not token:
+            # no credential of the caller's: an SDK client would fall back to the operator's own
+            # (environment, profile), so a stranger's request could spend the operator's money
+            log.info("cachecompact proxy: a request without credentials; its summary is extractive")
+            return ExtractiveSummarizer().summarize(req)
+        # the caller's own credential, in the form it came (the SDK takes one or the other;
+        # an explicit one means it reads no environment credential)
         client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
                   else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
         extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
@@ -327,7 +333,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         head = b""
         if prepared is not None and up.status == 400:
             head = await up.read()
-            info = too_long(json_or_none(head))
+            info = too_long(json_or_none(_decoded(head, up.headers.get("content-encoding", ""))))
             if info is not None:
                 body = await asyncio.get_running_loop().run_in_executor(state.compute, _reactive, state, prepared,
                                                                         info, lower)
@@ -381,6 +387,20 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     app.router.add_route("*", "/v1/messages", messages)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
+
+
+def _decoded(raw: bytes, encoding: str) -> bytes:
+    """A response body as its sender meant it (the proxy forwards the compressed bytes, but
+    reads an error body itself); an unknown or broken encoding reads as empty."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return raw
+    if enc in ("gzip", "deflate"):
+        try:
+            return zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS).decompress(raw, 1 << 22)
+        except zlib.error:
+            return b""
+    return b""
 
 
 def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
