@@ -163,6 +163,13 @@ def test_observe_mode_never_changes_a_byte_and_never_keeps_credentials(tmp_path:
     assert "x-hop" not in headers
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert b"SECRET" not in stored and "SECRET" not in caplog.text
+    # --keep-bodies keeps the body, the first one of a session too
+    from cachecompact.store import open_store
+
+    st = open_store(str(tmp_path))
+    (sid,) = st.list()
+    (ev,) = [e for e in st.open(sid).read_events() if e.get("kind") == "observation"]
+    assert st.open(sid).get_blob(ev["body_ref"]) == body
 
 
 def test_upstream_cookies_reach_the_client_and_never_another_request() -> None:
@@ -370,3 +377,26 @@ def test_compact_mode_retries_after_prompt_too_long_even_when_the_error_is_compr
     assert r.content  # the client got an answer, not the 400
     assert [c["level"] for c in s.compactions][:1] in (["L4"], ["L5"])  # reactive: the plan saw a 200k window
     assert sent and max(sent) <= 20_000
+
+
+def test_an_evicted_sessions_id_is_never_given_to_another_conversation() -> None:
+    from cachecompact.proxy.observe import Observer
+
+    obs = Observer(max_sessions=3)
+    usage = {"input_tokens": 10, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0, "output_tokens": 1}
+
+    clock = iter(range(1000, 2000))
+
+    def send(second: str, hint: str | None = None) -> str:
+        body = {"model": MODEL, "max_tokens": 5, "messages": [
+            {"role": "user", "content": "the same opening"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": second}]}
+        headers = {"x-cachecompact-session": hint} if hint else {}
+        obs.observe(json.dumps(body).encode(), headers, status=200, usage=usage, message_id=None,
+                    cache_miss_reason=None, now=float(next(clock)), timing={}, stream=False)
+        return max(obs.sessions(), key=lambda s: s.last_time).sid  # the one this request went to
+
+    ids = [send(x) for x in ("a", "b", "c", "d", "e")]  # five conversations, room for three
+    assert len(set(ids)) == 5, ids
+    named = [send(x, "agent") for x in ("a", "b", "c", "d")]  # each rewrites the named history
+    assert len(set(named)) == 4, named

@@ -86,6 +86,7 @@ class ObservedSession:
     rewrite_usd: float = 0.0
     last_time: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stored: Any = None  # the session in the proxy's store, once opened
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
@@ -109,6 +110,9 @@ class Observer:
         self.counter = TokenCounter()
         self._sessions: OrderedDict[str, ObservedSession] = OrderedDict()
         self._lock = threading.Lock()
+        # the highest number given out per name: an evicted session's id is never handed to
+        # another conversation (bounded; a name forgotten here is long gone from memory too)
+        self._issued: OrderedDict[str, int] = OrderedDict()
         self.version = 0  # bumped on every record: the dashboard polls it
 
     # -- reading (the dashboard and the API) -----------------------------------------------------
@@ -140,13 +144,15 @@ class Observer:
             if hint is not None:
                 segs = [s for s in self._sessions.values() if s.name == hint]
                 if not segs:
-                    return self._remember(ObservedSession(hint, hint, mode, head))
+                    n = self._issue(hint)
+                    return self._remember(ObservedSession(hint if n == 1 else f"{hint}.s{n}", hint, mode, head))
                 cur = max(segs, key=lambda s: _seg_no(s.sid))
                 if hashes[: len(cur.hashes)] == cur.hashes:
                     self._sessions.move_to_end(cur.sid)
                     return cur
-                seg = ObservedSession(f"{hint}.s{_seg_no(cur.sid) + 1}", hint, mode, head, forensics=cur.forensics,
-                                      memo=cur.memo)
+                n = max(self._issue(hint), _seg_no(cur.sid) + 1)
+                self._issued[hint] = n
+                seg = ObservedSession(f"{hint}.s{n}", hint, mode, head, forensics=cur.forensics, memo=cur.memo)
                 return self._remember(seg)
             key = "o_" + xxhash.xxh3_64_hexdigest(hashes[0] if hashes else b"")
             best: ObservedSession | None = None
@@ -157,8 +163,17 @@ class Observer:
             if best is not None:
                 self._sessions.move_to_end(best.sid)
                 return best
-            sid = key if not same else f"{key}.{len(same) + 1}"
-            return self._remember(ObservedSession(sid, key, mode, head))
+            n = self._issue(key)
+            return self._remember(ObservedSession(key if n == 1 else f"{key}.{n}", key, mode, head))
+
+    def _issue(self, name: str) -> int:
+        """The next number for a session of this name (1 for the first); under ``_lock``."""
+        n = self._issued.get(name, 0) + 1
+        self._issued[name] = n
+        self._issued.move_to_end(name)
+        while len(self._issued) > 16 * self.max_sessions:
+            self._issued.popitem(last=False)
+        return n
 
     def session_for_engine(self, sid: str) -> ObservedSession:
         """The record of a session the compaction engine named (compact mode)."""
@@ -186,9 +201,10 @@ class Observer:
             return None
         with s.lock:
             s.hashes = hashes
+            kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
             if status != 200 or not usage:
                 s.errors += 1
-                return self._add(s, {"time": now, "status": status, "stream": stream, **timing})
+                return self._add(s, {"time": now, "status": status, "stream": stream, **timing, **kept})
             try:
                 req = request_from_body(body, now, self.counter, s.memo, keys=hashes)
                 snap = snapshot_from_sim(req, body)  # keeps this body until the next request's excerpts
@@ -199,14 +215,12 @@ class Observer:
                 log.debug("cachecompact proxy: request not analysed: %s", err)
                 s.errors += 1
                 return self._add(s, {"time": now, "status": status, "stream": stream, "error": str(err)[:200],
-                                     **timing})
+                                     **timing, **kept})
             rec = {"time": now, "status": status, "stream": stream, "model": req.model, "message_id": message_id,
                    "blocks": len(req.blocks), "est_tokens": snap.total,
                    "chain_head": snap.chain[-1].hex() if len(snap.chain) else None,
                    "breakpoints": [req.blocks[k].where for k, _ in snap.breakpoints],
-                   "bytes": len(raw), **timing}
-            if self.keep_bodies and self.store is not None:
-                rec["body_ref"] = self._put_body(s, raw)
+                   "bytes": len(raw), **timing, **kept}
             return self._finish(s, rec, usage, finding)
 
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
@@ -258,27 +272,28 @@ class Observer:
             self._persist(s, rec)
         return rec
 
+    def _stored(self, s: ObservedSession) -> Any:
+        """The session's stored counterpart, opened or created on first use."""
+        if s.stored is None:
+            assert self.store is not None
+            s.stored = (self.store.open(s.sid) if self.store.exists(s.sid)
+                        else self.store.create(s.sid, {"session_id": s.sid, "observed": True, "name": s.name,
+                                                       "mode": s.mode}))
+        return s.stored
+
     def _persist(self, s: ObservedSession, rec: dict[str, Any]) -> None:
         try:
-            st = s.__dict__.get("_stored")
-            if st is None:
-                st = (self.store.open(s.sid) if self.store.exists(s.sid)  # type: ignore[union-attr]
-                      else self.store.create(s.sid, {"session_id": s.sid, "observed": True,  # type: ignore[union-attr]
-                                                     "name": s.name, "mode": s.mode}))
-                s.__dict__["_stored"] = st
-            st.append_event({"kind": "observation", **rec})
+            self._stored(s).append_event({"kind": "observation", **rec})
         except (OSError, CacheCompactError) as err:
             log.warning("cachecompact proxy: could not store a record of %s: %s", s.sid, err)
 
     def _put_body(self, s: ObservedSession, raw: bytes) -> str | None:
         ref = "body_" + xxhash.xxh3_128_hexdigest(raw)
         try:
-            st = s.__dict__.get("_stored")
-            if st is None:
-                return None
-            st.put_blob(ref, raw)
+            self._stored(s).put_blob(ref, raw)
             return ref
-        except (OSError, CacheCompactError):
+        except (OSError, CacheCompactError) as err:
+            log.warning("cachecompact proxy: could not keep a request body of %s: %s", s.sid, err)
             return None
 
 
