@@ -205,3 +205,37 @@ def test_wrap_with_a_database_url_fails_open_when_the_database_goes_away(pg_url:
     again = Session.open(open_store(pg_url), s.session_id, readonly=True)
     assert again.messages() == history(5)[: len(again)] and len(again) >= len(history(5)) - 1
     assert json.dumps([e.to_dict() for e in events], default=str)
+
+
+@pytest.mark.parametrize("sid", ["__class__", "__dict__", "held", "plain-id"])
+def test_a_held_session_lock_times_out_and_odd_ids_lock_too(pg_url: str, sid: str) -> None:
+    """A writer that holds a session lock too long is reported (`SessionLockedError`), as with
+    the file store, never waited on forever; ids that name Python attributes lock like any other."""
+    from cachecompact.errors import SessionLockedError
+    from cachecompact.store.postgres import PostgresStore
+
+    sid = f"{sid}{uuid.uuid4().hex[:6]}" if sid == "plain-id" else sid
+    holder, waiter = PostgresStore(pg_url), PostgresStore(pg_url, lock_timeout=0.5)
+    try:
+        with contextlib.suppress(SessionExistsError):
+            holder.create(sid, {"session_id": sid})
+        taken, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with holder.open(sid).lock():
+                taken.set()
+                release.wait(10)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        assert taken.wait(10)
+        with pytest.raises(SessionLockedError, match="another writer holds the session lock"):
+            with waiter.open(sid).lock():
+                pass
+        release.set()
+        t.join()
+        with waiter.open(sid).lock():  # free again
+            pass
+    finally:
+        holder.close()
+        waiter.close()

@@ -32,6 +32,7 @@ from ..errors import (
     ConfigError,
     LedgerCorruptError,
     SessionExistsError,
+    SessionLockedError,
     SessionNotFoundError,
     StoreConflictError,
     StoreError,
@@ -127,8 +128,10 @@ def migrate(url: str) -> tuple[int, int]:
 class PostgresStore:
     """Sessions in one PostgreSQL database (``postgresql://user@host:port/db``)."""
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 16, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 16, timeout: float = 30.0,
+                 lock_timeout: float = 10.0) -> None:
         self._url = url
+        self.lock_timeout = lock_timeout  # as the file store: a writer that holds on longer is reported
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
                                    kwargs={"autocommit": True}, name="cachecompact")
         try:
@@ -142,11 +145,19 @@ class PostgresStore:
             self.pool.close()
             raise ConfigError(f"{_redact(url)}: schema version {v}, this build needs {SCHEMA_VERSION}; run "
                               f"`cachecompact store migrate URL` first")
-        self._locked = threading.local()  # the connection of the lock held by this thread, per session
+        self._locked = threading.local()  # per thread: {session id: the connection holding its lock}
 
     @property
     def url(self) -> str:
         return _redact(self._url)
+
+    def held_locks(self) -> dict[str, psycopg.Connection[Any]]:
+        """The session locks this thread holds, with their connections (a dict, never attributes
+        named after session ids)."""
+        held: dict[str, psycopg.Connection[Any]] | None = getattr(self._locked, "held", None)
+        if held is None:
+            held = self._locked.held = {}
+        return held
 
     def _conn(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
         return self.pool.connection()
@@ -216,7 +227,7 @@ class PostgresSessionStore:
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
         """The connection holding this session's lock when this thread holds it (no pool checkout),
         else a pooled one. Autocommit either way: every statement is durable when it returns."""
-        held = getattr(self.store._locked, self._sid, None)
+        held = self.store.held_locks().get(self._sid)
         if held is not None:
             yield held
             return
@@ -231,15 +242,16 @@ class PostgresSessionStore:
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
-        if getattr(self.store._locked, self._sid, None) is not None:
+        held = self.store.held_locks()
+        if self._sid in held:
             yield  # re-entrant within one thread
             return
         conn = self._locked_conn()
-        setattr(self.store._locked, self._sid, conn)
+        held[self._sid] = conn
         try:
             yield
         finally:
-            delattr(self.store._locked, self._sid)
+            del held[self._sid]
             try:
                 conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self._sid,))
             except psycopg.Error:
@@ -258,10 +270,16 @@ class PostgresSessionStore:
                 # session reads its logs right after locking, every turn
                 query, args = self._new_rows_query(LOGS)
                 with conn.pipeline():
+                    conn.execute("SELECT set_config('lock_timeout', %s, false)",
+                                 (f"{int(self.store.lock_timeout * 1000)}ms",))
                     conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (self._sid,))
                     cur = conn.execute(query, args)
                 self._prefetched = cur.fetchall()
                 return conn
+            except pg_errors.LockNotAvailable:
+                self.store.pool.putconn(conn)
+                raise SessionLockedError(f"{self.location}: another writer holds the session lock (waited "
+                                         f"{self.store.lock_timeout:g} s)") from None
             except psycopg.OperationalError as err:
                 last = err
                 self.store.pool.putconn(conn)  # broken: the pool discards it
@@ -344,7 +362,7 @@ class PostgresSessionStore:
         """`read_new` for several logs in one round trip (what `Session` does every turn); right
         after `lock` the rows fetched with the lock are used."""
         pre, self._prefetched = self._prefetched, None
-        if pre is not None and logs == LOGS and getattr(self.store._locked, self._sid, None) is not None:
+        if pre is not None and logs == LOGS and self._sid in self.store.held_locks():
             rows = pre
         else:
             query, args = self._new_rows_query(logs)
