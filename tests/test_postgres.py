@@ -229,9 +229,9 @@ def test_a_held_session_lock_times_out_and_odd_ids_lock_too(pg_url: str, sid: st
         t = threading.Thread(target=hold)
         t.start()
         assert taken.wait(10)
-        with pytest.raises(SessionLockedError, match="another writer holds the session lock"):
-            with waiter.open(sid).lock():
-                pass
+        with pytest.raises(SessionLockedError, match="another writer holds the session lock"), \
+                waiter.open(sid).lock():
+            pass
         release.set()
         t.join()
         with waiter.open(sid).lock():  # free again

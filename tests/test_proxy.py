@@ -318,6 +318,15 @@ def test_api_and_auth_token(emu: Emulator) -> None:
         page = http.get("/ui")
         assert page.status_code == 200 and "Content-Security-Policy" in page.headers
         assert http.get("/api/sessions/nope", headers=auth).status_code == 404
+    # without a token, the dashboard answers only to loopback names (no DNS rebinding)
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+        port = px.url.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+            assert http.get("/api/sessions", headers={"host": host}).status_code == 200, host
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", "[2001:db8::1]"):
+            r = http.get("/api/sessions", headers={"host": host})
+            assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", host
+            assert http.get("/ui", headers={"host": host}).status_code == 403
 
 
 def test_gzip_request_bodies_are_forwarded_compressed(emu: Emulator) -> None:

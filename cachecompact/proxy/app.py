@@ -248,7 +248,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     """The proxy as an aiohttp application."""
     state = ProxyState(cfg)
     base = cfg.upstream.rstrip("/")
-    app = web.Application(middlewares=[api_errors, _auth(cfg)] if cfg.auth_token else [api_errors],
+    app = web.Application(middlewares=[api_errors, _auth(cfg) if cfg.auth_token else _loopback_host_only],
                           client_max_size=1 << 30)
     app[STATE] = state
 
@@ -454,6 +454,25 @@ def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared 
         log.exception("cachecompact proxy: could not record a request")
 
 
+def _dashboard_path(path: str) -> bool:
+    return path == "/ui" or path.startswith(("/ui/", "/api/"))
+
+
+@web.middleware
+async def _loopback_host_only(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                              ) -> web.StreamResponse:
+    """Without a token the dashboard is for this machine only, and so is the name it is asked
+    by: a page whose own host name was re-pointed at 127.0.0.1 (DNS rebinding) sends that name
+    in ``Host`` and is refused."""
+    if _dashboard_path(request.path):
+        given = request.host or ""
+        host = given.split("]", 1)[0] + "]" if given.startswith("[") else given.rsplit(":", 1)[0]
+        if not is_loopback(host):
+            return api_error(403, f"the dashboard without --auth-token answers only to a loopback host name, not "
+                                  f"{host[:100]!r}", kind="permission_error")
+    return await handler(request)
+
+
 def _auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
     token = cfg.auth_token
 
@@ -461,7 +480,7 @@ def _auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
     async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                     ) -> web.StreamResponse:
         path = request.path
-        if token is None or not (path == "/ui" or path.startswith(("/ui/", "/api/"))):
+        if token is None or not _dashboard_path(path):
             return await handler(request)
         given = request.headers.get("authorization", "")
         given = given[7:] if given.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
