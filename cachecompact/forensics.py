@@ -162,6 +162,13 @@ class Forensics:
         self.n = 0
         self.summary = SessionSummary()
 
+    def fork(self) -> Forensics:
+        """A continuation for a new segment of the session (a rewrite, or another agent under the
+        same name): it compares its first request with this one's last, then goes its own way."""
+        f = Forensics(self.prices)
+        f.prev, f.entries, f.n = self.prev, dict(self.entries), self.n
+        return f
+
     def observe(self, snap: Snapshot, usage: dict[str, Any], cache_miss_reason: dict[str, Any] | None = None
                 ) -> Finding:
         price = self.prices(snap.model)

@@ -137,20 +137,29 @@ class SessionRegistry:
         raise HistoryRewrittenError(0, "could not settle on a session after repeated concurrent rewrites")
 
     def _named(self, name: str, head: bytes, body: dict[str, Any]) -> Live:
+        """The segment of ``name`` this request continues (same tools and system, and it extends
+        the history), newest first: another agent under the same name (Claude Code's sub-agents
+        share its session id) alternates with the main one without starting a segment per turn.
+        None continues: a rewrite, so the next segment."""
         check_session_id(name)
+        newest: Live | None = None
+        seen: set[str] = set()
         for stored in (False, True):  # memory first; the store only when memory has no answer
-            for sid in reversed(self._ids(name, stored)):  # the newest segment is the current one
+            for sid in reversed(self._ids(name, stored)):
+                if sid in seen:
+                    continue
+                seen.add(sid)
                 live = self._load(sid)
                 if live is None:
                     continue
+                newest = newest or live
                 if live.head == head and not live.extra.pop("stale", False) and _extends(live.session,
                                                                                         body["messages"]):
                     return live
-                seg = self._new(name, ".s", body)  # a rewrite: the next segment
-                if "forensics" in live.extra:  # ... which the cache analysis compares with the last request
-                    seg.extra["forensics"] = live.extra["forensics"]
-                return seg
-        return self._new(name, ".s", body)
+        seg = self._new(name, ".s", body)
+        if newest is not None and "forensics" in newest.extra:  # the cache analysis compares with the last request
+            seg.extra["forensics"] = newest.extra["forensics"].fork()
+        return seg
 
     def _by_extension(self, head: bytes, body: dict[str, Any]) -> Live:
         msgs = body["messages"]

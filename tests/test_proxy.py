@@ -409,3 +409,28 @@ def test_an_evicted_sessions_id_is_never_given_to_another_conversation() -> None
     assert len(set(ids)) == 5, ids
     named = [send(x, "agent") for x in ("a", "b", "c", "d")]  # each rewrites the named history
     assert len(set(named)) == 4, named
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path: Path, mode: str) -> None:
+    """Claude Code's sub-agents send the main agent's session id: alternating requests continue
+    their own segment instead of starting a new one every turn."""
+    with _proxy(emu.url, mode=mode, store=str(tmp_path) if mode == "compact" else None) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        hist: dict[str, list[dict[str, Any]]] = {"main": [], "sub": []}
+        for turn in range(5):
+            for agent in ("main", "sub"):
+                h = hist[agent]
+                h.append({"role": "user", "content": f"{agent} turn {turn}: go on"})
+                r = c.messages.create(model=MODEL, max_tokens=5, system=f"You are the {agent} agent.", messages=h,
+                                      extra_headers={"x-cachecompact-session": "agent"})
+                h.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+        px.wait_idle()
+        ids = sorted(s.sid for s in px.state.observer.sessions())
+        assert ids == ["agent", "agent.s2"], ids
+        if mode == "compact":
+            assert px.state.engine is not None
+            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.s2"]
+        else:
+            for s in px.state.observer.sessions():  # each compared with its own previous request
+                assert s.requests == 5 and s.misses.get("prefix_churn", 0) == 0, (s.sid, s.misses)

@@ -142,17 +142,21 @@ class Observer:
         previous request and classified."""
         with self._lock:
             if hint is not None:
-                segs = [s for s in self._sessions.values() if s.name == hint]
+                segs = sorted((s for s in self._sessions.values() if s.name == hint), key=lambda s: -_seg_no(s.sid))
                 if not segs:
                     n = self._issue(hint)
                     return self._remember(ObservedSession(hint if n == 1 else f"{hint}.s{n}", hint, mode, head))
-                cur = max(segs, key=lambda s: _seg_no(s.sid))
-                if hashes[: len(cur.hashes)] == cur.hashes:
-                    self._sessions.move_to_end(cur.sid)
-                    return cur
+                # the segment this request continues: the same tools and system first (another agent
+                # under the same name alternates with the main one), else the newest one it extends
+                # (so a changed system prompt is compared with the request before it, and classified)
+                for cand in [*(x for x in segs if x.head == head), segs[0]]:
+                    if hashes[: len(cand.hashes)] == cand.hashes:
+                        self._sessions.move_to_end(cand.sid)
+                        return cand
+                cur = segs[0]
                 n = max(self._issue(hint), _seg_no(cur.sid) + 1)
                 self._issued[hint] = n
-                seg = ObservedSession(f"{hint}.s{n}", hint, mode, head, forensics=cur.forensics, memo=cur.memo)
+                seg = ObservedSession(f"{hint}.s{n}", hint, mode, head, forensics=cur.forensics.fork(), memo=cur.memo)
                 return self._remember(seg)
             key = "o_" + xxhash.xxh3_64_hexdigest(hashes[0] if hashes else b"")
             best: ObservedSession | None = None
@@ -200,7 +204,7 @@ class Observer:
             log.debug("cachecompact proxy: request not analysed: %s", err)
             return None
         with s.lock:
-            s.hashes = hashes
+            s.hashes, s.head = hashes, head
             kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
             if status != 200 or not usage:
                 s.errors += 1
