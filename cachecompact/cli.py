@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import CacheCompactError, LedgerCorruptError, MalformedMessageError
+from .errors import (
+    CacheCompactError,
+    ImmutablePrefixError,
+    LedgerCorruptError,
+    MalformedMessageError,
+    SessionLockedError,
+    SessionNotFoundError,
+    StoreError,
+)
 from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from .session import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, Session
 
@@ -72,7 +80,9 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
     try:
         sess = _open(args, readonly=True)
-    except LedgerCorruptError as err:
+    except (SessionNotFoundError, SessionLockedError):
+        raise  # not a verdict on the session: exit 2 with the message
+    except (LedgerCorruptError, ImmutablePrefixError, StoreError) as err:
         print(f"INVALID {err}", file=sys.stderr)
         return 1
     for torn in sess.torn:

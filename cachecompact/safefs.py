@@ -135,6 +135,37 @@ class FileLock:
         self._local = threading.local()
 
     @contextlib.contextmanager
+    def hold_shared(self) -> Iterator[None]:
+        """For readers that must not write (``ledger verify``): a shared lock on the lock file if
+        it exists, never creating it (a read-only mount, an archived session). Without the file
+        no writer has ever held the lock, so there is nothing to wait for."""
+        if getattr(self._local, "depth", 0):
+            yield
+            return
+        try:
+            fd = open_nofollow(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            yield
+            return
+        try:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise SessionLockedError(f"{self.path.parent}: another writer holds the session lock "
+                                                 f"(waited {self.timeout:.1f}s)") from None
+                    time.sleep(0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         depth = getattr(self._local, "depth", 0)
         if depth:

@@ -160,7 +160,10 @@ class Session:
             )
         except (KeyError, TypeError, ValueError, MalformedMessageError) as err:
             raise StoreError(f"{where}: invalid field: {err}") from None
-        with store.lock():
+        # a read-only open writes nothing, not even a lock file: stores that can lock for reading
+        # alone (the file store) offer `read_lock`, an optional extra to the contract
+        lock = getattr(store, "read_lock", store.lock) if readonly else store.lock
+        with lock():
             sess._refresh()
             sess._check_meta(meta, readonly)
         for torn in sess.torn:

@@ -122,6 +122,22 @@ def test_verify_never_writes_and_repair_sets_a_torn_tail_aside(session_dir: Path
     assert "torn" not in capsys.readouterr().err
 
 
+def test_verify_creates_no_lock_file_and_an_edited_prefix_is_invalid(session_dir: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (session_dir / ".lock").unlink(missing_ok=True)  # an archived copy, or a read-only mount
+    names = sorted(q.name for q in session_dir.iterdir())
+    assert main(["ledger", "verify", str(session_dir)]) == 0
+    assert sorted(q.name for q in session_dir.iterdir()) == names
+    meta_p = session_dir / "session.json"
+    meta = json.loads(meta_p.read_text())
+    meta["system"] = "You are a different assistant."  # the immutable prefix, edited
+    meta_p.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["ledger", "verify", str(session_dir)]) == 1
+    assert "INVALID" in capsys.readouterr().err
+    assert main(["ledger", "verify", str(session_dir.parent / "missing")]) == 2  # no verdict: no session
+
+
 def test_verify_head_detects_a_rollback(session_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ledger", "verify", str(session_dir)]) == 0
     head = capsys.readouterr().out.split("head ")[-1].strip()

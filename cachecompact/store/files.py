@@ -176,6 +176,10 @@ class FileSessionStore:
     def lock(self) -> AbstractContextManager[None]:
         return self._lock.hold()
 
+    def read_lock(self) -> AbstractContextManager[None]:
+        """Shared, and never creates the lock file (see `Session.open` with ``readonly``)."""
+        return self._lock.hold_shared()
+
     # -- metadata ----------------------------------------------------------------------------
 
     def read_meta(self) -> dict[str, Any]:
