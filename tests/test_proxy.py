@@ -434,3 +434,31 @@ def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path
         else:
             for s in px.state.observer.sessions():  # each compared with its own previous request
                 assert s.requests == 5 and s.misses.get("prefix_churn", 0) == 0, (s.sid, s.misses)
+
+
+def test_compact_mode_records_a_stream_before_the_client_has_it_all(tmp_path: Path) -> None:
+    """The next turn of a streaming client may arrive the moment its stream ends (on another
+    replica too): the session's request record must already be there."""
+    with Emulator() as emu, _proxy(emu.url, mode="compact", store=str(tmp_path)) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs = [{"role": "user", "content": "Say something."}]
+        for k in range(3):
+            with c.messages.stream(model=MODEL, max_tokens=20, messages=msgs,
+                                   extra_headers={"x-cachecompact-session": "streamer"}) as st:
+                final = st.get_final_message()
+            assert px.state.engine is not None
+            (sess,) = px.state.engine.sessions()
+            assert sess.last_request is not None and len(sess.store.read_all("requests")) == k + 1  # type: ignore[union-attr]
+            msgs = [*msgs, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+                    {"role": "user", "content": f"again {k}"}]
+
+
+def test_observe_mode_under_overload_forwards_everything_and_counts_what_it_did_not_analyse(emu: Emulator) -> None:
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+        px.state.max_pending_bytes = 0  # analysis "behind" from the start
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        _turns(c, 3)
+        px.wait_idle(5)
+        assert px.state.pending == 0 and px.state.dropped == 3
+        assert px.state.observer.sessions() == []
+        assert http.get("/api/version").json()["unanalysed"] == 3

@@ -209,6 +209,11 @@ class ProxyState:
         # analysis after the response: one thread fed by a queue (cheaper per request than an
         # executor's futures), so the records of a session stay in order
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        # observe mode under overload: forwarding never waits for analysis, and the bodies waiting
+        # for it are bounded; past the bound a request is forwarded but not analysed (counted)
+        self.max_pending_bytes = 256 << 20
+        self._pending_bytes = 0
+        self.dropped = 0
         self.compute = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cachecompact-proxy-compact")
         self._pending = 0
         self._plock = threading.Lock()
@@ -225,6 +230,18 @@ class ProxyState:
             self._pending += 1
 
     def submit(self, job: tuple[Any, ...]) -> None:
+        """Queue one response's analysis (``job[0]`` is the request body; ``job[2]`` the engine's
+        prepared request, which compact mode must always record)."""
+        size = len(job[0])
+        with self._plock:
+            if job[2] is None and self._pending_bytes + size > self.max_pending_bytes:
+                self._pending -= 1
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("cachecompact proxy: analysis is behind; %d requests forwarded without analysis",
+                                self.dropped)
+                return
+            self._pending_bytes += size
         self.queue.put(job)
 
     def _analyse(self) -> None:
@@ -237,6 +254,7 @@ class ProxyState:
             finally:
                 with self._plock:
                     self._pending -= 1
+                    self._pending_bytes -= len(job[0])
 
     def close(self) -> None:
         self.queue.put(None)
@@ -294,6 +312,9 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         async for chunk in up.content.iter_any():
             if tap is not None:
                 tap.feed(chunk)
+                if before_send is not None and tap.result is not None:
+                    await before_send()  # the stream's usage is complete: record before its last bytes
+                    before_send = None
             await resp.write(chunk)
         await resp.write_eof()
         return resp
@@ -353,8 +374,9 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         recorded: list[Any] = []
 
         async def record_first() -> None:
-            """Compact mode, a whole JSON answer: the session records it before the client sees it,
-            so the client's next turn finds it, on this replica or another."""
+            """Compact mode: the session records the answer (a whole JSON body, or a stream once
+            its usage is complete) before the client has all of it, so the client's next turn
+            finds it, on this replica or another."""
             if prepared is None or up.status != 200:
                 return
             got = tap.finish()

@@ -54,6 +54,7 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
 
     async def version(_: web.Request) -> web.Response:
         return _json({"version": state.observer.version, "mode": state.cfg.mode, "upstream": state.cfg.upstream,
+                      "unanalysed": state.dropped,
                       "keep_bodies": state.cfg.keep_bodies})
 
     async def sessions(_: web.Request) -> web.Response:
