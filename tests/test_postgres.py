@@ -239,3 +239,32 @@ def test_a_held_session_lock_times_out_and_odd_ids_lock_too(pg_url: str, sid: st
     finally:
         holder.close()
         waiter.close()
+
+
+def test_a_failed_copy_leaves_no_half_made_session_and_delete_removes_one(store: Store, tmp_path: Path) -> None:
+    from cachecompact.store.transfer import copy_session
+
+    sid = _sid("copy")
+    files = FileStore(tmp_path / "src")
+    s = Session.create(files, session_id=sid, prefix_messages=3)
+    s.sync(history(6))
+    src = files.open(sid)
+
+    class DiesHalfway:
+        """The source store, failing after the logs were copied (a dropped connection, a full disk)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(src, name)
+
+        def read_events(self) -> list[dict[str, Any]]:
+            raise OSError("the disk went away")
+
+    with pytest.raises(OSError, match="went away"):
+        copy_session(DiesHalfway(), store)  # type: ignore[arg-type]
+    assert not store.exists(sid) and sid not in store.list()
+    copy_session(files.open(sid), store)  # the same copy, whole this time
+    assert Session.open(store, sid, readonly=True).messages() == history(6)
+    store.delete(sid)
+    assert not store.exists(sid)
+    with pytest.raises(SessionNotFoundError):
+        store.delete(sid)

@@ -133,4 +133,9 @@ class Store(Protocol):
         """Ids of complete sessions starting with ``prefix``, sorted."""
         ...
 
+    def delete(self, session_id: str) -> None:
+        """Remove a session and everything in it, atomically as far as readers can tell (what an
+        import that failed halfway leaves); `SessionNotFoundError` if there is none."""
+        ...
+
     def close(self) -> None: ...

@@ -347,6 +347,14 @@ class FileStore:
         p = self._path(session_id)
         return p.is_dir() and not p.is_symlink() and (p / META).is_file() and not half_made(p)
 
+    def delete(self, session_id: str) -> None:
+        p = self._path(session_id)
+        if not p.is_dir() or p.is_symlink():
+            raise SessionNotFoundError(f"{p}: no such session")
+        gone = self.root / f".deleting-{session_id}-{secrets.token_hex(4)}"
+        os.rename(p, gone)  # out of sight at once (hidden names are never listed or opened) ...
+        shutil.rmtree(gone, ignore_errors=True)  # ... then removed
+
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []

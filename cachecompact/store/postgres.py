@@ -190,6 +190,16 @@ class PostgresStore:
             raise StoreError(f"{self.url}: {str(err).strip()[:300]}") from None
         return row is not None
 
+    def delete(self, session_id: str) -> None:
+        check_session_id(session_id)
+        try:
+            with self._conn() as conn:  # one statement: the records, events and blobs go with it
+                n = conn.execute("DELETE FROM cachecompact_sessions WHERE session_id = %s", (session_id,)).rowcount
+        except psycopg.Error as err:
+            raise StoreError(f"{self.url}#{session_id}: cannot delete: {str(err).strip()[:300]}") from None
+        if not n:
+            raise SessionNotFoundError(f"{self.url}#{session_id}: no such session")
+
     def list(self, prefix: str = "") -> list[str]:
         try:
             with self._conn() as conn:
