@@ -451,6 +451,14 @@ class Session:
                 "ledger_len": render.n_entries,
                 "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
+        if getattr(self.store, "atomic_append", False):
+            # a store whose append is an atomic compare-and-append by itself (PostgreSQL's unique
+            # key) needs no lock for one record: try at the known position; only when another
+            # writer got there first, catch up under the lock (below)
+            rec = seal(base, self._requests, self._requests_head)
+            with contextlib.suppress(StoreConflictError):
+                self._persist("requests", [rec], self._requests)
+                return self._recorded(rec, render)
         for _ in range(_CONFLICT_RETRIES):
             with self._locked():
                 rec = seal(base, self._requests, self._requests_head)
@@ -458,14 +466,17 @@ class Session:
                     self._persist("requests", [rec], self._requests)
                 except StoreConflictError:
                     continue
-                self._requests += 1
-                self._requests_head = rec["hash"]
-                self._request_hashes.append(rec["hash"])
-                self.last_request = rec
-                self.previous_breakpoints = render.breakpoint_chain
-                return rec
+                return self._recorded(rec, render)
         raise StoreError(f"{self.store.location if self.store else 'session'}: could not record a request after "
                          f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def _recorded(self, rec: dict[str, Any], render: RenderResult) -> dict[str, Any]:
+        self._requests += 1
+        self._requests_head = rec["hash"]
+        self._request_hashes.append(rec["hash"])
+        self.last_request = rec
+        self.previous_breakpoints = render.breakpoint_chain
+        return rec
 
     def _render_transcript_len(self, render: RenderResult) -> int:
         """How many transcript messages ``render`` was made from (its last rendered source + 1)."""

@@ -268,3 +268,17 @@ def test_a_failed_copy_leaves_no_half_made_session_and_delete_removes_one(store:
     assert not store.exists(sid)
     with pytest.raises(SessionNotFoundError):
         store.delete(sid)
+
+
+def test_a_stale_writer_records_a_request_after_the_other_one(pg_url: str) -> None:
+    """PostgreSQL records a request without the lock when nobody got there first; a writer that
+    is behind meets the unique key and records after the other, under the lock: both records,
+    in one valid chain."""
+    sid = _sid("stale")
+    a = Session.create(open_store(pg_url), session_id=sid, prefix_messages=3)
+    a.sync(history(6))
+    b = Session.open(open_store(pg_url), sid)  # a second replica, up to date now ...
+    a.record_request(a.render(), {"by": "a"})  # ... and behind after this
+    b.record_request(b.render(), {"by": "b"})
+    s = Session.open(open_store(pg_url), sid, readonly=True)  # verifies every chain
+    assert [r["by"] for _, r in s.store.read_all("requests")] == ["a", "b"]  # type: ignore[union-attr]

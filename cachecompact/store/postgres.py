@@ -403,6 +403,10 @@ class PostgresSessionStore:
     def read_all(self, log: LogName) -> list[tuple[int, Any]]:
         return self._rows(log, 0)
 
+    # `append` is an atomic compare-and-append by itself (the unique key), with or without the
+    # session lock: a writer may append one record optimistically (`Session.record_request`)
+    atomic_append = True
+
     def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
         if at != self._seen[log]:
             raise StoreConflictError(self.where(log), at, self._seen[log])
