@@ -134,6 +134,21 @@ class FileLock:
         self.timeout = timeout
         self._local = threading.local()
 
+    def _wait(self, fd: int, mode: int) -> None:
+        """``flock(fd, mode)``, polling with backoff until ``timeout``, then `SessionLockedError`."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise SessionLockedError(f"{self.path.parent}: another writer holds the session lock "
+                                             f"(waited {self.timeout:.1f}s)") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
     @contextlib.contextmanager
     def hold_shared(self) -> Iterator[None]:
         """For readers that must not write (``ledger verify``): a shared lock on the lock file if
@@ -148,16 +163,7 @@ class FileLock:
             yield
             return
         try:
-            deadline = time.monotonic() + self.timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise SessionLockedError(f"{self.path.parent}: another writer holds the session lock "
-                                                 f"(waited {self.timeout:.1f}s)") from None
-                    time.sleep(0.01)
+            self._wait(fd, fcntl.LOCK_SH)
             try:
                 yield
             finally:
@@ -177,18 +183,7 @@ class FileLock:
             return
         fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         try:
-            deadline = time.monotonic() + self.timeout
-            delay = 0.001
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise SessionLockedError(f"{self.path.parent}: another writer holds the session lock "
-                                                 f"(waited {self.timeout:.1f}s)") from None
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.05)
+            self._wait(fd, fcntl.LOCK_EX)
             self._local.depth = 1
             try:
                 yield
