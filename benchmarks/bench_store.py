@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -99,10 +100,11 @@ def main() -> int:
 
         tmp = Path(tempfile.mkdtemp(prefix="cachecompact-pgbench-"))
         args.db, stop = start_postgres(tmp)
+    files_dir = tempfile.mkdtemp(prefix="cachecompact-storebench-")
     try:
         migrate(args.db)
         pg = open_store(args.db)
-        files = FileStore(tempfile.mkdtemp(prefix="cachecompact-storebench-"))
+        files = FileStore(files_dir)
         res: dict[str, Any] = {}
         for name, st in (("files", files), ("postgres", pg)):
             res[(name, "one")] = _appends(st, 1, 2000)
@@ -112,8 +114,9 @@ def main() -> int:
             res[(name, "turns")] = _per_turn(st, args.turns, windows)
         pg.close()
     finally:
+        shutil.rmtree(files_dir, ignore_errors=True)
         if stop is not None:
-            stop()
+            stop()  # removes the server's folder too
     w0, w1 = windows
     f, p = res[("files", "turns")], res[("postgres", "turns")]
     text = "\n".join([

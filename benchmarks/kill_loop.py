@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,6 +138,10 @@ def main() -> int:
             f"in {stats['sessions']} sessions; **{stats['lost']} lost**, **{stats['unusable']} unusable "
             f"sessions**; {stats['killed_in_create']} kills left a hidden half-built directory (invisible, and "
             f"creation works again); {stats['torn_seen']} torn tails reported and repaired by the next writer.")
+    if stats["lost"] or stats["unusable"]:
+        print(f"sessions kept for inspection in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     if publish(text, args.write, "kill_loop"):
         return 1
     return 0 if stats["lost"] == 0 and stats["unusable"] == 0 else 1

@@ -202,6 +202,7 @@ def main() -> int:
     text = (f"`python benchmarks/tamper.py --trials {args.trials}` ({time.strftime('%Y-%m-%d')}, {wall:.0f} s): "
             "one random change per trial to a copy of a session with 29 messages, 2 ledger edits and 13 request "
             "records.\n\n" + "\n".join(rows))
+    shutil.rmtree(work, ignore_errors=True)
     if undetected:
         print("undetected:", sorted(set(undetected)), file=sys.stderr)
     if publish(text, args.write, "tamper"):

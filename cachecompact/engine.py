@@ -194,6 +194,7 @@ class CompactionEngine:
                               scratchpad_tool=self.scratchpad_tool)
         live = Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head)
         live.extra["forensics"] = Forensics(model_prices)
+        live.extra["scratchpad"] = ctx.scratchpad  # the one the levels write to (an in-memory session's folder)
         return live
 
     def _create(self, sid: str, body: dict[str, Any]) -> Live:
@@ -377,7 +378,7 @@ class CompactionEngine:
         """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error)."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
         for live in self.registry.sessions():
-            sp = Scratchpad.for_session(live.session)
+            sp = live.extra.get("scratchpad") or Scratchpad.for_session(live.session)
             text, is_error = sp.handle_tool_call(tool_input)
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error

@@ -60,9 +60,8 @@ def ensure_dir(p: Path) -> None:
         try:
             os.mkdir(d, DIR_MODE)
         except FileExistsError:
-            pass  # made concurrently
-        else:
-            os.chmod(d, DIR_MODE, follow_symlinks=False)
+            continue  # made concurrently: its maker sets the mode
+        os.chmod(d, DIR_MODE, follow_symlinks=False)
     st = os.lstat(p)
     if stat.S_ISLNK(st.st_mode):
         raise StoreError(f"{p}: is a symbolic link; refusing to use it as a store directory")

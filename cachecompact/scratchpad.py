@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,8 @@ class Scratchpad:
             return loc
         if self._path is None:
             self._path = Path(tempfile.mkdtemp(prefix="cachecompact-scratchpad-"))
+            # an in-memory session's folder lives as long as its scratchpad (or the process)
+            weakref.finalize(self, shutil.rmtree, self._path, ignore_errors=True)
         return self._path
 
     @classmethod

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from pathlib import Path
 
 import anthropic
 
@@ -37,8 +36,8 @@ def main() -> int:
         tdir = default_trace_dir()
         files = discover([tdir / "claude-code"]) if tdir else []
         trace = load_trace(files[0]) if files else synthetic_trace(0)
-    store = Path(tempfile.mkdtemp(prefix="cachecompact-example-"))
-    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
+    emulator = Emulator(SummarizingResponder(ReplayResponder(trace.messages)))
+    with tempfile.TemporaryDirectory(prefix="cachecompact-example-") as store, emulator as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="not-needed-for-the-emulator")
         client = cachecompact.wrap(raw, store=store, window_tokens=args.window)  # <- the one line
 
@@ -55,9 +54,9 @@ def main() -> int:
             if i < len(trace.messages):  # "run the tools": the recorded results
                 history.append(trace.messages[i])
                 i += 1
-    (session,) = cachecompact.wrapped_sessions(client)
-    print(f"replayed {trace.name}: {trace.turns} model calls through a wrapped client\n")
-    print(session_report(session))
+        (session,) = cachecompact.wrapped_sessions(client)
+        print(f"replayed {trace.name}: {trace.turns} model calls through a wrapped client\n")
+        print(session_report(session))
     return 0
 
 

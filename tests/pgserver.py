@@ -36,7 +36,11 @@ def start_postgres(tmp: Path) -> tuple[str, Callable[[], None]]:
     run(f"{pgbin}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "cachecompact_test")
 
     def stop() -> None:
-        run(f"{pgbin}/pg_ctl", "-D", f"{tmp}/data", "-m", "immediate", "-w", "stop")
+        """Stop the server and remove its folder."""
+        try:
+            run(f"{pgbin}/pg_ctl", "-D", f"{tmp}/data", "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return f"postgresql://postgres@127.0.0.1:{port}/cachecompact_test", stop
 
 

@@ -246,8 +246,9 @@ def test_a_tool_agent_runs_150_turns_at_a_40k_window(tmp_path: Path, mode: str) 
 
 def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> None:
     with Emulator(SummarizingResponder(ScriptedResponder(_tool_model))) as emu:
-        for opt in (False, True):
-            client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path / str(opt),
+        # with the scratchpad tool on a stored session and on an in-memory one (store=None)
+        for opt, store in ((False, tmp_path / "a"), (True, tmp_path / "b"), (True, None)):
+            client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                           window_tokens=20_000, scratchpad_tool=opt, summarizer=None)
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Read every module."}]
             for _ in range(30):
