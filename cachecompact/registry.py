@@ -145,9 +145,9 @@ class SessionRegistry:
         newest: Live | None = None
         seen: set[str] = set()
         for stored in (False, True):  # memory first; the store only when memory has no answer
-            for sid in reversed(self._ids(name, stored)):
-                if sid in seen:
-                    continue
+            # from the store only the newest few segments: each one not in memory is a full load
+            fresh = [sid for sid in reversed(self._ids(name, stored)) if sid not in seen]
+            for sid in fresh[:STORED_SEGMENTS_LOOKED_AT] if stored else fresh:
                 seen.add(sid)
                 live = self._load(sid)
                 if live is None:
@@ -179,6 +179,9 @@ class SessionRegistry:
             if best is not None:
                 return best
         return self._new(key, ".", body)
+
+
+STORED_SEGMENTS_LOOKED_AT = 4  # a named session's agents (main, sub-agents) are its newest segments
 
 
 def _order(sid: str) -> tuple[int, str]:

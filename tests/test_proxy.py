@@ -434,6 +434,16 @@ def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path
         else:
             for s in px.state.observer.sessions():  # each compared with its own previous request
                 assert s.requests == 5 and s.misses.get("prefix_churn", 0) == 0, (s.sid, s.misses)
+    if mode == "compact":  # a restarted proxy finds both segments in the store, and starts none
+        with _proxy(emu.url, mode=mode, store=str(tmp_path)) as px:
+            c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+            for agent in ("sub", "main"):
+                h = [*hist[agent], {"role": "user", "content": f"{agent}: once more"}]
+                c.messages.create(model=MODEL, max_tokens=5, system=f"You are the {agent} agent.", messages=h,
+                                  extra_headers={"x-cachecompact-session": "agent"})
+            px.wait_idle()
+            assert px.state.engine is not None
+            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.s2"]
 
 
 def test_compact_mode_records_a_stream_before_the_client_has_it_all(tmp_path: Path) -> None:
