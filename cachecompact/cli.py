@@ -255,6 +255,9 @@ def cmd_forensics(args: argparse.Namespace) -> int:
     from .replay_forensics import summarize_logs
     from .traces import discover
 
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"no such file or folder: {', '.join(missing)}")
     files = discover(list(args.paths))
     if not files:
         raise UsageError(f"no trace files found in {' '.join(args.paths)}")
@@ -300,6 +303,8 @@ def cmd_store_migrate(args: argparse.Namespace) -> int:
 def cmd_store_list(args: argparse.Namespace) -> int:
     from .store import open_store
 
+    if "://" not in args.url and not Path(args.url).is_dir():
+        raise UsageError(f"{args.url}: no such store folder (or give a postgresql:// URL)")
     store = open_store(args.url)
     for sid in store.list(args.prefix):
         print(sid)

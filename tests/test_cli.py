@@ -66,6 +66,8 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["bench", "--model", "gpt-9"], "gpt-9"),
     (["report", "/nonexistent", "--plot", "/nonexistent/x.png"], "--plot"),
     (["render", "/nonexistent", "--at-entry", "-1"], "--at-entry must be at least 0"),
+    (["forensics", "/nonexistent/logs"], "no such file or folder: /nonexistent/logs"),
+    (["store", "list", "/nonexistent/store"], "no such store folder"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])
