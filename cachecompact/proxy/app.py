@@ -1,9 +1,10 @@
 """``cachecompact proxy``: an Anthropic-compatible reverse proxy with cache forensics, optional
-compaction and a live dashboard, on the same aiohttp stack as the emulator.
+compaction and a live dashboard, on the same aiohttp server stack as the emulator; upstream
+calls go through the pooled keep-alive client of `.upstream`.
 
 Every path is forwarded to the upstream with the caller's method, query, headers (hop-by-hop
 ones dropped) and body; the response's status, headers and body come back unchanged, streamed
-chunk by chunk as they arrive (``iter_any``), compressed or not (neither side decompresses).
+chunk by chunk as they arrive, compressed or not (neither side decompresses).
 Credentials are forwarded and never stored or logged.
 
 ``POST /v1/messages`` is also recorded. In ``observe`` mode the request bytes are forwarded
@@ -35,7 +36,6 @@ from importlib import resources
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -46,6 +46,7 @@ from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
+from .upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Proxy", "ProxyConfig", "make_app"]
 
@@ -56,7 +57,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-a
 CREDENTIALS = ("x-api-key", "authorization")
 WHOLE = 1 << 20  # JSON bodies up to this size are relayed in one write (streams always chunk by chunk)
 _COOKIE = "cachecompact_token"
-UPSTREAM: web.AppKey[aiohttp.ClientSession] = web.AppKey("upstream", aiohttp.ClientSession)
+UPSTREAM: web.AppKey[UpstreamPool] = web.AppKey("upstream", UpstreamPool)
 STATE: web.AppKey[ProxyState] = web.AppKey("state")
 
 
@@ -265,29 +266,24 @@ class ProxyState:
 def make_app(cfg: ProxyConfig) -> web.Application:
     """The proxy as an aiohttp application."""
     state = ProxyState(cfg)
-    base = cfg.upstream.rstrip("/")
     app = web.Application(middlewares=[api_errors, _auth(cfg) if cfg.auth_token else _loopback_host_only],
                           client_max_size=1 << 30)
     app[STATE] = state
 
     async def upstream_ctx(a: web.Application) -> Any:
-        a[UPSTREAM] = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=cfg.max_connections,
-                                           keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None, connect=30, sock_read=600), auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar())  # one client for every caller: it must remember no cookie
+        # one client for every caller: it keeps connections, never cookies or credentials
+        a[UPSTREAM] = UpstreamPool(cfg.upstream, limit=cfg.max_connections, keepalive_s=30, connect_timeout=30,
+                                   read_timeout=600)
         yield
         await a[UPSTREAM].close()
         state.close()
 
     app.cleanup_ctx.append(upstream_ctx)
 
-    async def send(request: web.Request, data: bytes, headers: CIMultiDict[str]) -> aiohttp.ClientResponse:
-        return await app[UPSTREAM].request(
-            request.method, base + str(request.rel_url), headers=headers, data=data or None, allow_redirects=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent", "Accept", "Content-Type"))
+    async def send(request: web.Request, data: bytes, headers: CIMultiDict[str]) -> UpstreamResponse:
+        return await app[UPSTREAM].request(request.method, request.raw_path, headers.items(), data)
 
-    async def relay(request: web.Request, up: aiohttp.ClientResponse, tap: _Tap | None,
+    async def relay(request: web.Request, up: UpstreamResponse, tap: _Tap | None,
                     head: bytes = b"", before_send: Callable[[], Awaitable[None]] | None = None
                     ) -> web.StreamResponse:
         length = up.content_length
@@ -298,10 +294,11 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                 tap.feed(body)
             if before_send is not None:
                 await before_send()
-            out = web.Response(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)),
-                               body=body if request.method != "HEAD" else None)
-            return out
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=_filter(up.headers, ("content-length",)))
+            return web.Response(status=up.status, reason=up.reason or None,
+                                headers=_filter(up.headers, ("content-length",)),
+                                body=body if request.method != "HEAD" else None)
+        resp = web.StreamResponse(status=up.status, reason=up.reason or None,
+                                  headers=_filter(up.headers, ("content-length",)))
         if up.content_length is not None and request.method != "HEAD":
             resp.content_length = up.content_length
         await resp.prepare(request)
@@ -309,7 +306,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             if tap is not None:
                 tap.feed(head)
             await resp.write(head)
-        async for chunk in up.content.iter_any():
+        async for chunk in up.iter_chunks():
             if tap is not None:
                 tap.feed(chunk)
                 if before_send is not None and tap.result is not None:
@@ -323,8 +320,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         raw = await read_body(request)
         try:
             up = await send(request, raw, _filter(request.headers, ("host", "content-length")))
-        except (aiohttp.ClientError, TimeoutError) as err:
-            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        except UpstreamError as err:
+            return _unavailable(cfg, err)
         async with up:
             return await relay(request, up, None)
 
@@ -349,8 +346,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                 data = json.dumps(prepared.body, separators=(",", ":"), ensure_ascii=False).encode()
         try:
             up = await send(request, data, headers)
-        except (aiohttp.ClientError, TimeoutError) as err:
-            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        except UpstreamError as err:
+            return _unavailable(cfg, err)
         head = b""
         if prepared is not None and up.status == 400:
             head = await up.read()
@@ -366,8 +363,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                 head = b""
                 try:
                     up = await send(request, data, headers)
-                except (aiohttp.ClientError, TimeoutError) as err:
-                    return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+                except UpstreamError as err:
+                    return _unavailable(cfg, err)
         tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower())
         t_up = time.perf_counter()
         state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
@@ -398,8 +395,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     async def _plain(request: web.Request, raw: bytes, headers: CIMultiDict[str]) -> web.StreamResponse:
         try:
             up = await send(request, raw, headers)
-        except (aiohttp.ClientError, TimeoutError) as err:
-            return api_error(502, f"upstream {cfg.upstream} unavailable: {type(err).__name__}")
+        except UpstreamError as err:
+            return _unavailable(cfg, err)
         async with up:
             return await relay(request, up, None)
 
@@ -409,6 +406,11 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     app.router.add_route("*", "/v1/messages", messages)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
+
+
+def _unavailable(cfg: ProxyConfig, err: UpstreamError) -> web.Response:
+    log.warning("cachecompact proxy: upstream %s: %s", cfg.upstream, err)
+    return api_error(502, f"upstream {cfg.upstream} unavailable: {err}")
 
 
 def _decoded(raw: bytes, encoding: str) -> bytes:

@@ -1,0 +1,388 @@
+"""The proxy's upstream client: a pooled keep-alive HTTP/1.1 client on asyncio protocols, with
+``httptools`` (llhttp, the parser of Node.js) reading the responses.
+
+Why not aiohttp's client, which the proxy used first: over loopback it cost about 0.4 ms of CPU
+per request (request and response objects, cookie and redirect machinery, header
+normalisation), most of what the proxy added to a request. A proxy needs none of that: it sends
+bytes it was given and relays bytes it gets back. This client writes each request with one
+``write`` and hands the response's body chunks over as llhttp delivers them; the side-by-side
+numbers are in docs/benchmarks.md.
+
+What it does, because a relay must:
+
+* **keep-alive pool**, bounded (``limit`` connections in use at once, the rest wait); an idle
+  connection is dropped after ``keepalive_s`` or when the upstream closes it;
+* **a reused connection that the upstream had closed** (the request met a dead socket and no
+  response byte came back) is retried once on a fresh connection: the upstream never saw it;
+* **every framing the server may choose**: ``Content-Length``, chunked, read-until-close, no
+  body (``HEAD``, 204, 304), interim 1xx responses skipped; nothing is decompressed;
+* **backpressure**: reading from the upstream pauses while more than `HIGH_WATER` bytes wait
+  for a slow client;
+* **timeouts**: connect, and between two reads (a stalled upstream is an error, not a hang);
+* **TLS** with the system's trust store for ``https://`` upstreams.
+
+Errors are `UpstreamError` (the proxy answers 502). A response not read to its end closes its
+connection instead of returning it to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+from multidict import CIMultiDict
+
+__all__ = ["HIGH_WATER", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+
+HIGH_WATER = 1 << 20  # bytes buffered for a slow client before reading from the upstream pauses
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached, or broke off a response."""
+
+
+class UpstreamResponse:
+    """One response: status and headers once they arrived, then its body chunk by chunk.
+
+    Use it as an async context manager (or call `release`): a response read to its end gives its
+    connection back to the pool; one abandoned early closes it.
+    """
+
+    def __init__(self, conn: _Connection, method: str) -> None:
+        self._conn = conn
+        self.method = method
+        self.status = 0
+        self.reason = ""
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._wake: asyncio.Future[None] | None = None
+        self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.complete = False
+        self.keep_alive = False
+        self._error: BaseException | None = None
+        self._released = False
+        self.bytes_seen = 0
+
+    @property
+    def content_length(self) -> int | None:
+        v = self.headers.get("content-length")
+        return int(v) if v is not None and v.isdigit() else None
+
+    # ---- fed by the connection -------------------------------------------------------------
+    def _headers_done(self, status: int) -> None:
+        self.status = status
+        self.headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw_headers)
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > HIGH_WATER:
+            self._conn.pause()
+        self._notify()
+
+    def _finish(self, keep_alive: bool) -> None:
+        self.complete = True
+        self.keep_alive = keep_alive
+        self._notify()
+
+    def _fail(self, err: BaseException) -> None:
+        if self.complete:
+            return
+        self._error = err
+        if not self._head.done():
+            self._head.set_exception(err)
+            self._head.exception()  # retrieved here: the waiter re-raises it
+        self._notify()
+
+    def _notify(self) -> None:
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # ---- read by the proxy -----------------------------------------------------------------
+    async def _wait_head(self, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            await self._head
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive (raises `UpstreamError` if the upstream breaks off)."""
+        while True:
+            while self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._buffered <= HIGH_WATER // 2:
+                    self._conn.resume()
+                yield chunk
+            if self.complete:
+                return
+            if self._error is not None:
+                raise UpstreamError(f"the upstream broke off the response: {self._error}") from self._error
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(self._conn.pool.read_timeout):
+                    await self._wake
+            except TimeoutError:
+                raise UpstreamError(f"the upstream sent nothing for {self._conn.pool.read_timeout:.0f} s") from None
+            finally:
+                self._wake = None
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        return b"".join([c async for c in self.iter_chunks()])
+
+    def release(self) -> None:
+        """Give the connection back (response complete and reusable) or close it."""
+        if self._released:
+            return
+        self._released = True
+        self._conn.done(self)
+
+    async def __aenter__(self) -> UpstreamResponse:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.release()
+
+
+class _Connection(asyncio.Protocol):
+    """One upstream connection: llhttp parses what arrives into the current response."""
+
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.response: UpstreamResponse | None = None
+        self.closed = False
+        self.idle_since = time.monotonic()
+        self._paused = False
+        self._reason = b""
+        self._until_close = False
+
+    # asyncio protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        r = self.response
+        if r is None:  # bytes nobody asked for: the connection is not in a state to reuse
+            self.close()
+            return
+        r.bytes_seen += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            r._fail(UpstreamError("the upstream switched protocols, which the proxy does not relay"))
+            self.close()
+        except httptools.HttpParserError as err:
+            r._fail(UpstreamError(f"the upstream sent malformed HTTP: {err}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        r = self.response
+        if r is not None and not r.complete:
+            if self._until_close and r._head.done():
+                r._finish(False)  # a body delimited by the end of the connection ends here
+            else:
+                r._fail(exc or ConnectionResetError("the upstream closed the connection"))
+        self.pool._forget(self)
+
+    # llhttp callbacks
+    def on_message_begin(self) -> None:
+        if self.response is not None:
+            self.response._raw_headers = []
+        self._reason = b""
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        r = self.response
+        if r is None:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            return  # an interim response (100 Continue, 103 Early Hints): the real one follows
+        r.reason = self._reason.decode("latin-1", "replace")
+        r._headers_done(status)
+        te = r.headers.get("transfer-encoding", "").lower()
+        self._until_close = ("content-length" not in r.headers and "chunked" not in te
+                             and status not in _NO_BODY_STATUS)
+        if r.method == "HEAD":  # no body follows, whatever the headers say; not reused (llhttp would wait)
+            self._until_close = False
+            r._finish(False)
+
+    def on_body(self, body: bytes) -> None:
+        r = self.response
+        if r is not None and not r.complete:
+            r._feed(body)
+
+    def on_message_complete(self) -> None:
+        r = self.response
+        if r is None or r.complete or not r._head.done():
+            return  # the end of a 1xx, or of a HEAD response already finished
+        r._finish(self.parser.should_keep_alive() and not self._until_close)
+
+    # pool side
+    def send(self, response: UpstreamResponse, data: bytes) -> None:
+        assert self.transport is not None
+        self.response = response
+        self.transport.write(data)
+
+    def done(self, response: UpstreamResponse) -> None:
+        self.response = None
+        if response.complete and response.keep_alive and not self.closed and not self._paused:
+            self.idle_since = time.monotonic()
+            self.pool._put_back(self)
+        else:
+            self.close()
+        self.pool._slots.release()
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one upstream base URL (``http://`` or ``https://``)."""
+
+    def __init__(self, base_url: str, *, limit: int = 200, keepalive_s: float = 30.0,
+                 connect_timeout: float = 30.0, read_timeout: float = 600.0) -> None:
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"upstream must be an http:// or https:// URL, got {base_url!r}")
+        self.host = u.hostname
+        self.tls = u.scheme == "https"
+        self.port = u.port or (443 if self.tls else 80)
+        self.prefix = u.path.rstrip("/")
+        default_port = self.port == (443 if self.tls else 80)
+        try:
+            name = self.host.encode("ascii")
+        except UnicodeEncodeError:
+            name = self.host.encode("idna")  # an internationalised name, in its ASCII form
+        if b":" in name:
+            name = b"[" + name + b"]"  # an IPv6 address
+        self._host_line = b"Host: " + name + (b"" if default_port else b":%d" % self.port) + b"\r\n"
+        self._ssl = ssl.create_default_context() if self.tls else None
+        self.keepalive_s = keepalive_s
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._idle: collections.deque[_Connection] = collections.deque()
+        self._all: set[_Connection] = set()
+        self._slots = asyncio.Semaphore(limit)
+
+    async def request(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
+                      ) -> UpstreamResponse:
+        """Send one request (``target`` is the path and query) and wait for the response's head."""
+        data = self._encode(method, target, headers, body)
+        await self._slots.acquire()
+        try:
+            for attempt in (0, 1):
+                conn, reused = await self._connection()
+                r = UpstreamResponse(conn, method)
+                conn.send(r, data)
+                try:
+                    await r._wait_head(self.read_timeout)
+                    return r
+                except TimeoutError:
+                    conn.response = None
+                    conn.close()
+                    raise UpstreamError(f"the upstream sent no response for {self.read_timeout:.0f} s") from None
+                except UpstreamError:
+                    conn.response = None
+                    conn.close()
+                    raise
+                except OSError as err:
+                    conn.response = None
+                    conn.close()
+                    if reused and r.bytes_seen == 0 and attempt == 0:
+                        continue  # a keep-alive connection the upstream had closed: it never saw the request
+                    raise UpstreamError(f"the upstream closed the connection: {err}") from err
+                except BaseException:
+                    conn.response = None
+                    conn.close()
+                    raise
+            raise AssertionError("unreachable")
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _encode(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
+        if not method.isalpha() or not target.startswith("/") or any(c in target for c in " \r\n"):
+            raise UpstreamError(f"refusing to forward a malformed request line: {method!r} {target[:100]!r}")
+        out = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1"), self._host_line]
+        for k, v in headers:
+            if "\r" in k or "\n" in k or "\r" in v or "\n" in v or ":" in k:
+                raise UpstreamError(f"refusing to forward a header with a line break: {k[:60]!r}")
+            out.append(f"{k}: {v}\r\n".encode("latin-1", "replace"))
+        if body or method in ("POST", "PUT", "PATCH"):
+            out.append(b"Content-Length: %d\r\n" % len(body))
+        out.append(b"\r\n")
+        out.append(body)
+        return b"".join(out)
+
+    async def _connection(self) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the least likely to have been closed
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                return conn, True
+            conn.close()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, proto = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self._ssl,
+                    server_hostname=self.host if self.tls else None)
+        except TimeoutError:
+            raise UpstreamError(f"connecting to {self.host}:{self.port} timed out") from None
+        except OSError as err:
+            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {err}") from err
+        self._all.add(proto)
+        return proto, False
+
+    def _put_back(self, conn: _Connection) -> None:
+        self._idle.append(conn)
+
+    def _forget(self, conn: _Connection) -> None:
+        self._all.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def close(self) -> None:
+        """Close every connection (those in use included)."""
+        for conn in list(self._all):
+            conn.close()
+        self._idle.clear()
+        await asyncio.sleep(0)
