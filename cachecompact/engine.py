@@ -407,16 +407,28 @@ class SSEUsage:
         self.reported = False
 
     def feed(self, chunk: bytes) -> None:
-        self.buf += chunk
-        while True:
-            cut = min((i for i in (self.buf.find(b"\n\n"), self.buf.find(b"\r\n\r\n")) if i >= 0), default=-1)
-            if cut < 0:
-                return
-            sep = 4 if self.buf[cut:cut + 4] == b"\r\n\r\n" else 2
-            frame, self.buf = self.buf[:cut], self.buf[cut + sep:]
-            for line in frame.splitlines():
-                if line.startswith(b"data:"):
-                    self._event(line[5:].strip())
+        """Parse the complete frames in ``chunk`` (plus what was left over); a frame that names no
+        ``message_*`` event is skipped without being split into lines. Linear in the input, so a
+        whole stream may be fed at once."""
+        buf = self.buf + chunk if self.buf else chunk
+        pos = 0
+        lf = buf.find(b"\n\n")
+        crlf = buf.find(b"\r\n\r\n")
+        while lf >= 0 or crlf >= 0:
+            if crlf >= 0 and (lf < 0 or crlf < lf):
+                cut, nxt = crlf, crlf + 4
+            else:
+                cut, nxt = lf, lf + 2
+            if buf.find(b'"message_', pos, cut) >= 0:
+                for line in buf[pos:cut].splitlines():
+                    if line.startswith(b"data:"):
+                        self._event(line[5:].strip())
+            pos = nxt
+            if lf >= 0 and lf < pos:
+                lf = buf.find(b"\n\n", pos)
+            if crlf >= 0 and crlf < pos:
+                crlf = buf.find(b"\r\n\r\n", pos)
+        self.buf = buf[pos:]
 
     def _event(self, data: bytes) -> None:
         if b'"message_start"' not in data and b'"message_delta"' not in data and b'"message_stop"' not in data:

@@ -37,7 +37,6 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_none, open_writable_store, too_long
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
@@ -99,66 +98,98 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _filter(headers: Any, drop: tuple[str, ...] = ()) -> CIMultiDict[str]:
-    """Headers without hop-by-hop ones (and those named in ``Connection``) and ``drop``."""
-    gone = set(HOP_BY_HOP) | set(drop)
-    for v in headers.getall("Connection", []) if hasattr(headers, "getall") else []:
+def _filter(headers: Any, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Headers without hop-by-hop ones (and those named in ``Connection``) and ``drop``, in order."""
+    gone = HOP_BY_HOP.union(drop)
+    conn = headers.getall("Connection", ()) if "Connection" in headers else ()
+    for v in conn:
         gone |= {t.strip().lower() for t in v.split(",") if t.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        if k.lower() not in gone:
-            out.add(k, v)
-    return out
+    return [(k, v) for k, v in headers.items() if k.lower() not in gone]
 
 
 class _Tap:
-    """Reads usage from a response while its raw bytes are forwarded: SSE events as they pass,
-    or a JSON body kept up to a cap. Decompresses a copy when the response is compressed."""
+    """Reads usage from a response while its raw bytes are forwarded.
+
+    In observe mode nothing is parsed on the request path: the bytes are kept (up to `CAP`) and
+    `finish` parses them in the analysis thread, after the response. Compact mode must know a
+    stream's usage before its last bytes reach the client (``record_first``), so there, and for a
+    stream longer than `CAP`, SSE events are parsed as they pass. A compressed response is read
+    from a decompressed copy."""
 
     CAP = 8 * 1024 * 1024
+    Usage = tuple[dict[str, Any], str | None, dict[str, Any] | None]
 
-    def __init__(self, content_type: str, encoding: str) -> None:
+    def __init__(self, content_type: str, encoding: str, *, live: bool = False) -> None:
         self.sse = "text/event-stream" in content_type
         self.json = "json" in content_type
-        self.z = (zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else
-                  zlib.decompressobj() if encoding == "deflate" else None)
-        self.unreadable = encoding not in ("", "identity", "gzip", "deflate")
+        self.encoding = encoding
+        self.unreadable = encoding not in ("", "identity", "gzip", "deflate") or not (self.sse or self.json)
         self.parts: list[bytes] = []
         self.size = 0
-        self.result: tuple[dict[str, Any], str | None, dict[str, Any] | None] | None = None
-        self.parser = SSEUsage(self._done)
+        self.result: _Tap.Usage | None = None
+        self.parser: SSEUsage | None = None
+        self.z: Any = None
         self.first_byte: float | None = None
+        self._finished = False
+        if live and self.sse and not self.unreadable:
+            self._go_live()
 
     def _done(self, usage: dict[str, Any], mid: str | None, diag: dict[str, Any] | None) -> None:
         self.result = (usage, mid, diag)
 
-    def feed(self, chunk: bytes) -> None:
-        if self.first_byte is None:
-            self.first_byte = time.perf_counter()
-        if self.unreadable or not (self.sse or self.json):
-            return
+    def _go_live(self) -> None:
+        """From now on, parse SSE as it passes (what was kept so far first)."""
+        self.parser = SSEUsage(self._done)
+        self.z = (zlib.decompressobj(16 + zlib.MAX_WBITS) if self.encoding == "gzip" else
+                  zlib.decompressobj() if self.encoding == "deflate" else None)
+        kept, self.parts, self.size = self.parts, [], 0
+        for chunk in kept:
+            self._parse(chunk)
+
+    def _parse(self, chunk: bytes) -> None:
         if self.z is not None:
             try:
                 chunk = self.z.decompress(chunk)
             except zlib.error:
                 self.unreadable = True
                 return
-        if self.sse:
-            self.parser.feed(chunk)
-        elif self.size < self.CAP:
-            self.parts.append(chunk)
-            self.size += len(chunk)
+        assert self.parser is not None
+        self.parser.feed(chunk)
 
-    def finish(self) -> tuple[dict[str, Any], str | None, dict[str, Any] | None] | None:
-        if self.sse:
-            self.parser.finish()
+    def feed(self, chunk: bytes) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.perf_counter()
+        if self.unreadable:
+            return
+        if self.parser is not None:
+            self._parse(chunk)
+            return
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        if self.size > self.CAP:
+            if self.sse:
+                self._go_live()
+            else:  # a JSON body this large carries no usage worth the memory
+                self.unreadable = True
+                self.parts = []
+
+    def finish(self) -> _Tap.Usage | None:
+        """The usage, message id and diagnostics, once the response is complete (idempotent)."""
+        if self._finished or self.unreadable:
             return self.result
-        if self.json and not self.unreadable and self.size < self.CAP:
-            d = json_or_none(b"".join(self.parts))
-            if isinstance(d, dict) and isinstance(d.get("usage"), dict):
-                reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
-                return d["usage"], d.get("id"), reason if isinstance(reason, dict) else None
-        return None
+        if self.sse:
+            if self.parser is None:
+                self._go_live()
+            assert self.parser is not None
+            self.parser.finish()
+            self._finished = self.result is not None
+            return self.result
+        self._finished = True
+        d = json_or_none(_decoded(b"".join(self.parts), self.encoding))
+        if isinstance(d, dict) and isinstance(d.get("usage"), dict):
+            reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
+            self.result = d["usage"], d.get("id"), reason if isinstance(reason, dict) else None
+        return self.result
 
 
 class _UpstreamSummarizer:
@@ -280,8 +311,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
 
     app.cleanup_ctx.append(upstream_ctx)
 
-    async def send(request: web.Request, data: bytes, headers: CIMultiDict[str]) -> UpstreamResponse:
-        return await app[UPSTREAM].request(request.method, request.raw_path, headers.items(), data)
+    async def send(request: web.Request, data: bytes, headers: list[tuple[str, str]]) -> UpstreamResponse:
+        return await app[UPSTREAM].request(request.method, request.raw_path, headers, data)
 
     async def relay(request: web.Request, up: UpstreamResponse, tap: _Tap | None,
                     head: bytes = b"", before_send: Callable[[], Awaitable[None]] | None = None
@@ -365,7 +396,8 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                     up = await send(request, data, headers)
                 except UpstreamError as err:
                     return _unavailable(cfg, err)
-        tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower())
+        tap = _Tap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
+                   live=prepared is not None)
         t_up = time.perf_counter()
         state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
         recorded: list[Any] = []
@@ -389,10 +421,9 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
-            got = tap.finish()
-            state.submit((raw, lower, prepared, up.status, got, now, timing, tap.sse, recorded))
+            state.submit((raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded))
 
-    async def _plain(request: web.Request, raw: bytes, headers: CIMultiDict[str]) -> web.StreamResponse:
+    async def _plain(request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
         try:
             up = await send(request, raw, headers)
         except UpstreamError as err:
@@ -457,11 +488,12 @@ def _reactive(state: ProxyState, p: Prepared, info: tuple[int, int, int], header
 
 
 def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared | None, status: int,
-            got: tuple[dict[str, Any], str | None, dict[str, Any] | None] | None, now: float,
+            tap: _Tap, now: float,
             timing: dict[str, float], stream: bool, recorded: list[Any]) -> None:
     """After the response, in the analysis thread: forensics and the session record (compact
     mode: unless the engine recorded it already, see ``record_first``)."""
     try:
+        got = tap.finish()  # here, not on the request path
         usage, mid, diag = got if got is not None else (None, None, None)
         if p is None or state.engine is None:
             state.observer.observe(raw, headers, status=status, usage=usage, message_id=mid, cache_miss_reason=diag,

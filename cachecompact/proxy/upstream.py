@@ -18,7 +18,8 @@ What it does, because a relay must:
   body (``HEAD``, 204, 304), interim 1xx responses skipped; nothing is decompressed;
 * **backpressure**: reading from the upstream pauses while more than `HIGH_WATER` bytes wait
   for a slow client;
-* **timeouts**: connect, and between two reads (a stalled upstream is an error, not a hang);
+* **timeouts**: connect, and between two reads (a stalled upstream is an error, not a hang; one
+  sweep timer for the whole pool checks it);
 * **TLS** with the system's trust store for ``https://`` upstreams.
 
 Errors are `UpstreamError` (the proxy answers 502). A response not read to its end closes its
@@ -112,29 +113,27 @@ class UpstreamResponse:
             w.set_result(None)
 
     # ---- read by the proxy -----------------------------------------------------------------
-    async def _wait_head(self, timeout: float) -> None:
-        async with asyncio.timeout(timeout):
-            await self._head
+    async def _wait_head(self) -> None:
+        await self._head  # a stalled upstream is failed by the pool's sweep, not by a timer per request
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         """The body's chunks as they arrive (raises `UpstreamError` if the upstream breaks off)."""
         while True:
-            while self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._buffered <= HIGH_WATER // 2:
-                    self._conn.resume()
+            if self._chunks:
+                # what has arrived, in one piece: one write to the client instead of one per read
+                chunk = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+                self._chunks.clear()
+                self._buffered = 0
+                self._conn.resume()
                 yield chunk
+                continue
             if self.complete:
                 return
             if self._error is not None:
                 raise UpstreamError(f"the upstream broke off the response: {self._error}") from self._error
             self._wake = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(self._conn.pool.read_timeout):
-                    await self._wake
-            except TimeoutError:
-                raise UpstreamError(f"the upstream sent nothing for {self._conn.pool.read_timeout:.0f} s") from None
+                await self._wake
             finally:
                 self._wake = None
 
@@ -166,7 +165,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.response: UpstreamResponse | None = None
         self.closed = False
-        self.idle_since = time.monotonic()
+        self.idle_since = self.last_io = time.monotonic()
         self._paused = False
         self._reason = b""
         self._until_close = False
@@ -176,6 +175,7 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        self.last_io = time.monotonic()
         r = self.response
         if r is None:  # bytes nobody asked for: the connection is not in a state to reuse
             self.close()
@@ -247,6 +247,7 @@ class _Connection(asyncio.Protocol):
     def send(self, response: UpstreamResponse, data: bytes) -> None:
         assert self.transport is not None
         self.response = response
+        self.last_io = time.monotonic()
         self.transport.write(data)
 
     def done(self, response: UpstreamResponse) -> None:
@@ -301,6 +302,22 @@ class UpstreamPool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._all: set[_Connection] = set()
         self._slots = asyncio.Semaphore(limit)
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def _sweep(self) -> None:
+        """Fail every response whose upstream has sent nothing for ``read_timeout`` seconds (one
+        timer for the pool: a timer per request and per chunk cost more than the rest of a read)."""
+        now = time.monotonic()
+        for conn in list(self._all):
+            r = conn.response
+            if r is not None and not r.complete and not conn._paused and now - conn.last_io > self.read_timeout:
+                r._fail(UpstreamError(f"the upstream sent nothing for {self.read_timeout:g} s"))
+                conn.close()
+        self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
+
+    @property
+    def _sweep_every(self) -> float:
+        return min(5.0, self.read_timeout / 4)
 
     async def request(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
                       ) -> UpstreamResponse:
@@ -313,12 +330,8 @@ class UpstreamPool:
                 r = UpstreamResponse(conn, method)
                 conn.send(r, data)
                 try:
-                    await r._wait_head(self.read_timeout)
+                    await r._wait_head()
                     return r
-                except TimeoutError:
-                    conn.response = None
-                    conn.close()
-                    raise UpstreamError(f"the upstream sent no response for {self.read_timeout:.0f} s") from None
                 except UpstreamError:
                     conn.response = None
                     conn.close()
@@ -370,6 +383,8 @@ class UpstreamPool:
         except OSError as err:
             raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {err}") from err
         self._all.add(proto)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return proto, False
 
     def _put_back(self, conn: _Connection) -> None:
@@ -382,6 +397,9 @@ class UpstreamPool:
 
     async def close(self) -> None:
         """Close every connection (those in use included)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
