@@ -27,7 +27,7 @@ could have been read, priced at the difference. Where the API sent
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .cache_sim import SimRequest
@@ -110,7 +110,11 @@ class Finding:
     idle_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # every field is a plain value: a flat copy, not `asdict`'s recursive deep copy (per request)
+        return {name: getattr(self, name) for name in _FINDING_FIELDS}
+
+
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import xxhash
 
 from ..cache_sim import request_from_body
@@ -193,7 +194,7 @@ class Observer:
         """Analyse one forwarded request (observe mode). Never raises: a body we cannot read is
         counted and skipped."""
         try:
-            body = json.loads(raw)
+            body = msgspec.json.decode(raw)  # about twice as fast as json.loads, per request
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
                 return None
             hint = session_hint(headers, body)

@@ -13,7 +13,10 @@ What it does, because a relay must:
 * **keep-alive pool**, bounded (``limit`` connections in use at once, the rest wait); an idle
   connection is dropped after ``keepalive_s`` or when the upstream closes it;
 * **a reused connection that the upstream had closed** (the request met a dead socket and no
-  response byte came back) is retried once on a fresh connection: the upstream never saw it;
+  response byte came back) is retried once on a fresh connection for an idempotent method
+  (RFC 9110 9.2.2); a ``POST`` is not re-sent behind the caller's back: it gets a 502, and its
+  SDK's own retry policy decides. A pooled connection the upstream closed while idle is noticed
+  before reuse, so this race is rare;
 * **every framing the server may choose**: ``Content-Length``, chunked, read-until-close, no
   body (``HEAD``, 204, 304), interim 1xx responses skipped; nothing is decompressed;
 * **backpressure**: reading from the upstream pauses while more than `HIGH_WATER` bytes wait
@@ -44,6 +47,8 @@ __all__ = ["HIGH_WATER", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 HIGH_WATER = 1 << 20  # bytes buffered for a slow client before reading from the upstream pauses
 _NO_BODY_STATUS = frozenset({204, 304})
+# RFC 9110 9.2.2: only these are re-sent on their own; a POST the upstream may have acted on is not
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class UpstreamError(Exception):
@@ -339,8 +344,8 @@ class UpstreamPool:
                 except OSError as err:
                     conn.response = None
                     conn.close()
-                    if reused and r.bytes_seen == 0 and attempt == 0:
-                        continue  # a keep-alive connection the upstream had closed: it never saw the request
+                    if reused and r.bytes_seen == 0 and attempt == 0 and method in IDEMPOTENT:
+                        continue  # a keep-alive connection the upstream had closed: safe to send again
                     raise UpstreamError(f"the upstream closed the connection: {err}") from err
                 except BaseException:
                     conn.response = None
