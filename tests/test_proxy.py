@@ -172,6 +172,26 @@ def test_observe_mode_never_changes_a_byte_and_never_keeps_credentials(tmp_path:
     assert st.open(sid).get_blob(ev["body_ref"]) == body
 
 
+def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded() -> None:
+    """curl sends ``Expect: 100-continue`` for large bodies; the proxy answers it, reads the whole
+    body, and sends the upstream a complete request without the header."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    rec = _Recorder()
+    body = b'{"pad": "' + b"x" * 200_000 + b'"}'
+    with ServerThread(rec.app) as up, _proxy(up.url) as px:
+        u = urlsplit(px.url)
+        conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=10)
+        conn.request("POST", "/v1/other", body=body, headers={"Expect": "100-continue",
+                                                              "content-type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+    headers, got = rec.got[0]
+    assert got == body and "expect" not in {k.lower() for k in headers}
+
+
 def test_upstream_cookies_reach_the_client_and_never_another_request() -> None:
     """The proxy's own HTTP client keeps no cookie jar: a Set-Cookie meant for one client is
     relayed to it, and never sent upstream on behalf of the next."""

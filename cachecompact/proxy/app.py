@@ -54,6 +54,8 @@ log = logging.getLogger("cachecompact")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade"})
 CREDENTIALS = ("x-api-key", "authorization")
+# the proxy sets Host and Content-Length itself; it holds the whole body, so an Expect was answered here
+_REQUEST_DROP = ("host", "content-length", "expect")
 WHOLE = 1 << 20  # JSON bodies up to this size are relayed in one write (streams always chunk by chunk)
 _COOKIE = "cachecompact_token"
 UPSTREAM: web.AppKey[UpstreamPool] = web.AppKey("upstream", UpstreamPool)
@@ -350,7 +352,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     async def forward(request: web.Request) -> web.StreamResponse:
         raw = await read_body(request)
         try:
-            up = await send(request, raw, _filter(request.headers, ("host", "content-length")))
+            up = await send(request, raw, _filter(request.headers, _REQUEST_DROP))
         except UpstreamError as err:
             return _unavailable(cfg, err)
         async with up:
@@ -361,7 +363,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             return await forward(request)
         raw = await read_body(request)
         t0 = time.perf_counter()
-        headers = _filter(request.headers, ("host", "content-length"))
+        headers = _filter(request.headers, _REQUEST_DROP)
         lower = {k.lower(): v for k, v in request.headers.items()}
         now = clock_from(lower, CLOCK_HEADER, time.time)  # replays and tests set the clock
         if INTERNAL_HEADER in lower:
