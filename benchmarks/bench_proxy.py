@@ -6,8 +6,8 @@ alternates direct (to the emulator) and proxied requests, so machine noise hits 
 
 * latency: sequential small JSON ``POST /v1/messages``; added p50/p99 = proxied - direct;
 * TTFB: sequential streaming requests; time to the first body byte (the SSE ``message_start``);
-* throughput: 100 concurrent streaming clients, a fixed number of requests each way; requests/s
-  proxied / direct, and every response checked (no errors);
+* throughput: 100 concurrent streaming clients, 20 requests each, five rounds each way
+  alternating; median requests/s proxied / direct, and every response checked (no errors);
 * memory: the proxy's RSS after a warm-up and after 10,000 requests.
 
     python benchmarks/bench_proxy.py [--requests 2000] [--write docs/benchmarks.md]
@@ -118,7 +118,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000, help="sequential requests per path for latency")
     ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--per-client", type=int, default=10)
+    ap.add_argument("--per-client", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5, help="throughput rounds each way, alternating; the median")
     ap.add_argument("--memory-requests", type=int, default=10_000)
     ap.add_argument("--write", metavar="MD", help="update the proxy section of this markdown file")
     args = ap.parse_args()
@@ -129,7 +130,7 @@ def main() -> int:
         sse_lat = asyncio.run(_latency(emu_url, px_url, args.requests // 2, stream=True))
         thr: dict[str, list[float]] = {"direct": [], "proxy": []}
         errs = 0
-        for rnd in range(3):  # alternate which goes first
+        for rnd in range(args.rounds):  # alternate which goes first
             for name, url in ([("direct", emu_url), ("proxy", px_url)] if rnd % 2 == 0 else
                               [("proxy", px_url), ("direct", emu_url)]):
                 rps, e = asyncio.run(_throughput(url, args.clients, args.per_client))
@@ -173,7 +174,8 @@ def main() -> int:
         f"{res['ttfb_proxy_p50']:.2f} ms | {res['added_ttfb_p50']:+.2f} ms | <= 1 ms |",
         f"| stream time to first byte p99 | {res['ttfb_direct_p99']:.2f} ms | {res['ttfb_proxy_p99']:.2f} ms | "
         f"{res['ttfb_proxy_p99'] - res['ttfb_direct_p99']:+.2f} ms | |",
-        f"| throughput, {args.clients} concurrent streaming clients (median of 3) | {res['thr_direct']:.0f} req/s | "
+        f"| throughput, {args.clients} concurrent streaming clients x {args.per_client} requests "
+        f"(median of {args.rounds} rounds) | {res['thr_direct']:.0f} req/s | "
         f"{res['thr_proxy']:.0f} req/s | {res['thr_ratio']:.2f}x, {errs} errors | >= 0.80x, 0 errors |",
         f"| proxy RSS over {args.memory_requests:,} requests | {res['rss_before_mb']:.1f} MB | "
         f"{res['rss_after_mb']:.1f} MB | {res['rss_growth_mb']:+.1f} MB, {flood_errors} errors | <= 20 MB |",

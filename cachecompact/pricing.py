@@ -14,6 +14,7 @@ calibration against reported usage refines them; the emulator bills with the sam
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -124,6 +125,7 @@ _WARNED: set[str] = set()
 REQUIRED_FIELDS = tuple(f.name for f in fields(ModelInfo))
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked several times per request by the proxy's analysis
 def _canonical(model: str) -> str:
     name = _DATE.sub("", model.strip().lower())
     name = re.sub(r"\[1m\]$", "", name)  # Claude Code's 1M-context spelling
