@@ -399,7 +399,7 @@ class SSEUsage:
     """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
 
     def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
-        self.buf = b""
+        self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
         self.usage: dict[str, Any] = {}
         self.message_id: str | None = None
         self.diag: dict[str, Any] | None = None
@@ -408,9 +408,19 @@ class SSEUsage:
 
     def feed(self, chunk: bytes) -> None:
         """Parse the complete frames in ``chunk`` (plus what was left over); a frame that names no
-        ``message_*`` event is skipped without being split into lines. Linear in the input, so a
-        whole stream may be fed at once."""
-        buf = self.buf + chunk if self.buf else chunk
+        ``message_*`` event is skipped without being split into lines. Linear in the input however
+        it is split: while no frame ends, chunks are only collected."""
+        if self._pending:
+            # does a frame end in this chunk? (its separator may begin in the bytes before it)
+            probe = self._pending[-1][-3:] + chunk[:3]
+            if b"\n\n" not in chunk and b"\r\n\r\n" not in chunk and b"\n\n" not in probe \
+                    and b"\r\n\r\n" not in probe:
+                self._pending.append(chunk)
+                return
+            buf = b"".join(self._pending) + chunk
+            self._pending = []
+        else:
+            buf = chunk
         pos = 0
         lf = buf.find(b"\n\n")
         crlf = buf.find(b"\r\n\r\n")
@@ -419,16 +429,20 @@ class SSEUsage:
                 cut, nxt = crlf, crlf + 4
             else:
                 cut, nxt = lf, lf + 2
-            if buf.find(b'"message_', pos, cut) >= 0:
-                for line in buf[pos:cut].splitlines():
-                    if line.startswith(b"data:"):
-                        self._event(line[5:].strip())
+            self._frame(buf, pos, cut)
             pos = nxt
             if lf >= 0 and lf < pos:
                 lf = buf.find(b"\n\n", pos)
             if crlf >= 0 and crlf < pos:
                 crlf = buf.find(b"\r\n\r\n", pos)
-        self.buf = buf[pos:]
+        if pos < len(buf):
+            self._pending = [buf[pos:]]
+
+    def _frame(self, buf: bytes, start: int, end: int) -> None:
+        if buf.find(b'"message_', start, end) >= 0:
+            for line in buf[start:end].splitlines():
+                if line.startswith(b"data:"):
+                    self._event(line[5:].strip())
 
     def _event(self, data: bytes) -> None:
         if b'"message_start"' not in data and b'"message_delta"' not in data and b'"message_stop"' not in data:
@@ -452,6 +466,11 @@ class SSEUsage:
             self.finish()
 
     def finish(self) -> None:
+        """The stream ended: a last frame without its closing blank line counts too."""
+        if self._pending:
+            tail = b"".join(self._pending)
+            self._pending = []
+            self._frame(tail, 0, len(tail))
         if not self.reported and self.usage:
             self.reported = True
             self.done(dict(self.usage), self.message_id, self.diag)

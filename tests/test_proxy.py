@@ -492,3 +492,60 @@ def test_observe_mode_under_overload_forwards_everything_and_counts_what_it_did_
         assert px.state.pending == 0 and px.state.dropped == 3
         assert px.state.observer.sessions() == []
         assert http.get("/api/version").json()["unanalysed"] == 3
+
+
+def test_the_waiting_response_counts_toward_the_analysis_bound(emu: Emulator) -> None:
+    """A response kept for the analysis thread holds memory like its request: both are counted."""
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+        px.state.max_pending_bytes = len(body) + 10  # room for the request, not for its response too
+        r = http.post("/v1/messages", content=body, headers={"x-api-key": "k", "content-type": "application/json"})
+        assert r.status_code == 200 and len(r.content) > 10
+        px.wait_idle(5)
+        assert px.state.dropped == 1
+
+
+def test_a_broken_error_body_in_compact_mode_is_a_502_and_gives_its_connection_back(tmp_path: Path) -> None:
+    """The 400 a compact-mode request reads itself (to look for prompt-too-long) breaks off: the
+    client gets a 502, and with two upstream connections allowed, later requests still go."""
+    calls: list[int] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        calls.append(1)
+        resp = web.StreamResponse(status=400, headers={"content-type": "application/json"})
+        resp.content_length = 500
+        await resp.prepare(request)
+        await resp.write(b'{"type": "error", "err')
+        assert request.transport is not None
+        request.transport.close()  # cut off mid-body
+        return resp
+
+    def app() -> web.Application:
+        a = web.Application()
+        a.router.add_route("*", "/{tail:.*}", handle)
+        return a
+
+    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    with ServerThread(app) as up, _proxy(up.url, mode="compact", store=str(tmp_path), max_connections=2) as px, \
+            httpx2.Client(base_url=px.url, timeout=10) as http:
+        for _ in range(4):
+            r = http.post("/v1/messages", json=body, headers={"x-api-key": "k"})
+            assert r.status_code == 502 and "broke off" in r.json()["error"]["message"]
+    assert len(calls) == 4
+
+
+def test_absolute_form_targets_go_to_the_configured_upstream_and_userinfo_is_refused() -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    rec = _Recorder()
+    with ServerThread(rec.app) as up, _proxy(up.url) as px:
+        u = urlsplit(px.url)
+        conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=10)
+        conn.request("POST", "http://elsewhere.example/v1/other?x=1", body=b"{}")
+        assert conn.getresponse().status == 418  # the recorder's answer: it reached the upstream
+        conn.close()
+    assert len(rec.got) == 1
+    with pytest.raises(ConfigError, match="user name or password"):
+        ProxyConfig(upstream="http://svc:secret@127.0.0.1:1").check()

@@ -326,3 +326,103 @@ def test_the_pool_bound_queues_requests_and_an_abandoned_response_closes_its_con
 
     state = _run(handler, test, limit=1)
     assert state["connections"] == 2  # the abandoned connection was not reused; the complete one was
+
+
+def _scripted(*replies: bytes, close_after: bool = False) -> Handler:
+    """Answer the k-th request on a connection with ``replies[k]`` (exact bytes)."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: dict[str, Any]) -> None:
+        for reply in replies:
+            req = await _read_request(r)
+            if req is None:
+                return
+            state["requests"].append(req)
+            w.write(reply)
+            await w.drain()
+        if close_after:
+            return
+        await _read_request(r)
+    return handler
+
+
+def test_bytes_after_a_complete_response_never_reach_it_or_the_next_one() -> None:
+    """An upstream (or middlebox) that sends more than one response: the first stays as it was,
+    the connection is closed, and the next request gets a fresh one."""
+    extra = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Which: first\r\n\r\nok"
+             b"HTTP/1.1 500 Injected\r\nContent-Length: 5\r\nX-Which: second\r\n\r\nST")
+
+    async def test(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        async with await pool.request("GET", "/a", [], b"") as r:
+            assert (r.status, r.headers.getall("x-which"), await r.read()) == (200, ["first"], b"ok")
+        async with await pool.request("GET", "/b", [], b"") as r:
+            assert (r.status, await r.read()) == (200, b"ok")
+
+    state = _run(_scripted(extra, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), test)
+    assert state["connections"] == 2
+
+
+def test_a_body_until_close_cut_by_a_reset_is_an_error_not_a_short_body() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: dict[str, Any]) -> None:
+        await _read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nevent: partial\n")
+        await w.drain()
+        sock = w.get_extra_info("socket")
+        import socket
+        import struct
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        w.transport.abort()
+
+    async def test(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        async with await pool.request("POST", "/x", [], b"{}") as r:
+            with pytest.raises(UpstreamError, match="broke off"):
+                await r.read()
+
+    _run(handler, test)
+
+
+def test_only_a_final_chunked_coding_frames_the_body() -> None:
+    """``Transfer-Encoding: chunked, gzip`` (or a second TE header) is read until close, and a
+    clean close ends it."""
+    reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\nabcdef"
+
+    async def test(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        async with await pool.request("GET", "/x", [], b"") as r:
+            assert await r.read() == b"abcdef"
+
+    _run(_scripted(reply, close_after=True), test)
+
+
+def test_idle_connections_past_keep_alive_are_closed_and_a_full_pool_wait_is_bounded() -> None:
+    async def idle(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        held = [await pool.request("GET", f"/{k}", [], b"") for k in range(3)]
+        for r in held:
+            await r.read()
+            r.release()
+        await asyncio.sleep(1.0)  # several sweeps at keepalive_s / 2
+        assert not pool._idle and not pool._all  # all closed and forgotten
+
+    _run(_keepalive(b"ok"), idle, keepalive_s=0.3)
+
+    async def full(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        first = await pool.request("GET", "/a", [], b"")
+        with pytest.raises(UpstreamError, match=r"no upstream connection became free within 0\.3 s"):
+            await pool.request("GET", "/b", [], b"")
+        first.release()
+
+    _run(_keepalive(b"ok"), full, limit=1, connect_timeout=0.3)
+
+
+def test_header_bytes_pass_unchanged_both_ways_and_userinfo_is_refused() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: dict[str, Any]) -> None:
+        req = await _read_request(r)
+        state["requests"].append(req)
+        w.write("HTTP/1.1 200 OK\r\nX-Up: café €\r\nContent-Length: 0\r\n\r\n".encode())
+        await w.drain()
+
+    async def test(pool: UpstreamPool, state: dict[str, Any]) -> None:
+        async with await pool.request("GET", "/h", [("X-Title", "café €")], b"") as r:
+            assert r.headers["x-up"] == "café €"
+
+    state = _run(handler, test)
+    assert "X-Title: café €".encode() in state["requests"][0][0]
+    with pytest.raises(ValueError, match="user name or password"):
+        UpstreamPool("http://svc:secret@127.0.0.1:1")

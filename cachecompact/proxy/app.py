@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -45,7 +46,7 @@ from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
-from .upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Proxy", "ProxyConfig", "make_app"]
 
@@ -82,6 +83,10 @@ class ProxyConfig:
             raise ConfigError(f"--mode must be 'observe' or 'compact', got {self.mode!r}")
         if not self.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
+        u = urlsplit(self.upstream)
+        if u.username is not None or u.password is not None:
+            raise ConfigError("--upstream must not carry a user name or password (it would be logged and shown in "
+                              "errors); the proxy forwards each caller's own credentials")
         if not is_loopback(self.host) and not self.auth_token:
             raise ConfigError(f"binding to {self.host} (beyond loopback) needs --auth-token: the dashboard and its API "
                               "show request contents")
@@ -115,10 +120,11 @@ class _Tap:
     In observe mode nothing is parsed on the request path: the bytes are kept (up to `CAP`) and
     `finish` parses them in the analysis thread, after the response. Compact mode must know a
     stream's usage before its last bytes reach the client (``record_first``), so there, and for a
-    stream longer than `CAP`, SSE events are parsed as they pass. A compressed response is read
+    stream longer than `SSE_DEFER`, SSE events are parsed as they pass. A compressed response is read
     from a decompressed copy."""
 
     CAP = 8 * 1024 * 1024
+    SSE_DEFER = 1024 * 1024  # a longer stream is parsed as it passes: the catch-up stays short, memory small
     Usage = tuple[dict[str, Any], str | None, dict[str, Any] | None]
 
     def __init__(self, content_type: str, encoding: str, *, live: bool = False) -> None:
@@ -168,12 +174,11 @@ class _Tap:
             return
         self.parts.append(chunk)
         self.size += len(chunk)
-        if self.size > self.CAP:
-            if self.sse:
-                self._go_live()
-            else:  # a JSON body this large carries no usage worth the memory
-                self.unreadable = True
-                self.parts = []
+        if self.sse and self.size > self.SSE_DEFER:
+            self._go_live()
+        elif self.size > self.CAP:  # a JSON body this large carries no usage worth the memory
+            self.unreadable = True
+            self.parts = []
 
     def finish(self) -> _Tap.Usage | None:
         """The usage, message id and diagnostics, once the response is complete (idempotent)."""
@@ -187,7 +192,7 @@ class _Tap:
             self._finished = self.result is not None
             return self.result
         self._finished = True
-        d = json_or_none(_decoded(b"".join(self.parts), self.encoding))
+        d = json_or_none(_decoded(b"".join(self.parts), self.encoding, self.CAP))
         if isinstance(d, dict) and isinstance(d.get("usage"), dict):
             reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
             self.result = d["usage"], d.get("id"), reason if isinstance(reason, dict) else None
@@ -242,7 +247,7 @@ class ProxyState:
                                            summarizer=summarizer, **cfg.engine_options)
         # analysis after the response: one thread fed by a queue (cheaper per request than an
         # executor's futures), so the records of a session stay in order
-        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[int, tuple[Any, ...]] | None] = queue.SimpleQueue()
         # observe mode under overload: forwarding never waits for analysis, and the bodies waiting
         # for it are bounded; past the bound a request is forwarded but not analysed (counted)
         self.max_pending_bytes = 256 << 20
@@ -265,8 +270,9 @@ class ProxyState:
 
     def submit(self, job: tuple[Any, ...]) -> None:
         """Queue one response's analysis (``job[0]`` is the request body; ``job[2]`` the engine's
-        prepared request, which compact mode must always record)."""
-        size = len(job[0])
+        prepared request, which compact mode must always record; ``job[4]`` the response's tap,
+        holding its bytes until the analysis reads them: both count toward the bound)."""
+        size = len(job[0]) + job[4].size
         with self._plock:
             if job[2] is None and self._pending_bytes + size > self.max_pending_bytes:
                 self._pending -= 1
@@ -276,19 +282,20 @@ class ProxyState:
                                 self.dropped)
                 return
             self._pending_bytes += size
-        self.queue.put(job)
+        self.queue.put((size, job))
 
     def _analyse(self) -> None:
         while True:
-            job = self.queue.get()
-            if job is None:
+            item = self.queue.get()
+            if item is None:
                 return
+            size, job = item
             try:
                 _record(self, *job)
             finally:
                 with self._plock:
                     self._pending -= 1
-                    self._pending_bytes -= len(job[0])
+                    self._pending_bytes -= size
 
     def close(self) -> None:
         self.queue.put(None)
@@ -314,7 +321,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
     app.cleanup_ctx.append(upstream_ctx)
 
     async def send(request: web.Request, data: bytes, headers: list[tuple[str, str]]) -> UpstreamResponse:
-        return await app[UPSTREAM].request(request.method, request.raw_path, headers, data)
+        return await app[UPSTREAM].request(request.method, _origin_form(request.raw_path), headers, data)
 
     async def relay(request: web.Request, up: UpstreamResponse, tap: _Tap | None,
                     head: bytes = b"", before_send: Callable[[], Awaitable[None]] | None = None
@@ -383,11 +390,19 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             return _unavailable(cfg, err)
         head = b""
         if prepared is not None and up.status == 400:
-            head = await up.read()
-            info = too_long(json_or_none(_decoded(head, up.headers.get("content-encoding", ""))))
+            try:  # until the response is relayed, every way out gives its connection back
+                head = await up.read()
+                info = too_long(json_or_none(_decoded(head, up.headers.get("content-encoding", ""))))
+                body = (await asyncio.get_running_loop().run_in_executor(state.compute, _reactive, state, prepared,
+                                                                         info, lower)
+                        if info is not None else None)
+            except UpstreamError as err:
+                up.release()
+                return _unavailable(cfg, err)
+            except BaseException:
+                up.release()
+                raise
             if info is not None:
-                body = await asyncio.get_running_loop().run_in_executor(state.compute, _reactive, state, prepared,
-                                                                        info, lower)
                 up.release()
                 if body is None:
                     return api_error(400, "context is full: the prompt is too long even after compaction; start a "
@@ -442,11 +457,24 @@ def make_app(cfg: ProxyConfig) -> web.Application:
 
 
 def _unavailable(cfg: ProxyConfig, err: UpstreamError) -> web.Response:
+    """A 400 for a request that cannot be forwarded as given, else a 502 (and a log line)."""
+    if isinstance(err, RequestRefused):
+        return api_error(400, str(err))
     log.warning("cachecompact proxy: upstream %s: %s", cfg.upstream, err)
     return api_error(502, f"upstream {cfg.upstream} unavailable: {err}")
 
 
-def _decoded(raw: bytes, encoding: str) -> bytes:
+def _origin_form(target: str) -> str:
+    """The request target as a path and query: an absolute-form target (``GET http://host/p``,
+    which RFC 9112 3.2.2 says a server must accept) is reduced to its path; the upstream is
+    always the configured one."""
+    if target.startswith(("http://", "https://")):
+        u = urlsplit(target)
+        return (u.path or "/") + (f"?{u.query}" if u.query else "")
+    return target
+
+
+def _decoded(raw: bytes, encoding: str, limit: int = 1 << 22) -> bytes:
     """A response body as its sender meant it (the proxy forwards the compressed bytes, but
     reads an error body itself); an unknown or broken encoding reads as empty."""
     enc = encoding.strip().lower()
@@ -454,7 +482,7 @@ def _decoded(raw: bytes, encoding: str) -> bytes:
         return raw
     if enc in ("gzip", "deflate"):
         try:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS).decompress(raw, 1 << 22)
+            return zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS).decompress(raw, limit)
         except zlib.error:
             return b""
     return b""

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict
 
-__all__ = ["HIGH_WATER", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["HIGH_WATER", "RequestRefused", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 HIGH_WATER = 1 << 20  # bytes buffered for a slow client before reading from the upstream pauses
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -53,6 +53,20 @@ IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 class UpstreamError(Exception):
     """The upstream could not be reached, or broke off a response."""
+
+
+class RequestRefused(UpstreamError):
+    """The request cannot be forwarded as given (a line break in a header, a bad target); nothing
+    was sent. The caller's error (a 400), not the upstream's."""
+
+
+def _text(raw: bytes) -> str:
+    """A response header as text: UTF-8 (the server re-encodes it as UTF-8, so the bytes reach
+    the client unchanged), else Latin-1 (every byte kept as a character, none dropped)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 class UpstreamResponse:
@@ -87,7 +101,7 @@ class UpstreamResponse:
     # ---- fed by the connection -------------------------------------------------------------
     def _headers_done(self, status: int) -> None:
         self.status = status
-        self.headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw_headers)
+        self.headers = CIMultiDict((_text(k), _text(v)) for k, v in self._raw_headers)
         if not self._head.done():
             self._head.set_result(None)
 
@@ -132,10 +146,10 @@ class UpstreamResponse:
                 self._conn.resume()
                 yield chunk
                 continue
-            if self.complete:
-                return
             if self._error is not None:
                 raise UpstreamError(f"the upstream broke off the response: {self._error}") from self._error
+            if self.complete:
+                return
             self._wake = asyncio.get_running_loop().create_future()
             try:
                 await self._wake
@@ -174,6 +188,8 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._reason = b""
         self._until_close = False
+        self._ended = False  # the current response's message is complete: any further byte is a protocol error
+        self._spoiled = False  # bytes came after the end of a response: never reuse this connection
 
     # asyncio protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,7 +198,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_io = time.monotonic()
         r = self.response
-        if r is None:  # bytes nobody asked for: the connection is not in a state to reuse
+        if r is None or self._ended:  # bytes nobody asked for: the connection cannot be trusted again
+            self._spoiled = True
             self.close()
             return
         r.bytes_seen += len(data)
@@ -194,6 +211,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as err:
             r._fail(UpstreamError(f"the upstream sent malformed HTTP: {err}"))
             self.close()
+        if self._spoiled:
+            self.close()
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -202,62 +221,69 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         r = self.response
         if r is not None and not r.complete:
-            if self._until_close and r._head.done():
-                r._finish(False)  # a body delimited by the end of the connection ends here
+            if self._until_close and r._head.done() and exc is None and r._error is None:
+                r._finish(False)  # a body delimited by the end of the connection ends here (not at a reset)
             else:
                 r._fail(exc or ConnectionResetError("the upstream closed the connection"))
         self.pool._forget(self)
 
     # llhttp callbacks
     def on_message_begin(self) -> None:
+        if self._ended:  # a second response where one was asked for
+            self._spoiled = True
+            return
         if self.response is not None:
             self.response._raw_headers = []
         self._reason = b""
 
     def on_status(self, status: bytes) -> None:
-        self._reason += status
+        if not self._ended:
+            self._reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None:
+        if self.response is not None and not self._ended:
             self.response._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         r = self.response
-        if r is None:
+        if r is None or self._ended:
             return
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             return  # an interim response (100 Continue, 103 Early Hints): the real one follows
         r.reason = self._reason.decode("latin-1", "replace")
         r._headers_done(status)
-        te = r.headers.get("transfer-encoding", "").lower()
-        self._until_close = ("content-length" not in r.headers and "chunked" not in te
-                             and status not in _NO_BODY_STATUS)
+        codings = ",".join(r.headers.getall("transfer-encoding", ())).split(",")
+        chunked = codings[-1].strip().lower() == "chunked"  # only a final "chunked" frames the body
+        self._until_close = "content-length" not in r.headers and not chunked and status not in _NO_BODY_STATUS
         if r.method == "HEAD":  # no body follows, whatever the headers say; not reused (llhttp would wait)
             self._until_close = False
+            self._ended = True
             r._finish(False)
 
     def on_body(self, body: bytes) -> None:
         r = self.response
-        if r is not None and not r.complete:
+        if r is not None and not r.complete and not self._ended:
             r._feed(body)
 
     def on_message_complete(self) -> None:
         r = self.response
-        if r is None or r.complete or not r._head.done():
-            return  # the end of a 1xx, or of a HEAD response already finished
+        if r is None or self._ended or r.complete or not r._head.done():
+            return  # the end of a 1xx, of a HEAD response already finished, or of bytes after the end
+        self._ended = True
         r._finish(self.parser.should_keep_alive() and not self._until_close)
 
     # pool side
     def send(self, response: UpstreamResponse, data: bytes) -> None:
         assert self.transport is not None
         self.response = response
+        self._ended = False
         self.last_io = time.monotonic()
         self.transport.write(data)
 
     def done(self, response: UpstreamResponse) -> None:
         self.response = None
-        if response.complete and response.keep_alive and not self.closed and not self._paused:
+        if response.complete and response.keep_alive and not (self.closed or self._paused or self._spoiled):
             self.idle_since = time.monotonic()
             self.pool._put_back(self)
         else:
@@ -288,6 +314,9 @@ class UpstreamPool:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"upstream must be an http:// or https:// URL, got {base_url!r}")
+        if u.username is not None or u.password is not None:
+            raise ValueError("the upstream URL must not carry a user name or password: the proxy forwards each "
+                             "caller's own credentials")
         self.host = u.hostname
         self.tls = u.scheme == "https"
         self.port = u.port or (443 if self.tls else 80)
@@ -306,6 +335,7 @@ class UpstreamPool:
         self.read_timeout = read_timeout
         self._idle: collections.deque[_Connection] = collections.deque()
         self._all: set[_Connection] = set()
+        self.limit = limit
         self._slots = asyncio.Semaphore(limit)
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -318,17 +348,25 @@ class UpstreamPool:
             if r is not None and not r.complete and not conn._paused and now - conn.last_io > self.read_timeout:
                 r._fail(UpstreamError(f"the upstream sent nothing for {self.read_timeout:g} s"))
                 conn.close()
+        for conn in list(self._idle):  # idle past keep-alive: closed, not only skipped when next popped
+            if now - conn.idle_since >= self.keepalive_s:
+                conn.close()
         self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
 
     @property
     def _sweep_every(self) -> float:
-        return min(5.0, self.read_timeout / 4)
+        return min(5.0, self.read_timeout / 4, self.keepalive_s / 2)
 
     async def request(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
                       ) -> UpstreamResponse:
         """Send one request (``target`` is the path and query) and wait for the response's head."""
         data = self._encode(method, target, headers, body)
-        await self._slots.acquire()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UpstreamError(f"no upstream connection became free within {self.connect_timeout:g} s "
+                                f"(all {self.limit} in use)") from None
         try:
             for attempt in (0, 1):
                 conn, reused = await self._connection()
@@ -358,12 +396,13 @@ class UpstreamPool:
 
     def _encode(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
         if not method.isalpha() or not target.startswith("/") or any(c in target for c in " \r\n"):
-            raise UpstreamError(f"refusing to forward a malformed request line: {method!r} {target[:100]!r}")
+            raise RequestRefused(f"refusing to forward a malformed request line: {method!r} {target[:100]!r}")
         out = [f"{method} {self.prefix}{target} HTTP/1.1\r\n".encode("latin-1"), self._host_line]
         for k, v in headers:
             if "\r" in k or "\n" in k or "\r" in v or "\n" in v or ":" in k:
-                raise UpstreamError(f"refusing to forward a header with a line break: {k[:60]!r}")
-            out.append(f"{k}: {v}\r\n".encode("latin-1", "replace"))
+                raise RequestRefused(f"refusing to forward a header with a line break: {k[:60]!r}")
+            # the inverse of how aiohttp's server decoded them: the caller's bytes, unchanged
+            out.append(f"{k}: {v}\r\n".encode("utf-8", "surrogateescape"))
         if body or method in ("POST", "PUT", "PATCH"):
             out.append(b"Content-Length: %d\r\n" % len(body))
         out.append(b"\r\n")

@@ -1,0 +1,81 @@
+"""`SSEUsage`, the stream usage parser of the middleware and the proxy: the same result however
+a stream is split, with LF or CRLF frames."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachecompact.engine import SSEUsage
+
+EVENTS = [
+    {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 10, "cache_read_input_tokens": 3},
+                                          "diagnostics": {"cache_miss_reason": {"type": "ttl"}}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a \"message_\" in text"}},
+    {"type": "ping"},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}},
+    {"type": "message_stop"},
+]
+
+
+def _stream(events: list[dict[str, Any]], seps: list[str]) -> bytes:
+    out = []
+    for k, e in enumerate(events):
+        sep = seps[k % len(seps)]
+        out.append(f"event: {e['type']}{sep[:len(sep) // 2]}data: {json.dumps(e)}{sep}")
+    return "".join(out).encode()
+
+
+def _reference(raw: bytes) -> tuple[dict[str, Any], str | None, Any]:
+    """Frame by frame, the slow obvious way."""
+    usage: dict[str, Any] = {}
+    mid = diag = None
+    for frame in re.split(rb"\r\n\r\n|\n\n", raw):
+        for line in frame.splitlines():
+            if not line.startswith(b"data:") or b"message_" not in line:
+                continue
+            d = json.loads(line[5:])
+            if d["type"] == "message_start":
+                mid = d["message"]["id"]
+                usage.update(d["message"]["usage"])
+                diag = d["message"].get("diagnostics", {}).get("cache_miss_reason")
+            elif d["type"] == "message_delta":
+                usage.update(d["usage"])
+    return usage, mid, diag
+
+
+def _parse(parts: list[bytes]) -> tuple[dict[str, Any], str | None, Any] | None:
+    got: list[Any] = []
+    p = SSEUsage(lambda u, m, d: got.append((u, m, d)))
+    for part in parts:
+        p.feed(part)
+    p.finish()
+    return got[0] if got else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(seps=st.lists(st.sampled_from(["\n\n", "\r\n\r\n"]), min_size=1, max_size=4),
+       cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=30),
+       drop_stop=st.booleans())
+def test_any_split_gives_the_reference_result(seps: list[str], cuts: list[int], drop_stop: bool) -> None:
+    events = EVENTS[:-1] if drop_stop else EVENTS
+    raw = _stream(events, seps)
+    if drop_stop:
+        raw = raw.rstrip(b"\r\n")  # the last frame without its blank line: finish() reads it
+    points = sorted({min(c, len(raw)) for c in cuts})
+    parts = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    assert _parse(parts) == _reference(raw) == _parse([raw])
+
+
+def test_a_huge_frame_split_into_many_chunks() -> None:
+    """One 8 MB frame in 16 KB chunks (its speed is not timed here: the chunks are only collected
+    until the frame ends, see `SSEUsage.feed`)."""
+    big = b"data: " + b"x" * (8 << 20) + b"\n\n"
+    raw = _stream(EVENTS[:1], ["\n\n"]) + big + _stream(EVENTS[4:], ["\n\n"])
+    chunks = [raw[i:i + 16384] for i in range(0, len(raw), 16384)]
+    assert _parse(chunks) == _parse([raw]) == _reference(raw)
