@@ -400,6 +400,7 @@ class SSEUsage:
 
     def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
         self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
+        self._tail = b""  # its last 3 bytes: where a separator that ends in the next chunk may begin
         self.usage: dict[str, Any] = {}
         self.message_id: str | None = None
         self.diag: dict[str, Any] | None = None
@@ -412,10 +413,11 @@ class SSEUsage:
         it is split: while no frame ends, chunks are only collected."""
         if self._pending:
             # does a frame end in this chunk? (its separator may begin in the bytes before it)
-            probe = self._pending[-1][-3:] + chunk[:3]
+            probe = self._tail + chunk[:3]
             if b"\n\n" not in chunk and b"\r\n\r\n" not in chunk and b"\n\n" not in probe \
                     and b"\r\n\r\n" not in probe:
                 self._pending.append(chunk)
+                self._tail = probe[-3:] if len(chunk) < 3 else chunk[-3:]
                 return
             buf = b"".join(self._pending) + chunk
             self._pending = []
@@ -437,6 +439,7 @@ class SSEUsage:
                 crlf = buf.find(b"\r\n\r\n", pos)
         if pos < len(buf):
             self._pending = [buf[pos:]]
+            self._tail = buf[-3:]
 
     def _frame(self, buf: bytes, start: int, end: int) -> None:
         if buf.find(b'"message_', start, end) >= 0:

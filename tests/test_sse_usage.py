@@ -79,3 +79,40 @@ def test_a_huge_frame_split_into_many_chunks() -> None:
     raw = _stream(EVENTS[:1], ["\n\n"]) + big + _stream(EVENTS[4:], ["\n\n"])
     chunks = [raw[i:i + 16384] for i in range(0, len(raw), 16384)]
     assert _parse(chunks) == _parse([raw]) == _reference(raw)
+
+
+def test_a_separator_split_over_tiny_pieces_ends_the_frame_at_once() -> None:
+    """The usage is reported when the stop frame ends, not only at ``finish``, even if its blank
+    line arrives one byte at a time (compact mode records a stream before its last bytes)."""
+    raw = _stream(EVENTS, ["\r\n\r\n"])
+    got: list[Any] = []
+    p = SSEUsage(lambda u, m, d: got.append((u, m, d)))
+    p.feed(raw[:-4])
+    for k in range(4, 0, -1):
+        p.feed(raw[-k:len(raw) - k + 1])
+    assert got == [_reference(raw)]
+
+
+def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() -> None:
+    """Observe mode keeps a response's bytes for the analysis thread, up to `_Tap.SSE_DEFER` for a
+    stream; past that it parses as the stream passes, so memory stays small either way."""
+    import gzip
+    import random
+
+    from cachecompact.proxy.app import _Tap
+
+    rng = random.Random(1)
+    filler = [{"type": "content_block_delta", "index": 0,
+               "delta": {"type": "text_delta", "text": "".join(rng.choice("abcdef ") for _ in range(2000))}}
+              for _ in range(1500)]
+    raw = _stream([EVENTS[0], *filler, *EVENTS[4:]], ["\n\n"])
+    wire = gzip.compress(raw)
+    assert len(wire) > _Tap.SSE_DEFER
+    tap = _Tap("text/event-stream", "gzip")
+    for i in range(0, len(wire), 16384):
+        tap.feed(wire[i:i + 16384])
+        assert tap.size <= _Tap.SSE_DEFER + 16384
+    assert tap.finish() == _reference(raw)
+    small = _Tap("text/event-stream", "gzip")
+    small.feed(gzip.compress(_stream(EVENTS, ["\n\n"])))
+    assert small.parser is None and small.finish() == _reference(_stream(EVENTS, ["\n\n"]))  # parsed only at the end

@@ -148,8 +148,7 @@ class _Tap:
     def _go_live(self) -> None:
         """From now on, parse SSE as it passes (what was kept so far first)."""
         self.parser = SSEUsage(self._done)
-        self.z = (zlib.decompressobj(16 + zlib.MAX_WBITS) if self.encoding == "gzip" else
-                  zlib.decompressobj() if self.encoding == "deflate" else None)
+        self.z = _decompressor(self.encoding)
         kept, self.parts, self.size = self.parts, [], 0
         for chunk in kept:
             self._parse(chunk)
@@ -480,12 +479,21 @@ def _decoded(raw: bytes, encoding: str, limit: int = 1 << 22) -> bytes:
     enc = encoding.strip().lower()
     if enc in ("", "identity"):
         return raw
-    if enc in ("gzip", "deflate"):
-        try:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS).decompress(raw, limit)
-        except zlib.error:
-            return b""
-    return b""
+    z = _decompressor(enc)
+    if z is None:
+        return b""
+    try:
+        out: bytes = z.decompress(raw, limit)
+    except zlib.error:
+        return b""
+    return out
+
+
+def _decompressor(encoding: str) -> Any:
+    """A zlib decompressor for a gzip or deflate ``Content-Encoding``, else None."""
+    if encoding == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    return zlib.decompressobj() if encoding == "deflate" else None
 
 
 def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
