@@ -250,11 +250,21 @@ class Forensics:
             f.cls, f.detail = "below_minimum", (f"{round(snap.total * ratio)} tokens < the model's minimum cacheable "
                                                 f"{price.min_cacheable}")
             return
-        # 4. the entry expired
+        # 4. the entry expired; with mixed TTLs (a 1h prefix, 5m after it) the shorter ones may
+        # expire alone, and then what the longer ones still hold is all a read can find
         ttl = max((TTL_SECONDS.get(t, 300.0) for _, t in prev.breakpoints), default=300.0)
         gap = snap.time - prev.time
         if gap > ttl:
             f.cls, f.detail = "ttl_expiry", f"idle {gap:.0f} s > TTL {ttl:.0f} s"
+            return
+        alive = [(e.tokens, e.ttl) for k, _ in prev.breakpoints
+                 if (e := self.entries.get(prev.chain[k])) is not None and e.expires >= snap.time]
+        kept, kept_ttl = max(alive, default=(0, ""))
+        if kept < ideal and f.read + max(32, _TOLERANCE * f.expected) >= round(kept * ratio):
+            short = min((TTL_SECONDS.get(t, 300.0) for _, t in prev.breakpoints), default=300.0)
+            f.cls = "ttl_expiry"
+            f.detail = (f"idle {gap:.0f} s > TTL {short:.0f} s of the later breakpoints; the {kept_ttl} entry "
+                        f"({round(kept * ratio)} tokens) was read")
             return
         # 5. the cached end lay outside every breakpoint's lookback
         if top is not None and top < len(snap.pos) and not any(

@@ -73,6 +73,16 @@ def test_read_as_expected_then_every_class(run: Run) -> None:
     assert run.send(410, model="claude-opus-4-8", messages=_msgs(6)).cls == "invalidation"
 
 
+def test_mixed_ttls_a_1h_prefix_outliving_its_5m_tail_is_ttl_expiry(run: Run) -> None:
+    # a 1h breakpoint on the system prompt, 5m on the messages: after 10 idle minutes only the
+    # 5m entry is gone, the 1h one is read, and that is the TTL at work, not the provider
+    system = [{**SYSTEM[0], "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    assert run.send(0, system=system, messages=_msgs(3)).cls == "read_as_expected"
+    f = run.send(600, system=system, messages=_msgs(4))
+    assert f.cls == "ttl_expiry" and "the 1h entry" in f.detail and f.read > 0, f.detail
+    assert run.send(610, system=system, messages=_msgs(5)).cls == "read_as_expected"
+
+
 def test_lookback_miss_when_the_only_breakpoint_moved_too_far(run: Run) -> None:
     run.send(0, messages=_msgs(2))
     far = _msgs(16)  # 28 new blocks after the cached end, and the marker only at the end
