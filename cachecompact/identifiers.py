@@ -1,15 +1,16 @@
 """Identifiers in agent text: file paths, code symbols, ids and numbers.
 
 Used to measure reference recall (what later tool calls need that compaction may have
-hidden) and to keep a digest of them in cleared tool results.
+hidden), to keep a digest of them in cleared tool results, and to find the lines of a cleared
+result that name what the agent's later calls used (`keylines`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-__all__ = ["digest", "identifiers", "identifiers_in_input"]
+__all__ = ["candidate_tokens", "digest", "identifiers", "identifiers_in_input"]
 
 _TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*[A-Za-z0-9_]|[0-9]{3,}")
 _STOP = frozenset({"true", "false", "none", "null", "self", "return", "import", "from", "class", "def", "python",
@@ -30,6 +31,13 @@ def _is_identifier(tok: str) -> bool:
     if any(c.isdigit() for c in tok) and any(c.isalpha() for c in tok) and len(tok) >= 4:
         return True
     return any(c.isupper() for c in tok[1:]) and any(c.islower() for c in tok)  # camelCase / PascalCase
+
+
+def candidate_tokens(text: str) -> Iterator[str]:
+    """Every token of ``text`` that could be an identifier, unchecked: enough to test membership
+    in a set that holds identifiers only, at half the cost of `identifiers`."""
+    for m in _TOKEN.finditer(text):
+        yield m.group(0).rstrip(":.-")
 
 
 def identifiers(text: str) -> list[str]:

@@ -11,6 +11,9 @@ later step can quote them exactly.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Container
+
+from .identifiers import candidate_tokens
 
 __all__ = ["MAX_LINE", "key_lines"]
 
@@ -25,28 +28,49 @@ _CONFIG = re.compile(r"^[A-Za-z_][\w.\-]*\s*:\s+\S")  # unindented ``key: value`
 _ERROR = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception)|FAILED|FAIL|Traceback|panic|fatal)\b")
 _HIT = re.compile(r"^(?:\./)?[\w./\-]+:\d+[:\-]")
 _NOISE = re.compile(r"^\s*(?:#|//|/\*|\*|--|<!--)")
+# a line-number gutter: Claude Code's Read ("   351→"), ``cat -n`` / ``nl`` ("   351\t")
+_GUTTER = re.compile(r"^\s*\d+(?:→|\t)")
 
 
 def _is_key(line: str) -> bool:
-    if not line.strip() or len(line) > MAX_LINE or _NOISE.match(line):
+    if len(line) > MAX_LINE:
+        return False
+    line = _GUTTER.sub("", line, count=1)  # classify the file's own line; the kept line keeps its number
+    if not line.strip() or _NOISE.match(line):
         return False
     return bool(_DEF.match(line) or _ASSIGN.match(line) or _CONFIG.match(line) or _ERROR.search(line)
                 or _HIT.match(line))
 
 
-def key_lines(text: str, budget_chars: int, *, skip: str = "") -> list[str]:
-    """Key lines of ``text`` in order, at most ``budget_chars`` in all; lines that also occur in
-    ``skip`` (e.g. a preview shown anyway) are left out."""
-    out: list[str] = []
+def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[str] = frozenset()) -> list[str]:
+    """Key lines of ``text`` in file order, at most ``budget_chars`` in all; lines that also occur
+    in ``skip`` (e.g. a preview shown anyway) are left out. Lines naming an identifier in
+    ``focus`` (what the agent's own later calls used) take up to half the budget first, so a
+    common name cannot crowd out the definitions; key lines come next, then more focus lines
+    if room is left."""
+    lines = [x.rstrip() for x in text.split("\n")]
+    picked: dict[int, None] = {}
     seen: set[str] = set()
     used = 0
-    for line in text.split("\n"):
-        line = line.rstrip()
-        if line in seen or not _is_key(line) or (skip and line in skip):
-            continue
-        if used + len(line) + 1 > budget_chars:
-            break
-        seen.add(line)
-        out.append(line)
-        used += len(line) + 1
-    return out
+
+    def take(pred: Callable[[str], bool], budget: int) -> None:
+        nonlocal used
+        for k, line in enumerate(lines):
+            if k in picked or line in seen or not line.strip() or len(line) > MAX_LINE or not pred(line) \
+                    or (skip and line in skip):
+                continue
+            if used + len(line) + 1 > budget:
+                return
+            seen.add(line)
+            picked[k] = None
+            used += len(line) + 1
+
+    def named(line: str) -> bool:
+        return any(x in focus for x in candidate_tokens(_GUTTER.sub("", line, count=1)))
+
+    if focus:
+        take(named, budget_chars // 2)
+    take(_is_key, budget_chars)
+    if focus:
+        take(named, budget_chars)
+    return [lines[k] for k in sorted(picked)]

@@ -12,6 +12,7 @@ import pytest
 from cachecompact import Session
 from cachecompact.emulator import Emulator
 from cachecompact.emulator.validation import validate_request
+from cachecompact.keylines import key_lines
 from cachecompact.levels import (
     build_view,
     propose_entry_summary,
@@ -139,6 +140,63 @@ def test_l1_placeholder_keeps_key_lines_verbatim() -> None:
     assert 'TIMEOUT_S = "30"' in text.split("\n") and "def parse(path, limit=3):" in text.split("\n")
     assert "class Loader:" in text.split("\n") and "    y3 = 3" not in text
     assert "read_scratchpad" not in text and "run the tool again" in text
+
+
+def test_key_lines_see_through_a_line_number_gutter() -> None:
+    # Claude Code's Read ("   351→") and cat -n ("    12\t") number every line; the file's own
+    # line decides whether it is a key line, and the kept line keeps its number
+    text = "\n".join(["   350→", "   351→func validateConfig(cfg *Config) error {", "   352→\treturn nil",
+                      "    12\tTIMEOUT_S = 30", "    13\t    y = 1"])
+    assert key_lines(text, 1_000) == ["   351→func validateConfig(cfg *Config) error {", "    12\tTIMEOUT_S = 30"]
+
+
+def test_focus_is_only_what_calls_after_the_result_used() -> None:
+    # the result's own call and a parallel call beside it name compute_1 and compute_2; only a
+    # call answered later (compute_3) makes a line of the result part of the working set
+    from cachecompact.levels.view import LaterIdentifiers
+    body = "\n".join(f"    y{k} = compute_{k}(state)" for k in range(1, 4))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL},
+                                  {"role": "assistant", "content": [
+                                      {"type": "tool_use", "id": "toolu_a", "name": "Read",
+                                       "input": {"file_path": "a.py", "note": "compute_1"}},
+                                      {"type": "tool_use", "id": "toolu_b", "name": "Grep",
+                                       "input": {"pattern": "compute_2"}}]},
+                                  {"role": "user", "content": [
+                                      {"type": "tool_result", "tool_use_id": "toolu_a", "content": body},
+                                      {"type": "tool_result", "tool_use_id": "toolu_b", "content": "none"}]},
+                                  *tool_turn(9, "Edit", "ok", {"file_path": "a.py", "old_string": "compute_3(state)"})]
+    s = Session.create(None, prefix_messages=1)
+    s.sync(msgs)
+    focus = LaterIdentifiers(build_view(s)).after(2)
+    assert "compute_3" in focus and "compute_1" not in focus and "compute_2" not in focus and focus
+    assert not LaterIdentifiers(build_view(s)).after(4)  # nothing came after the last result
+    assert key_lines(body, 1_000, focus=focus) == ["    y3 = compute_3(state)"]
+
+
+def test_a_common_name_cannot_crowd_out_the_definitions() -> None:
+    # focus lines take at most half the budget first; the key lines still get in
+    text = "\n".join([*(f"import os.path  # {k}" for k in range(40)), "def load(path):", "MAX_SIZE = 10"])
+    kept = key_lines(text, 200, focus=frozenset({"os.path"}))
+    assert "def load(path):" in kept and "MAX_SIZE = 10" in kept and any(x.startswith("import") for x in kept)
+    assert sum(len(x) + 1 for x in kept) <= 200
+
+
+def test_l1_placeholder_keeps_lines_the_agent_later_named() -> None:
+    # the agent's calls after a result name identifiers (here in an edit's old_string): lines of
+    # the cleared result naming them are kept first; a name used only before it is not special
+    body = [f"    y{k} = compute_{k}(state)" for k in range(400)]
+    code = "\n".join(["import os", "def parse(path):", *body])
+    s = session_with([tool_turn(0, "Read", "    y7 = before_only(x)\n" * 2),
+                      tool_turn(1, "Read", code, {"file_path": "src/a.py"}),
+                      tool_turn(2, "Edit", "ok", {"file_path": "src/a.py", "old_string": "y3 = compute_350(state)"}),
+                      *(tool_turn(k, "Read", "z\n" * 300) for k in range(3, 7))])
+    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+                      min_tokens=50, key_fraction=0.25, key_max_chars=1500, counter=s.counter)
+    placeholder = next(e.summary for e in p.edits if e.tool_use_id == "toolu_1")  # type: ignore[union-attr]
+    kept = placeholder.split("\n")[1:]
+    assert "    y350 = compute_350(state)" in kept and "def parse(path):" in kept
+    assert kept.index("def parse(path):") < kept.index("    y350 = compute_350(state)")  # in file order
+    assert "    y7 = compute_7(state)" not in kept and "    y8 = compute_8(state)" not in kept
 
 
 # -- L2 ---------------------------------------------------------------------------------------------

@@ -2,20 +2,21 @@
 
 Results older than the most recent ones (a count, and a budget of tool-output tokens) are
 cleared, except write operations (their results are the model's only evidence that the
-action ran; clearing them invites a repeat) and exempt tools. A placeholder keeps the
-result's key lines verbatim (`keylines`): definitions, assignments, errors, search hits. All
+action ran; clearing them invites a repeat) and exempt tools. A placeholder keeps lines
+verbatim (`keylines`): first those naming what the agent's later calls used (it acted on
+them, so it may again), then definitions, assignments, errors, search hits. All
 eligible results are cleared in one batch, so one cache break removes as much as possible.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from ..keylines import key_lines
 from ..ledger import ReplaceWithSummary, SkipRange
 from ..tokens import TokenCounter
-from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, older_tool_blocks
+from .view import PLACEHOLDER_TOKENS, LaterIdentifiers, Proposal, ResultInfo, View, older_tool_blocks
 
 __all__ = ["DEFAULT_WRITE_TOOLS", "cleared_text", "is_write_op", "propose_micro"]
 
@@ -31,10 +32,11 @@ def is_write_op(r: ResultInfo, write_tools: frozenset[str],
     return r.name in write_tools or (predicate is not None and predicate(r.name, r.input))
 
 
-def cleared_text(r: ResultInfo, key_budget: int = 0) -> str:
+def cleared_text(r: ResultInfo, key_budget: int = 0, focus: Container[str] = frozenset()) -> str:
     """The placeholder: what was cleared, its key lines (verbatim, within ``key_budget``
-    characters), and how to get the rest back with the agent's own tools."""
-    keep = key_lines(r.text, key_budget) if key_budget > 0 else []
+    characters; lines naming a ``focus`` identifier first), and how to get the rest back with
+    the agent's own tools."""
+    keep = key_lines(r.text, key_budget, focus=focus) if key_budget > 0 else []
     head = (f"[cachecompact: old {r.name} result cleared to save context (~{r.tokens} tokens); "
             + ("its key lines follow; " if keep else "") + "run the tool again if you need the rest.]")
     return head + ("\n" + "\n".join(keep) if keep else "")
@@ -58,8 +60,9 @@ def propose_micro(view: View, *, keep_recent: int, write_tools: frozenset[str], 
                        f"{keep_recent} results and the newest {keep_recent_tokens} tokens of tool output")
     if not chosen and not calls:
         return p
+    later = LaterIdentifiers(view)
     for r in chosen:
-        text = cleared_text(r, min(key_max_chars, int(key_fraction * r.chars)))
+        text = cleared_text(r, min(key_max_chars, int(key_fraction * r.chars)), later.after(r.message))
         p.edits.append(ReplaceWithSummary(r.message, r.message, text, "L1: old tool output", tool_use_id=r.tool_use_id))
         after = counter.count_text(text) if counter is not None else PLACEHOLDER_TOKENS + len(text) // 4
         p.tokens_removed += max(0, r.tokens - after)

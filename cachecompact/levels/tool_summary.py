@@ -14,13 +14,13 @@ says to run the tool again (or re-read the file), and never mentions a tool the 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from ..keylines import key_lines
 from ..ledger import ReplaceWithSummary
 from ..scratchpad import Scratchpad
 from ..tokens import TokenCounter
-from .view import Proposal, ResultInfo, View, older_results
+from .view import LaterIdentifiers, Proposal, ResultInfo, View, older_results
 
 __all__ = ["ON_ENTRY", "externalized_text", "propose_entry_summary", "propose_tool_summary", "rule_summary"]
 
@@ -55,14 +55,15 @@ def rule_summary(r: ResultInfo) -> str:
     return f"{r.name} output: {lines} lines, {len(text)} characters"
 
 
-def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0) -> str:
+def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0,
+                      focus: Container[str] = frozenset()) -> str:
     """The tool result the model sees instead of the full output: a rule-based summary, the first
     lines (``preview_chars``), and the key lines after them (``key_chars``), all verbatim."""
     preview = r.text[:preview_chars]
     cut = preview.rfind("\n") + 1 if "\n" in preview and len(r.text) > preview_chars else len(preview)
     preview = preview[:cut]  # whole lines only
     more = len(r.text) - len(preview)
-    keep = key_lines(r.text[len(preview):], key_chars) if more > 0 and key_chars > 0 else []
+    keep = key_lines(r.text[len(preview):], key_chars, focus=focus) if more > 0 and key_chars > 0 else []
     if ref is not None:
         how = (f"the full output is in the scratchpad as {ref}; call read_scratchpad(ref=\"{ref}\", offset, limit) "
                "to read it")
@@ -78,10 +79,12 @@ ON_ENTRY = "L2 on entry"  # the ledger reason of entry-time edits (they are not 
 
 
 def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter,
-           preview_chars: int, key_chars: int, p: Proposal, tag: str) -> None:
+           preview_chars: int, key_chars: int, p: Proposal, tag: str,
+           later: LaterIdentifiers | None = None) -> None:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
         ref = scratchpad.put(r.text) if scratchpad is not None else None
-        text = externalized_text(r, ref, preview_chars, key_chars)
+        text = externalized_text(r, ref, preview_chars, key_chars,
+                                 later.after(r.message) if later is not None else frozenset())
         p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"{tag}: {rule_summary(r)}",
                                           tool_use_id=r.tool_use_id))
         p.tokens_removed += max(0, r.tokens - counter.count_text(text))
@@ -119,7 +122,7 @@ def propose_tool_summary(view: View, scratchpad: Scratchpad | None, counter: Tok
     chosen = [r for r in old if not r.edited and r.tokens >= max(old_min_tokens, 2 * preview_chars // 4)
               and r.name not in exempt_tools]
     p = Proposal("L2", f"shorten {len(chosen)} large old tool result(s)")
-    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, "L2")
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, "L2", LaterIdentifiers(view))
     if p.edits:
         p.break_at = min(e.start for e in p.edits)
     return p

@@ -7,14 +7,15 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..identifiers import identifiers_in_input
 from ..ledger import LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 from ..wire import ToolResultBlock, ToolUseBlock, content_blocks
 
 if TYPE_CHECKING:
     from ..session import Session
 
-__all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "Proposal", "ResultInfo", "View", "build_view", "message_results",
-           "older_results", "older_tool_blocks", "results_since"]
+__all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "LaterIdentifiers", "LaterUse", "Proposal", "ResultInfo", "View",
+           "build_view", "message_results", "older_results", "older_tool_blocks", "results_since"]
 
 PLACEHOLDER_TOKENS = 60  # what a cleared result still costs (its placeholder text)
 
@@ -155,6 +156,41 @@ def older_tool_blocks(view: View, keep_recent: int, keep_recent_tokens: int) -> 
         used += b.tokens
         kept.add(id(b))
     return [r for r in results if id(r) not in kept], [c for c in inputs if id(c) not in kept]
+
+
+@dataclass(frozen=True, slots=True)
+class LaterUse:
+    """The identifiers the agent's calls used after message ``after`` (its working set since):
+    ``x in focus`` asks whether a later call used x. Shares one map for every message."""
+
+    last_use: dict[str, int]  # identifier -> the last message whose results answer a call that used it
+    newest: int
+    after: int
+
+    def __contains__(self, x: object) -> bool:
+        return isinstance(x, str) and self.last_use.get(x, -1) > self.after
+
+    def __bool__(self) -> bool:
+        return self.newest > self.after
+
+
+class LaterIdentifiers:
+    """`LaterUse` for any message of a view, built on first use in one pass over its calls."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self._last: dict[str, int] | None = None
+        self._newest = -1
+
+    def after(self, message: int) -> LaterUse:
+        if self._last is None:
+            last: dict[str, int] = {}
+            for r in self.view.results:  # in message order: later uses overwrite earlier ones
+                for x in identifiers_in_input([r.input]):
+                    last[x] = r.message
+                self._newest = max(self._newest, r.message)
+            self._last = last
+        return LaterUse(self._last, self._newest, message)
 
 
 def older_results(view: View, keep_recent: int, keep_recent_tokens: int) -> list[ResultInfo]:
