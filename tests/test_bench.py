@@ -192,3 +192,32 @@ def test_synthetic_corpus_is_chosen_explicitly() -> None:
     traces, skipped, label = load_corpus([], synthetic=3)
     assert [t.name for t in traces] == ["synthetic-0000", "synthetic-0001", "synthetic-0002"]
     assert not skipped and "synthetic corpus (3 traces" in label
+
+
+def test_cheaper_than_ours_is_paired_over_the_traces_both_finished() -> None:
+    # a peer that fails the expensive trace looks cheaper in totals; paired, it is not
+    from cachecompact.bench.harness import TraceResult
+    from cachecompact.bench.report import aggregate, cheaper_than_ours, dominated_by
+    from cachecompact.bench.run import BenchResult
+
+    def res(trace: str, strategy: str, cost: float, recall: float, done: bool = True) -> TraceResult:
+        return TraceResult(trace=trace, strategy=strategy, window=50_000, turns=60, completed=done,
+                           cost_usd=cost, adjusted_cost_usd=cost, evidence_recall=recall, references=100)
+
+    results = [res("a", "none", 1.0, 1.0), res("b", "none", 9.0, 1.0, done=False),
+               res("a", "cachecompact", 1.0, 0.95), res("b", "cachecompact", 9.0, 0.95),
+               res("a", "peer", 1.1, 0.99), res("b", "peer", 0.0, 0.0, done=False),
+               res("a", "cheap", 0.8, 0.5), res("b", "cheap", 7.0, 0.5)]
+    b = BenchResult(model=MODEL, windows=[50_000], strategies=["none", "cachecompact", "peer", "cheap"],
+                    traces=[{"name": n, "turns": 60} for n in ("a", "b")], results=results, oracle={})
+    rows = {r["strategy"]: r for r in aggregate(b, 50_000)}
+    assert rows["peer"]["adjusted_cost_usd"] < rows["cachecompact"]["adjusted_cost_usd"]  # totals mislead
+    assert rows["peer"]["adjusted_vs_ours"] == pytest.approx(1.1)
+    assert rows["cheap"]["adjusted_vs_ours"] == pytest.approx(7.8 / 10.0)
+    assert cheaper_than_ours(list(rows.values())) == ["cheap (2 traces)"]
+    assert dominated_by(list(rows.values())) == []  # cheap recalls less; peer costs more and finished fewer
+    for r in results:  # no references at all: recall is 1.0 for everyone, and nothing breaks
+        r.references = 0
+    rows = {r["strategy"]: r for r in aggregate(b, 50_000)}
+    assert rows["cheap"]["paired_recall"] == rows["cheap"]["paired_recall_ours"] == 1.0
+    assert dominated_by(list(rows.values())) == []
