@@ -41,7 +41,7 @@ from cachecompact.traces import Trace, default_trace_dir
 WINDOWS = (200_000, 50_000)
 RECALL_FLOOR = {200_000: 0.97, 50_000: 0.93}
 GRID: dict[str, tuple[Any, ...]] = {
-    "keep_recent_tokens": (20_000, 30_000, 40_000, 60_000),
+    "keep_recent_tokens": (20_000, 30_000, 40_000, 50_000, 60_000),
     "soft": (0.6, 0.7, 0.8),
     "big_result_share": (0.25, 0.5, 1.0),
     "min_batch_fraction": (0.02, 0.04, 0.08),
