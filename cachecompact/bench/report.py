@@ -135,8 +135,7 @@ def _fmt(v: Any, kind: str = "") -> str:
 
 def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "adj vs ours", "vs oracle",
-            "evidence recall",
-            "name recall", "re-reads", "summaries", "hit rate", "breaks", "peak tok", "compactions"]
+            "evidence recall", "name recall", "re-reads", "summaries", "hit rate", "breaks", "peak tok", "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
