@@ -217,9 +217,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"skipped {s['file']}: {s['reason']}")
     print(text_report(res))
     print("wrote " + ", ".join(str(f) for f in files))
-    if not args.tasks and not res.results:
-        print("cachecompact: error: no trace ran (see the skipped files above)", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -410,6 +407,9 @@ def _check(args: argparse.Namespace) -> None:
         get_model(args.model)
         if args.tasks and args.no_tasks:
             raise UsageError("--tasks and --no-tasks exclude each other")
+        missing = [p for p in args.paths if not Path(p).exists()]
+        if missing:
+            raise UsageError(f"no such file or folder: {', '.join(missing)}")
         _writable_dir(Path(args.out), "--out")
     if getattr(args, "plot", None):
         _writable_file(Path(args.plot), "--plot")

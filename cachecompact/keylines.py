@@ -33,9 +33,7 @@ _GUTTER = re.compile(r"^\s*\d+(?:→|\t)")
 
 
 def _is_key(line: str) -> bool:
-    if len(line) > MAX_LINE:
-        return False
-    line = _GUTTER.sub("", line, count=1)  # classify the file's own line; the kept line keeps its number
+    """``line`` without its gutter: the file's own line is classified, the kept line keeps its number."""
     if not line.strip() or _NOISE.match(line):
         return False
     return bool(_DEF.match(line) or _ASSIGN.match(line) or _CONFIG.match(line) or _ERROR.search(line)
@@ -49,6 +47,7 @@ def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[
     common name cannot crowd out the definitions; key lines come next, then more focus lines
     if room is left."""
     lines = [x.rstrip() for x in text.split("\n")]
+    bodies = [_GUTTER.sub("", x, count=1) for x in lines]  # once: each pass below classifies the bodies
     picked: dict[int, None] = {}
     seen: set[str] = set()
     used = 0
@@ -56,7 +55,7 @@ def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[
     def take(pred: Callable[[str], bool], budget: int) -> None:
         nonlocal used
         for k, line in enumerate(lines):
-            if k in picked or line in seen or not line.strip() or len(line) > MAX_LINE or not pred(line) \
+            if k in picked or line in seen or not line.strip() or len(line) > MAX_LINE or not pred(bodies[k]) \
                     or (skip and line in skip):
                 continue
             if used + len(line) + 1 > budget:
@@ -65,8 +64,8 @@ def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[
             picked[k] = None
             used += len(line) + 1
 
-    def named(line: str) -> bool:
-        return any(x in focus for x in candidate_tokens(_GUTTER.sub("", line, count=1)))
+    def named(body: str) -> bool:
+        return any(x in focus for x in candidate_tokens(body))
 
     if focus:
         take(named, budget_chars // 2)

@@ -181,11 +181,18 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     assert main(["bench", str(good), "--out", "/proc/x/y"]) == 2
     err = capsys.readouterr().err
     assert "magic" in err and "window" in err and "/proc/x/y" in err and "Traceback" not in err
-    # no trace ran at all: nonzero
+    # nothing loadable, or nothing there: one line naming why, before any run (no task suite first)
     empty = tmp_path / "empty"
     empty.mkdir()
+    assert main(["bench", str(empty), "--out", str(tmp_path / "o2"), "--strategy", "none"]) == 2
+    assert "no .json or .jsonl files there" in capsys.readouterr().err
     (empty / "bad.json").write_text("{")
-    assert main(["bench", str(empty), "--out", str(tmp_path / "o2"), "--no-tasks", "--strategy", "none"]) == 1
+    assert main(["bench", str(empty), "--out", str(tmp_path / "o2"), "--strategy", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json: not valid JSON" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o2" / "results.json").exists()
+    assert main(["bench", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
 
 
 def test_synthetic_corpus_is_chosen_explicitly() -> None:

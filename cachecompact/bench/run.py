@@ -167,6 +167,10 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
         raise ConfigError(f"windows must be at least 8000 tokens, got {list(windows)}")
     t0 = time.perf_counter()
     corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
+    if traces and not corpus:  # before any run: a typo in a path must not cost a task suite first
+        why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        raise ConfigError(f"no trace could be loaded from {', '.join(map(str, paths))}"
+                          + (f" ({why})" if why else " (no .json or .jsonl files there)"))
     jobs: list[tuple[Callable[..., Any], Any]] = []
     for w in windows:
         jobs += [(_oracle, (t, model, w)) for t in corpus]
