@@ -56,14 +56,20 @@ class MalformedMessageError(CacheCompactError, ValueError):
         self.problem = problem
         super().__init__(f"{where}: {problem}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses a process pool intact
+        return type(self), (self.where, self.problem)
+
 
 class HistoryRewrittenError(CacheCompactError):
     """`sync` got a history whose earlier messages differ from the recorded ones."""
 
     def __init__(self, index: int, detail: str = "") -> None:
-        self.index = index
+        self.index, self.detail = index, detail
         msg = f"history rewritten: message {index} differs from the recorded transcript"
         super().__init__(msg + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
+        return type(self), (self.index, self.detail)
 
 
 class ImmutablePrefixError(CacheCompactError):
@@ -81,6 +87,9 @@ class TraceFormatError(CacheCompactError, ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.path, self.reason)
 
 
 # -- edits ---------------------------------------------------------------------------------------
@@ -139,6 +148,9 @@ class StoreConflictError(StoreError):
         self.what, self.expected, self.actual = what, expected, actual
         super().__init__(f"{what}: another writer appended first (expected length {expected}, found {actual})")
 
+    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
+        return type(self), (self.what, self.expected, self.actual)
+
 
 class LedgerCorruptError(StoreError):
     """A stored record fails its hash, chain or replay check. `path` and `line` name it (1-based)."""
@@ -148,6 +160,9 @@ class LedgerCorruptError(StoreError):
         self.line = line
         self.problem = problem
         super().__init__(f"{path}:{line}: {problem}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:
+        return type(self), (self.path, self.line, self.problem)
 
 
 class ScratchpadRefError(CacheCompactError, ValueError):

@@ -163,15 +163,22 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
                                                         "messages": t.messages}))
     (good / "broken.json").write_text('{"messages": [{"role": "user", "content": "x"}')  # truncated
     (good / "weird.json").write_text('{"hello": 1}')
+    hostile = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "../../../tmp/pwned", "name": "bash", "input": {}}]}]}
+    (good / "pathid.json").write_text(json.dumps(hostile))
+    (good / "nocontent.json").write_text(json.dumps({"messages": [{"role": "user", "content": "go"},
+                                                                  {"role": "assistant"}]}))
     out = tmp_path / "out"
     rc = main(["bench", str(good), "--strategy", "none", "--strategy", "cachecompact", "--out", str(out),
                "--workers", "1", "--window", "60000", "--no-tasks"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "skipped" in printed and "broken.json" in printed and "weird.json" in printed
+    assert "pathid.json: not a valid conversation: messages[1].content[0].id" in printed
+    assert "nocontent.json: not a valid conversation: messages[1].content: missing" in printed
     data = json.loads((out / "results.json").read_text())
     assert {r["strategy"] for r in data["results"]} == {"none", "cachecompact"}
-    assert len(data["skipped"]) == 2 and all(s["reason"] for s in data["skipped"])
+    assert len(data["skipped"]) == 4 and all(s["reason"] for s in data["skipped"])
     assert all(r["completed"] for r in data["results"] if r["strategy"] == "cachecompact")
     report = (out / "report.md").read_text()
     assert "## Skipped files" in report and "cachecompact bench" in report
@@ -228,3 +235,26 @@ def test_cheaper_than_ours_is_paired_over_the_traces_both_finished() -> None:
     rows = {r["strategy"]: r for r in aggregate(b, 50_000)}
     assert rows["cheap"]["paired_recall"] == rows["cheap"]["paired_recall_ours"] == 1.0
     assert dominated_by(list(rows.values())) == []
+
+
+def test_every_error_crosses_a_process_pool_intact() -> None:
+    """bench runs traces in worker processes: an error raised there must arrive as itself."""
+    import inspect
+    import pickle
+
+    from cachecompact import errors
+
+    made = 0
+    for _, cls in inspect.getmembers(errors, inspect.isclass):
+        if not issubclass(cls, errors.CacheCompactError):
+            continue
+        params = [p for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+                  if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+        err = cls(*[3 if p.annotation in (int, "int") else f"<{p.name}>" for p in params])
+        back = pickle.loads(pickle.dumps(err))
+        def fields(e: BaseException) -> dict[str, object]:
+            return {k: v for k, v in vars(e).items() if isinstance(v, (str, int, float, type(None)))}
+
+        assert type(back) is cls and str(back) == str(err) and fields(back) == fields(err), cls.__name__
+        made += 1
+    assert made >= 15

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import MalformedMessageError
+from ..wire import message_from_dict, system_from_param, tool_from_dict
 from .claude_code import is_claude_code, load_claude_code
 from .mini_swe import BASH_TOOL, load_openai_chat
 from .model import Trace, TraceFormatError, parse_time
@@ -64,8 +66,25 @@ def _is_anthropic(messages: list[Any]) -> bool:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Load one trace file of any supported format."""
+    """Load one trace file of any supported format; every message is checked as the API would
+    (a hostile tool_use id, a message without content), so a bad file is refused by name here
+    and never fails a benchmark halfway."""
     p = Path(path)
+    try:
+        trace = _load_any(p)
+        for i, m in enumerate(trace.messages):
+            message_from_dict(m, i)
+        for k, t in enumerate(trace.tools):
+            tool_from_dict(t, k)
+        system_from_param(trace.system)
+    except MalformedMessageError as err:
+        raise TraceFormatError(str(p), f"not a valid conversation: {err}") from None
+    except (KeyError, TypeError, AttributeError, IndexError) as err:  # a shape no loader expected
+        raise TraceFormatError(str(p), f"malformed ({type(err).__name__}: {err})") from None
+    return trace
+
+
+def _load_any(p: Path) -> Trace:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -101,6 +120,8 @@ def _load_anthropic(p: Path, data: Any) -> Trace:
 
     body = data if isinstance(data, dict) else {"messages": data}
     msgs = [m for m in body["messages"] if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+    for i, m in enumerate(msgs):  # the shape first: the pairing repair below assumes it
+        message_from_dict(m, i)
     msgs, _, notes = repair_pairing(msgs, [None] * len(msgs))
     if not msgs or msgs[0]["role"] != "user":
         raise TraceFormatError(str(p), "conversation does not start with a user message")
