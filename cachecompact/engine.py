@@ -142,6 +142,13 @@ class CompactionEngine:
                                     f"got {window_tokens!r}")
         if prefix_messages is not None and (not isinstance(prefix_messages, int) or prefix_messages < 0):
             raise ConfigError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
+        for name, flag in (("scratchpad_tool", scratchpad_tool), ("diagnostics", diagnostics)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
+        hooks = on_event if isinstance(on_event, list) else ([] if on_event is None else [on_event])
+        if not all(callable(h) for h in hooks) or not callable(clock):
+            raise ConfigError(f"on_event must be a callable or a list of callables and clock a callable, got "
+                              f"on_event={on_event!r}, clock={clock!r}")
         cfg = get_strategy(strategy) if isinstance(strategy, str) else strategy
         if not callable(getattr(cfg, "build", None)):
             raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
@@ -375,13 +382,24 @@ class CompactionEngine:
     # -- the read_scratchpad tool ---------------------------------------------------------------------
 
     def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
-        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error)."""
+        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
+        this process has loaded first, then every session of the store: after a restart the
+        agent's pending call must still find what an earlier process kept."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
-        for live in self.registry.sessions():
+        loaded = self.registry.sessions()
+        for live in loaded:
             sp = live.extra.get("scratchpad") or Scratchpad.for_session(live.session)
             text, is_error = sp.handle_tool_call(tool_input)
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error
+        if self.store is not None and str(ref).startswith("sp_"):
+            seen = {live.session.session_id for live in loaded}
+            for sid in self.store.list():
+                if sid in seen:
+                    continue
+                text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
+                if not is_error:
+                    return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
 
 

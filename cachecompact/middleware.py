@@ -56,6 +56,8 @@ from .summarize import LLMSummarizer, Summarizer
 __all__ = ["SESSION_HEADER", "CompactionMiddleware", "scratchpad_handler", "summarizer_factory", "wrap",
            "wrapped_sessions"]
 
+DEFAULT_STORE = ".cachecompact/sessions"  # where wrap() keeps sessions unless told otherwise
+
 log = logging.getLogger("cachecompact")
 
 ClientT = TypeVar("ClientT", anthropic.Anthropic, anthropic.AsyncAnthropic)
@@ -78,7 +80,7 @@ class CompactionMiddleware(Middleware):
 
     def __init__(
         self,
-        store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
+        store: str | os.PathLike[str] | Store | None = DEFAULT_STORE,
         *,
         session_id: str | None = None,
         strategy: str | StrategyConfig = "cachecompact",
@@ -94,6 +96,8 @@ class CompactionMiddleware(Middleware):
         clock: Callable[[], float] = time.time,
         store_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        if store_dir is not None and store != DEFAULT_STORE:
+            raise ConfigError("give store= or store_dir= (its older name), not both")
         self.engine = CompactionEngine(
             store_dir if store_dir is not None else store, session_id=session_id, strategy=strategy, config=config,
             window_tokens=window_tokens, summarizer=summarizer, prefix_messages=prefix_messages,
@@ -278,7 +282,7 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
 def wrap(
     client: ClientT,
     *,
-    store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
+    store: str | os.PathLike[str] | Store | None = DEFAULT_STORE,
     session_id: str | None = None,
     strategy: str | StrategyConfig = "cachecompact",
     config: PolicyConfig | None = None,

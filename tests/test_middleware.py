@@ -272,6 +272,10 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                 assert ref is not None
                 out, is_error = handle({"ref": ref.group(0)})
                 assert not is_error and "CONFIG_" in out
+                if store is not None:  # a restarted agent answers its pending call before any request
+                    again = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
+                                 window_tokens=20_000, scratchpad_tool=True, summarizer=None)
+                    assert scratchpad_handler(again)({"ref": ref.group(0)}) == (out, False)
             else:
                 assert "read_scratchpad" not in text  # never a tool the request does not carry
                 assert "re-run" in text or "re-read" in text
@@ -371,6 +375,13 @@ def test_wrap_refuses_misconfiguration_when_called(tmp_path: Path) -> None:
         wrap(c, summarizer="magic")  # type: ignore[arg-type]
     with pytest.raises(cachecompact.errors.InvalidSessionIdError):
         wrap(c, session_id="../etc")
+    with pytest.raises(ConfigError, match="scratchpad_tool must be True or False"):
+        wrap(c, scratchpad_tool="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="on_event must be a callable"):
+        wrap(c, on_event=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not both"):
+        wrap(c, store=tmp_path / "a", store_dir=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     # the accepted shortcuts
     mw = _mw(wrap(c, store=None, window_tokens=40_000, summarizer_model="claude-haiku-4-5"))
     assert mw.window_tokens == 40_000
