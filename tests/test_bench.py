@@ -175,6 +175,7 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     printed = capsys.readouterr().out
     assert "skipped" in printed and "broken.json" in printed and "weird.json" in printed
     assert "pathid.json: not a valid conversation: messages[1].content[0].id" in printed
+    assert "all traces (none has 50+ turns), all (2 traces)" in printed  # short traces still get a table
     assert "nocontent.json: not a valid conversation: messages[1].content: missing" in printed
     data = json.loads((out / "results.json").read_text())
     assert {r["strategy"] for r in data["results"]} == {"none", "cachecompact"}

@@ -171,12 +171,14 @@ def _render(rows: list[list[str]], md: bool) -> str:
 def _sections(b: BenchResult, md: bool) -> list[str]:
     parts: list[str] = []
     h = "### " if md else ""
+    long_only = any(t["turns"] >= LONG_TURNS for t in b.traces)  # else every trace: a table is never empty
+    kind = "long traces" if long_only else f"all traces (none has {LONG_TURNS}+ turns)"
     for w in b.windows:
         if b.results:
-            for label, half in (("long traces, all", None), ("long traces, half A (fit)", "A"),
-                                ("long traces, half B (held out)", "B")):
-                rows = aggregate(b, w, True, half)
-                n = len(_names(b, True, half))
+            for label, half in ((f"{kind}, all", None), (f"{kind}, half A (fit)", "A"),
+                                (f"{kind}, half B (held out)", "B")):
+                rows = aggregate(b, w, long_only, half)
+                n = len(_names(b, long_only, half))
                 parts += [f"{h}window {w:,}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
                 if half is None:
                     dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
