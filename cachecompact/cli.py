@@ -200,10 +200,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import shlex
 
     from .bench.report import text_report, write_outputs
-    from .bench.run import run_bench
+    from .bench.run import DEFAULT_WINDOWS, run_bench
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
-    res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window, workers=args.workers,
+    strategies = list(dict.fromkeys(args.strategy)) if args.strategy else None  # each once, in the order given
+    windows = list(dict.fromkeys(args.window or DEFAULT_WINDOWS))
+    res = run_bench(args.paths, strategies, model=args.model, windows=windows, workers=args.workers,
                     progress=not args.json, synthetic=args.synthetic, tasks=not args.no_tasks,
                     traces=not args.tasks)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
@@ -487,8 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
     bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model")
-    bench.add_argument("--window", type=_int_in("--window", 8_000), nargs="+", default=[200_000, 50_000],
-                       metavar="N", help="context windows in tokens (default: 200000 50000)")
+    bench.add_argument("--window", type=_int_in("--window", 8_000, 10_000_000), nargs="+", action="extend",
+                       metavar="N", help="context windows in tokens (repeatable; default: 200000 50000)")
     bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")
     bench.add_argument("--no-tasks", action="store_true", help="skip the closed-loop task suite")
     bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")

@@ -170,7 +170,7 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
                                                                   {"role": "assistant"}]}))
     out = tmp_path / "out"
     rc = main(["bench", str(good), "--strategy", "none", "--strategy", "cachecompact", "--out", str(out),
-               "--workers", "1", "--window", "60000", "--no-tasks"])
+               "--workers", "1", "--window", "60000", "--no-tasks", "--strategy", "none", "--window", "60000"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "skipped" in printed and "broken.json" in printed and "weird.json" in printed
@@ -179,6 +179,7 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     assert "nocontent.json: not a valid conversation: messages[1].content: missing" in printed
     data = json.loads((out / "results.json").read_text())
     assert {r["strategy"] for r in data["results"]} == {"none", "cachecompact"}
+    assert len(data["results"]) == 4 and data["windows"] == [60_000]  # repeated flags add, each once
     assert len(data["skipped"]) == 4 and all(s["reason"] for s in data["skipped"])
     assert all(r["completed"] for r in data["results"] if r["strategy"] == "cachecompact")
     report = (out / "report.md").read_text()
