@@ -46,7 +46,13 @@ def block_texts(m: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _first_line(s: str, limit: int = 160) -> str:
-    return next((x.strip() for x in s.splitlines() if x.strip()), "")[:limit]
+    """The first non-blank line, cut at a space within ``limit``: a reference, path or id is kept
+    whole or dropped, never cut into a wrong one."""
+    line = next((x.strip() for x in s.splitlines() if x.strip()), "")
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit + 1)
+    return line[:cut].rstrip() + " ..." if cut > 0 else line[:limit]
 
 
 def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issues: Sequence[str] = (),

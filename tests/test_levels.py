@@ -334,6 +334,11 @@ def test_extractive_summarizer_keeps_goal_and_previous_issues() -> None:
     assert res.summary.task_goal == GOAL and "flaky CI" in res.summary.open_issues
     assert any("ImportError" in x for x in res.summary.open_issues)
     assert res.cost_usd == 0.0
+    # a long line is cut at a space: a reference in it is kept whole or left out, never cut short
+    ref = "sp_" + "ab" * 16
+    long = [{"role": "user", "content": "Error: " + "word " * 29 + f"see {ref} for the full output"}]
+    issues = ExtractiveSummarizer().summarize(SummaryRequest(long, GOAL, [], (3, 3))).summary.open_issues
+    assert issues and all(ref in x or "sp_" not in x for x in issues) and all(len(x) <= 164 for x in issues)
 
 
 @pytest.mark.parametrize("mode", ["forced-tool", "prefix-reuse"])
