@@ -338,9 +338,9 @@ def cmd_store_import(args: argparse.Namespace) -> int:
 
     src = FileSessionStore.open(args.dir)
     dst_store = open_store(args.url)
-    copy_session(src, dst_store)
+    made = copy_session(src, dst_store)
     dst_store.close()
-    print(f"imported {src.session_id} into {dst_store.url}")
+    print(f"imported {args.dir} into {dst_store.url} as session {made.session_id}")
     return 0
 
 

@@ -99,7 +99,9 @@ def test_sessions_verify_alike_in_both_stores_and_export_byte_for_byte(pg_url: s
     # import into another database: the same session, the same verdict
     other = fresh_database(pg_url, "cachecompact_import")
     assert main(["store", "migrate", other]) == 0
+    capsys.readouterr()
     assert main(["store", "import", str(out), other]) == 0
+    assert f"as session {sid}" in capsys.readouterr().out  # the id it is stored under, not the folder's name
     assert Session.open(open_store(other), sid).head == Session.open(pg, sid).head
     # a tampered row is named as a file line would be
     with psycopg.connect(pg_url, autocommit=True) as conn:
