@@ -7,13 +7,16 @@ Five describe the agent rather than the window and are fitted here, on the long 
 half A only (`cachecompact.bench.run.split_halves`), at both benchmark windows, by coordinate
 search in this order:
 
-* ``keep_recent_tokens``: how much of the newest tool output stays verbatim (how far back an
-  agent looks, in tokens);
+* ``keep_recent_tokens`` and ``key_max_chars``, jointly: how much of the newest tool output
+  stays verbatim (how far back an agent looks, in tokens), and how many characters of an
+  older result's lines its placeholder keeps (its working set and key lines). The two trade
+  against each other, so a search over one at a time would stop at the first;
 * ``soft``: the utilization L1 starts at, and the target after compacting;
 * ``big_result_share``: which new results are shortened on entry (share of that budget);
 * ``min_batch_fraction``: how much a cache-breaking edit must remove (share of the window);
 * ``collapse_keep_share``: how much L3 keeps verbatim after its summary (share of the window;
-  keeping less is always cheaper, see docs/policy.md, so this is where recall sets the floor).
+  keeping less is always cheaper, see docs/policy.md, so this is where recall sets the floor);
+* ``key_fraction``: the share of a cleared result's size its kept lines may take.
 
 The objective is the issue's: the lowest adjusted cost (cost + re-read turns for lost
 evidence) summed over both windows, among candidates whose evidence recall on half A is at
@@ -40,18 +43,21 @@ from cachecompact.traces import Trace, default_trace_dir
 
 WINDOWS = (200_000, 50_000)
 RECALL_FLOOR = {200_000: 0.97, 50_000: 0.93}
-GRID: dict[str, tuple[Any, ...]] = {
-    "keep_recent_tokens": (20_000, 30_000, 40_000, 50_000, 60_000),
+JOINT = ("keep_recent_tokens", "key_max_chars")
+GRID: dict[str | tuple[str, ...], tuple[Any, ...]] = {
+    JOINT: tuple((k, c) for k in (20_000, 30_000, 35_000, 40_000, 50_000, 60_000) for c in (1_500, 16_000)),
     "soft": (0.6, 0.7, 0.8),
     "big_result_share": (0.25, 0.5, 1.0),
     "min_batch_fraction": (0.02, 0.04, 0.08),
     "collapse_keep_share": (0.3, 0.4, 0.5, 1.0),
+    "key_fraction": (0.25, 0.5),
 }
 
 
 def _policy(params: dict[str, Any]) -> PolicyConfig:
     lv = replace(LevelSettings(), keep_recent_tokens=params["keep_recent_tokens"],
-                 big_result_share=params["big_result_share"], collapse_keep_share=params["collapse_keep_share"])
+                 big_result_share=params["big_result_share"], collapse_keep_share=params["collapse_keep_share"],
+                 key_max_chars=params["key_max_chars"], key_fraction=params["key_fraction"])
     return PolicyConfig(levels=lv, triggers=Triggers(soft=params["soft"]),
                         economics=replace(Economics(), min_batch_fraction=params["min_batch_fraction"]))
 
@@ -106,7 +112,8 @@ def main() -> int:
     defaults = {"keep_recent_tokens": LevelSettings().keep_recent_tokens, "soft": Triggers().soft,
                 "big_result_share": LevelSettings().big_result_share,
                 "min_batch_fraction": Economics().min_batch_fraction,
-                "collapse_keep_share": LevelSettings().collapse_keep_share}
+                "collapse_keep_share": LevelSettings().collapse_keep_share,
+                "key_max_chars": LevelSettings().key_max_chars, "key_fraction": LevelSettings().key_fraction}
     lines = [f"Half A: {len(a)} long traces, half B: {len(b)} (split by repository, see `split_halves`).", "",
              "| step | parameter | value | A @200k: adjusted $ (vs none) | evidence | A @50k: adjusted $ | evidence "
              "| failed |", "|---|---|---|---|---|---|---|---|"]
@@ -115,16 +122,19 @@ def main() -> int:
                                                                             for t in long_]) if r.completed}
         best = dict(defaults)
         for step, (param, values) in enumerate(GRID.items(), 1):
+            names = param if isinstance(param, tuple) else (param,)
             scored = []
             for v in values:
-                cand = {**best, param: v}
+                vals = v if isinstance(param, tuple) else (v,)
+                cand = {**best, **dict(zip(names, vals, strict=True))}
                 m = _measure(pool, a, cand, none_cost)
-                scored.append((_score(m), v, m))
-                lines.append(f"| {step} | `{param}` | {v} | ${m[200_000][0]:.2f} ({m[200_000][1]:.3f}x) | "
+                scored.append((_score(m), vals, m))
+                lines.append(f"| {step} | {', '.join(f'`{x}`' for x in names)} | {', '.join(map(str, vals))} | "
+                             f"${m[200_000][0]:.2f} ({m[200_000][1]:.3f}x) | "
                              f"{m[200_000][2]:.3f} | ${m[50_000][0]:.2f} | {m[50_000][2]:.3f} | "
                              f"{m[200_000][3] + m[50_000][3]} |")
                 print(lines[-1], flush=True)
-            best[param] = min(scored, key=lambda x: x[0])[1]
+            best.update(zip(names, min(scored, key=lambda x: x[0])[1], strict=True))
         held = _measure(pool, b, best, none_cost)
         fit = _measure(pool, a, best, none_cost)
     lines += ["", "Chosen: " + ", ".join(f"`{k}` = {v}" for k, v in best.items()) + ".", "",

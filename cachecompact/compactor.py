@@ -334,7 +334,8 @@ class Compactor:
                 price = model_prices(model or "claude-sonnet-4-6")
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
-                econ = economics(cfg, price, removed=p.tokens_removed, suffix=view.suffix_tokens(p.break_at),
+                econ = economics(cfg, price, removed=p.tokens_removed,
+                                 suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
                                  steps=self.steps, cold=cold, summary_cost=est_summary)
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
@@ -367,6 +368,7 @@ class Compactor:
                 continue
             if p.summarize:
                 self.failures = 0  # the breaker counts summaries: an L1/L2 success says nothing about them
+            self._mark_compacted(p)
             self.last_compact_step = self.steps
             self._pending = None
             report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",
@@ -374,6 +376,24 @@ class Compactor:
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
             return after
         return tokens
+
+    def _rewrite_from(self, break_at: int) -> int:
+        """The first message an edit at ``break_at`` makes the next request write again: after the
+        marked compacted part if the edit starts behind it (that entry is still read), else
+        after the immutable prefix (the only other entry before the edit that a read reaches)."""
+        pe, mark = self.session.prefix_end or 0, self.session.stable_before
+        return mark if mark is not None and pe <= mark <= break_at else pe
+
+    def _mark_compacted(self, p: Proposal) -> None:
+        """After clearing old results, nothing before the last one cleared changes until the
+        next clear, which starts after it: mark that point for the breakpoint planner (the
+        session keeps it in each request record). A summary or cut starts at the prefix, so
+        the next one re-writes from there anyway."""
+        if not self.cfg.economics.mark_compacted:
+            return
+        targeted = [e.end for e in p.edits if e.tool_use_id is not None or isinstance(e, SkipRange)]
+        self.session.stable_before = max(targeted) + 1 if p.summarize is None and p.level in ("L1", "L2") \
+            and targeted else None
 
     def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
@@ -392,6 +412,7 @@ class Compactor:
             return tokens
         after = self._now_tokens()
         report.entries += entries
+        self._mark_compacted(p)
         report.events.append(self._emit("compaction", level="L5", reason=why, tokens_before=tokens, tokens_after=after,
                                         entries=[e.seq for e in entries]))
         return after

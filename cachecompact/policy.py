@@ -71,6 +71,7 @@ class Economics:
     min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
     max_remaining_turns: int = 50
     min_batch_fraction: float = 0.02  # of the window: an edit that breaks a warm cache removes at least this
+    mark_compacted: bool = True  # a breakpoint after the part already compacted: the next edit re-writes what follows
 
     def __post_init__(self) -> None:
         if self.cache_ttl_s <= 0:
@@ -86,11 +87,11 @@ class LevelSettings:
     """What each level may touch. Sizes in tokens are fractions of the window."""
 
     keep_recent_results: int = 3  # every level keeps this many most recent results verbatim ...
-    keep_recent_tokens: int = 60_000  # ... and the newest tool output up to this many tokens (fitted, half A)
-    collapse_keep_share: float = 1.0  # L3 keeps at most this share of the window after its summary (fitted)
+    keep_recent_tokens: int = 40_000  # ... and the newest tool output up to this many tokens (fitted, half A)
+    collapse_keep_share: float = 0.5  # L3 keeps at most this share of the window after its summary (fitted)
     big_result_share: float = 0.25  # a new result over this share of the recent budget is shortened on entry (fitted)
-    key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size ...
-    key_max_chars: int = 1_500  # ... and at most this many characters of them
+    key_fraction: float = 0.5  # a cleared or shortened result keeps key lines up to this share of its size (fitted) ...
+    key_max_chars: int = 16_000  # ... and at most this many characters of them (fitted with keep_recent_tokens)
     keep_rounds_l3: int = 8
     keep_rounds_l4: int = 4
     preview_chars: int = 2_000  # L2 keeps this much of the output verbatim
@@ -111,7 +112,7 @@ class LevelSettings:
 
     @property
     def min_clear_tokens(self) -> int:
-        """L1 clears a result only if it is at least 5 placeholders big (it then saves >= 80%)."""
+        """L1 clears a result only if it is at least 5 placeholders big (the notice costs at most a fifth)."""
         return 5 * PLACEHOLDER_TOKENS
 
     @property

@@ -93,6 +93,10 @@ class Session:
         # breakpoints of the previous request sent (block index, chain value): an input of the
         # breakpoint planner, persisted in the request log so a reopened session plans the same
         self.previous_breakpoints: list[tuple[int, bytes]] = []
+        # transcript messages before this index will not be edited next (set by the policy, kept
+        # in each request record): the planner marks their end, so the next edit re-writes only
+        # what follows
+        self.stable_before: int | None = None
         self.renderer = Renderer(
             self.transcript, self.ledger, self._tools, self._system, self.counter,
             prefix_end=lambda: self.prefix_end, expected_prefix_hash=lambda: self._prefix_hash,
@@ -362,6 +366,8 @@ class Session:
         bps = rec.get("breakpoints")
         if isinstance(bps, list):
             self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
+        mark = rec.get("stable_before")
+        self.stable_before = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark >= 0 else None
 
     # -- mutation ----------------------------------------------------------------------------
 
@@ -444,13 +450,16 @@ class Session:
         """Append a sealed record of a request that was sent from ``render`` and answered.
 
         It commits to the transcript and ledger state the request was rendered from, and
-        carries the request's breakpoints, which guide the next render's breakpoint plan.
+        carries the request's breakpoints and compacted-part mark, which guide the next
+        render's breakpoint plan.
         """
         t_len = self._render_transcript_len(render)
         base = {**fields, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
                 "ledger_len": render.n_entries,
                 "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
+        if self.stable_before is not None:
+            base["stable_before"] = self.stable_before
         if getattr(self.store, "atomic_append", False):
             # a store whose append is an atomic compare-and-append by itself (PostgreSQL's unique
             # key) needs no lock for one record: try at the known position; only when another
@@ -534,10 +543,11 @@ class Session:
                 transcript_len = self.ledger.entries[at_entry].transcript_len
         if transcript_len is not None and not 0 <= transcript_len <= len(self.transcript):
             raise IndexError(f"transcript has {len(self.transcript)} messages; cannot render {transcript_len}")
-        previous = self.previous_breakpoints if upto is None and transcript_len is None else ()
+        live = upto is None and transcript_len is None
         return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
-                                    previous=previous, ttl=ttl, prefix_ttl=prefix_ttl, model=model,
-                                    max_tokens=max_tokens, **params)
+                                    previous=self.previous_breakpoints if live else (),
+                                    stable_before=self.stable_before if live else None, ttl=ttl,
+                                    prefix_ttl=prefix_ttl, model=model, max_tokens=max_tokens, **params)
 
     def messages(self) -> list[dict[str, Any]]:
         """The full, uncompacted history as plain dicts."""

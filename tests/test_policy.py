@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -389,3 +390,50 @@ def test_policy_config_groups_are_replaceable() -> None:
     c = PolicyConfig(window_tokens=40_000)
     d = replace(c, levels=replace(c.levels, keep_recent_results=5))
     assert d.levels.keep_recent_results == 5 and c.levels.keep_recent_results == 3
+
+
+@pytest.mark.parametrize("mark", [True, False])
+def test_a_clear_rewrites_only_what_follows_the_part_already_compacted(mark: bool) -> None:
+    """After an L1 clear the planner marks the end of the compacted part; the next clear starts
+    after it, so its request (billed by the emulator, through the real SDK) reads everything up
+    to that mark from cache and writes only what follows. Without the mark it writes it all."""
+    s = Session.create(None, prefix_messages=1)
+    c = Compactor.for_session(s, cfg(200_000, cache_aware=False, mark_compacted=mark, keep_recent_tokens=8_000,
+                                     min_batch_fraction=0.0, keep_recent_results=1))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    reads_after_clear: list[tuple[int, int]] = []  # (tokens read, tokens of the render) on compacting turns
+    with Emulator() as emu:
+        client = anthropic.Anthropic(base_url=emu.url, api_key="test", max_retries=0)
+        for k in range(24):
+            msgs = msgs + tool_turn(k, "read_file", "\n".join(f"value_{k}_{j} = {j * k}" for j in range(100)))
+            s.sync(msgs)
+            rep = c.before_request(10.0 * k, MODEL, 1000)
+            r = s.render(model=MODEL, max_tokens=1000)
+            usage = client.messages.create(**r.body).usage
+            s.note_sent(r)
+            c.after_response(10.0 * k)
+            if any(e.kind == "compaction" for e in rep.events):
+                reads_after_clear.append((usage.cache_read_input_tokens or 0, usage.input_tokens
+                                          + (usage.cache_read_input_tokens or 0)
+                                          + (usage.cache_creation_input_tokens or 0)))
+    assert len(reads_after_clear) >= 10
+    reads = [read for read, _ in reads_after_clear[4:]]  # once the compacted part is over the cacheable minimum
+    if mark:
+        assert s.stable_before is not None and s.stable_before > (s.prefix_end or 0)
+        assert all(b > a > 1024 for a, b in itertools.pairwise(reads)), reads_after_clear
+    else:  # only the prefix (the goal, under the cacheable minimum) could be read: everything is written again
+        assert s.stable_before is None and reads == [0] * len(reads), reads_after_clear
+
+
+def test_the_planner_marks_the_compacted_part() -> None:
+    from cachecompact.render import plan_breakpoints
+
+    n = 60
+    cacheable, chain, pos = [True] * n, [bytes([k]) for k in range(n)], list(range(n))
+    assert plan_breakpoints(cacheable, chain, pos, 4, (), stable=30) == [4, 30, 59]
+    assert plan_breakpoints(cacheable, chain, pos, 4, (), stable=50) == [4, 50, 59]  # written only if marked
+    assert plan_breakpoints(cacheable, chain, pos, 4, (), stable=3) == [4, 59]  # inside the prefix
+    # the previous request's mark is still a prefix: a moved mark reads it back, or it keeps a slot
+    prev = [(4, chain[4]), (20, chain[20]), (59, b"x")]
+    assert plan_breakpoints(cacheable, chain, pos, 4, prev, stable=34) == [4, 34, 59]
+    assert plan_breakpoints(cacheable, chain, pos, 4, prev, stable=45) == [4, 20, 45, 59]

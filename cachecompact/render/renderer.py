@@ -153,12 +153,15 @@ class Renderer:
         transcript_len: int | None = None,
         breakpoints: bool = True,
         previous: Sequence[tuple[int, bytes]] = (),
+        stable_before: int | None = None,
         ttl: str | None = None,
         prefix_ttl: str | None = None,
         **params: Any,
     ) -> RenderResult:
         """Render the request. ``upto_entry``/``transcript_len`` replay an earlier state;
-        ``previous`` is the previous request's breakpoints (block index, chain value)."""
+        ``previous`` is the previous request's breakpoints (block index, chain value);
+        ``stable_before``: transcript messages before this index will not be edited next (a
+        breakpoint goes after the last of them)."""
         n = len(self.t) if transcript_len is None else transcript_len
         historical = upto_entry is not None or transcript_len is not None
         n_entries = len(self.ledger) if upto_entry is None else upto_entry
@@ -185,7 +188,9 @@ class Renderer:
                 f"immutable prefix hash {prefix_hash} != stored {expected}: tools, system or the first "
                 f"{pe} messages changed")
 
-        bps = plan_breakpoints(_Cacheable(arr), arr.chain, arr.pos, prefix_last, previous) if breakpoints and nb else []
+        stable = self._last_block_before(arr, stable_before) if stable_before is not None else -1
+        bps = plan_breakpoints(_Cacheable(arr), arr.chain, arr.pos, prefix_last, previous,
+                               stable) if breakpoints and nb else []
         msg_dicts = arr.mdicts[:nm]
         body: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
         if breakpoints:
@@ -226,6 +231,22 @@ class Renderer:
         if plain:
             self._plain = (state, result)
         return result
+
+    def _last_block_before(self, arr: ChainArrays, index: int) -> int:
+        """Flat index of the last block rendered from transcript messages before ``index`` (a
+        summary counts from its last message), -1 if none."""
+        entries = self.ledger.entries
+        for mi in range(len(arr.msgs) - 1, -1, -1):
+            blocks = arr.msgs[mi].blocks
+            if not blocks:
+                continue
+            b = blocks[-1]
+            src = b.transcript_index
+            if src is None and b.entry_seq is not None and b.entry_seq < len(entries):
+                src = entries[b.entry_seq].end
+            if src is not None and src < index:
+                return arr.starts[mi] + len(blocks) - 1
+        return -1
 
     def _prefix_last_block(self, arr: ChainArrays, pe: int | None) -> int:
         """Flat index of the prefix's last block (tools/system only while messages are pending)."""
