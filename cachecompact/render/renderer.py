@@ -234,19 +234,20 @@ class Renderer:
 
     def _last_block_before(self, arr: ChainArrays, index: int) -> int:
         """Flat index of the last block rendered from transcript messages before ``index`` (a
-        summary counts from its last message), -1 if none."""
+        summary counts from its last message), -1 if none. Rendered messages keep transcript
+        order, so a binary search: the per-turn cost does not grow with the session."""
         entries = self.ledger.entries
-        for mi in range(len(arr.msgs) - 1, -1, -1):
-            blocks = arr.msgs[mi].blocks
-            if not blocks:
-                continue
-            b = blocks[-1]
-            src = b.transcript_index
-            if src is None and b.entry_seq is not None and b.entry_seq < len(entries):
-                src = entries[b.entry_seq].end
-            if src is not None and src < index:
-                return arr.starts[mi] + len(blocks) - 1
-        return -1
+
+        def source(mi: int) -> int:
+            b = arr.msgs[mi].blocks[-1]
+            if b.transcript_index is not None:
+                return b.transcript_index
+            if b.entry_seq is not None and b.entry_seq < len(entries):
+                return entries[b.entry_seq].end
+            return -1
+
+        mi = bisect.bisect_left(range(len(arr.msgs)), index, key=source) - 1
+        return arr.starts[mi] + len(arr.msgs[mi].blocks) - 1 if mi >= 0 else -1
 
     def _prefix_last_block(self, arr: ChainArrays, pe: int | None) -> int:
         """Flat index of the prefix's last block (tools/system only while messages are pending)."""
