@@ -397,7 +397,10 @@ class CompactionEngine:
             for sid in self.store.list():
                 if sid in seen:
                     continue
-                text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
+                try:
+                    text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
+                except (CacheCompactError, OSError):  # a half-made or just-deleted session has none
+                    continue
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)

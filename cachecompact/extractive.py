@@ -52,7 +52,9 @@ def _first_line(s: str, limit: int = 160) -> str:
     if len(line) <= limit:
         return line
     cut = line.rfind(" ", 0, limit + 1)
-    return line[:cut].rstrip() + " ..." if cut > 0 else line[:limit]
+    if cut > 0:
+        return line[:cut].rstrip() + " ..."
+    return line if len(line) <= 2 * limit else ""  # one long token: whole, or not at all
 
 
 def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issues: Sequence[str] = (),

@@ -485,6 +485,8 @@ class Session:
         self._request_hashes.append(rec["hash"])
         self.last_request = rec
         self.previous_breakpoints = render.breakpoint_chain
+        mark = rec.get("stable_before")  # ours, even if catching up on another writer replaced it
+        self.stable_before = mark if isinstance(mark, int) else None
         return rec
 
     def _render_transcript_len(self, render: RenderResult) -> int:

@@ -339,6 +339,10 @@ def test_extractive_summarizer_keeps_goal_and_previous_issues() -> None:
     long = [{"role": "user", "content": "Error: " + "word " * 29 + f"see {ref} for the full output"}]
     issues = ExtractiveSummarizer().summarize(SummaryRequest(long, GOAL, [], (3, 3))).summary.open_issues
     assert issues and all(ref in x or "sp_" not in x for x in issues) and all(len(x) <= 164 for x in issues)
+    for token, kept in (("/src/" + "d" * 200 + ".py", True), ("/src/" + "d" * 400 + ".py", False)):
+        got = ExtractiveSummarizer().summarize(SummaryRequest([{"role": "user", "content": f"Error:{token}"}],
+                                                              GOAL, [], (3, 3))).summary.open_issues
+        assert any(token in x for x in got) == kept and not any("/src/d" in x and token not in x for x in got)
 
 
 @pytest.mark.parametrize("mode", ["forced-tool", "prefix-reuse"])

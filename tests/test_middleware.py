@@ -276,6 +276,12 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                     again = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                  window_tokens=20_000, scratchpad_tool=True, summarizer=None)
                     assert scratchpad_handler(again)({"ref": ref.group(0)}) == (out, False)
+                    half_made = store / "000-crashed-while-created"  # listed first, holds no session
+                    half_made.mkdir()
+                    (half_made / "session.json").write_text("{}")
+                    third = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
+                                 window_tokens=20_000, scratchpad_tool=True, summarizer=None)
+                    assert scratchpad_handler(third)({"ref": ref.group(0)}) == (out, False)
             else:
                 assert "read_scratchpad" not in text  # never a tool the request does not carry
                 assert "re-run" in text or "re-read" in text

@@ -90,3 +90,27 @@ def test_synthetic_is_deterministic_and_valid() -> None:
     assert synthetic_trace(4).messages != a.messages
     validate_messages(a.messages)
     Session.create(None, system=a.system, tools=a.tools).sync(a.messages)
+
+
+def test_what_the_repair_fixes_still_loads_and_foreign_ids_are_mapped(tmp_path: Path) -> None:
+    """Checked after the pairing repair: an empty trailing turn and an orphan result with an id
+    the API would refuse are dropped, not fatal; OpenAI ids (``functions.bash:0``) are mapped
+    into the API's alphabet on the call and its result alike."""
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x.y:1", "content": "o"},
+                                     {"type": "text", "text": "more"}]},
+        {"role": "assistant", "content": []}]}))
+    t = load_trace(a)
+    assert len(t.messages) == 3 and any("orphan" in n for n in t.notes)
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps([
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "functions.bash:0", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.bash:0", "content": "a b"},
+        {"role": "assistant", "content": "ok"}]))
+    t = load_trace(b)
+    validate_messages(t.messages)
+    assert t.messages[1]["content"][0]["id"] == t.messages[2]["content"][0]["tool_use_id"] == "functions_bash_0"

@@ -119,9 +119,12 @@ def _load_anthropic(p: Path, data: Any) -> Trace:
     from ._repair import repair_pairing
 
     body = data if isinstance(data, dict) else {"messages": data}
+    for i, m in enumerate(body["messages"]):  # the shape the pairing repair below relies on; the rest is
+        c = m.get("content") if isinstance(m, dict) else None  # checked after it, as for every format
+        if isinstance(m, dict) and m.get("role") in ("user", "assistant") and not (
+                isinstance(c, str) or (isinstance(c, list) and all(isinstance(b, dict) for b in c))):
+            raise MalformedMessageError(f"messages[{i}].content", "missing, or not a string or a list of blocks")
     msgs = [m for m in body["messages"] if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
-    for i, m in enumerate(msgs):  # the shape first: the pairing repair below assumes it
-        message_from_dict(m, i)
     msgs, _, notes = repair_pairing(msgs, [None] * len(msgs))
     if not msgs or msgs[0]["role"] != "user":
         raise TraceFormatError(str(p), "conversation does not start with a user message")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def openai_to_anthropic(
                     args = {"value": args}
                 name = fn.get("name") or "tool"
                 tools.add(name)
-                blocks.append({"type": "tool_use", "id": call.get("id") or f"call_{n}_{k}", "name": name,
+                blocks.append({"type": "tool_use", "id": _safe_id(call.get("id"), f"call_{n}_{k}"), "name": name,
                                "input": args})
             if blocks:
                 raw_resp = extra.get("response")
@@ -76,11 +77,20 @@ def openai_to_anthropic(
                 out.append({"role": "assistant", "content": blocks})
                 extras.append((ts, resp.get("usage") if isinstance(resp.get("usage"), dict) else None))
         elif role == "tool":
-            out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+            out.append({"role": "user", "content": [{"type": "tool_result",
+                                                      "tool_use_id": _safe_id(m.get("tool_call_id"), ""),
                                                       "content": _text(m.get("content")) or "(no output)"}]})
             extras.append((ts, None))
         # other roles ("exit") carry the final submission, not conversation
     return ("\n\n".join(p for p in system_parts if p) or None), out, extras, tools
+
+
+def _safe_id(raw: Any, fallback: str) -> str:
+    """An OpenAI tool-call id in the Anthropic alphabet (``functions.bash:0`` -> ``functions_bash_0``),
+    the same on the call and its result so they still pair."""
+    if not isinstance(raw, str) or not raw:
+        return fallback
+    return re.sub(r"[^A-Za-z0-9_-]", "_", raw)[:256]
 
 
 def load_openai_chat(path: str | Path, data: Any, fmt: str = "openai-chat") -> Trace:
