@@ -136,6 +136,9 @@ class CompactionEngine:
         for name, v in (("ttl", ttl), ("prefix_ttl", prefix_ttl)):
             if v not in (None, "5m", "1h"):
                 raise ConfigError(f"{name} must be '5m', '1h' or None, got {v!r}")
+        if prefix_ttl == "5m" and ttl == "1h":  # the prefix's breakpoint comes first in every request
+            raise ConfigError("ttl='1h' with prefix_ttl='5m' puts a 1-hour breakpoint after a 5-minute one, which "
+                              "the API refuses; use prefix_ttl='1h' (or leave it unset)")
         if window_tokens is not None and (not isinstance(window_tokens, int) or isinstance(window_tokens, bool)
                                           or window_tokens < MIN_WINDOW_TOKENS):
             raise PolicyConfigError(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, "

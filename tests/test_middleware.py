@@ -385,6 +385,8 @@ def test_wrap_refuses_misconfiguration_when_called(tmp_path: Path) -> None:
         wrap(c, scratchpad_tool="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="on_event must be a callable"):
         wrap(c, on_event=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="1-hour breakpoint after a 5-minute one"):
+        wrap(c, ttl="1h", prefix_ttl="5m")
     with pytest.raises(ConfigError, match="not both"):
         wrap(c, store=tmp_path / "a", store_dir=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
