@@ -203,11 +203,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.run import DEFAULT_WINDOWS, run_bench
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
-    strategies = list(dict.fromkeys(args.strategy)) if args.strategy else None  # each once, in the order given
-    windows = list(dict.fromkeys(args.window or DEFAULT_WINDOWS))
-    res = run_bench(args.paths, strategies, model=args.model, windows=windows, workers=args.workers,
-                    progress=not args.json, synthetic=args.synthetic, tasks=not args.no_tasks,
-                    traces=not args.tasks)
+    res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window or DEFAULT_WINDOWS,
+                    workers=args.workers, progress=not args.json, synthetic=args.synthetic,
+                    tasks=not args.no_tasks, traces=not args.tasks)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
     files = write_outputs(res, Path(args.out), command)
     if args.json:
@@ -254,9 +252,7 @@ def cmd_forensics(args: argparse.Namespace) -> int:
     from .replay_forensics import summarize_logs
     from .traces import discover
 
-    missing = [p for p in args.paths if not Path(p).exists()]
-    if missing:
-        raise UsageError(f"no such file or folder: {', '.join(missing)}")
+    _must_exist(args.paths)
     files = discover(list(args.paths))
     if not files:
         raise UsageError(f"no trace files found in {' '.join(args.paths)}")
@@ -398,6 +394,12 @@ def _writable_file(p: Path, what: str) -> None:
         raise UsageError(f"{what} {p}: the folder {parent} does not exist or is not writable")
 
 
+def _must_exist(paths: list[str]) -> None:
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"no such file or folder: {', '.join(missing)}")
+
+
 def _check(args: argparse.Namespace) -> None:
     """Checks that need the file system or the registries, run before any work."""
     if args.command == "bench":
@@ -409,9 +411,7 @@ def _check(args: argparse.Namespace) -> None:
         get_model(args.model)
         if args.tasks and args.no_tasks:
             raise UsageError("--tasks and --no-tasks exclude each other")
-        missing = [p for p in args.paths if not Path(p).exists()]
-        if missing:
-            raise UsageError(f"no such file or folder: {', '.join(missing)}")
+        _must_exist(args.paths)
         _writable_dir(Path(args.out), "--out")
     if getattr(args, "plot", None):
         _writable_file(Path(args.plot), "--plot")

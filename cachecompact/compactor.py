@@ -253,6 +253,8 @@ class Compactor:
         report = TurnReport(0, 0)
         since = self._observe_new(now, report)
         s = self.session
+        if not self.cfg.economics.mark_compacted:
+            s.stable_before = None  # also one restored from requests recorded with the mark on
         if s.prefix_end is None or not len(s):
             return report
         lim = self._limits(max_tokens)
@@ -382,19 +384,15 @@ class Compactor:
         marked compacted part if the edit starts behind it (that entry is still read), else
         after the immutable prefix (the only other entry before the edit that a read reaches)."""
         pe, mark = self.session.prefix_end or 0, self.session.stable_before
-        return mark if mark is not None and self.cfg.economics.mark_compacted and pe <= mark <= break_at else pe
+        return mark if mark is not None and pe <= mark <= break_at else pe
 
     def _mark_compacted(self, p: Proposal) -> None:
         """After clearing old results, nothing before the last one cleared changes until the
         next clear, which starts after it: mark that point for the breakpoint planner (the
         session keeps it in each request record). A summary or cut starts at the prefix, so
         the next one re-writes from there anyway."""
-        if not self.cfg.economics.mark_compacted:
-            self.session.stable_before = None  # also one restored from records made with it on
-            return
-        targeted = [e.end for e in p.edits if e.tool_use_id is not None or isinstance(e, SkipRange)]
-        self.session.stable_before = max(targeted) + 1 if p.summarize is None and p.level in ("L1", "L2") \
-            and targeted else None
+        cleared = self.cfg.economics.mark_compacted and p.level in ("L1", "L2") and p.summarize is None
+        self.session.stable_before = max(e.end for e in p.edits) + 1 if cleared and p.edits else None
 
     def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.

@@ -165,8 +165,7 @@ class CompactionEngine:
         self.scratchpad_tool = scratchpad_tool
         self.diagnostics = diagnostics
         self.ttl, self.prefix_ttl = ttl, prefix_ttl
-        callbacks = on_event if isinstance(on_event, list) else ([on_event] if on_event else [])
-        self.events = EventBus(callbacks)
+        self.events = EventBus(hooks)
         self.events.subscribe(self._persist_event)
         self.clock = clock
         self.overhead_s = 0.0  # time spent preparing requests and recording usage

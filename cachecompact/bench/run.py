@@ -159,7 +159,8 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
               tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS) -> BenchResult:
     """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md)."""
-    names = list(strategies or strategy_names())
+    names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
+    windows = list(dict.fromkeys(windows))
     for s in names:
         get_strategy(s)
     get_model(model)  # fail early on an unknown model
