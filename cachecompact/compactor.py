@@ -42,6 +42,7 @@ from .levels import (
     results_since,
 )
 from .levels.tool_summary import ON_ENTRY
+from .lookback import LookbackMeter
 from .policy import LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
 from .pricing import model_prices
 from .strategy import StrategyContext, TurnReport, summarize_range
@@ -81,6 +82,9 @@ class Compactor:
         self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
         self._last_tokens: int | None = None  # the request size after the previous turn's compaction
         self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
+        self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars)
+        self._recent_budget: int | None = None  # the learnt recent budget in force (None: the configured one)
+        self._configured_recent = 0
 
     @classmethod
     def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
@@ -114,6 +118,7 @@ class Compactor:
                 "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
+                "recent_budget": self._recent_budget,
                 "calibration": self.session.counter.calibration,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
@@ -128,6 +133,7 @@ class Compactor:
             self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
             self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
+            self._recent_budget = st.get("recent_budget")
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -176,10 +182,31 @@ class Compactor:
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
     def _limits(self, max_tokens: int) -> Limits:
-        prefix = self.session.render(breakpoints=False).prefix_tokens
+        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
-        return limits(self.cfg, self.cfg.window_tokens or self.ctx.window_tokens, max_tokens,
-                      self.session.counter.calibrated(prefix), growth)
+        window = self.cfg.window_tokens or self.ctx.window_tokens
+        lim = limits(self.cfg, window, max_tokens, prefix, growth)
+        self._configured_recent = lim.keep_recent
+        share = self.cfg.levels.lookback_miss_share
+        if share > 0:
+            self._lookback.observe(self.session)
+            learnt = self._lookback.budget(lim.keep_recent, share)
+            if learnt < lim.keep_recent:
+                lim = limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=learnt)
+        return lim
+
+    def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
+        """An event when the lookback meter shrinks the recent budget, or gives the configured one back."""
+        learnt = lim.keep_recent if lim.keep_recent < self._configured_recent else None
+        if learnt == self._recent_budget:
+            return
+        before, self._recent_budget = self._recent_budget, learnt
+        m = self._lookback
+        what = f"{learnt} tokens (learnt)" if learnt is not None else f"{self._configured_recent} tokens (configured)"
+        report.events.append(self._emit(
+            "recent_budget", reason=f"recent budget now {what}: {m.served_share():.0%} of the agent's "
+                                    f"{len(m.lookbacks)} look-backs were served by key lines",
+            detail={"before": before, "after": learnt, "lookbacks": len(m.lookbacks)}))
 
     def _now_tokens(self) -> int:
         return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
@@ -258,6 +285,7 @@ class Compactor:
         if s.prefix_end is None or not len(s):
             return report
         lim = self._limits(max_tokens)
+        self._note_recent_budget(lim, report)
         tokens0 = self._now_tokens()
         report.tokens_before = report.tokens_after = tokens0
         lv = self.cfg.levels

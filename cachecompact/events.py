@@ -32,7 +32,7 @@ class Event:
     """One thing that happened to a session's context.
 
     ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
-    context_full | repeated_tool_calls | cache_miss | skipped.
+    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget.
     """
 
     kind: str

@@ -96,6 +96,8 @@ class LevelSettings:
     keep_rounds_l4: int = 4
     preview_chars: int = 2_000  # L2 keeps this much of the output verbatim
     summary_tokens: int = 1_500  # planning estimate of a summary's size (3/4 of the summarizer's max_tokens)
+    lookback_miss_share: float = 0.03  # shrink the recent budget only if the agent's look-backs show at most this
+    # share would lose their evidence (`cachecompact.lookback`); 0 keeps the configured budget
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
@@ -106,7 +108,7 @@ class LevelSettings:
                 _bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_recent_tokens < 0:
             _bad("keep_recent_tokens must be >= 0")
-        for name in ("big_result_share", "key_fraction", "collapse_keep_share"):
+        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_miss_share"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
@@ -171,10 +173,12 @@ class Limits:
     min_batch: int
 
 
-def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0) -> Limits:
+def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
+           recent_tokens: int | None = None) -> Limits:
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
-    ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free, and
-    ``growth`` the most one turn has added lately."""
+    ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
+    ``growth`` the most one turn has added lately, and ``recent_tokens`` a recent budget learnt
+    from the session (`cachecompact.lookback`) in place of ``keep_recent_tokens``."""
     reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
     limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
     t, lv = cfg.triggers, cfg.levels
@@ -183,7 +187,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
         max(soft + 2, limit - max(growth, limit // 100))
     hard = int(t.hard * limit) if t.hard is not None else (soft + critical) // 2
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
-    keep = min(lv.keep_recent_tokens, room)
+    keep = min(lv.keep_recent_tokens if recent_tokens is None else recent_tokens, room)
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
                   keep_recent=keep, collapse_keep=min(keep, int(lv.collapse_keep_share * window)),
                   big_result=max(lv.old_result_tokens, int(lv.big_result_share * keep)),
