@@ -83,8 +83,7 @@ class Compactor:
         self._last_tokens: int | None = None  # the request size after the previous turn's compaction
         self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
         self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars)
-        self._recent_budget: int | None = None  # the learnt recent budget in force (None: the configured one)
-        self._configured_recent = 0
+        self._recent_divisor = 1  # the lookback meter's step in force (1: the configured recent budget)
 
     @classmethod
     def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
@@ -118,7 +117,7 @@ class Compactor:
                 "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
-                "recent_budget": self._recent_budget,
+                "recent_divisor": self._recent_divisor,
                 "calibration": self.session.counter.calibration,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
@@ -133,7 +132,7 @@ class Compactor:
             self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
             self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
-            self._recent_budget = st.get("recent_budget")
+            self._recent_divisor = int(st.get("recent_divisor", 1))
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -186,27 +185,30 @@ class Compactor:
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
         lim = limits(self.cfg, window, max_tokens, prefix, growth)
-        self._configured_recent = lim.keep_recent
         share = self.cfg.levels.lookback_miss_share
-        if share > 0:
-            self._lookback.observe(self.session)
-            learnt = self._lookback.budget(lim.keep_recent, share)
-            if learnt < lim.keep_recent:
-                lim = limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=learnt)
-        return lim
+        if share <= 0:
+            return lim
+        self._lookback.observe(self.session)
+        div = self._lookback.divisor(lim.configured_recent, share)
+        if div == 1:
+            return lim
+        return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=lim.configured_recent // div,
+                      entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1)
 
     def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
-        """An event when the lookback meter shrinks the recent budget, or gives the configured one back."""
-        learnt = lim.keep_recent if lim.keep_recent < self._configured_recent else None
-        if learnt == self._recent_budget:
+        """An event when the lookback meter shrinks the recent budget, or gives the configured one back
+        (by step, not by tokens: the configured budget moves with the calibration at small windows)."""
+        div = lim.configured_recent // lim.keep_recent if 0 < lim.keep_recent < lim.configured_recent else 1
+        if div == self._recent_divisor:
             return
-        before, self._recent_budget = self._recent_budget, learnt
-        m = self._lookback
-        what = f"{learnt} tokens (learnt)" if learnt is not None else f"{self._configured_recent} tokens (configured)"
+        before, self._recent_divisor = self._recent_divisor, div
+        far, lost = self._lookback.far_and_lost(lim.keep_recent)
+        what = f"{lim.keep_recent} tokens, 1/{div} of" if div > 1 else "back to"
         report.events.append(self._emit(
-            "recent_budget", reason=f"recent budget now {what}: {m.served_share():.0%} of the agent's "
-                                    f"{len(m.lookbacks)} look-backs were served by key lines",
-            detail={"before": before, "after": learnt, "lookbacks": len(m.lookbacks)}))
+            "recent_budget", reason=f"recent budget {what} the configured {lim.configured_recent}: of the agent's "
+                                    f"{far} look-backs farther than that, {lost} reached a line no placeholder keeps",
+            detail={"divisor_before": before, "divisor": div, "recent_tokens": lim.keep_recent,
+                    "far_lookbacks": far, "lost": lost}))
 
     def _now_tokens(self) -> int:
         return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
@@ -293,7 +295,7 @@ class Compactor:
         new = results_since(s, since)
         if new:
             p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
-                                                   turn_tokens=lim.keep_recent, preview_chars=lv.preview_chars,
+                                                   turn_tokens=lim.entry_recent, preview_chars=lv.preview_chars,
                                                    key_chars=lv.key_max_chars,
                                                    exempt_tools=lv.exempt_tools | lv.write_tools))
             if p2.edits:

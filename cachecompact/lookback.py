@@ -9,21 +9,28 @@ a placeholder keeps) or not. An agent whose look-backs are all served (one that 
 definitions and settings) pays for a recent budget it does not need; one that quotes ordinary
 lines (most coding agents) needs it.
 
-`LookbackMeter` follows the transcript and answers one question: the smallest candidate
-budget that would have lost the evidence of at most `miss_share` of the look-backs that could
-have been lost at that budget. The share is estimated with Jeffreys' prior, (lost + 1/2) /
-(look-backs + 1), so a handful of look-backs proves nothing: with none lost it takes 16 before
-a budget may shrink at a 3% share. It only ever shrinks the configured budget, and everything it knows is derived from
-the transcript, so a restarted process or another replica computes the same answer.
+`LookbackMeter` follows the transcript after the immutable prefix (never cleared, so never
+at risk) and answers one question: by how much may the configured budget shrink? Each
+assistant turn whose calls reached back is one look-back; for a smaller budget only the
+look-backs that reached farther than it count, and of those the ones that reached an
+unserved line that far would have lost their evidence. The share is estimated with Jeffreys'
+prior, (lost + 1/2) / (far look-backs + 1), so a handful proves nothing: with none lost it
+takes 16 before a budget may shrink at a 3% share. A call that repeats an earlier one (a
+re-read) reached back to output no placeholder keeps whole. The meter only ever shrinks the
+configured budget, and everything it knows is derived from the transcript, so a restarted
+process or another replica computes the same answer. docs/policy.md has the rules.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from typing import TYPE_CHECKING
 
-from .identifiers import candidate_tokens, identifiers_in_input
+import xxhash
+
+from .identifiers import identifiers, identifiers_in_input
 from .keylines import key_lines
-from .wire import ToolResultBlock, ToolUseBlock, content_blocks
+from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks
 
 if TYPE_CHECKING:
     from .session import Session
@@ -40,63 +47,111 @@ class LookbackMeter:
         self.key_fraction = key_fraction
         self.key_max_chars = key_max_chars
         self._seen = 0
-        self._tool_tokens = 0  # tool calls and results so far, raw tokens
-        self._where: dict[str, tuple[int, bool]] = {}  # identifier -> (tool tokens before its newest result, served)
-        # look-backs: (distance in tool tokens, served, tool tokens of history when it was made)
-        self.lookbacks: list[tuple[int, bool, int]] = []
+        self._tool_tokens = 0  # tool calls and results after the immutable prefix so far, raw tokens
+        # identifier -> (tool tokens before the newest result showing it, served); None: the prefix shows it
+        self._where: dict[str, tuple[int, bool] | None] = {}
+        self._calls: dict[bytes, int] = {}  # a call (name and input) -> tool tokens before its newest result
+        self._pending: dict[str, bytes] = {}  # tool_use id -> its call, until its result arrives
+        # one look-back per assistant turn that reached past the prefix: (farthest reach, farthest
+        # unserved reach or -1), in tool tokens
+        self.lookbacks: list[tuple[int, int]] = []
+        self._reach: list[int] = []  # the farthest reaches, sorted
+        self._unserved: list[int] = []  # the farthest unserved reaches, sorted
 
     def observe(self, session: Session) -> None:
-        """Take in the messages appended since the last call."""
+        """Take in the messages appended since the last call (none until the prefix is complete)."""
+        pe = session.prefix_end
+        if pe is None:
+            return
         t = session.transcript
-        pe = session.prefix_end or 0
         for i in range(self._seen, len(t)):
             plain = session.renderer.plain_message(i)
-            for j, blk in enumerate(content_blocks(t[i])):
-                if isinstance(blk, ToolUseBlock):
-                    if i >= pe:
-                        self._look(identifiers_in_input([blk.input]))
+            blocks = content_blocks(t[i])
+            uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
+            if uses and i >= pe:
+                self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses])
+            for j, blk in enumerate(blocks):
+                if isinstance(blk, ToolUseBlock) and i >= pe:
                     self._tool_tokens += plain.blocks[j].tokens
                 elif isinstance(blk, ToolResultBlock):
-                    start = self._tool_tokens
-                    self._tool_tokens += plain.blocks[j].tokens
-                    self._index(_text(blk), start, always=i < pe)
+                    start = self._tool_tokens if i >= pe else None
+                    if i >= pe:
+                        self._tool_tokens += plain.blocks[j].tokens
+                    call = self._pending.pop(blk.tool_use_id, None)
+                    if call is not None and start is not None:
+                        self._calls[call] = start
+                    self._index(_text(blk), start)
         self._seen = len(t)
 
-    def _look(self, idents: list[str]) -> None:
+    def _call(self, use: ToolUseBlock) -> int:
+        """Remember a call until its result; if the same call ran before, how far back its last
+        result lies (a re-run: the agent wanted that output again), else -1."""
+        key = xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
+        self._pending[use.id] = key
+        before = self._calls.get(key)
+        return self._tool_tokens - before if before is not None else -1
+
+    def _look(self, idents: list[str], reruns: list[int]) -> None:
+        """One look-back for a turn's calls: how far they reached, and how far to a line no
+        placeholder keeps (a re-run reached its earlier output, which no placeholder keeps whole)."""
+        reach = unserved = max(reruns, default=-1)
         for x in idents:
             at = self._where.get(x)
-            if at is not None:
-                self.lookbacks.append((self._tool_tokens - at[0], at[1], self._tool_tokens))
+            if at is None:  # never shown, or shown in the immutable prefix, which is never cleared
+                continue
+            d = self._tool_tokens - at[0]
+            reach = max(reach, d)
+            if not at[1]:
+                unserved = max(unserved, d)
+        if reach >= 0:
+            self.lookbacks.append((reach, unserved))
+            insort(self._reach, reach)
+            insort(self._unserved, unserved)
 
-    def _index(self, text: str, start: int, *, always: bool) -> None:
-        """Where each identifier of a new result was last seen, and whether a placeholder keeps a line naming it."""
-        budget = min(self.key_max_chars, int(self.key_fraction * len(text)))
-        kept = set(key_lines(text, budget)) if budget > 0 and not always else set()
+    def _index(self, text: str, start: int | None) -> None:
+        """Where each identifier of a new result was last seen, and whether a placeholder surely
+        keeps a line naming it there or in an earlier result (any visible line is evidence). An
+        identifier the immutable prefix shows is never lost: it is not tracked."""
+        if start is None:
+            for x in identifiers(text):
+                self._where[x] = None
+            return
         here: dict[str, bool] = {}
+        # half the placeholder's line budget: what it keeps whatever working set takes the other half
+        budget = min(self.key_max_chars, int(self.key_fraction * len(text))) // 2
+        kept = set(key_lines(text, budget)) if budget > 0 else set()
         for line in text.split("\n"):
-            served = always or line.rstrip() in kept
-            for x in candidate_tokens(line):
+            served = line.rstrip() in kept
+            for x in identifiers(line):
                 here[x] = here.get(x, False) or served
         for x, served in here.items():
+            if x in self._where:
+                was = self._where[x]
+                if was is None:
+                    continue  # the prefix shows it
+                served = served or was[1]
             self._where[x] = (start, served)  # the newest result is what a look-back reaches first
 
-    def served_share(self) -> float:
-        """The share of look-backs so far that a placeholder would have served."""
-        return sum(1 for _, served, _ in self.lookbacks if served) / len(self.lookbacks) if self.lookbacks else 0.0
+    def far_and_lost(self, budget: int) -> tuple[int, int]:
+        """Look-backs that reached farther than ``budget``, and those of them that reached an
+        unserved line that far (their evidence would be gone at that budget)."""
+        return (len(self._reach) - bisect_right(self._reach, budget),
+                len(self._unserved) - bisect_right(self._unserved, budget))
 
-    def budget(self, configured: int, miss_share: float) -> int:
-        """The smallest candidate budget whose estimated share of lost look-backs is at most
-        ``miss_share``, else ``configured``. A look-back counts for a candidate only if the
-        history was longer than it when the call was made (else it could not have been lost)."""
+    def divisor(self, configured: int, miss_share: float, *, at_entry: bool = False) -> int:
+        """The largest of `BUDGET_STEPS` by which ``configured`` may be divided: among the agent's
+        look-backs farther than the smaller budget, the estimated share that would lose their
+        evidence is at most ``miss_share``; 1 if none qualifies (or the meter is off).
+
+        ``at_entry``: may results also be shortened on arrival by the smaller budget? Such a
+        result is shortened at any distance, so every look-back counts, near ones included."""
         if miss_share <= 0 or configured <= 0:
-            return configured
+            return 1
         for div in BUDGET_STEPS:
-            b = configured // div
-            eligible = [(d, served) for d, served, hist in self.lookbacks if hist > b]
-            lost = sum(1 for d, served in eligible if d > b and not served)
-            if (lost + 0.5) / (len(eligible) + 1) <= miss_share:
-                return b
-        return configured
+            far, lost = self.far_and_lost(0 if at_entry else configured // div)
+            if (lost + 0.5) / (far + 1) <= miss_share:
+                return div
+        return 1
 
 
 def _text(blk: ToolResultBlock) -> str:

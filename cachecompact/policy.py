@@ -166,7 +166,9 @@ class Limits:
     soft: int
     hard: int
     critical: int
-    keep_recent: int  # newest tool output kept verbatim: what fits beside the prefix and a summary
+    keep_recent: int  # newest tool output L1/L2 keep verbatim: what fits beside the prefix and a summary, or learnt
+    configured_recent: int  # the same before the lookback meter: what L3 goes by
+    entry_recent: int  # what shortening on entry goes by: the configured budget, or the learnt one (see lookback)
     collapse_keep: int  # what L3 keeps after its summary: the recent budget, at most a share of the window
     big_result: int  # a new result over this is shortened on entry
     old_result: int
@@ -174,11 +176,13 @@ class Limits:
 
 
 def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
-           recent_tokens: int | None = None) -> Limits:
+           recent_tokens: int | None = None, entry_learnt: bool = False) -> Limits:
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
     ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
     ``growth`` the most one turn has added lately, and ``recent_tokens`` a recent budget learnt
-    from the session (`cachecompact.lookback`) in place of ``keep_recent_tokens``."""
+    from the session (`cachecompact.lookback`) for L1 and L2, and with ``entry_learnt`` for
+    shortening on entry too; L3's kept tail keeps the configured budget (a summary keeps no
+    key lines, so the meter cannot tell what a smaller tail loses)."""
     reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
     limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
     t, lv = cfg.triggers, cfg.levels
@@ -187,10 +191,13 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
         max(soft + 2, limit - max(growth, limit // 100))
     hard = int(t.hard * limit) if t.hard is not None else (soft + critical) // 2
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
-    keep = min(lv.keep_recent_tokens if recent_tokens is None else recent_tokens, room)
+    configured = min(lv.keep_recent_tokens, room)
+    keep = configured if recent_tokens is None else min(recent_tokens, configured)
+    entry = keep if entry_learnt else configured
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
-                  keep_recent=keep, collapse_keep=min(keep, int(lv.collapse_keep_share * window)),
-                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * keep)),
+                  keep_recent=keep, configured_recent=configured, entry_recent=entry,
+                  collapse_keep=min(configured, int(lv.collapse_keep_share * window)),
+                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * entry)),
                   old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window))
 
 
