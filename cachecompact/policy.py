@@ -90,7 +90,7 @@ class LevelSettings:
     keep_recent_tokens: int = 40_000  # ... and the newest tool output up to this many tokens (fitted, half A)
     collapse_keep_share: float = 0.5  # L3 keeps at most this share of the window after its summary (fitted)
     big_result_share: float = 0.25  # a new result over this share of the recent budget is shortened on entry (fitted)
-    key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size (fitted) ...
+    key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size (fit) ...
     key_max_chars: int = 16_000  # ... and at most this many characters of them (fitted with keep_recent_tokens)
     keep_rounds_l3: int = 8
     keep_rounds_l4: int = 4
