@@ -82,8 +82,10 @@ class Compactor:
         self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
         self._last_tokens: int | None = None  # the request size after the previous turn's compaction
         self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
-        self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars)
+        self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars,
+                                       self.cfg.levels.min_clear_tokens)
         self._recent_divisor = 1  # the lookback meter's step in force (1: the configured recent budget)
+        self._recent_entry = False  # new results are shortened by the learnt budget too
 
     @classmethod
     def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
@@ -117,7 +119,7 @@ class Compactor:
                 "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
-                "recent_divisor": self._recent_divisor,
+                "recent_divisor": self._recent_divisor, "recent_entry": self._recent_entry,
                 "calibration": self.session.counter.calibration,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
@@ -133,6 +135,7 @@ class Compactor:
             self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
             self._recent_divisor = int(st.get("recent_divisor", 1))
+            self._recent_entry = bool(st.get("recent_entry", False))
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -196,19 +199,25 @@ class Compactor:
                       entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1)
 
     def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
-        """An event when the lookback meter shrinks the recent budget, or gives the configured one back
-        (by step, not by tokens: the configured budget moves with the calibration at small windows)."""
+        """An event when the lookback meter shrinks the recent budget, gives the configured one
+        back, or starts or stops shortening new results by it (by step, not by tokens: the
+        configured budget moves with the calibration at small windows)."""
         div = lim.configured_recent // lim.keep_recent if 0 < lim.keep_recent < lim.configured_recent else 1
-        if div == self._recent_divisor:
+        entry = lim.entry_recent < lim.configured_recent
+        if (div, entry) == (self._recent_divisor, self._recent_entry):
             return
-        before, self._recent_divisor = self._recent_divisor, div
-        far, lost = self._lookback.far_and_lost(lim.keep_recent)
-        what = f"{lim.keep_recent} tokens, 1/{div} of" if div > 1 else "back to"
+        before, self._recent_divisor, self._recent_entry = self._recent_divisor, div, entry
+        # the counts the decision went by: at the new budget, or (when it grew back) at the old one
+        judged = lim.configured_recent // max(div, before) if lim.configured_recent else 0
+        far, lost = self._lookback.far_and_lost(judged)
+        what = (f"{lim.keep_recent} tokens, 1/{div} of the configured {lim.configured_recent}" if div > 1
+                else f"back to the configured {lim.configured_recent}")
+        arrival = f"; new results over {lim.big_result} tokens are shortened on arrival" if entry else ""
         report.events.append(self._emit(
-            "recent_budget", reason=f"recent budget {what} the configured {lim.configured_recent}: of the agent's "
-                                    f"{far} look-backs farther than that, {lost} reached a line no placeholder keeps",
+            "recent_budget", reason=f"recent budget {what}{arrival}: of the agent's {far} look-backs farther than "
+                                    f"{judged} tokens, {lost} reached a line no placeholder keeps",
             detail={"divisor_before": before, "divisor": div, "recent_tokens": lim.keep_recent,
-                    "far_lookbacks": far, "lost": lost}))
+                    "shorten_on_arrival": entry, "judged_at": judged, "far_lookbacks": far, "lost": lost}))
 
     def _now_tokens(self) -> int:
         return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)

@@ -43,9 +43,10 @@ BUDGET_STEPS = (4, 2)  # candidate budgets: the configured one divided by these,
 class LookbackMeter:
     """The agent's look-backs in one session, observed incrementally from its transcript."""
 
-    def __init__(self, key_fraction: float, key_max_chars: int) -> None:
+    def __init__(self, key_fraction: float, key_max_chars: int, min_clear_tokens: int = 0) -> None:
         self.key_fraction = key_fraction
         self.key_max_chars = key_max_chars
+        self.min_clear_tokens = min_clear_tokens  # a smaller result is never cleared: repeating its call lost nothing
         self._seen = 0
         self._tool_tokens = 0  # tool calls and results after the immutable prefix so far, raw tokens
         # identifier -> (tool tokens before the newest result showing it, served); None: the prefix shows it
@@ -79,13 +80,17 @@ class LookbackMeter:
                         self._tool_tokens += plain.blocks[j].tokens
                     call = self._pending.pop(blk.tool_use_id, None)
                     if call is not None and start is not None:
-                        self._calls[call] = start
+                        if plain.blocks[j].tokens >= self.min_clear_tokens:
+                            self._calls[call] = start
+                        else:
+                            self._calls.pop(call, None)
                     self._index(_text(blk), start)
         self._seen = len(t)
 
     def _call(self, use: ToolUseBlock) -> int:
-        """Remember a call until its result; if the same call ran before, how far back its last
-        result lies (a re-run: the agent wanted that output again), else -1."""
+        """Remember a call until its result; if the same call ran before with a result big enough
+        to be cleared, how far back that result lies (a re-run: the agent wanted that output
+        again), else -1."""
         key = xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
         self._pending[use.id] = key
         before = self._calls.get(key)

@@ -19,7 +19,7 @@ from .store import Store
 __all__ = ["plot_session", "session_data", "session_report"]
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
-            "repeated_tool_calls")
+            "repeated_tool_calls", "recent_budget")
 
 
 def session_data(session: Session) -> dict[str, Any]:
@@ -106,9 +106,9 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
                          f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
                          f"${float(r.get('cost_usd') or 0):.5f}  {note}")
     trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",
-                                                           "deferred")]
+                                                           "deferred", "recent_budget")]
     if trouble:
-        lines += ["", "failures, deferrals and the breaker:"]
+        lines += ["", "failures, deferrals, the breaker and the recent budget:"]
         for e in trouble[-40:]:
             lines.append(f"  {e.get('kind')} {e.get('level') or ''} {str(e.get('reason'))[:110]}")
     if d["compactions"]:

@@ -42,7 +42,7 @@ def _meter(msgs: list[dict[str, Any]], store: Path | None = None, prefix: int = 
     s = Session.create(store, prefix_messages=prefix)
     s.sync(msgs)
     lv = LevelSettings()
-    m = LookbackMeter(lv.key_fraction, lv.key_max_chars)
+    m = LookbackMeter(lv.key_fraction, lv.key_max_chars, lv.min_clear_tokens)
     m.observe(s)
     return m, s
 
@@ -94,6 +94,18 @@ def test_a_rerun_of_an_earlier_call_reached_back_to_output_no_placeholder_keeps(
     assert len(m.lookbacks) == 1
     reach, unserved = m.lookbacks[0]
     assert unserved == reach > 20_000
+
+
+def test_repeating_a_call_whose_result_is_never_cleared_lost_nothing() -> None:
+    """Recording the same finding twice is not a re-read: a one-word result is never cleared."""
+    msgs = _agent("setting", turns=30, gap=100)
+    msgs += tool_turn(100, "record", "recorded", {"note": "same"})
+    rng = random.Random(3)
+    for k in range(30):  # far more output in between
+        msgs += tool_turn(200 + k, "read", _file(rng, 500 + k), {"path": f"other_{k}.py"})
+    msgs += tool_turn(101, "record", "recorded", {"note": "same"})
+    m, _ = _meter(msgs)
+    assert m.lookbacks == []
 
 
 def test_what_the_meter_counts_as_served_a_real_placeholder_keeps() -> None:
@@ -153,7 +165,17 @@ def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -
     assert len(changes) == 1 and changes[0].detail["divisor"] == BUDGET_STEPS[0]
     assert changes[0].detail["far_lookbacks"] >= 16 and changes[0].detail["lost"] == 0
     assert c.state()["recent_divisor"] == BUDGET_STEPS[0]
-    # L3's kept tail and shortening on entry keep the configured budget
+    # one look-back to an ordinary line far back: the budget grows back, and the event names
+    # the counts at the smaller budget that failed
+    ordinary = tool_turn(500, "read", "ok", {"path": "x.py", "note": "local_30_30"})
+    back = [e for e in _grow(s, c, [ordinary], t0=1_000.0) if e.kind == "recent_budget"]
+    assert len(back) == 1 and back[0].detail["divisor"] == 1 and back[0].detail["lost"] == 1
+    assert back[0].detail["judged_at"] == c._limits(1000).configured_recent // BUDGET_STEPS[0]
+    assert "back to the configured" in back[0].reason
+    # L3's kept tail keeps the configured budget
+    s2 = Session.create(None, prefix_messages=1)
+    c = Compactor.for_session(s2, cfg(24_000))
+    _grow(s2, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
     lim = c._limits(1000)
     assert lim.keep_recent == lim.configured_recent // BUDGET_STEPS[0]
     assert lim.collapse_keep == min(lim.configured_recent, int(LevelSettings().collapse_keep_share * 24_000))
