@@ -11,7 +11,7 @@ import anthropic
 import httpx2
 import pytest
 
-from cachecompact.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, ScriptedResponder
+from cachecompact.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, Reply, ScriptedResponder
 from cachecompact.traces import discover, load_trace, synthetic_trace
 
 MODEL = "claude-sonnet-4-6"
@@ -305,3 +305,25 @@ def test_synthetic_trace_replays_without_shared_folder() -> None:
     assert len(history) == len(trace.messages)
     hit = [r["usage"]["cache_read_input_tokens"] / r["total_input_tokens"] for r in emu.requests[1:]]
     assert sum(hit) / len(hit) > 0.5  # automatic caching keeps most of each request warm
+
+
+def test_a_scripted_function_may_return_a_string_a_dict_or_a_reply() -> None:
+    """As the README shows: the function's reply takes the same forms as a script item."""
+    def model(body: dict[str, Any]) -> Any:
+        n = len(body["messages"])
+        if n == 1:
+            return {"content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a.py"}}]}
+        return "done" if n == 3 else Reply([{"type": "text", "text": "again"}])
+
+    with Emulator(ScriptedResponder(model)) as emu:
+        c = anthropic.Anthropic(base_url=emu.url, api_key="test", max_retries=0)
+        tools = [{"name": "read_file", "input_schema": {"type": "object"}}]
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        first = c.messages.create(model="claude-sonnet-4-6", max_tokens=64, tools=tools, messages=history)
+        assert first.stop_reason == "tool_use" and first.content[0].type == "tool_use"
+        history += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]
+        second = c.messages.create(model="claude-sonnet-4-6", max_tokens=64, tools=tools, messages=history)
+        assert second.stop_reason == "end_turn" and second.content[0].text == "done"
+    with pytest.raises(TypeError, match="a scripted reply must be a Reply, a str or a dict, not int"):
+        ScriptedResponder(lambda body: 7).respond({"messages": []})

@@ -42,27 +42,37 @@ def _text_reply(text: str) -> Reply:
 class ScriptedResponder:
     """Replies from ``script`` in order (cycling), or from a function of the request body.
 
-    With no script it answers ``"ok (N messages)"``, which is deterministic for a given request.
+    A reply (a script item or what the function returns) is a `Reply`, a string (one text
+    block), or a dict ``{"content": [...blocks...], "stop_reason": ...}`` (the stop reason
+    defaults to ``tool_use`` when a block is a tool call). With no script it answers
+    ``"ok (N messages)"``, which is deterministic for a given request.
     """
 
-    script: Sequence[Reply | str | dict[str, Any]] | Callable[[dict[str, Any]], Reply] | None = None
+    script: Sequence[Reply | str | dict[str, Any]] | Callable[[dict[str, Any]], Reply | str | dict[str, Any]] \
+        | None = None
     _i: int = 0
 
     def respond(self, body: dict[str, Any]) -> Reply:
         if callable(self.script):
-            return self.script(body)
+            return _as_reply(self.script(body))
         if not self.script:
             return _text_reply(f"ok ({len(body.get('messages') or [])} messages)")
         item = self.script[self._i % len(self.script)]
         self._i += 1
-        if isinstance(item, Reply):
-            return item
-        if isinstance(item, str):
-            return _text_reply(item)
-        content = item.get("content")
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
-        stop = "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
-        return Reply(blocks, item.get("stop_reason", stop))
+        return _as_reply(item)
+
+
+def _as_reply(item: Reply | str | dict[str, Any]) -> Reply:
+    if isinstance(item, Reply):
+        return item
+    if isinstance(item, str):
+        return _text_reply(item)
+    if not isinstance(item, dict):
+        raise TypeError(f"a scripted reply must be a Reply, a str or a dict, not {type(item).__name__}")
+    content = item.get("content")
+    blocks = content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
+    stop = "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
+    return Reply(blocks, item.get("stop_reason", stop))
 
 
 def _user_key(m: dict[str, Any]) -> bytes:
