@@ -311,7 +311,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
 
     async def upstream_ctx(a: web.Application) -> Any:
         # one client for every caller: it keeps connections, never cookies or credentials
-        a[UPSTREAM] = UpstreamPool(cfg.upstream, limit=cfg.max_connections, keepalive_s=30, connect_timeout=30,
+        a[UPSTREAM] = UpstreamPool(cfg.upstream, limit=cfg.max_connections, connect_timeout=30,
                                    read_timeout=600)
         yield
         await a[UPSTREAM].close()

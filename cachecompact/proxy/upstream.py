@@ -306,10 +306,17 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+IDLE_KEEPALIVE_S = 4.0
+"""How long an idle pooled connection may be reused: shorter than servers' own idle timeouts
+(this package's servers close idle connections after 15 s, Node's after 5 s), so a connection
+is not reused just as the upstream closes it; that race resets a POST, which is not retried.
+undici uses the same 4 s for the same reason."""
+
+
 class UpstreamPool:
     """Keep-alive connections to one upstream base URL (``http://`` or ``https://``)."""
 
-    def __init__(self, base_url: str, *, limit: int = 200, keepalive_s: float = 30.0,
+    def __init__(self, base_url: str, *, limit: int = 200, keepalive_s: float = IDLE_KEEPALIVE_S,
                  connect_timeout: float = 30.0, read_timeout: float = 600.0) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
