@@ -30,7 +30,7 @@ import xxhash
 
 from .identifiers import identifiers, identifiers_in_input
 from .keylines import key_lines
-from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks
+from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks, result_text
 
 if TYPE_CHECKING:
     from .session import Session
@@ -84,7 +84,7 @@ class LookbackMeter:
                             self._calls[call] = start
                         else:
                             self._calls.pop(call, None)
-                    self._index(_text(blk), start)
+                    self._index(result_text(blk), start)
         self._seen = len(t)
 
     def _call(self, use: ToolUseBlock) -> int:
@@ -158,11 +158,3 @@ class LookbackMeter:
                 return div
         return 1
 
-
-def _text(blk: ToolResultBlock) -> str:
-    c = blk.content
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        return "\n".join(getattr(x, "text", "") for x in c)
-    return ""

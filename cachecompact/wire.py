@@ -34,6 +34,7 @@ __all__ = [
     "message_from_dict",
     "message_to_dict",
     "plain",
+    "result_text",
     "system_from_param",
     "tool_from_dict",
 ]
@@ -315,3 +316,12 @@ def tool_use_ids(m: Message) -> list[str]:
 
 def tool_result_ids(m: Message) -> list[str]:
     return [b.tool_use_id for b in content_blocks(m) if isinstance(b, ToolResultBlock)]
+
+
+def result_text(b: ToolResultBlock) -> str:
+    """The text of a tool result (its text blocks joined by newlines; media has none)."""
+    if isinstance(b.content, str):
+        return b.content
+    if isinstance(b.content, list):
+        return "\n".join(getattr(x, "text", "") for x in b.content)
+    return ""

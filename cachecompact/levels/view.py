@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..identifiers import identifiers_in_input
 from ..ledger import LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
-from ..wire import ToolResultBlock, ToolUseBlock, content_blocks
+from ..wire import ToolResultBlock, ToolUseBlock, content_blocks, result_text
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -116,8 +116,7 @@ def message_results(session: Session, i: int, *, edited_ids: Collection[str] = (
         if not isinstance(blk, ToolResultBlock):
             continue
         use = uses.get(blk.tool_use_id)
-        text = blk.content if isinstance(blk.content, str) else (
-            "\n".join(getattr(x, "text", "") for x in blk.content) if isinstance(blk.content, list) else "")
+        text = result_text(blk)
         out.append(ResultInfo(
             message=i, block=j, tool_use_id=blk.tool_use_id, name=use.name if use else "?",
             input=use.input if use else {}, tokens=plain.blocks[j].tokens, chars=len(text), text=text,
