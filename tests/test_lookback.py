@@ -81,6 +81,24 @@ def test_only_lookbacks_beyond_a_budget_decide_it() -> None:
     assert m.far_and_lost(4_000) == (0, 0) and m.divisor(16_000, 0.03) == 1  # no evidence about 4k
 
 
+def test_shortening_on_arrival_follows_only_when_near_lookbacks_are_served_too() -> None:
+    """Each turn quotes a setting six files back (served) and an ordinary line of the file just
+    read (unserved, but near): L1/L2 may keep less, yet new results must arrive whole."""
+    rng = random.Random(7)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for k in range(40):
+        inp: dict[str, Any] = {"path": f"mod_{k}.py"}
+        if k >= 6:
+            inp["note"] = f"SETTING_{k - 6}"
+            inp["line"] = f"local_{k - 1}_30"
+        msgs += tool_turn(k, "read", _file(rng, k), inp)
+    m, _ = _meter(msgs)
+    assert m.divisor(8_000, 0.03) == BUDGET_STEPS[0]
+    assert m.divisor(8_000, 0.03, at_entry=True) == 1
+    served, _ = _meter(_agent("setting"))
+    assert served.divisor(8_000, 0.03, at_entry=True) == BUDGET_STEPS[0]
+
+
 def test_lookbacks_into_the_immutable_prefix_are_never_at_risk() -> None:
     msgs = _agent("ordinary", turns=12)
     m, _ = _meter(msgs, prefix=len(msgs) - 2)  # everything but the last turn is the prefix
@@ -178,4 +196,6 @@ def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -
     _grow(s2, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
     lim = c._limits(1000)
     assert lim.keep_recent == lim.configured_recent // BUDGET_STEPS[0]
+    assert lim.entry_recent == lim.keep_recent  # every look-back served: new results are shortened by it too
+    assert lim.big_result == max(lim.old_result, int(LevelSettings().big_result_share * lim.keep_recent))
     assert lim.collapse_keep == min(lim.configured_recent, int(LevelSettings().collapse_keep_share * 24_000))
