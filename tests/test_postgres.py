@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,12 @@ def test_migrations_are_explicit_and_versioned(pg_url: str, capsys: pytest.Captu
     open_store(empty).close()
     assert main(["store", "migrate", "postgresql://postgres@127.0.0.1:1/none"]) == 2
     assert "cannot connect" in capsys.readouterr().err
+    # opening a store on a refused port or an unknown host is one attempt, not the pool's retries
+    for bad in ("postgresql://postgres:secret@127.0.0.1:1/none", "postgresql://postgres:secret@no-such-host.invalid/x"):
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match="cannot connect") as err:
+            open_store(bad)
+        assert time.monotonic() - t0 < 10 and "secret" not in str(err.value)
 
 
 def test_concurrent_writers_never_duplicate(pg_url: str) -> None:

@@ -125,6 +125,9 @@ def migrate(url: str) -> tuple[int, int]:
     return before, SCHEMA_VERSION
 
 
+PROBE_TIMEOUT_S = 10.0  # the first connection attempt's limit (a silent host); the pool waits `timeout`
+
+
 class PostgresStore:
     """Sessions in one PostgreSQL database (``postgresql://user@host:port/db``)."""
 
@@ -132,6 +135,10 @@ class PostgresStore:
                  lock_timeout: float = 10.0) -> None:
         self._url = url
         self.lock_timeout = lock_timeout  # as the file store: a writer that holds on longer is reported
+        try:  # one direct attempt first: an unknown host or a refused port fails now, not after the pool's retries
+            psycopg.connect(url, connect_timeout=max(2, int(min(timeout, PROBE_TIMEOUT_S)))).close()
+        except Exception as err:
+            raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()[:300]}") from None
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
                                    kwargs={"autocommit": True}, name="cachecompact")
         try:
