@@ -26,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from .errors import ContextFullError, InvalidEditError, SummaryRejected
+from .errors import ContextFullError, InvalidEditError, SummaryRejected, UnknownModelError
 from .events import Event
 from .ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from .levels import (
@@ -43,7 +43,7 @@ from .levels import (
 )
 from .levels.tool_summary import ON_ENTRY
 from .lookback import LookbackMeter
-from .policy import LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
+from .policy import DEFAULT_WRITE_OVER_READ, LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
 from .pricing import model_prices
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize import ExtractiveSummarizer
@@ -53,6 +53,7 @@ __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
 
 log = logging.getLogger("cachecompact")
 
+DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # prices when the request names no model
 GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
@@ -183,11 +184,16 @@ class Compactor:
                                                   f"{REPEAT_WINDOW_S:.0f}s: the model may have lost what it needed",
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
-    def _limits(self, max_tokens: int) -> Limits:
+    def _limits(self, max_tokens: int, model: str) -> Limits:
         prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
-        lim = limits(self.cfg, window, max_tokens, prefix, growth)
+        try:
+            price = model_prices(model or DEFAULT_PRICE_MODEL)
+            ratio = price.write_5m / price.read if price.read > 0 else DEFAULT_WRITE_OVER_READ
+        except UnknownModelError:  # the documented multipliers hold for every model
+            ratio = DEFAULT_WRITE_OVER_READ
+        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
         share = self.cfg.levels.lookback_miss_share
         if share <= 0:
             return lim
@@ -196,7 +202,8 @@ class Compactor:
         if div == 1:
             return lim
         return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=lim.configured_recent // div,
-                      entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1)
+                      entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1,
+                      write_over_read=ratio)
 
     def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
         """An event when the lookback meter shrinks the recent budget, gives the configured one
@@ -295,7 +302,7 @@ class Compactor:
             s.stable_before = None  # also one restored from requests recorded with the mark on
         if s.prefix_end is None or not len(s):
             return report
-        lim = self._limits(max_tokens)
+        lim = self._limits(max_tokens, model)
         self._note_recent_budget(lim, report)
         tokens0 = self._now_tokens()
         report.tokens_before = report.tokens_after = tokens0
@@ -372,7 +379,7 @@ class Compactor:
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
         for p in order:
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
-                price = model_prices(model or "claude-sonnet-4-6")
+                price = model_prices(model or DEFAULT_PRICE_MODEL)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,
@@ -506,7 +513,7 @@ class Compactor:
         if raw > 0:
             s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)
         goal = int((limit - max_tokens) * 0.95)
-        lim = self._limits(max_tokens)
+        lim = self._limits(max_tokens, model)
         changed = False
         for level in ("L4", "L5"):
             view = build_view(s)

@@ -8,6 +8,7 @@ every default.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "Safety",
     "Trigger",
     "Triggers",
+    "collapse_hard",
     "economics",
     "evaluate",
     "limits",
@@ -35,6 +37,7 @@ __all__ = [
 
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
 MIN_WINDOW_TOKENS = 8_000
+DEFAULT_WRITE_OVER_READ = 12.5  # 5-minute cache write (1.25x input) over cache read (0.1x input)
 
 
 def _bad(msg: str) -> None:
@@ -47,8 +50,9 @@ class Triggers:
 
     ``soft`` is fitted (half A, benchmarks/fit_policy.py); ``hard`` and ``critical`` are derived
     unless set: ``critical`` leaves room for one typical turn of the session (the median growth
-    of the recent turns, at least 1% of the limit), and ``hard`` lies midway between ``soft``
-    and ``critical``.
+    of the recent turns, at least 1% of the limit), and ``hard`` is where a collapse cycle costs
+    least by the cache prices (docs/policy.md, "When a collapse fires"), between ``soft`` and one
+    typical turn before ``critical``.
     """
 
     soft: float = 0.80  # L1 from here on; also the target after compacting
@@ -176,29 +180,48 @@ class Limits:
 
 
 def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
-           recent_tokens: int | None = None, entry_learnt: bool = False) -> Limits:
+           recent_tokens: int | None = None, entry_learnt: bool = False,
+           write_over_read: float = DEFAULT_WRITE_OVER_READ) -> Limits:
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
     ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
     ``growth`` the most one turn has added lately, and ``recent_tokens`` a recent budget learnt
     from the session (`cachecompact.lookback`) for L1 and L2, and with ``entry_learnt`` for
     shortening on entry too; L3's kept tail keeps the configured budget (a summary keeps no
-    key lines, so the meter cannot tell what a smaller tail loses)."""
+    key lines, so the meter cannot tell what a smaller tail loses). ``write_over_read`` is the
+    model's cache-write price over its cache-read price, which places ``hard``."""
     reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
     limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
     t, lv = cfg.triggers, cfg.levels
     soft = int(t.soft * limit)
-    critical = int(t.critical * limit) if t.critical is not None else \
-        max(soft + 2, limit - max(growth, limit // 100))
-    hard = int(t.hard * limit) if t.hard is not None else (soft + critical) // 2
+    step = max(growth, limit // 100)  # one typical turn
+    critical = int(t.critical * limit) if t.critical is not None else max(soft + 2, limit - step)
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     configured = min(lv.keep_recent_tokens, room)
+    collapse_keep = min(configured, int(lv.collapse_keep_share * window))
+    if t.hard is not None:
+        hard = int(t.hard * limit)
+    elif not cfg.economics.cache_aware:
+        hard = (soft + critical) // 2  # the price-blind rule, for the ablation
+    else:
+        hard = collapse_hard(prefix_tokens, collapse_keep + lv.summary_tokens, step, write_over_read,
+                             low=soft + 1, high=critical - step)
     keep = configured if recent_tokens is None else min(recent_tokens, configured)
     entry = keep if entry_learnt else configured
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
                   keep_recent=keep, configured_recent=configured, entry_recent=entry,
-                  collapse_keep=min(configured, int(lv.collapse_keep_share * window)),
+                  collapse_keep=collapse_keep,
                   big_result=max(lv.old_result_tokens, int(lv.big_result_share * entry)),
                   old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window))
+
+
+def collapse_hard(prefix: int, kept: int, step: int, write_over_read: float, *, low: int, high: int) -> int:
+    """Where L3 should fire. A collapse re-writes what it keeps after the prefix (``kept``:
+    summary and tail) once per cycle; until the next one every turn reads the context. Over a
+    cycle of ``c`` tokens of growth at ``step`` tokens a turn, the cost per turn is about
+    r*(prefix + kept + c/2) + w*kept*step/c, least at c = sqrt(2*(w/r)*kept*step). Clamped to
+    [``low``, ``high``]: not before L1 may act, and one turn before the window forces L4."""
+    cycle = math.sqrt(2 * write_over_read * max(0, kept) * max(1, step))
+    return max(low, min(high, prefix + kept + int(cycle)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,13 +188,13 @@ def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -
     ordinary = tool_turn(500, "read", "ok", {"path": "x.py", "note": "local_30_30"})
     back = [e for e in _grow(s, c, [ordinary], t0=1_000.0) if e.kind == "recent_budget"]
     assert len(back) == 1 and back[0].detail["divisor"] == 1 and back[0].detail["lost"] == 1
-    assert back[0].detail["judged_at"] == c._limits(1000).configured_recent // BUDGET_STEPS[0]
+    assert back[0].detail["judged_at"] == c._limits(1000, "claude-sonnet-4-6").configured_recent // BUDGET_STEPS[0]
     assert "back to the configured" in back[0].reason
     # L3's kept tail keeps the configured budget
     s2 = Session.create(None, prefix_messages=1)
     c = Compactor.for_session(s2, cfg(24_000))
     _grow(s2, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
-    lim = c._limits(1000)
+    lim = c._limits(1000, "claude-sonnet-4-6")
     assert lim.keep_recent == lim.configured_recent // BUDGET_STEPS[0]
     assert lim.entry_recent == lim.keep_recent  # every look-back served: new results are shortened by it too
     assert lim.big_result == max(lim.old_result, int(LevelSettings().big_result_share * lim.keep_recent))

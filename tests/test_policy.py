@@ -24,6 +24,7 @@ from cachecompact.policy import (
     PolicyConfigError,
     Safety,
     Triggers,
+    collapse_hard,
     economics,
     evaluate,
     limits,
@@ -77,7 +78,7 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
 
 def test_trigger_table() -> None:
     c = PolicyConfig()
-    lim = limits(c, 200_000, 0)  # usable 190k: soft 133k, critical 190k - 1.9k, hard midway
+    lim = limits(c, 200_000, 0)  # usable 190k: soft 152k, critical 190k - 1.9k, hard by the prices
 
     def ev(tokens: int, old: int = 0) -> Any:
         return evaluate(lim, tokens=tokens, old_tool_tokens=old)
@@ -94,6 +95,31 @@ def test_trigger_table() -> None:
     assert limits(c, 200_000, 60_000).critical < lim.critical - 50_000
     # the critical margin is one recent turn of growth
     assert limits(c, 200_000, 0, growth=20_000).critical == lim.limit - 20_000
+
+
+def test_collapse_fires_where_a_cycle_costs_least() -> None:
+    """hard minimises r*(context) + w*kept/cycle per turn; clamped to [soft, critical - a turn]."""
+    kept, step, ratio = 26_500, 1_000, 12.5
+
+    def per_turn(c: float) -> float:  # in read-price units
+        return 2_000 + kept + c / 2 + ratio * kept * step / c
+
+    h = collapse_hard(2_000, kept, step, ratio, low=0, high=10**9)
+    best = h - 2_000 - kept
+    assert per_turn(best) <= min(per_turn(best * f) for f in (0.5, 0.8, 0.95, 1.05, 1.25, 2.0))
+    assert collapse_hard(2_000, kept, step, ratio, low=60_000, high=90_000) == 60_000
+    assert collapse_hard(2_000, kept, step, ratio, low=10_000, high=40_000) == 40_000
+    # at a small window the best cycle does not fit: L3 waits until one turn before critical
+    c = PolicyConfig()
+    small = limits(c, 50_000, 4_096, prefix_tokens=2_000, growth=1_500)
+    assert small.hard == small.critical - 1_500 and small.soft < small.hard
+    # a bigger write premium (1-hour writes) makes cycles longer, never shorter
+    assert limits(c, 200_000, 0, prefix_tokens=2_000, growth=1_500, write_over_read=20).hard >= \
+        limits(c, 200_000, 0, prefix_tokens=2_000, growth=1_500).hard
+    # the price-blind ablation keeps the midway rule; an explicit fraction wins over both
+    blind = limits(replace(c, economics=Economics(cache_aware=False)), 50_000, 4_096, 2_000, 1_500)
+    assert blind.hard == (blind.soft + blind.critical) // 2
+    assert limits(PolicyConfig(triggers=Triggers(hard=0.85)), 50_000, 0).hard == int(0.85 * limits(c, 50_000, 0).limit)
 
 
 def test_economics_pays_only_when_the_saving_beats_the_rewrite() -> None:
