@@ -90,6 +90,29 @@ def test_guarantee_3_across_processes_with_recorded_requests(tmp_path: Path) -> 
     assert out.stdout == here.to_json()
 
 
+def test_two_writers_each_keep_their_own_mark_and_the_store_keeps_the_last(tmp_path: Path) -> None:
+    """A writer that catches up on another's request record keeps its own compacted-part mark
+    (its next render is planned from what it decided), and a reader sees the last record's."""
+    a = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)
+    a.sync(history(8, n_calls=2))
+    a.record_request(a.render(), {"by": "a"})
+    b = Session.open(tmp_path / "s")
+    a.stable_before = 5
+    a.record_request(a.render(), {"by": "a"})  # b has not seen this one
+    assert b.stable_before is None
+    b.stable_before = 7
+    rec = b.record_request(b.render(), {"by": "b"})  # b catches up on a's record, then appends
+    assert rec["stable_before"] == 7 and b.stable_before == 7
+    store = Session.open(tmp_path / "s").store
+    assert store is not None and [r["by"] for _, r in store.read_all("requests")] == ["a", "a", "b"]
+    reader = Session.open(tmp_path / "s")
+    assert reader.stable_before == 7 and reader.render().to_json() == b.render().to_json()
+    b.stable_before = None  # b drops the mark (a collapse); a, behind by one, catches up and keeps its own
+    b.record_request(b.render(), {"by": "b"})
+    a.record_request(a.render(), {"by": "a"})
+    assert a.stable_before == 5 and Session.open(tmp_path / "s").stable_before == 5
+
+
 def test_the_first_request_after_a_restart_reads_the_cache_like_an_uninterrupted_run(tmp_path: Path) -> None:
     def run(restart_at: int | None, store: Path) -> list[int]:
         with Emulator() as emu:
