@@ -74,7 +74,7 @@ class Economics:
     cache_ttl_s: float = 300.0  # TTL the agent's requests use; an idle gap beyond it means a cold cache
     min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
     max_remaining_turns: int = 50
-    min_batch_fraction: float = 0.02  # of the window: an edit that breaks a warm cache removes at least this
+    min_batch_fraction: float = 0.08  # of the window: an edit that breaks a warm cache removes at least this
     mark_compacted: bool = True  # a breakpoint after the part already compacted: the next edit re-writes what follows
 
     def __post_init__(self) -> None:
