@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -128,12 +129,34 @@ def test_migrations_are_explicit_and_versioned(pg_url: str, capsys: pytest.Captu
     open_store(empty).close()
     assert main(["store", "migrate", "postgresql://postgres@127.0.0.1:1/none"]) == 2
     assert "cannot connect" in capsys.readouterr().err
-    # opening a store on a refused port or an unknown host is one attempt, not the pool's retries
-    for bad in ("postgresql://postgres:secret@127.0.0.1:1/none", "postgresql://postgres:secret@no-such-host.invalid/x"):
-        t0 = time.monotonic()
-        with pytest.raises(ConfigError, match="cannot connect") as err:
-            open_store(bad)
-        assert time.monotonic() - t0 < 10 and "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:s3cretpw@[::1/db",  # libpq quotes a URI it cannot parse
+    "postgresql://u:s3cret%zzpw@localhost/db",  # ... and a bad percent-escape in the password
+    "postgresql://postgres:s3cretpw@no-such-host.invalid/x",  # an unknown host: no retries
+    "host=no-such-host.invalid password=s3cretpw dbname=x",
+    "postgresql://u@no-such-host.invalid/x?password=s3cretpw",
+])
+def test_a_store_that_cannot_connect_fails_at_once_and_never_shows_the_password(url: str) -> None:
+    """Needs no server: every case fails before a connection is made."""
+    from cachecompact.store.postgres import PostgresStore
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot connect") as err:
+        PostgresStore(url)
+    assert time.monotonic() - t0 < 10, "waited for the pool's retries"
+    assert "s3cret" not in str(err.value) and "***" in str(err.value), str(err.value)
+
+
+def test_a_refused_connection_gets_the_pools_retries_then_a_clear_error() -> None:
+    """A refused port may be a server still starting: the pool retries it for ``timeout``."""
+    from cachecompact.store.postgres import PostgresStore
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=re.escape("cannot connect to postgresql://postgres:***@127.0.0.1:1/")) as err:
+        PostgresStore("postgresql://postgres:s3cretpw@127.0.0.1:1/none", timeout=1.5)
+    assert 1.0 <= time.monotonic() - t0 < 10 and "s3cret" not in str(err.value)
 
 
 def test_concurrent_writers_never_duplicate(pg_url: str) -> None:
@@ -248,6 +271,25 @@ def test_a_held_session_lock_times_out_and_odd_ids_lock_too(pg_url: str, sid: st
     finally:
         holder.close()
         waiter.close()
+
+
+def test_two_writers_keep_their_own_mark_in_both_stores(store: Store) -> None:
+    """PostgreSQL records a request by an atomic compare-and-append and catches up only on a
+    conflict; the file store under its lock. Either way a writer keeps its own compacted-part
+    mark, and a reader sees the last record's."""
+    sid = _sid("marks")
+    a = Session.create(store, session_id=sid, prefix_messages=3)
+    a.sync(history(8))
+    a.record_request(a.render(), {"by": "a"})
+    b = Session.open(store, sid)
+    a.stable_before = 5
+    a.record_request(a.render(), {"by": "a"})
+    b.stable_before = 7
+    rec = b.record_request(b.render(), {"by": "b"})  # a conflict: b catches up, then appends
+    assert rec["stable_before"] == 7 and b.stable_before == 7
+    reader = Session.open(store, sid)
+    assert reader.stable_before == 7 and reader.render().to_json() == b.render().to_json()
+    assert [r["by"] for _, r in store.open(sid).read_all("requests")] == ["a", "a", "b"]
 
 
 def test_a_failed_copy_leaves_no_half_made_session_and_delete_removes_one(store: Store, tmp_path: Path) -> None:

@@ -21,10 +21,12 @@ incremental: ``read_new`` fetches records after the last one seen, never the who
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 
@@ -44,6 +46,7 @@ from .records import FORMAT, VERSION
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
     from psycopg_pool import ConnectionPool
 except ImportError as err:  # pragma: no cover - the extra is missing
     raise ImportError("the PostgreSQL store needs the postgres extra: pip install 'cachecompact[postgres]'") from err
@@ -87,13 +90,43 @@ SCHEMA_VERSION = len(MIGRATIONS)
 _VERSION_TABLE = "cachecompact_schema_version"
 
 
-def _redact(url: str) -> str:
-    """The URL without a password, for messages."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        cred, host = rest.rsplit("@", 1)
-        return f"{scheme}://{cred.split(':', 1)[0]}:***@{host}" if ":" in cred else url
-    return url
+def _secrets(url: str) -> list[str]:
+    """The password(s) a connection string carries, raw and decoded, longest first: whatever
+    a message about it must not repeat (URI user info, ``?password=``, ``password=`` keywords)."""
+    found: list[str] = []
+    if "://" in url:
+        rest = url.split("://", 1)[1]
+        if "@" in rest:
+            cred = rest.rsplit("@", 1)[0]
+            if ":" in cred:
+                found.append(cred.split(":", 1)[1])
+    for m in re.finditer(r"password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)", url):
+        found.append(m.group(1).strip("'"))
+    with contextlib.suppress(Exception):
+        pw = conninfo_to_dict(url).get("password")
+        if pw:
+            found.append(str(pw))
+    found += [unquote(x) for x in found]
+    return sorted({x for x in found if x}, key=len, reverse=True)
+
+
+def _redact(text: str, url: str | None = None) -> str:
+    """``text`` with the password of ``url`` (default: ``text`` itself is the URL) masked."""
+    for secret in _secrets(text if url is None else url):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
+    return text
+
+
+def _cannot_connect(url: str, err: BaseException) -> ConfigError:
+    """A connection error that names the server but never repeats its password."""
+    return ConfigError(f"cannot connect to {_redact(url)}: {_redact(str(err).strip(), url)[:300]}")
+
+
+def _retryable(err: BaseException) -> bool:
+    """A refused or timed-out connection may be a server still starting: worth the pool's retries.
+    An unknown host, a bad connection string or a refused login is not."""
+    msg = str(err).lower()
+    return isinstance(err, psycopg.OperationalError) and ("refused" in msg or "timeout" in msg or "timed out" in msg)
 
 
 def schema_version(conn: psycopg.Connection[Any]) -> int:
@@ -110,7 +143,7 @@ def migrate(url: str) -> tuple[int, int]:
     try:
         conn = psycopg.connect(url, autocommit=False)
     except psycopg.Error as err:
-        raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()}") from None
+        raise _cannot_connect(url, err) from None
     with conn:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('cachecompact-migrate'))")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version integer PRIMARY KEY, "
@@ -126,6 +159,7 @@ def migrate(url: str) -> tuple[int, int]:
 
 
 PROBE_TIMEOUT_S = 10.0  # the first connection attempt's limit (a silent host); the pool waits `timeout`
+# (a refused or timed-out first attempt goes on to the pool's retries: the server may be starting)
 
 
 class PostgresStore:
@@ -135,17 +169,18 @@ class PostgresStore:
                  lock_timeout: float = 10.0) -> None:
         self._url = url
         self.lock_timeout = lock_timeout  # as the file store: a writer that holds on longer is reported
-        try:  # one direct attempt first: an unknown host or a refused port fails now, not after the pool's retries
-            psycopg.connect(url, connect_timeout=max(2, int(min(timeout, PROBE_TIMEOUT_S)))).close()
+        try:  # one direct attempt first: an unknown host or a bad URL fails now, not after the pool's retries
+            psycopg.connect(url, connect_timeout=max(1, int(min(timeout, PROBE_TIMEOUT_S)))).close()
         except Exception as err:
-            raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()[:300]}") from None
+            if not _retryable(err):
+                raise _cannot_connect(url, err) from None
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
                                    kwargs={"autocommit": True}, name="cachecompact")
         try:
             self.pool.open(wait=True, timeout=timeout)
         except Exception as err:
             self.pool.close()
-            raise ConfigError(f"cannot connect to {_redact(url)}: {str(err).strip()[:300]}") from None
+            raise _cannot_connect(url, err) from None
         with self.pool.connection() as conn:
             v = schema_version(conn)
         if v != SCHEMA_VERSION:
