@@ -44,7 +44,7 @@ from .levels import (
 from .levels.tool_summary import ON_ENTRY
 from .lookback import LookbackMeter
 from .policy import DEFAULT_WRITE_OVER_READ, LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
-from .pricing import model_prices
+from .pricing import ModelInfo, model_prices
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize import ExtractiveSummarizer
 from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks, tool_result_ids
@@ -57,6 +57,15 @@ DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # prices when the request names no mo
 GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
+
+
+def _prices(model: str) -> ModelInfo:
+    """The model's prices; a model the table does not know yet is priced as the default one
+    (the documented cache multipliers are the same for every model, so the trade-offs hold)."""
+    try:
+        return model_prices(model or DEFAULT_PRICE_MODEL)
+    except UnknownModelError:
+        return model_prices(DEFAULT_PRICE_MODEL)
 
 
 class Compactor:
@@ -188,11 +197,8 @@ class Compactor:
         prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
-        try:
-            price = model_prices(model or DEFAULT_PRICE_MODEL)
-            ratio = price.write_5m / price.read if price.read > 0 else DEFAULT_WRITE_OVER_READ
-        except UnknownModelError:  # the documented multipliers hold for every model
-            ratio = DEFAULT_WRITE_OVER_READ
+        price = _prices(model)
+        ratio = price.write_5m / price.read if price.read > 0 else DEFAULT_WRITE_OVER_READ
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
         share = self.cfg.levels.lookback_miss_share
         if share <= 0:
@@ -379,7 +385,7 @@ class Compactor:
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
         for p in order:
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
-                price = model_prices(model or DEFAULT_PRICE_MODEL)
+                price = _prices(model)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,

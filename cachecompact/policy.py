@@ -70,7 +70,8 @@ class Triggers:
 class Economics:
     """The cache-economic gate (see `economics`)."""
 
-    cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics
+    cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics (and place
+    # L3's trigger midway between soft and critical instead of by the prices)
     cache_ttl_s: float = 300.0  # TTL the agent's requests use; an idle gap beyond it means a cold cache
     min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
     max_remaining_turns: int = 50
@@ -194,12 +195,12 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     t, lv = cfg.triggers, cfg.levels
     soft = int(t.soft * limit)
     step = max(growth, limit // 100)  # one typical turn
-    critical = int(t.critical * limit) if t.critical is not None else max(soft + 2, limit - step)
+    critical = max(soft + 2, int(t.critical * limit) if t.critical is not None else limit - step)
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     configured = min(lv.keep_recent_tokens, room)
     collapse_keep = min(configured, int(lv.collapse_keep_share * window))
-    if t.hard is not None:
-        hard = int(t.hard * limit)
+    if t.hard is not None:  # as set, but strictly between soft and critical after rounding
+        hard = min(critical - 1, max(soft + 1, int(t.hard * limit)))
     elif not cfg.economics.cache_aware:
         hard = (soft + critical) // 2  # the price-blind rule, for the ablation
     else:
@@ -216,11 +217,13 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
 
 def collapse_hard(prefix: int, kept: int, step: int, write_over_read: float, *, low: int, high: int) -> int:
     """Where L3 should fire. A collapse re-writes what it keeps after the prefix (``kept``:
-    summary and tail) once per cycle; until the next one every turn reads the context. Over a
-    cycle of ``c`` tokens of growth at ``step`` tokens a turn, the cost per turn is about
-    r*(prefix + kept + c/2) + w*kept*step/c, least at c = sqrt(2*(w/r)*kept*step). Clamped to
-    [``low``, ``high``]: not before L1 may act, and one turn before the window forces L4."""
-    cycle = math.sqrt(2 * write_over_read * max(0, kept) * max(1, step))
+    summary and tail) once per cycle, at w - r more than reading it; every turn reads the
+    context. Over a cycle of ``c`` tokens of growth at ``step`` tokens a turn, the cost per turn
+    is about r*(prefix + kept + c/2) + (w - r)*kept*step/c, least at
+    c = sqrt(2*(w/r - 1)*kept*step). Clamped to [``low``, ``high``]: not before L1 may act, and
+    one turn before the window forces L4."""
+    premium = write_over_read - 1 if math.isfinite(write_over_read) else DEFAULT_WRITE_OVER_READ - 1
+    cycle = math.sqrt(2 * max(0.0, premium) * max(0, kept) * max(1, step))
     return max(low, min(high, prefix + kept + int(cycle)))
 
 

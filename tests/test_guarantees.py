@@ -107,7 +107,7 @@ def test_two_writers_each_keep_their_own_mark_and_the_store_keeps_the_last(tmp_p
     assert store is not None and [r["by"] for _, r in store.read_all("requests")] == ["a", "a", "b"]
     reader = Session.open(tmp_path / "s")
     assert reader.stable_before == 7 and reader.render().to_json() == b.render().to_json()
-    b.stable_before = None  # b drops the mark (a collapse); a, behind by one, catches up and keeps its own
+    b.stable_before = None  # b drops the mark (a collapse); a, two records behind, catches up and keeps its own
     b.record_request(b.render(), {"by": "b"})
     a.record_request(a.render(), {"by": "a"})
     assert a.stable_before == 5 and Session.open(tmp_path / "s").stable_before == 5

@@ -101,8 +101,8 @@ def test_collapse_fires_where_a_cycle_costs_least() -> None:
     """hard minimises r*(context) + w*kept/cycle per turn; clamped to [soft, critical - a turn]."""
     kept, step, ratio = 26_500, 1_000, 12.5
 
-    def per_turn(c: float) -> float:  # in read-price units
-        return 2_000 + kept + c / 2 + ratio * kept * step / c
+    def per_turn(c: float) -> float:  # in read-price units: reads, plus the re-write's premium
+        return 2_000 + kept + c / 2 + (ratio - 1) * kept * step / c
 
     h = collapse_hard(2_000, kept, step, ratio, low=0, high=10**9)
     best = h - 2_000 - kept
@@ -113,9 +113,14 @@ def test_collapse_fires_where_a_cycle_costs_least() -> None:
     c = PolicyConfig()
     small = limits(c, 50_000, 4_096, prefix_tokens=2_000, growth=1_500)
     assert small.hard == small.critical - 1_500 and small.soft < small.hard
-    # a bigger write premium (1-hour writes) makes cycles longer, never shorter
-    assert limits(c, 200_000, 0, prefix_tokens=2_000, growth=1_500, write_over_read=20).hard >= \
-        limits(c, 200_000, 0, prefix_tokens=2_000, growth=1_500).hard
+    # a bigger write premium (1-hour writes) makes cycles longer (at 100k neither is clamped)
+    mid = limits(c, 100_000, 0, prefix_tokens=2_000, growth=1_500)
+    assert mid.soft < mid.hard < mid.critical - 1_500
+    assert limits(c, 100_000, 0, prefix_tokens=2_000, growth=1_500, write_over_read=20).hard > mid.hard
+    # explicit thresholds stay strictly ordered after rounding
+    for t in (Triggers(hard=0.99), Triggers(critical=0.8000001), Triggers(hard=0.8000001, critical=0.8000002)):
+        lim = limits(PolicyConfig(triggers=t), 50_000, 4_096)
+        assert lim.soft < lim.hard < lim.critical <= lim.limit, (t, lim)
     # the price-blind ablation keeps the midway rule; an explicit fraction wins over both
     blind = limits(replace(c, economics=Economics(cache_aware=False)), 50_000, 4_096, 2_000, 1_500)
     assert blind.hard == (blind.soft + blind.critical) // 2
@@ -163,6 +168,23 @@ def _grow(s: Session, c: Compactor, turns: list[list[dict[str, Any]]], t0: float
         s.note_sent(r)
         c.after_response(now)
     return events
+
+
+def test_a_model_the_price_table_does_not_know_is_compacted_as_the_default_one(tmp_path: Path) -> None:
+    """A new model name must not stop compaction: the cache multipliers are the same for all."""
+    turns = [tool_turn(k, "read_file", f"line {k} " * 400) for k in range(30)]
+    ledgers = []
+    for model in (MODEL, "claude-nova-9"):
+        s = Session.create(tmp_path / model, prefix_messages=3)
+        c = Compactor.for_session(s, cfg(40_000, keep_recent_tokens=4_000))
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+        for k, t in enumerate(turns):
+            msgs = msgs + t
+            s.sync(msgs)
+            c.before_request(10.0 * k, model, 1000)
+            c.after_response(10.0 * k)
+        ledgers.append([(e.level, e.start, e.end) for e in s.ledger.entries])
+    assert ledgers[0] and ledgers[0] == ledgers[1]
 
 
 def test_l2_on_entry_and_cheapest_level_and_prefix_untouched(tmp_path: Path) -> None:
