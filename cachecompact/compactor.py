@@ -47,7 +47,7 @@ from .policy import DEFAULT_WRITE_OVER_READ, LEVEL_ORDER, Limits, PolicyConfig, 
 from .pricing import ModelInfo, model_prices
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize import ExtractiveSummarizer
-from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks, tool_result_ids
+from .wire import ToolResultBlock, ToolUseBlock, call_key, canonical_bytes, content_blocks, tool_result_ids
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
 
@@ -180,7 +180,7 @@ class Compactor:
             if not isinstance(b, ToolResultBlock) or b.tool_use_id not in calls:
                 continue
             use = calls[b.tool_use_id]
-            key = xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
+            key = call_key(use)
             result = xxhash.xxh3_128_digest(canonical_bytes(b.content if b.content is not None else ""))
             seen = self._calls.setdefault(key, deque(maxlen=16))
             while seen and now - seen[0][0] > REPEAT_WINDOW_S:

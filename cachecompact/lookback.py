@@ -26,11 +26,9 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from typing import TYPE_CHECKING
 
-import xxhash
-
 from .identifiers import identifiers, identifiers_in_input
 from .keylines import key_lines
-from .wire import ToolResultBlock, ToolUseBlock, canonical_bytes, content_blocks, result_text
+from .wire import ToolResultBlock, ToolUseBlock, call_key, content_blocks, result_text
 
 if TYPE_CHECKING:
     from .session import Session
@@ -66,21 +64,25 @@ class LookbackMeter:
             return
         t = session.transcript
         for i in range(self._seen, len(t)):
-            plain = session.renderer.plain_message(i)
             blocks = content_blocks(t[i])
+            if i < pe:  # the prefix: only what its results show (never at risk)
+                for blk in blocks:
+                    if isinstance(blk, ToolResultBlock):
+                        self._index(result_text(blk), None)
+                continue
             uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
-            if uses and i >= pe:
+            if uses:
                 self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses])
+            plain = session.renderer.plain_message(i)
             for j, blk in enumerate(blocks):
-                if isinstance(blk, ToolUseBlock) and i >= pe:
-                    self._tool_tokens += plain.blocks[j].tokens
+                tokens = plain.blocks[j].tokens
+                if isinstance(blk, ToolUseBlock):
+                    self._tool_tokens += tokens
                 elif isinstance(blk, ToolResultBlock):
-                    start = self._tool_tokens if i >= pe else None
-                    if i >= pe:
-                        self._tool_tokens += plain.blocks[j].tokens
+                    start, self._tool_tokens = self._tool_tokens, self._tool_tokens + tokens
                     call = self._pending.pop(blk.tool_use_id, None)
-                    if call is not None and start is not None:
-                        if plain.blocks[j].tokens >= self.min_clear_tokens:
+                    if call is not None:
+                        if tokens >= self.min_clear_tokens:
                             self._calls[call] = start
                         else:
                             self._calls.pop(call, None)
@@ -91,7 +93,7 @@ class LookbackMeter:
         """Remember a call until its result; if the same call ran before with a result big enough
         to be cleared, how far back that result lies (a re-run: the agent wanted that output
         again), else -1."""
-        key = xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
+        key = call_key(use)
         self._pending[use.id] = key
         before = self._calls.get(key)
         return self._tool_tokens - before if before is not None else -1

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import msgspec
+import xxhash
 from msgspec import UNSET, Struct, UnsetType
 
 from .errors import MalformedMessageError
@@ -30,6 +31,7 @@ __all__ = [
     "UnknownBlock",
     "block_from_dict",
     "block_to_dict",
+    "call_key",
     "canonical_bytes",
     "message_from_dict",
     "message_to_dict",
@@ -325,3 +327,8 @@ def result_text(b: ToolResultBlock) -> str:
     if isinstance(b.content, list):
         return "\n".join(getattr(x, "text", "") for x in b.content)
     return ""
+
+
+def call_key(use: ToolUseBlock) -> bytes:
+    """A tool call's identity (its name and canonical input): the same key means the same call again."""
+    return xxhash.xxh3_128_digest(canonical_bytes([use.name, use.input]))
