@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from cachecompact.proxy.upstream import HIGH_WATER, UpstreamError, UpstreamPool
+from cachecompact.httpserver import HEADER_TIMEOUT_S
+from cachecompact.proxy.upstream import HIGH_WATER, IDLE_KEEPALIVE_S, UpstreamError, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
 
@@ -426,3 +427,10 @@ def test_header_bytes_pass_unchanged_both_ways_and_userinfo_is_refused() -> None
     assert "X-Title: café €".encode() in state["requests"][0][0]
     with pytest.raises(ValueError, match="user name or password"):
         UpstreamPool("http://svc:secret@127.0.0.1:1")
+
+
+def test_idle_connections_are_given_up_before_an_upstream_closes_them() -> None:
+    """Reusing a connection the upstream is closing resets a POST, which is not re-sent: the
+    pool's idle limit stays under this package's own server idle timeout and Node's 5 s."""
+    assert min(HEADER_TIMEOUT_S, 5.0) > IDLE_KEEPALIVE_S
+    assert UpstreamPool("http://127.0.0.1:1").keepalive_s == IDLE_KEEPALIVE_S
