@@ -26,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from .errors import ContextFullError, InvalidEditError, SummaryRejected, UnknownModelError
+from .errors import ContextFullError, InvalidEditError, SummaryRejected
 from .events import Event
 from .ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from .levels import (
@@ -62,10 +62,7 @@ REPEAT_CALLS = 2  # results within this many seconds means the model lost someth
 def _prices(model: str) -> ModelInfo:
     """The model's prices; a model the table does not know yet is priced as the default one
     (the documented cache multipliers are the same for every model, so the trade-offs hold)."""
-    try:
-        return model_prices(model or DEFAULT_PRICE_MODEL)
-    except UnknownModelError:
-        return model_prices(DEFAULT_PRICE_MODEL)
+    return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
 
 
 class Compactor:

@@ -141,23 +141,24 @@ def get_model(model: str) -> ModelInfo:
     return info
 
 
-def model_prices(model: str) -> ModelInfo:
-    """`get_model`, or for an id missing from the table the newest entry of its family (a warning,
-    once per id). Raises `UnknownModelError` only when no family can be recognised."""
+def model_prices(model: str, default: str | None = None) -> ModelInfo:
+    """`get_model`, or for an id missing from the table the newest entry of its family, or else
+    ``default``'s prices (a warning, once per id). Raises `UnknownModelError` only when no family
+    can be recognised and no ``default`` is given."""
     try:
         return get_model(model)
     except UnknownModelError:
         name = _canonical(model)
         fam = next((f for f in FAMILIES if f in name), None)
-        if fam is None:
+        if fam is None and default is None:
             raise
-        info = replace(_TABLE[FAMILIES[fam]], name=name)
+        base = get_model(FAMILIES[fam] if fam is not None else str(default))
         with _LOCK:
             if name not in _WARNED:
                 _WARNED.add(name)
                 log.warning("cachecompact: model %r is not in the price table; using %s prices (register() an "
-                            "entry to fix this)", model, FAMILIES[fam])
-        return info
+                            "entry to fix this)", model, base.name)
+        return replace(base, name=name)
 
 
 def register(info: ModelInfo, *aliases: str) -> None:

@@ -5,6 +5,7 @@ and `cachecompact bench` end to end."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,32 @@ def test_every_error_crosses_a_process_pool_intact() -> None:
         assert type(back) is cls and str(back) == str(err) and fields(back) == fields(err), cls.__name__
         made += 1
     assert made >= 15
+
+
+def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/recall_frontier.py: showing all history, the ideal recalls what `none` recalls
+    and costs no more than `none` as the emulator bills it; a cycle shows a superset of the ideal's
+    tail, so it recalls at least as much and costs at least as much; a larger budget recalls more."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "recall_frontier.py"
+    spec = importlib.util.spec_from_file_location("recall_frontier", path)
+    assert spec is not None and spec.loader is not None
+    frontier = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, frontier)  # its dataclass looks itself up there
+    spec.loader.exec_module(frontier)
+    trace = synthetic_trace(3)
+    runs = frontier.ideal_runs(trace, 200_000)
+    none = replay(trace, "none", window=200_000, model=MODEL)
+    everything = runs[(10**9, "ideal")]
+    assert everything.references == none.references > 0
+    assert everything.recalled == round(none.evidence_recall * none.references)
+    assert everything.cost <= none.cost_usd
+    budgets = sorted(b for b, v in runs if v == "ideal")
+    recalls = [runs[(b, "ideal")].recalled for b in budgets]
+    assert recalls == sorted(recalls) and recalls[0] < recalls[-1]
+    cycles = [b for b, v in runs if v == "cycle"]
+    assert cycles
+    for b in cycles:
+        assert runs[(b, "cycle")].recalled >= runs[(b, "ideal")].recalled
+        assert runs[(b, "cycle")].cost >= runs[(b, "ideal")].cost

@@ -225,6 +225,10 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
     assert caplog.text.count("not in the price table") == 1
     with pytest.raises(KeyError):
         model_prices("gpt-4")
+    with caplog.at_level(logging.WARNING, "cachecompact"):
+        c = model_prices("gpt-4", default="claude-haiku-4-5")  # no family: the caller's default, named
+    assert c.name == "gpt-4" and c.input == get_model("claude-haiku-4-5").input
+    assert "using claude-haiku-4-5 prices" in caplog.text
 
 
 def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> None:

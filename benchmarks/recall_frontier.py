@@ -1,0 +1,238 @@
+"""The cheapest any recency-based strategy could be, at each evidence recall: a lower bound.
+
+    python benchmarks/recall_frontier.py [--write docs/benchmarks.md]
+
+Issue 9 asks, at a 50k window, for evidence recall >= 0.93 at an adjusted cost below every
+peer's, and at 200k for recall >= 0.97 at <= 0.85x `none`. This script asks whether any
+strategy that keeps the newest history verbatim could do that, with every cost it could avoid
+taken away.
+
+The ideal strategy, for a verbatim budget K:
+
+- Each request carries the immutable prefix (system, tools, first 3 messages) and the newest
+  whole messages that fit in K tokens. Under "+ key lines", every older tool result also keeps
+  its key lines, as an L1 placeholder does (`key_fraction`, `key_max_chars` of the default
+  policy).
+- It is billed as if every request hit the cache completely:
+  - the context it shows is read once per request;
+  - each message is written exactly once;
+  - the recorded output is paid.
+- So it never pays for a cache break, a re-write, an expired cache or a summary call. A real
+  strategy that shows the same content pays at least this much.
+- Its recall and its re-read charges come from the same probe as the bench's
+  (`cachecompact.bench.recall`): the same evidence table, the same visibility test, and one
+  re-read turn the first time a tool result's evidence is lost.
+
+Token counts are the emulator's (`request_from_body`). The measured rows come from
+`cachecompact.bench.harness.replay` on the same traces in the same run.
+
+Reading: if the cheapest ideal budget that reaches the recall floor already costs more than a
+peer's *measured* adjusted cost, no strategy that gets its recall from keeping recent history
+verbatim can be both above the floor and below that peer. Skips when ../shared/traces is
+absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from cachecompact.bench.harness import MAX_TOKENS, replay
+from cachecompact.bench.recall import _visible, evidence_table, request_text, reread_cost
+from cachecompact.bench.report import LONG_TURNS, publish
+from cachecompact.bench.run import load_corpus, split_halves
+from cachecompact.cache_sim import request_from_body
+from cachecompact.pricing import get_model
+from cachecompact.tokens import TokenCounter
+from cachecompact.traces import Trace, default_trace_dir
+
+MODEL = "claude-sonnet-4-6"
+PREFIX_MESSAGES = 3
+BUDGETS = (5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 35_000, 40_000, 45_000, 50_000, 60_000, 100_000, 10**9)
+MEASURED = ("none", "cachecompact", "claude-code")  # claude-code: the cheapest peer at 50k (docs/benchmarks.md)
+FLOOR = {200_000: 0.97, 50_000: 0.93}  # issue 9's evidence-recall floors
+WINDOWS = (200_000, 50_000)
+TTL_S = 300.0  # the 5-minute cache: an idle gap beyond it re-writes what the request shows
+
+
+@dataclass
+class Ideal:
+    """One ideal run: billed cost, adjusted cost, references and how many were recalled."""
+
+    cost: float = 0.0
+    adjusted: float = 0.0
+    references: int = 0
+    recalled: int = 0
+
+
+def _prefix_end(messages: Sequence[dict[str, Any]]) -> int:
+    """The immutable prefix's end, as `transcript.immutable_prefix_end` places it."""
+    end = PREFIX_MESSAGES
+    while 0 < end <= len(messages) and any(
+            isinstance(b, dict) and b.get("type") == "tool_use" for b in _blocks(messages[end - 1])):
+        end += 1
+    return min(end, len(messages))
+
+
+def _blocks(m: dict[str, Any]) -> list[Any]:
+    c = m.get("content")
+    return c if isinstance(c, list) else []
+
+
+def ideal_runs(trace: Trace, window: int) -> dict[tuple[int, str], Ideal]:
+    """Every budget of `BUDGETS` that fits ``window``, with and without key lines."""
+    price = get_model(MODEL)
+    counter = TokenCounter()
+    msgs = trace.messages
+    full = request_from_body({"model": MODEL, "system": trace.system, "tools": trace.tools, "messages": msgs},
+                             0.0, counter, ratio=price.token_ratio)
+    per_msg = [0] * len(msgs)
+    fixed = 0  # tools and system
+    for b in full.blocks:
+        if b.where.startswith("messages["):
+            per_msg[int(b.where[9:b.where.index("]")])] += b.tokens
+        else:
+            fixed += b.tokens
+    table = evidence_table(msgs)
+    pe = _prefix_end(msgs)
+    prefix = fixed + sum(per_msg[:pe])
+    asks = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i >= pe]
+    growth = sorted(sum(per_msg[a:b]) for a, b in itertools.pairwise(asks)) or [1]
+    g = max(1, growth[len(growth) // 2])
+    out: dict[tuple[int, str], Ideal] = {}
+    for budget in BUDGETS:
+        room = window - prefix - MAX_TOKENS - budget
+        if (budget >= 10**9 and window < 200_000) or (budget < 10**9 and room < 0):
+            continue
+        for variant in ("ideal", "cycle"):
+            # the cycle: the tail grows to budget + batch, then one cut back to the budget
+            batch = min(room, round(math.sqrt(2 * (price.write_5m / price.read - 1) * budget * g)))
+            if variant == "cycle" and (budget >= 10**9 or batch < g):
+                continue
+            run = Ideal()
+            charged: set[int] = set()
+            written: set[int] = set()  # messages in the cache (the ideal: every one, once)
+            start, last_t = pe, None
+            for i in asks:
+                if variant == "ideal":
+                    start, used = i, 0
+                    while start > pe and used + per_msg[start - 1] <= budget:
+                        start -= 1
+                        used += per_msg[start]
+                elif sum(per_msg[start:i]) > budget + batch:
+                    while start < i and sum(per_msg[start:i]) > budget:
+                        start += 1
+                    written = set(range(pe))  # the cut re-writes everything after the prefix
+                t = trace.timestamps[i - 1] if i - 1 < len(trace.timestamps) else None
+                if t is not None and last_t is not None and t - last_t > TTL_S:
+                    written = set()  # an idle gap: the cache expired, everything is written again
+                last_t = t if t is not None else last_t
+                shown = [*range(pe), *range(start, i)]
+                context = fixed + sum(per_msg[k] for k in shown)
+                new = sum(per_msg[k] for k in shown if k not in written) + (fixed if not written else 0)
+                written.update(shown)
+                run.cost += ((context - new) * price.read + new * price.write_5m + per_msg[i] * price.output) / 1e6
+                refs = table.get(i, [])
+                if refs:
+                    sent = "\n" + request_text({"system": trace.system, "messages": [msgs[k] for k in shown]}) + "\n"
+                    for ev in refs:
+                        run.references += 1
+                        if _visible(ev, sent):
+                            run.recalled += 1
+                        elif ev.source not in charged:
+                            charged.add(ev.source)
+                            run.adjusted += reread_cost(price, context, ev.source_tokens)
+            run.adjusted += run.cost
+            out[(budget, variant)] = run
+    return out
+
+
+def _job(args: tuple[Trace, str, int]) -> tuple[str, str, int, Any]:
+    trace, what, window = args
+    if what == "ideal":
+        return trace.name, what, window, ideal_runs(trace, window)
+    r = replay(trace, what, window=window, model=MODEL)
+    return trace.name, what, window, r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", help="replace the recall frontier section of this markdown file")
+    args = ap.parse_args(argv)
+    if default_trace_dir() is None:
+        print("skipped: ../shared/traces is absent (the frontier is measured on the shared traces)")
+        return 0
+    t0 = time.time()
+    traces, _, _ = load_corpus([])
+    halves = split_halves(traces)
+    long = [t for t in traces if t.turns >= LONG_TURNS]
+    jobs = [(t, what, w) for w in WINDOWS for what in ("ideal", *MEASURED) for t in long]
+    results: dict[tuple[str, str, int], Any] = {}
+    with ProcessPoolExecutor(2) as pool:
+        for k, (name, what, w, r) in enumerate(pool.map(_job, jobs, chunksize=1), 1):
+            results[(name, what, w)] = r
+            print(f"\r{k}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    lines = [f"Long traces of the shared corpus; pricing `{MODEL}`; {time.time() - t0:.0f} s.", ""]
+    for w in WINDOWS:
+        for half in ("all", "A", "B"):
+            names = [t.name for t in long if half == "all" or halves[t.name] == half]
+            lines += _table(results, names, w, half)
+    return publish("\n".join(lines), args.write, "frontier")
+
+
+def _table(results: dict[tuple[str, str, int], Any], names: list[str], window: int, half: str) -> list[str]:
+    """One window and set of traces: the measured strategies, then the frontier by budget, over
+    the traces cachecompact and claude-code both completed."""
+    done = [n for n in names if all(results[(n, s, window)].completed for s in MEASURED if s != "none")]
+    none_ok = all(results[(n, "none", window)].completed for n in done)
+    none_adj = sum(results[(n, "none", window)].adjusted_cost_usd for n in done) if none_ok else 0.0
+
+    def cell(adj: float, refs: int, ok: int) -> str:
+        ratio = f" ({adj / none_adj:.3f}x)" if none_adj else ""
+        return f"${adj:.2f}{ratio} @ {ok / refs if refs else 1:.3f}"
+
+    title = "all long traces" if half == "all" else f"half {half}"
+    out = [f"#### window {window:,}, {title}: {len(done)} traces", "",
+           "adjusted cost" + (" (vs `none`)" if none_adj else "") + " @ evidence recall", ""]
+    measured = {s: cell(sum(results[(n, s, window)].adjusted_cost_usd for n in done),
+                        sum(results[(n, s, window)].references for n in done),
+                        sum(round(results[(n, s, window)].evidence_recall * results[(n, s, window)].references)
+                            for n in done))
+                for s in MEASURED if none_ok or s != "none"}
+    out += ["| " + " | ".join(f"measured `{s}`" for s in measured) + " |", "|---" * len(measured) + "|",
+            "| " + " | ".join(measured.values()) + " |", "",
+            "| newest verbatim | ideal (never re-writes) | cycle (cut back at the priced batch) |", "|---|---|---|"]
+    budgets = sorted({b for n in done for b, _ in results[(n, "ideal", window)]})
+    best: dict[str, tuple[float, int]] = {}
+    for budget in budgets:
+        cells = []
+        for variant in ("ideal", "cycle"):
+            if not all((budget, variant) in results[(n, "ideal", window)] for n in done):
+                cells.append("-")
+                continue
+            runs = [results[(n, "ideal", window)][(budget, variant)] for n in done]
+            adj = sum(r.adjusted for r in runs)
+            refs, ok = sum(r.references for r in runs), sum(r.recalled for r in runs)
+            cells.append(cell(adj, refs, ok))
+            if refs and ok / refs >= FLOOR[window] and adj < best.get(variant, (float("inf"), 0))[0]:
+                best[variant] = (adj, budget)
+        out.append(f"| {'all history' if budget >= 10**9 else f'{budget // 1000}k'} | {cells[0]} | {cells[1]} |")
+    peer = sum(results[(n, "claude-code", window)].adjusted_cost_usd for n in done)
+    ours = sum(results[(n, "cachecompact", window)].adjusted_cost_usd for n in done)
+    reach = "; ".join(f"the cheapest {v} run at evidence recall >= {FLOOR[window]} costs ${c:.2f}"
+                      + (f" ({c / none_adj:.3f}x `none`)" if none_adj else "")
+                      for v, (c, _) in sorted(best.items())) or f"no budget reaches recall {FLOOR[window]}"
+    out += ["", f"At {window:,}, {title}: {reach}; measured `cachecompact` ${ours:.2f}, `claude-code` ${peer:.2f}.", ""]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
