@@ -8,6 +8,7 @@ adapters around it, so sessions, ledger, policy and forensics exist once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from .pricing import ModelInfo, model_prices
 from .registry import Live, SessionRegistry, head_key
 from .render import RenderResult
 from .safefs import ensure_dir
-from .scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
+from .scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
 from .session import Session
 from .store import Store, check_session_id, open_store
 from .strategies import get_strategy, with_policy
@@ -385,8 +386,8 @@ class CompactionEngine:
 
     def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
         """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
-        this process has loaded first, then every session of the store: after a restart the
-        agent's pending call must still find what an earlier process kept."""
+        this process has loaded first, then the store's session that holds the reference: after
+        a restart the agent's pending call must still find what an earlier process kept."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
         loaded = self.registry.sessions()
         for live in loaded:
@@ -394,17 +395,11 @@ class CompactionEngine:
             text, is_error = sp.handle_tool_call(tool_input)
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error
-        if self.store is not None and str(ref).startswith("sp_"):
-            seen = {live.session.session_id for live in loaded}
-            for sid in self.store.list():
-                if sid in seen:
-                    continue
-                try:
-                    text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
-                except (CacheCompactError, OSError):  # a half-made or just-deleted session has none
-                    continue
-                if not is_error:
-                    return text, is_error
+        if self.store is not None and isinstance(ref, str) and REF_RE.match(ref):
+            owner = self.store.blob_owner(ref)
+            if owner is not None:
+                with contextlib.suppress(CacheCompactError, OSError):  # deleted since: as if never stored
+                    return Scratchpad(self.store.open(owner)).handle_tool_call(tool_input)
         return Scratchpad(None).handle_tool_call(tool_input)
 
 

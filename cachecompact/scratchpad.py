@@ -24,7 +24,7 @@ from .store import SessionStore
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["READ_SCRATCHPAD_TOOL", "Scratchpad", "ScratchpadRefError"]
+__all__ = ["READ_SCRATCHPAD_TOOL", "REF_RE", "Scratchpad", "ScratchpadRefError"]
 
 REF_RE = re.compile(r"^sp_[0-9a-f]{32}$")
 MAX_READ = 20_000

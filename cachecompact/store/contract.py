@@ -138,4 +138,10 @@ class Store(Protocol):
         import that failed halfway leaves); `SessionNotFoundError` if there is none."""
         ...
 
+    def blob_owner(self, ref: str) -> str | None:
+        """A session that holds scratchpad content ``ref`` (content-addressed, so any copy
+        serves): how a restarted process answers a pending ``read_scratchpad`` call without
+        opening every session."""
+        ...
+
     def close(self) -> None: ...

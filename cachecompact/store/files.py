@@ -19,6 +19,7 @@ parse is corruption, never a torn tail.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -354,6 +355,17 @@ class FileStore:
         gone = self.root / f".deleting-{session_id}-{secrets.token_hex(4)}"
         os.rename(p, gone)  # out of sight at once (hidden names are never listed or opened) ...
         shutil.rmtree(gone, ignore_errors=True)  # ... then removed
+
+    def blob_owner(self, ref: str) -> str | None:
+        if not self.root.is_dir():
+            return None
+        for x in sorted(self.root.iterdir()):  # a stat or two per session, none opened
+            if x.name.startswith(".") or not stat.S_ISDIR(os.lstat(x).st_mode) or not (x / META).is_file():
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(x / SCRATCH / f"{ref}.txt").st_mode) and not half_made(x):
+                    return x.name
+        return None
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():

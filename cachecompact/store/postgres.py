@@ -242,6 +242,15 @@ class PostgresStore:
         if not n:
             raise SessionNotFoundError(f"{self.url}#{session_id}: no such session")
 
+    def blob_owner(self, ref: str) -> str | None:
+        try:
+            with self._conn() as conn:  # one query over the blobs' small rows (their data lives out of line)
+                row = conn.execute("SELECT session_id FROM cachecompact_blobs WHERE ref = %s ORDER BY session_id "
+                                   "LIMIT 1", (ref,)).fetchone()
+        except psycopg.Error as err:
+            raise StoreError(f"{self.url}: cannot look up scratchpad content: {str(err).strip()[:300]}") from None
+        return str(row[0]) if row else None
+
     def list(self, prefix: str = "") -> list[str]:
         try:
             with self._conn() as conn:
