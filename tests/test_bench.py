@@ -276,6 +276,12 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, spec.name, frontier)  # its dataclass looks itself up there
     spec.loader.exec_module(frontier)
     trace = synthetic_trace(3)
+    # what real traces carry: thinking the replay never sends, and a clock that steps back
+    for m in trace.messages:
+        if m["role"] == "assistant" and isinstance(m["content"], list):
+            m["content"] = [{"type": "thinking", "thinking": "Let me think. " * 200, "signature": "sig"},
+                            *m["content"]]
+    trace.timestamps[20] = (trace.timestamps[19] or 0.0) - 1_000.0
     runs = frontier.ideal_runs(trace, 200_000)
     none = replay(trace, "none", window=200_000, model=MODEL)
     everything = runs[(10**9, "ideal")]
