@@ -8,7 +8,6 @@ adapters around it, so sessions, ledger, policy and forensics exist once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -386,8 +385,9 @@ class CompactionEngine:
 
     def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
         """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
-        this process has loaded first, then the store's session that holds the reference: after
-        a restart the agent's pending call must still find what an earlier process kept."""
+        this process has loaded first, then the stored sessions that hold the reference
+        (`Store` docs: ``blob_owners``), skipping broken ones: after a restart the agent's
+        pending call must still find what an earlier process kept."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
         loaded = self.registry.sessions()
         for live in loaded:
@@ -396,10 +396,21 @@ class CompactionEngine:
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error
         if self.store is not None and isinstance(ref, str) and REF_RE.match(ref):
-            owner = self.store.blob_owner(ref)
-            if owner is not None:
-                with contextlib.suppress(CacheCompactError, OSError):  # deleted since: as if never stored
-                    return Scratchpad(self.store.open(owner)).handle_tool_call(tool_input)
+            seen = {live.session.session_id for live in loaded}
+            try:
+                owners = (self.store.blob_owners(ref) if hasattr(self.store, "blob_owners")
+                          else [sid for sid in self.store.list() if sid not in seen])  # a store without the fast path
+            except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
+                return f"read_scratchpad error: the session store cannot be read: {err}", True
+            for sid in owners:
+                if sid in seen:
+                    continue
+                try:
+                    text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
+                except (CacheCompactError, OSError):  # a broken or just-deleted session: the next copy may serve
+                    continue
+                if not is_error:
+                    return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import weakref
@@ -20,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from .errors import ScratchpadRefError
 from .safefs import atomic_replace, ensure_dir
 from .store import SessionStore
+from .store.contract import REF_RE, check_ref
 
 if TYPE_CHECKING:
     from .session import Session
 
 __all__ = ["READ_SCRATCHPAD_TOOL", "REF_RE", "Scratchpad", "ScratchpadRefError"]
 
-REF_RE = re.compile(r"^sp_[0-9a-f]{32}$")
 MAX_READ = 20_000
 
 READ_SCRATCHPAD_TOOL: dict[str, Any] = {
@@ -79,9 +78,7 @@ class Scratchpad:
 
     @staticmethod
     def _check(ref: object) -> str:
-        if not isinstance(ref, str) or not REF_RE.match(ref):
-            raise ScratchpadRefError(f"invalid scratchpad reference {str(ref)[:80]!r}: expected sp_ + 32 hex digits")
-        return ref
+        return check_ref(ref)
 
     @staticmethod
     def ref_for(text: str) -> str:

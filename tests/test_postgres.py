@@ -23,6 +23,7 @@ from cachecompact.emulator import Emulator
 from cachecompact.errors import (
     ConfigError,
     HistoryRewrittenError,
+    ScratchpadRefError,
     SessionExistsError,
     SessionNotFoundError,
     StoreConflictError,
@@ -73,9 +74,11 @@ def test_the_contract_holds_for_both_stores(store: Store) -> None:
     assert b.read_events() == [{"kind": "x"}] and b.get_blob("sp_abc") == b"hello" and b.get_blob("nope") is None
     assert b.blob_refs() == ["sp_abc"]
     ref = "sp_" + uuid.uuid4().hex  # unique: the database is shared by the tests
-    assert store.blob_owner(ref) is None
+    assert store.blob_owners(ref) == []
     b.put_blob(ref, b"kept")
-    assert store.blob_owner(ref) == sid  # found without opening any session
+    assert store.blob_owners(ref) == [sid]  # found without opening any session
+    with pytest.raises(ScratchpadRefError):
+        store.blob_owners("../" + ref)  # nothing but a reference reaches the store
     assert b.read_meta()["n"] == 1
     b.write_meta({"session_id": sid, "n": 2})
     assert a.read_meta()["n"] == 2

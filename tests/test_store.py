@@ -288,3 +288,39 @@ def test_head_anchors_a_rollback(tmp_path: Path) -> None:
     again = Session.open(tmp_path / "s", readonly=True)
     assert again.extends(head) and again.extends(again.head)
     assert not again.extends("1:0:0:" + "0" * 64)
+
+
+def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a restart `read_scratchpad` asks the store which sessions hold a reference. A copied
+    folder whose name is no session id, and a session whose scratchpad folder is a planted link
+    to content outside the store, are both passed over; the genuine copy answers."""
+    import shutil
+
+    import anthropic
+
+    from cachecompact import scratchpad_handler, wrap
+    from cachecompact.scratchpad import Scratchpad
+
+    root = tmp_path / "store"
+    store = FileStore(root)
+    text = "CONFIG_A = 1\n" + "filler line\n" * 400
+    Session.create(store, session_id="b-good", system=SYSTEM)
+    ref = Scratchpad(store.open("b-good")).put(text)
+    shutil.copytree(root / "b-good", root / "a copy")  # sorts first; not a valid session id
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / f"{ref}.txt").write_text("FORGED")
+    Session.create(store, session_id="a-link", system=SYSTEM)
+    (root / "a-link" / "scratchpad").symlink_to(outside, target_is_directory=True)
+    assert store.blob_owners(ref) == ["b-good"]
+    assert store.open("a-link").get_blob(ref) is None  # the link is not followed either way
+    client = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=root)
+    out, is_error = scratchpad_handler(client)({"ref": ref, "limit": 50})
+    assert not is_error and out.startswith("CONFIG_A = 1") and "FORGED" not in out
+    with monkeypatch.context() as m:  # a store written without the optional fast path: every session is asked
+        m.delattr(FileStore, "blob_owners")
+        assert scratchpad_handler(client)({"ref": ref, "limit": 50}) == (out, False)
+    shutil.rmtree(root / "b-good")
+    out, is_error = scratchpad_handler(client)({"ref": ref})
+    assert is_error and "unknown scratchpad reference" in out

@@ -18,14 +18,25 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..errors import InvalidSessionIdError
+from ..errors import InvalidSessionIdError, ScratchpadRefError
 
-__all__ = ["LOGS", "LogName", "SessionStore", "Store", "TornTail", "check_session_id"]
+__all__ = ["LOGS", "REF_RE", "LogName", "SessionStore", "Store", "TornTail", "check_ref", "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
 
 SESSION_ID_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+
+
+REF_RE = re.compile(r"^sp_[0-9a-f]{32}$")  # a scratchpad reference: sp_ + 32 hex digits of a sha256
+
+
+def check_ref(ref: object) -> str:
+    """Return ``ref`` if it is a scratchpad reference, else raise `ScratchpadRefError` (a ref
+    names a file and a row: nothing else may reach a store)."""
+    if not isinstance(ref, str) or not REF_RE.match(ref):
+        raise ScratchpadRefError(f"invalid scratchpad reference {str(ref)[:80]!r}: expected sp_ + 32 hex digits")
+    return ref
 
 
 def check_session_id(sid: object, where: str = "session id") -> str:
@@ -114,7 +125,12 @@ class SessionStore(Protocol):
 
 @runtime_checkable
 class Store(Protocol):
-    """Many sessions by id."""
+    """Many sessions by id.
+
+    Optional, outside the protocol so that a store written without it still qualifies:
+    ``blob_owners(ref) -> list[str]``, the sessions holding scratchpad content ``ref``
+    (content-addressed, so any copy serves). A restarted process answers a pending
+    ``read_scratchpad`` call with it instead of asking every session in turn."""
 
     @property
     def url(self) -> str: ...
@@ -136,12 +152,6 @@ class Store(Protocol):
     def delete(self, session_id: str) -> None:
         """Remove a session and everything in it, atomically as far as readers can tell (what an
         import that failed halfway leaves); `SessionNotFoundError` if there is none."""
-        ...
-
-    def blob_owner(self, ref: str) -> str | None:
-        """A session that holds scratchpad content ``ref`` (content-addressed, so any copy
-        serves): how a restarted process answers a pending ``read_scratchpad`` call without
-        opening every session."""
         ...
 
     def close(self) -> None: ...

@@ -33,10 +33,17 @@ from typing import Any
 
 import msgspec
 
-from ..errors import LedgerCorruptError, SessionExistsError, SessionNotFoundError, StoreConflictError, StoreError
+from ..errors import (
+    InvalidSessionIdError,
+    LedgerCorruptError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StoreConflictError,
+    StoreError,
+)
 from ..safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 from ..wire import canonical_bytes
-from .contract import LogName, TornTail, check_session_id
+from .contract import LogName, TornTail, check_ref, check_session_id
 from .records import FORMAT, VERSION
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
@@ -317,7 +324,10 @@ class FileSessionStore:
                       and not p.is_symlink())
 
     def get_blob(self, ref: str) -> bytes | None:
-        p = self.path / SCRATCH / f"{ref}.txt"
+        d = self.path / SCRATCH
+        if d.is_symlink():  # a planted link never leads out of the session
+            return None
+        p = d / f"{ref}.txt"
         try:
             return _read_file(p)
         except FileNotFoundError:
@@ -356,16 +366,21 @@ class FileStore:
         os.rename(p, gone)  # out of sight at once (hidden names are never listed or opened) ...
         shutil.rmtree(gone, ignore_errors=True)  # ... then removed
 
-    def blob_owner(self, ref: str) -> str | None:
+    def blob_owners(self, ref: str) -> list[str]:
+        """Sessions holding scratchpad content ``ref``, by a few stats each (none opened)."""
+        check_ref(ref)
         if not self.root.is_dir():
-            return None
-        for x in sorted(self.root.iterdir()):  # a stat or two per session, none opened
-            if x.name.startswith(".") or not stat.S_ISDIR(os.lstat(x).st_mode) or not (x / META).is_file():
-                continue
-            with contextlib.suppress(OSError):
+            return []
+        out = []
+        for x in sorted(self.root.iterdir()):
+            with contextlib.suppress(OSError, InvalidSessionIdError):  # gone meanwhile, or not a session's name
+                check_session_id(x.name)
+                if x.name.startswith(".") or not stat.S_ISDIR(os.lstat(x).st_mode) or not (x / META).is_file() \
+                        or not stat.S_ISDIR(os.lstat(x / SCRATCH).st_mode):
+                    continue
                 if stat.S_ISREG(os.lstat(x / SCRATCH / f"{ref}.txt").st_mode) and not half_made(x):
-                    return x.name
-        return None
+                    out.append(x.name)
+        return out
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():

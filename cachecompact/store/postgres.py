@@ -40,7 +40,7 @@ from ..errors import (
     StoreError,
 )
 from ..wire import canonical_bytes
-from .contract import LOGS, LogName, TornTail, check_session_id
+from .contract import LOGS, LogName, TornTail, check_ref, check_session_id
 from .records import FORMAT, VERSION
 
 try:
@@ -242,14 +242,17 @@ class PostgresStore:
         if not n:
             raise SessionNotFoundError(f"{self.url}#{session_id}: no such session")
 
-    def blob_owner(self, ref: str) -> str | None:
+    def blob_owners(self, ref: str) -> list[str]:
+        """Sessions holding scratchpad content ``ref``: one query. The primary key leads with the
+        session, so this scans the blobs' rows (small: their data lives out of line)."""
+        check_ref(ref)
         try:
-            with self._conn() as conn:  # one query over the blobs' small rows (their data lives out of line)
-                row = conn.execute("SELECT session_id FROM cachecompact_blobs WHERE ref = %s ORDER BY session_id "
-                                   "LIMIT 1", (ref,)).fetchone()
+            with self._conn() as conn:
+                rows = conn.execute("SELECT session_id FROM cachecompact_blobs WHERE ref = %s ORDER BY session_id",
+                                    (ref,)).fetchall()
         except psycopg.Error as err:
             raise StoreError(f"{self.url}: cannot look up scratchpad content: {str(err).strip()[:300]}") from None
-        return str(row[0]) if row else None
+        return [str(r[0]) for r in rows]
 
     def list(self, prefix: str = "") -> list[str]:
         try:
