@@ -324,3 +324,19 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     shutil.rmtree(root / "b-good")
     out, is_error = scratchpad_handler(client)({"ref": ref})
     assert is_error and "unknown scratchpad reference" in out
+
+
+def test_listing_passes_over_a_session_deleted_meanwhile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process may delete a session between the directory scan and the look at it."""
+    store = FileStore(tmp_path)
+    for sid in ("a", "b"):
+        Session.create(store, session_id=sid, system=SYSTEM)
+    real = os.lstat
+
+    def gone(p: Any, *a: Any, **k: Any) -> os.stat_result:
+        if Path(p).name == "a":
+            raise FileNotFoundError(p)
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", gone)
+    assert store.list() == ["b"]

@@ -387,9 +387,11 @@ class FileStore:
             return []
         out = []
         for x in self.root.iterdir():
-            if x.name.startswith(prefix) and not x.name.startswith(".") and stat.S_ISDIR(os.lstat(x).st_mode) \
-                    and (x / META).is_file():
-                out.append(x.name)
+            if not x.name.startswith(prefix) or x.name.startswith("."):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # deleted by another process since iterdir
+                if stat.S_ISDIR(os.lstat(x).st_mode) and (x / META).is_file():
+                    out.append(x.name)
         return sorted(out)
 
     def close(self) -> None:
