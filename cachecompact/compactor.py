@@ -44,7 +44,8 @@ from .levels import (
 from .levels.tool_summary import ON_ENTRY
 from .lookback import LookbackMeter
 from .policy import DEFAULT_WRITE_OVER_READ, LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
-from .pricing import ModelInfo, model_prices
+from .pricing import priced
+from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize import ExtractiveSummarizer
 from .wire import ToolResultBlock, ToolUseBlock, call_key, canonical_bytes, content_blocks, tool_result_ids
@@ -53,16 +54,10 @@ __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
 
 log = logging.getLogger("cachecompact")
 
-DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # prices when the request names no model
 GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
 
-
-def _prices(model: str) -> ModelInfo:
-    """The model's prices; a model the table does not know yet is priced as the default one
-    (the documented cache multipliers are the same for every model, so the trade-offs hold)."""
-    return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
 
 
 class Compactor:
@@ -77,6 +72,11 @@ class Compactor:
         self.summarizer = ctx.summarizer
         self.events = ctx.events
         self.scratchpad = ctx.scratchpad if ctx.scratchpad_tool else None
+        # L2 never shortens a write (its result says what changed) nor a scratchpad read: that output
+        # is already the stored original, and shortening it again would hand the agent a new
+        # reference to the same text, a loop
+        lv = self.cfg.levels
+        self._l2_exempt = lv.exempt_tools | lv.write_tools | {READ_SCRATCHPAD_TOOL["name"]}
         self.steps = 0
         self.last_compact_step = 0
         self.failures = 0
@@ -194,7 +194,7 @@ class Compactor:
         prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
-        price = _prices(model)
+        price = priced(model)
         ratio = price.write_5m / price.read if price.read > 0 else DEFAULT_WRITE_OVER_READ
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
         share = self.cfg.levels.lookback_miss_share
@@ -247,7 +247,7 @@ class Compactor:
                                         preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
                                         keep_recent=lv.keep_recent_results,
                                         keep_recent_tokens=lim.keep_recent,
-                                        exempt_tools=lv.exempt_tools | lv.write_tools)
+                                        exempt_tools=self._l2_exempt)
         if level == "L3":
             return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=lv.keep_rounds_l3,
                                          summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
@@ -316,7 +316,7 @@ class Compactor:
             p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
                                                    turn_tokens=lim.entry_recent, preview_chars=lv.preview_chars,
                                                    key_chars=lv.key_max_chars,
-                                                   exempt_tools=lv.exempt_tools | lv.write_tools))
+                                                   exempt_tools=self._l2_exempt))
             if p2.edits:
                 entries = self._apply_or_refuse(p2, True, None)
                 if entries:
@@ -382,7 +382,7 @@ class Compactor:
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
         for p in order:
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
-                price = _prices(model)
+                price = priced(model)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,

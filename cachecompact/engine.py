@@ -34,7 +34,7 @@ from .errors import (
 from .events import Event, EventBus
 from .forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
 from .policy import MIN_WINDOW_TOKENS, PolicyConfig
-from .pricing import ModelInfo, model_prices
+from .pricing import model_prices, priced
 from .registry import Live, SessionRegistry, head_key
 from .render import RenderResult
 from .safefs import ensure_dir
@@ -193,16 +193,12 @@ class CompactionEngine:
 
     def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
         model = str(body.get("model") or "")
-        try:
-            info: ModelInfo | None = model_prices(model) if model else None
-        except UnknownModelError:
-            info = None
-        window = self.window_tokens or (info.context_window if info is not None else 200_000)
+        window = self.window_tokens or _model_window(model)
         ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
                               scratchpad_tool=self.scratchpad_tool)
         live = Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head)
-        live.extra["forensics"] = Forensics(model_prices)
+        live.extra["forensics"] = Forensics(priced)
         live.extra["scratchpad"] = ctx.scratchpad  # the one the levels write to (an in-memory session's folder)
         return live
 
@@ -211,10 +207,7 @@ class CompactionEngine:
         if self.scratchpad_tool:
             tools.append(READ_SCRATCHPAD_TOOL)
         model = str(body.get("model") or "")
-        try:
-            ratio = model_prices(model).token_ratio if model else 1.0
-        except UnknownModelError:
-            ratio = 1.0
+        ratio = priced(model).token_ratio if model else 1.0
         prefix = self.prefix_messages if self.prefix_messages is not None else self.strategy_config.prefix_messages
         session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
                                  prefix_messages=prefix, token_ratio=ratio)
@@ -329,10 +322,7 @@ class CompactionEngine:
             with live.lock:
                 live.strategy.after_response(p.now, usage)
                 live.extra["last_message_id"] = message_id or live.extra.get("last_message_id")
-                try:
-                    cost = model_prices(p.model).cost(usage)
-                except UnknownModelError:
-                    cost = 0.0
+                cost = priced(p.model).cost(usage)
                 snap = p.snapshot()
                 finding: Finding = live.extra["forensics"].observe(snap, usage, cache_miss_reason)
                 self._report(live, finding)
@@ -412,6 +402,23 @@ class CompactionEngine:
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+
+UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
+_WINDOW_WARNED: set[str] = set()
+
+
+def _model_window(model: str) -> int:
+    """The model's context window from the price table (its family's for a newer id); for a name
+    of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
+    try:
+        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
+    except UnknownModelError:
+        if model not in _WINDOW_WARNED:
+            _WINDOW_WARNED.add(model)
+            log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
+                        "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
+        return UNKNOWN_MODEL_WINDOW
 
 
 def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], float]) -> float:

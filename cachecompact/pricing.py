@@ -23,7 +23,8 @@ from typing import Any
 
 from .errors import UnknownModelError
 
-__all__ = ["FAMILIES", "ModelInfo", "get_model", "known_models", "model_prices", "override", "register"]
+__all__ = ["DEFAULT_PRICE_MODEL", "FAMILIES", "ModelInfo", "get_model", "known_models", "model_prices", "override",
+           "priced", "register"]
 
 log = logging.getLogger("cachecompact")
 
@@ -159,6 +160,16 @@ def model_prices(model: str, default: str | None = None) -> ModelInfo:
                 log.warning("cachecompact: model %r is not in the price table; using %s prices (register() an "
                             "entry to fix this)", model, base.name)
         return replace(base, name=name)
+
+
+DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # a request that names no model, or one of no known family
+
+
+def priced(model: str) -> ModelInfo:
+    """What the runtime prices a request by: `model_prices`, and for a name of no known family
+    (or none) `DEFAULT_PRICE_MODEL`'s entry, with one warning per name. Pricing never stops a
+    request: the cache multipliers are the same for every model, so the trade-offs hold."""
+    return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
 
 
 def register(info: ModelInfo, *aliases: str) -> None:

@@ -27,7 +27,15 @@ from .events import Event, EventBus
 from .ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from .scratchpad import Scratchpad
 from .session import Session
-from .summarize import Summarizer, SummaryRequest, SummaryResult, format_summary, open_issues_of
+from .summarize import (
+    STORED_HEADER,
+    Summarizer,
+    SummaryRequest,
+    SummaryResult,
+    format_summary,
+    open_issues_of,
+    stored_outputs,
+)
 from .wire import TextBlock, content_blocks
 
 __all__ = [
@@ -110,7 +118,11 @@ def summarize_range(session: Session, start: int, end: int, summarizer: Summariz
                          previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
                          range=(start, end), body=body, cache_warm=cache_warm)
     res = summarizer.summarize(req)
-    return ReplaceWithSummary(start, end, format_summary(res.summary), reason), res
+    text = format_summary(res.summary)
+    stored = stored_outputs(msgs)
+    if stored:
+        text += f"\n{STORED_HEADER}\n" + "\n".join(f"- {x}" for x in stored)
+    return ReplaceWithSummary(start, end, text, reason), res
 
 
 class LedgerStrategy:

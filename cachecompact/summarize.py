@@ -34,6 +34,7 @@ from .wire import canonical_bytes
 
 __all__ = [
     "EMIT_SUMMARY_TOOL",
+    "STORED_HEADER",
     "SUMMARY_MARKER",
     "ExtractiveSummarizer",
     "FileRef",
@@ -47,6 +48,7 @@ __all__ = [
     "format_summary",
     "open_issues_of",
     "parse_summary",
+    "stored_outputs",
 ]
 
 SUMMARY_MARKER = "<cachecompact:summarize>"
@@ -168,6 +170,42 @@ def format_summary(s: Summary) -> str:
     if discarded:
         parts.append(f"Discarded: {discarded}")
     return "\n".join(parts)
+
+
+STORED_HEADER = "Stored outputs (read_scratchpad):"
+MAX_STORED = 12  # the newest scratchpad references a summary carries on
+_REF = re.compile(r"\bsp_[0-9a-f]{32}\b")
+_CARRIED = re.compile(r"^- (sp_[0-9a-f]{32}): (.*)$", re.M)
+
+
+def stored_outputs(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The scratchpad references shown in ``messages`` (placeholders of shortened results, and
+    those an earlier summary carried), each with the call that produced the output, newest last.
+
+    A summary keeps them so the agent can still reach what was externalized; the list is
+    built here, not by the summarizing model, so no reference is ever lost or made up."""
+    calls: dict[str, str] = {}
+    found: dict[str, str] = {}
+    for m in messages:
+        content = m.get("content")
+        for b in content if isinstance(content, list) else [{"type": "text", "text": content or ""}]:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "tool_use":
+                inp = json.dumps(b.get("input", {}), sort_keys=True, ensure_ascii=False)
+                calls[str(b.get("id"))] = f"{b.get('name')}({inp if len(inp) <= 160 else inp[:157] + '...'})"
+            elif b.get("type") == "tool_result":
+                c = b.get("content")
+                text = c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
+                                                             if isinstance(x, dict))
+                for ref in _REF.findall(text):
+                    found.pop(ref, None)
+                    found[ref] = calls.get(str(b.get("tool_use_id")), "a tool result")
+            elif b.get("type") == "text":
+                for ref, what in _CARRIED.findall(str(b.get("text", ""))):
+                    found.pop(ref, None)
+                    found[ref] = what
+    return [f"{ref}: {what}" for ref, what in list(found.items())[-MAX_STORED:]]
 
 
 def open_issues_of(text: str) -> list[str]:

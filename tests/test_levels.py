@@ -378,3 +378,31 @@ def test_in_memory_sessions_keep_the_scratchpad_out_of_the_working_directory(tmp
     ref = Scratchpad.for_session(persisted).put("more output")
     assert (tmp_path / "s" / "scratchpad" / f"{ref}.txt").read_text() == "more output"
     assert list(tmp_path.iterdir()) == [tmp_path / "s"]
+
+
+def test_a_summary_keeps_the_scratchpad_references_of_what_it_replaces() -> None:
+    """An L3/L4 summary lists every scratchpad reference its range showed, with the call that
+    produced the output, and carries an earlier summary's list on: otherwise externalized output
+    becomes unreachable the moment its placeholder is summarised away."""
+    from cachecompact.strategy import summarize_range
+    from cachecompact.summarize import STORED_HEADER, stored_outputs
+
+    ref_a, ref_b = "sp_" + "a" * 32, "sp_" + "b" * 32
+    msgs = history(6)
+    msgs[4]["content"][0]["content"] = f"preview...\n[the full output is in the scratchpad as {ref_a}; call ...]"
+    s = Session.create(None, system="sys", prefix_messages=3)
+    s.sync(msgs)
+    call = msgs[3]["content"][-1]
+    edit, _ = summarize_range(s, 3, 6, ExtractiveSummarizer(), reason="test")
+    assert STORED_HEADER in edit.summary
+    assert f"- {ref_a}: {call['name']}(" in edit.summary
+    s.edit(edit, level="L3")
+    # a later summary over the first one and a newer placeholder keeps both, newest last
+    more = history(9)[len(msgs):]
+    more[1]["content"][0]["content"] = f"[... the full output is in the scratchpad as {ref_b}; ...]"
+    msgs = [*msgs, *more]
+    s.sync(msgs)
+    edit2, _ = summarize_range(s, 3, len(msgs) - 3, ExtractiveSummarizer(), reason="test")
+    lines = [x for x in edit2.summary.splitlines() if x.startswith("- sp_")]
+    assert [x[2:37] for x in lines] == [ref_a, ref_b]
+    assert stored_outputs([{"role": "user", "content": "no references here"}]) == []

@@ -272,6 +272,15 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                 assert ref is not None
                 out, is_error = handle({"ref": ref.group(0)})
                 assert not is_error and "CONFIG_" in out
+                # the read's own result reaches the model whole: shortening it again would hand the
+                # agent a new reference to the same text, a loop
+                use = {"type": "tool_use", "id": "toolu_9999", "name": "read_scratchpad", "input": {"ref": ref.group(0)}}
+                reread = [*messages, {"role": "assistant", "content": [use]},
+                          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9999",
+                                                        "content": out}]}]
+                client.messages.create(model=MODEL, max_tokens=512, system=SYSTEM, tools=TOOLS, messages=reread)
+                sent = mw.sessions()[0].render().body["messages"][-1]["content"][0]["content"]
+                assert sent == out and len(out) > 4 * mw.sessions()[0].counter.calibration * 1000
                 if store is not None:  # a restarted agent answers its pending call before any request
                     again = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                  window_tokens=20_000, scratchpad_tool=True, summarizer=None)

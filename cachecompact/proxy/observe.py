@@ -29,7 +29,7 @@ import xxhash
 from ..cache_sim import request_from_body
 from ..errors import CacheCompactError, InvalidSessionIdError, MalformedMessageError, UnknownModelError
 from ..forensics import Finding, Forensics, snapshot_from_sim
-from ..pricing import model_prices
+from ..pricing import priced
 from ..protocol import SESSION_HEADER
 from ..store import Store, check_session_id
 from ..tokens import TokenCounter
@@ -70,7 +70,7 @@ class ObservedSession:
     mode: str
     head: bytes = b""  # tools + system
     hashes: list[bytes] = field(default_factory=list)  # messages of the last request (markers ignored)
-    forensics: Forensics = field(default_factory=lambda: Forensics(model_prices))
+    forensics: Forensics = field(default_factory=lambda: Forensics(priced))
     memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
     records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
     compactions: list[dict[str, Any]] = field(default_factory=list)
@@ -243,10 +243,7 @@ class Observer:
             return self._finish(s, rec, usage, finding)
 
     def _finish(self, s: ObservedSession, rec: dict[str, Any], usage: dict[str, Any], f: Finding) -> dict[str, Any]:
-        try:
-            cost = model_prices(str(rec.get("model") or "")).cost(usage)
-        except UnknownModelError:
-            cost = 0.0
+        cost = priced(str(rec.get("model") or "")).cost(usage)
         read = int(usage.get("cache_read_input_tokens") or 0)
         total = read + int(usage.get("cache_creation_input_tokens") or 0) + int(usage.get("input_tokens") or 0)
         s.cost_usd += cost
