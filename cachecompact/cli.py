@@ -298,9 +298,12 @@ def cmd_store_migrate(args: argparse.Namespace) -> int:
 def cmd_store_list(args: argparse.Namespace) -> int:
     from .store import open_store
 
-    if "://" not in args.url and not Path(args.url).is_dir():
-        raise UsageError(f"{args.url}: no such store folder (or give a postgresql:// URL)")
-    store = open_store(args.url)
+    if args.url and args.store_url and args.url != args.store_url:
+        raise UsageError(f"two stores given: {args.url!r} and --store {args.store_url!r}")
+    url = args.url or args.store_url or DEFAULT_STORE
+    if "://" not in url and not Path(url).is_dir():
+        raise UsageError(f"{url}: no such store folder (or give a postgresql:// URL)")
+    store = open_store(url)
     for sid in store.list(args.prefix):
         print(sid)
     store.close()
@@ -536,7 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig.add_argument("url", metavar="URL")
     mig.set_defaults(func=cmd_store_migrate)
     ls = ssub.add_parser("list", help="list the sessions of a store", parents=[common])
-    ls.add_argument("url", metavar="URL", help="a folder or postgresql://...")
+    ls.add_argument("url", metavar="URL", nargs="?",
+                    help=f"a folder or postgresql://... (default: --store, else {DEFAULT_STORE})")
+    ls.add_argument("--store", metavar="URL", dest="store_url", help="the same as URL, as the other commands take it")
     ls.add_argument("--prefix", default="")
     ls.set_defaults(func=cmd_store_list)
     ex = ssub.add_parser("export", help="write one session as a session directory", parents=[common])

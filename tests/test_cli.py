@@ -69,6 +69,8 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["render", "/nonexistent", "--at-entry", "-1"], "--at-entry must be at least 0"),
     (["forensics", "/nonexistent/logs"], "no such file or folder: /nonexistent/logs"),
     (["store", "list", "/nonexistent/store"], "no such store folder"),
+    (["store", "list", "--store", "/nonexistent/store"], "no such store folder"),
+    (["store", "list", "/a", "--store", "/b"], "two stores given"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])
@@ -79,6 +81,17 @@ def test_every_error_is_one_line_before_any_work(argv: list[str], says: str,
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cachecompact: error: ") and says in lines[0], cap.err
     assert "Traceback" not in cap.err and not cap.out
+
+
+def test_store_list_takes_the_store_as_the_other_commands_do(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from cachecompact import Session
+    from cachecompact.store import FileStore
+
+    Session.create(FileStore(tmp_path / "st"), session_id="job-1", system="s")
+    assert main(["store", "list", str(tmp_path / "st")]) == 0
+    assert main(["store", "list", "--store", str(tmp_path / "st")]) == 0
+    assert capsys.readouterr().out == "job-1\njob-1\n"
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

@@ -274,7 +274,8 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                 assert not is_error and "CONFIG_" in out
                 # the read's own result reaches the model whole: shortening it again would hand the
                 # agent a new reference to the same text, a loop
-                use = {"type": "tool_use", "id": "toolu_9999", "name": "read_scratchpad", "input": {"ref": ref.group(0)}}
+                use = {"type": "tool_use", "id": "toolu_9999", "name": "read_scratchpad",
+                       "input": {"ref": ref.group(0)}}
                 reread = [*messages, {"role": "assistant", "content": [use]},
                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9999",
                                                         "content": out}]}]
