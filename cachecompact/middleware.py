@@ -315,7 +315,12 @@ def wrap(
             raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")
         from .pricing import model_prices
 
-        model_prices(summarizer_model)  # an id of no known family is an error now, not at the first summary
+        # checked now, not at the first summary: an id of no known family, or a bare family name
+        # ("haiku") that prices fine but that the API would refuse
+        if not isinstance(summarizer_model, str) or "claude-" not in summarizer_model.lower():
+            raise ConfigError(f"summarizer_model={summarizer_model!r} is not a Claude model id (for example "
+                              "'claude-haiku-4-5')")
+        model_prices(summarizer_model)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
         summ = summarizer_factory(client, summarizer_model)

@@ -399,6 +399,9 @@ def test_wrap_refuses_misconfiguration_when_called(tmp_path: Path) -> None:
         wrap(c, ttl="1h", prefix_ttl="5m")
     with pytest.raises(ConfigError, match="not both"):
         wrap(c, store=tmp_path / "a", store_dir=tmp_path / "b")
+    for bad in ("haiku", "gpt-4o"):  # a family name prices fine, but no API takes it
+        with pytest.raises(ConfigError, match="not a Claude model id"):
+            wrap(c, summarizer_model=bad)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     # the accepted shortcuts
     mw = _mw(wrap(c, store=None, window_tokens=40_000, summarizer_model="claude-haiku-4-5"))
