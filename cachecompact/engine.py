@@ -193,7 +193,12 @@ class CompactionEngine:
 
     def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
         model = str(body.get("model") or "")
-        window = self.window_tokens or _model_window(model)
+        own = _model_window(model)
+        window = self.window_tokens or own
+        if window > own and (model, window) not in _WINDOW_WARNED:
+            _WINDOW_WARNED.add((model, window))  # compaction would wait for room the model does not have
+            log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
+                        "will refuse requests before compaction starts", window, model or "the model", own)
         ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
                               scratchpad_tool=self.scratchpad_tool)
@@ -405,7 +410,7 @@ class CompactionEngine:
 
 
 UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
-_WINDOW_WARNED: set[str] = set()
+_WINDOW_WARNED: set[str | tuple[str, int]] = set()  # what has been warned about, once each
 
 
 def _model_window(model: str) -> int:

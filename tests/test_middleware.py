@@ -560,3 +560,16 @@ def test_signed_thinking_survives_compaction(tmp_path: Path) -> None:
     original = {json.dumps(b, sort_keys=True) for m in s.messages() if m["role"] == "assistant"
                 for b in m["content"] if b.get("type") == "thinking"}
     assert sent and sent <= original  # thinking blocks are kept whole or dropped with their turn, never edited
+
+
+def test_a_window_larger_than_the_models_is_said_once(emu: Emulator, caplog: pytest.LogCaptureFixture) -> None:
+    """A window the model does not have would let the API refuse requests before compaction starts."""
+    import logging
+
+    client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                  window_tokens=3_000_000, summarizer=None)
+    with caplog.at_level(logging.WARNING, "cachecompact"):
+        for k in range(2):
+            client.messages.create(model="claude-haiku-4-5", max_tokens=64, system=SYSTEM,
+                                   messages=[{"role": "user", "content": f"hello {k}"}])
+    assert caplog.text.count("larger than claude-haiku-4-5's context window") == 1
