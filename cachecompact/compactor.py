@@ -59,7 +59,6 @@ REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identica
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
 
 
-
 class Compactor:
     """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
 

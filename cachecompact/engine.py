@@ -195,8 +195,8 @@ class CompactionEngine:
         model = str(body.get("model") or "")
         own = _model_window(model)
         window = self.window_tokens or own
-        if window > own and (model, window) not in _WINDOW_WARNED:
-            _WINDOW_WARNED.add((model, window))  # compaction would wait for room the model does not have
+        if window > own and (model, window) not in _LARGER_WARNED:
+            _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
             log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
                         "will refuse requests before compaction starts", window, model or "the model", own)
         ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
@@ -394,7 +394,7 @@ class CompactionEngine:
             seen = {live.session.session_id for live in loaded}
             try:
                 owners = (self.store.blob_owners(ref) if hasattr(self.store, "blob_owners")
-                          else [sid for sid in self.store.list() if sid not in seen])  # a store without the fast path
+                          else self.store.list())  # a store without the fast path: every session is asked
             except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
                 return f"read_scratchpad error: the session store cannot be read: {err}", True
             for sid in owners:
@@ -410,7 +410,8 @@ class CompactionEngine:
 
 
 UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
-_WINDOW_WARNED: set[str | tuple[str, int]] = set()  # what has been warned about, once each
+_UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once each
+_LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
 
 
 def _model_window(model: str) -> int:
@@ -419,8 +420,8 @@ def _model_window(model: str) -> int:
     try:
         return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
     except UnknownModelError:
-        if model not in _WINDOW_WARNED:
-            _WINDOW_WARNED.add(model)
+        if model not in _UNKNOWN_WARNED:
+            _UNKNOWN_WARNED.add(model)
             log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
                         "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
         return UNKNOWN_MODEL_WINDOW

@@ -77,10 +77,6 @@ class Scratchpad:
         return cls(session.store if session is not None and session.store is not None else None)
 
     @staticmethod
-    def _check(ref: object) -> str:
-        return check_ref(ref)
-
-    @staticmethod
     def ref_for(text: str) -> str:
         return "sp_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
@@ -99,7 +95,7 @@ class Scratchpad:
         return ref
 
     def _get(self, ref: str) -> str:
-        ref = self._check(ref)
+        ref = check_ref(ref)
         if self._store is not None:
             data = self._store.get_blob(ref)
         else:
@@ -111,7 +107,7 @@ class Scratchpad:
 
     def read(self, ref: str, offset: int = 0, limit: int = MAX_READ) -> str:
         """``limit`` characters from ``offset``; raises `ScratchpadRefError` for unknown refs."""
-        self._check(ref)
+        check_ref(ref)
         if not isinstance(offset, int) or offset < 0 or not isinstance(limit, int) or limit < 1:
             raise ScratchpadRefError("offset must be >= 0 and limit >= 1")
         return self._get(ref)[offset: offset + min(limit, MAX_READ)]

@@ -30,7 +30,7 @@ import msgspec
 from .errors import SummaryRejected
 from .extractive import block_texts, summary_facts
 from .pricing import get_model, model_prices
-from .wire import canonical_bytes
+from .wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 
 __all__ = [
     "EMIT_SUMMARY_TOOL",
@@ -195,10 +195,8 @@ def stored_outputs(messages: Sequence[dict[str, Any]]) -> list[str]:
                 inp = json.dumps(b.get("input", {}), sort_keys=True, ensure_ascii=False)
                 calls[str(b.get("id"))] = f"{b.get('name')}({inp if len(inp) <= 160 else inp[:157] + '...'})"
             elif b.get("type") == "tool_result":
-                c = b.get("content")
-                text = c if isinstance(c, str) else " ".join(str(x.get("text", "")) for x in c or []
-                                                             if isinstance(x, dict))
-                for ref in _REF.findall(text):
+                blk = block_from_dict(b, "a summarised tool result")  # rendered, so already valid
+                for ref in _REF.findall(result_text(blk) if isinstance(blk, ToolResultBlock) else ""):
                     found.pop(ref, None)
                     found[ref] = calls.get(str(b.get("tool_use_id")), "a tool result")
             elif b.get("type") == "text":

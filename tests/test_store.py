@@ -321,6 +321,14 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     with monkeypatch.context() as m:  # a store written without the optional fast path: every session is asked
         m.delattr(FileStore, "blob_owners")
         assert scratchpad_handler(client)({"ref": ref, "limit": 50}) == (out, False)
+    with monkeypatch.context() as m:  # a store that cannot be read: an error result for the agent, not a crash
+
+        def unreadable(self: FileStore, ref: str) -> list[str]:
+            raise StoreError("the database is down")
+
+        m.setattr(FileStore, "blob_owners", unreadable)
+        out2, is_error = scratchpad_handler(client)({"ref": ref})
+        assert is_error and "the session store cannot be read" in out2 and "database is down" in out2
     shutil.rmtree(root / "b-good")
     out, is_error = scratchpad_handler(client)({"ref": ref})
     assert is_error and "unknown scratchpad reference" in out

@@ -373,12 +373,11 @@ class FileStore:
             return []
         out = []
         for x in sorted(self.root.iterdir()):
-            with contextlib.suppress(OSError, InvalidSessionIdError):  # gone meanwhile, or not a session's name
+            with contextlib.suppress(OSError, InvalidSessionIdError):  # gone meanwhile, or not a session id (hidden)
                 check_session_id(x.name)
-                if x.name.startswith(".") or not stat.S_ISDIR(os.lstat(x).st_mode) or not (x / META).is_file() \
-                        or not stat.S_ISDIR(os.lstat(x / SCRATCH).st_mode):
-                    continue
-                if stat.S_ISREG(os.lstat(x / SCRATCH / f"{ref}.txt").st_mode) and not half_made(x):
+                if stat.S_ISDIR(os.lstat(x).st_mode) and (x / META).is_file() \
+                        and stat.S_ISDIR(os.lstat(x / SCRATCH).st_mode) \
+                        and stat.S_ISREG(os.lstat(x / SCRATCH / f"{ref}.txt").st_mode) and not half_made(x):
                     out.append(x.name)
         return out
 
