@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -44,9 +43,11 @@ from cachecompact.bench.recall import _visible, evidence_table, request_text, re
 from cachecompact.bench.report import LONG_TURNS, publish
 from cachecompact.bench.run import load_corpus, split_halves
 from cachecompact.cache_sim import request_from_body
+from cachecompact.emulator.core import output_tokens
 from cachecompact.pricing import get_model
 from cachecompact.tokens import TokenCounter
 from cachecompact.traces import Trace, default_trace_dir
+from cachecompact.transcript import Transcript, immutable_prefix_end
 
 MODEL = "claude-sonnet-4-6"
 PREFIX_MESSAGES = 3
@@ -68,17 +69,11 @@ class Ideal:
 
 
 def _prefix_end(messages: Sequence[dict[str, Any]]) -> int:
-    """The immutable prefix's end, as `transcript.immutable_prefix_end` places it."""
-    end = PREFIX_MESSAGES
-    while 0 < end <= len(messages) and any(
-            isinstance(b, dict) and b.get("type") == "tool_use" for b in _blocks(messages[end - 1])):
-        end += 1
-    return min(end, len(messages))
-
-
-def _blocks(m: dict[str, Any]) -> list[Any]:
-    c = m.get("content")
-    return c if isinstance(c, list) else []
+    """The immutable prefix's end, as a session of these messages places it."""
+    t = Transcript()
+    t.commit(t.prepare(messages))
+    end = immutable_prefix_end(t, PREFIX_MESSAGES)
+    return len(messages) if end is None else end
 
 
 def _as_replayed(trace: Trace) -> list[dict[str, Any]]:
@@ -96,9 +91,7 @@ def _as_replayed(trace: Trace) -> list[dict[str, Any]]:
 def _output_tokens(m: dict[str, Any], counter: TokenCounter, ratio: float) -> int:
     """What the emulator bills as output for a replayed assistant message (capped at max_tokens)."""
     blocks = m["content"] if isinstance(m.get("content"), list) else [{"type": "text", "text": m.get("content")}]
-    n = sum(counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
-                               else str(b.get("text", b.get("thinking", "")))) for b in blocks)
-    return min(MAX_TOKENS, round(ratio * n))
+    return min(MAX_TOKENS, output_tokens(blocks, counter, ratio))
 
 
 def ideal_runs(trace: Trace, window: int) -> dict[tuple[int, str], Ideal]:

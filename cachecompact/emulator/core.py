@@ -35,13 +35,20 @@ from .context_editing import apply_context_management
 from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
 from .validation import MessageInfo, check_message, check_request
 
-__all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply"]
+__all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply", "output_tokens"]
 
 _WHERE = re.compile(r"^messages\[(\d+)\]\.content\[(\d+)\]$")
 _ROUTES = {"/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens", "/v1/models": "models"}
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _INFOS = "\x00infos"  # where _decode leaves the per-message checks for the request check
+
+
+def output_tokens(content: list[dict[str, Any]], counter: TokenCounter, ratio: float = 1.0) -> int:
+    """What a reply bills as output before the ``max_tokens`` cap: its text, thinking and tool
+    inputs (as JSON), scaled by the model family's token ratio."""
+    return round(ratio * sum(counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
+                                                else str(b.get("text", b.get("thinking", "")))) for b in content))
 
 
 def _short(err: BaseException) -> str:
@@ -312,9 +319,7 @@ class EmulatorCore:
         result = self.sim.process(req)
         reply = self._reply(body)
         reply = Reply(self._sign(reply.content, info.name, body), reply.stop_reason)
-        out_tokens = round(info.token_ratio * sum(
-            self.counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
-                                    else str(b.get("text", b.get("thinking", "")))) for b in reply.content))
+        out_tokens = output_tokens(reply.content, self.counter, info.token_ratio)
         stop = reply.stop_reason
         if body["max_tokens"] == 0:
             reply, out_tokens, stop = Reply([]), 0, "max_tokens"
