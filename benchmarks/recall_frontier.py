@@ -44,6 +44,7 @@ from cachecompact.bench.report import LONG_TURNS, publish
 from cachecompact.bench.run import load_corpus, split_halves
 from cachecompact.cache_sim import request_from_body
 from cachecompact.emulator.core import output_tokens
+from cachecompact.emulator.responders import replayed_blocks
 from cachecompact.pricing import get_model
 from cachecompact.tokens import TokenCounter
 from cachecompact.traces import Trace, default_trace_dir
@@ -77,21 +78,13 @@ def _prefix_end(messages: Sequence[dict[str, Any]]) -> int:
 
 
 def _as_replayed(trace: Trace) -> list[dict[str, Any]]:
-    """The history the bench's agent loop sends: each assistant message as the emulator replays
-    it, without its thinking blocks (`ReplayResponder`)."""
-    out = []
-    for m in trace.messages:
-        if m["role"] == "assistant" and isinstance(m.get("content"), list):
-            kept = [b for b in m["content"] if b.get("type") not in ("thinking", "redacted_thinking")]
-            m = {**m, "content": kept or m["content"]}
-        out.append(m)
-    return out
+    """The history the bench's agent loop sends: each assistant message as the emulator replays it."""
+    return [{**m, "content": replayed_blocks(m)} if m["role"] == "assistant" else m for m in trace.messages]
 
 
 def _output_tokens(m: dict[str, Any], counter: TokenCounter, ratio: float) -> int:
     """What the emulator bills as output for a replayed assistant message (capped at max_tokens)."""
-    blocks = m["content"] if isinstance(m.get("content"), list) else [{"type": "text", "text": m.get("content")}]
-    return min(MAX_TOKENS, output_tokens(blocks, counter, ratio))
+    return min(MAX_TOKENS, output_tokens(m["content"], counter, ratio))
 
 
 def ideal_runs(trace: Trace, window: int) -> dict[tuple[int, str], Ideal]:

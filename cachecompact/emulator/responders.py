@@ -21,7 +21,16 @@ import xxhash
 from ..extractive import block_texts, summary_facts
 from ..wire import canonical_bytes
 
-__all__ = ["ReplayResponder", "Reply", "Responder", "ScriptedResponder", "SummarizingResponder", "fill_schema"]
+__all__ = ["ReplayResponder", "Reply", "Responder", "ScriptedResponder", "SummarizingResponder", "fill_schema",
+           "replayed_blocks"]
+
+
+def replayed_blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The content blocks a recorded assistant message is replayed as: without its thinking (a
+    recorded signature would not verify), unless thinking is all it has."""
+    content = m["content"]
+    blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+    return [b for b in blocks if b.get("type") not in ("thinking", "redacted_thinking")] or blocks
 
 
 @dataclass(slots=True)
@@ -121,9 +130,7 @@ class ReplayResponder:
         if idx is None:
             return _text_reply("[replay finished: the trace has no further assistant message]")
         self._cursor = idx + 1
-        content = self.messages[idx]["content"]
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
-        blocks = [b for b in blocks if b.get("type") not in ("thinking", "redacted_thinking")] or blocks
+        blocks = replayed_blocks(self.messages[idx])
         stop = "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
         return Reply([dict(b) for b in blocks], stop)
 
