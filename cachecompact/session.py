@@ -48,6 +48,16 @@ Target = str | os.PathLike[str] | SessionStore | None
 
 META_KEYS = frozenset({"session_id", "system", "tools", "prefix_messages", "prefix_end", "prefix_hash", "tokenizer",
                        "token_ratio"})
+OPTIONAL_META_KEYS = frozenset({"link"})  # the session this one continues (docs/ledger-format.md)
+
+
+def _link(value: Any) -> dict[str, Any] | None:
+    """The stored ``link`` field, checked: an object naming a session, or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("session"), str):
+        raise TypeError(f"link must be an object with a session id, got {value!r}"[:200])
+    return value
 
 
 class Session:
@@ -69,6 +79,7 @@ class Session:
         tokenizer: str = "cl100k_base",
         prefix_hash: str | None = None,
         token_ratio: float = 1.0,
+        link: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(prefix_messages, int) or isinstance(prefix_messages, bool) or prefix_messages < 0:
             raise ValueError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
@@ -83,6 +94,9 @@ class Session:
         self.ledger = Ledger()
         self.counter = TokenCounter(tokenizer, calibration=token_ratio)
         self.token_ratio = token_ratio
+        # the session this one continues: {"session", "reason", "at"} (a segment after a rewrite or
+        # a changed system prompt, another agent under the same name), fixed at creation
+        self.link = link
         self._prefix_hash = prefix_hash
         self.torn: list[TornTail] = []
         self._chain: list[str] = [GENESIS]  # transcript chain value after 0, 1, ..., n messages
@@ -116,12 +130,14 @@ class Session:
         tokenizer: str = "cl100k_base",
         token_ratio: float = 1.0,
         lock_timeout: float = 10.0,
+        link: dict[str, Any] | None = None,
     ) -> Session:
         """Start a session: ``None`` keeps it in memory, a path makes a new session directory
-        there, a `Store` creates ``session_id`` in it. Creation is atomic."""
+        there, a `Store` creates ``session_id`` in it. Creation is atomic. ``link`` names the
+        session this one continues (`Session.link`)."""
         sid = session_id or uuid.uuid4().hex
         sess = cls(system=system, tools=tools, prefix_messages=prefix_messages, session_id=sid, store=None,
-                   tokenizer=tokenizer, token_ratio=token_ratio)
+                   tokenizer=tokenizer, token_ratio=token_ratio, link=link)
         if target is None:
             return sess
         if isinstance(target, Store):
@@ -150,7 +166,7 @@ class Session:
             store = FileSessionStore.open(target, lock_timeout)
         meta = store.read_meta()
         where = f"{store.location} (session metadata)"
-        keys = set(meta) - {"format", "version"}
+        keys = set(meta) - {"format", "version"} - (OPTIONAL_META_KEYS & set(meta))
         if keys != META_KEYS:
             odd = sorted(keys ^ META_KEYS)
             raise StoreError(f"{where}: fields {', '.join(odd)} are unknown or missing (expected exactly "
@@ -160,7 +176,7 @@ class Session:
                 system=meta.get("system"), tools=meta.get("tools") or [],
                 prefix_messages=meta["prefix_messages"], session_id=str(meta["session_id"]), store=store,
                 tokenizer=str(meta.get("tokenizer", "cl100k_base")), prefix_hash=meta.get("prefix_hash"),
-                token_ratio=float(meta.get("token_ratio", 1.0)),
+                token_ratio=float(meta.get("token_ratio", 1.0)), link=_link(meta.get("link")),
             )
         except (KeyError, TypeError, ValueError, MalformedMessageError) as err:
             raise StoreError(f"{where}: invalid field: {err}") from None
@@ -175,7 +191,7 @@ class Session:
         return sess
 
     def _meta(self) -> dict[str, Any]:
-        return {
+        meta = {
             "session_id": self.session_id,
             "system": self.system_param,
             "tools": self.tools_param,
@@ -185,6 +201,9 @@ class Session:
             "tokenizer": self.counter.encoding_name,
             "token_ratio": self.token_ratio,
         }
+        if self.link is not None:
+            meta["link"] = self.link
+        return meta
 
     def meta_digest(self) -> str:
         """sha256 of the metadata that never changes after creation (id, system, tools, prefix
@@ -371,15 +390,16 @@ class Session:
 
     # -- mutation ----------------------------------------------------------------------------
 
-    def sync(self, messages: Sequence[Any], *, verify_all: bool = False) -> list[int]:
+    def sync(self, messages: Sequence[Any], *, identities: Sequence[bytes] | None = None) -> list[int]:
         """Record the agent's full history; append only the new tail. Returns the new indices.
 
-        Raises `HistoryRewrittenError` if an earlier message differs, and `MalformedMessageError`
-        for invalid input; in both cases nothing is written. The check of stored history is
-        constant-time (first, last and a rotating probe; see `Transcript.prepare`) unless
-        ``verify_all``.
+        Every stored message is compared with the caller's by identity (`Transcript.prepare`):
+        `HistoryRewrittenError` names the first that differs, `MalformedMessageError` reports
+        invalid input, and in both cases nothing is written. ``identities`` are the messages'
+        identities when the caller computed them already.
         """
-        return self._append_with(lambda: self.transcript.prepare(messages, verify_all=verify_all, prev=self._chain[-1]))
+        return self._append_with(lambda: self.transcript.prepare(messages, identities=identities,
+                                                                 prev=self._chain[-1]))
 
     def append(self, messages: Sequence[Any]) -> list[int]:
         """Append messages after the current end (no comparison with earlier history)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -23,10 +23,9 @@ from .wire import (
     tool_use_ids,
 )
 
-__all__ = ["PROBES_PER_CALL", "MessageRecord", "Transcript", "immutable_prefix_end", "message_hash"]
+__all__ = ["MessageRecord", "Transcript", "canonical_message", "immutable_prefix_end", "message_hash"]
 
 GENESIS = "0" * 64
-PROBES_PER_CALL = 2  # earlier messages compared per sync besides the first and the last recorded one
 
 
 def unmarked(raw: Any) -> Any:
@@ -41,19 +40,62 @@ def unmarked(raw: Any) -> Any:
                                if isinstance(b, dict) and "cache_control" in b else b for b in content]}
 
 
+def _text_blocks(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text}]
+
+
+def _canonical_block(b: Any) -> Any:
+    """One content block in canonical form; the same object when it already is."""
+    if not isinstance(b, dict):
+        return b
+    out = b
+    if "cache_control" in out:
+        out = {k: v for k, v in out.items() if k != "cache_control"}
+    if out.get("type") == "tool_result":
+        inner = out.get("content")
+        if isinstance(inner, str) and inner:
+            out = {**out, "content": _text_blocks(inner)}
+        elif isinstance(inner, list):
+            blocks = [_canonical_block(x) for x in inner]
+            if any(x is not y for x, y in zip(blocks, inner, strict=True)):
+                out = {**out, "content": blocks}
+    return out
+
+
+def canonical_message(raw: Any) -> Any:
+    """The message in the one form that stands for every form the API bills and caches as the
+    same message (docs/ledger-format.md, "Message identity"): a non-empty string content is one
+    text block, a tool_result's non-empty string content is one text block, and no block (nor
+    a block inside a tool_result) carries ``cache_control``. Returns ``raw`` itself when it is
+    already canonical, so the common case copies nothing."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if isinstance(content, str):
+        return {**raw, "content": _text_blocks(content)} if content else raw
+    if isinstance(content, list):
+        blocks = [_canonical_block(b) for b in content]
+        if any(x is not y for x, y in zip(blocks, content, strict=True)):
+            return {**raw, "content": blocks}
+    return raw
+
+
 def message_hash(raw: Any) -> bytes:
-    """xxh3-128 of the caller's message in canonical encoding (key order and markers never matter)."""
-    return xxhash.xxh3_128_digest(canonical_bytes(unmarked(raw if isinstance(raw, dict) else plain(raw))))
+    """The message's identity: xxh3-128 of its `canonical_message` form in canonical encoding.
+    Two messages have one identity exactly when the API treats them as the same message (key
+    order, markers and the string-or-one-text-block choice never matter)."""
+    return xxhash.xxh3_128_digest(canonical_bytes(canonical_message(raw if isinstance(raw, dict) else plain(raw))))
 
 
 class MessageRecord(msgspec.Struct, frozen=True):
-    """One parsed, validated message ready to be appended, with its xxh3 hash and sha256 chain value."""
+    """One parsed, validated message ready to be appended: its stored form's xxh3 hash (field
+    ``h``) and sha256 chain value, and its identity (`message_hash`; the same bytes as ``hash``
+    when the stored form is already canonical)."""
 
     index: int
     message: Message
     raw: dict[str, Any]
     hash: bytes
     chain: str
+    ident: bytes
 
 
 class Transcript:
@@ -61,11 +103,10 @@ class Transcript:
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
-        self._hashes: list[bytes] = []
+        self._ids: list[bytes] = []  # identity of every message (`message_hash`)
         self._tool_ids: set[str] = set()
         self._has_use: list[bool] = []
         self._has_result: list[bool] = []
-        self._probe = 0
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -74,7 +115,13 @@ class Transcript:
         return self.messages[i]
 
     def hash_of(self, i: int) -> bytes:
-        return self._hashes[i]
+        """Message ``i``'s identity (`message_hash`)."""
+        return self._ids[i]
+
+    @property
+    def identities(self) -> list[bytes]:
+        """Every message's identity, in order (the transcript's own list: read, never change)."""
+        return self._ids
 
     def has_tool_use(self, i: int) -> bool:
         return self._has_use[i]
@@ -88,19 +135,17 @@ class Transcript:
 
     # -- appending -------------------------------------------------------------------------
 
-    def prepare(self, history: Sequence[Any], *, verify_all: bool = False, prev: str = GENESIS) -> list[MessageRecord]:
+    def prepare(self, history: Sequence[Any], *, identities: Sequence[bytes] | None = None,
+                prev: str = GENESIS) -> list[MessageRecord]:
         """Validate ``history`` (the agent's full list) against what is recorded.
 
         Returns the new tail as records without changing anything, so a caller can persist
-        them first and then `commit`. Raises `HistoryRewrittenError` or `MalformedMessageError`.
+        them first and then `commit`. Raises `HistoryRewrittenError` (naming the first message
+        that differs) or `MalformedMessageError`.
 
-        The check of what is already recorded costs constant time, not time proportional to
-        the history: the length, the first message, the last recorded message and
-        `PROBES_PER_CALL` messages chosen by a rotating probe are compared by hash. A rewrite
-        that changes the length, the first or the last recorded message is always caught; a
-        rewrite of only messages in between is caught when the probe reaches one of them
-        (every message is probed within ``n / PROBES_PER_CALL`` calls), and until then the
-        recorded original is what renders. ``verify_all`` compares every message.
+        Every recorded message is compared, by identity (`message_hash`): a rewrite anywhere is
+        caught on the request that makes it. ``identities`` are the history's identities when
+        the caller has them already (the session resolution computes them once per request).
         """
         if not isinstance(history, Sequence) or isinstance(history, (str, bytes)):
             raise MalformedMessageError("messages", "must be a list of messages")
@@ -108,22 +153,18 @@ class Transcript:
         if len(history) < n_old:
             raise HistoryRewrittenError(len(history), f"history has {len(history)} messages, "
                                                       f"the transcript already has {n_old}")
-        if verify_all:
-            check: Iterable[int] = range(n_old)
-        else:
-            check = {0, n_old - 1} if n_old else set()
-            if n_old > 2:
-                for _ in range(PROBES_PER_CALL):
-                    self._probe = (self._probe + 1) % (n_old - 2)
-                    check.add(1 + self._probe)
-        for i in sorted(check):  # encoding handles SDK models directly: no plain() copy needed
-            if message_hash(history[i]) != self._hashes[i]:
-                raise HistoryRewrittenError(i)
-        return self.prepare_new(history[n_old:], prev=prev)
+        ids = list(identities) if identities is not None else [message_hash(m) for m in history]
+        if len(ids) != len(history):
+            raise ValueError(f"{len(ids)} identities for {len(history)} messages")
+        if ids[:n_old] != self._ids:
+            first = next(i for i in range(n_old) if ids[i] != self._ids[i])
+            raise HistoryRewrittenError(first)
+        return self.prepare_new(history[n_old:], prev=prev, identities=ids[n_old:])
 
-    def prepare_new(self, new: Sequence[Any], *, prev: str = GENESIS) -> list[MessageRecord]:
+    def prepare_new(self, new: Sequence[Any], *, prev: str = GENESIS,
+                    identities: Sequence[bytes] | None = None) -> list[MessageRecord]:
         """Validate messages that would be appended after the current end; ``prev`` is the
-        transcript chain value so far."""
+        transcript chain value so far, ``identities`` the messages' identities if known."""
         records: list[MessageRecord] = []
         new_ids: set[str] = set()  # tool_use ids in ``new``; with self._tool_ids, no copy of the old set
         prev_msg = self.messages[-1] if self.messages else None
@@ -135,8 +176,13 @@ class Transcript:
             self._check_pairing(msg, prev_msg, i, self._tool_ids, new_ids)
             data = canonical_bytes(raw)
             prev = hashlib.sha256(bytes.fromhex(prev) + data).hexdigest()
-            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=xxhash.xxh3_128_digest(data),
-                                         chain=prev))
+            digest = xxhash.xxh3_128_digest(data)
+            if identities is not None:
+                ident = identities[k]
+            else:
+                canon = canonical_message(raw)
+                ident = digest if canon is raw else xxhash.xxh3_128_digest(canonical_bytes(canon))
+            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=digest, chain=prev, ident=ident))
             prev_msg = msg
         return records
 
@@ -147,7 +193,7 @@ class Transcript:
                 raise ValueError(f"record {rec.index} does not extend a transcript of {len(self.messages)}")
             m = rec.message
             self.messages.append(m)
-            self._hashes.append(rec.hash)
+            self._ids.append(rec.ident)
             uses = tool_use_ids(m)
             self._tool_ids.update(uses)
             self._has_use.append(bool(uses))
