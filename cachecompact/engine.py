@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import xxhash
-
 from .cache_sim import request_from_body
 from .errors import (
     CacheCompactError,
@@ -35,8 +33,9 @@ from .events import Event, EventBus
 from .forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
 from .policy import MIN_WINDOW_TOKENS, PolicyConfig
 from .pricing import model_prices, priced
-from .registry import Live, SessionRegistry, head_key
+from .registry import Live, SessionRegistry
 from .render import RenderResult
+from .resolution import RequestHistory, head_key
 from .safefs import ensure_dir
 from .scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
 from .session import Session
@@ -44,7 +43,6 @@ from .store import Store, check_session_id, open_store
 from .strategies import get_strategy, with_policy
 from .strategy import Strategy, StrategyConfig, StrategyContext
 from .summarize import ExtractiveSummarizer, Summarizer
-from .wire import canonical_bytes
 
 __all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long"]
 
@@ -207,7 +205,7 @@ class CompactionEngine:
         live.extra["scratchpad"] = ctx.scratchpad  # the one the levels write to (an in-memory session's folder)
         return live
 
-    def _create(self, sid: str, body: dict[str, Any]) -> Live:
+    def _create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         tools = list(body.get("tools") or [])
         if self.scratchpad_tool:
             tools.append(READ_SCRATCHPAD_TOOL)
@@ -215,7 +213,7 @@ class CompactionEngine:
         ratio = priced(model).token_ratio if model else 1.0
         prefix = self.prefix_messages if self.prefix_messages is not None else self.strategy_config.prefix_messages
         session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
-                                 prefix_messages=prefix, token_ratio=ratio)
+                                 prefix_messages=prefix, token_ratio=ratio, link=link)
         return self._live(session, body, head_key(body.get("tools"), body.get("system")))
 
     def _open(self, sid: str) -> Live:
@@ -244,12 +242,19 @@ class CompactionEngine:
         else:
             explicit = self.session_id
         params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
-        fp = xxhash.xxh3_128_digest(canonical_bytes([explicit, len(messages), messages[0], messages[-1], params]))
+        req = RequestHistory.of(body)  # every message's identity, once per request
+        fp = req.fingerprint(explicit, params)  # the whole request: a retry is exactly the same body
         with self._lock:
             again = self._last_prepared.get(fp) if retry else None
         if again is not None:
             return again  # a retried attempt: nothing new to record
-        live, _ = self.registry.resolve(body, explicit)
+        resolved = self.registry.resolve(body, explicit, req)
+        live = resolved.live
+        d = resolved.decision
+        if d.kind != "continue":
+            log.log(logging.INFO if d.target is not None else logging.DEBUG,
+                    "cachecompact: session %s starts (%s%s)", live.sid, d.reason,
+                    f", continuing {d.target} from messages[{d.at}]" if d.target is not None else "")
         with live.lock:
             self._catch_up(live)
             model = str(params.pop("model", ""))

@@ -1,44 +1,26 @@
-"""Which session a request belongs to: one conversation, one session.
+"""The live sessions of one engine, and the request-to-session step that acts on the one rule.
 
-Requests name their session explicitly (the ``x-cachecompact-session`` header, a configured
-id, or a client's own session metadata) or not at all. Without a name, a conversation is
-keyed by its **opening** (a hash of tools, system prompt and first message) and then by
-**extension**: among the stored sessions with that opening, the request belongs to the one
-with the longest transcript that its history extends. Many agents with identical openings
-therefore get one session each, and a session branches only on a true rewrite: a history
-that extends none of them starts a new session ``<opening>.<n>``. With a name, a rewrite
-(or changed tools or system prompt) starts a new *segment* ``<name>.s<n>`` of that session.
-
-The registry keeps live sessions in memory (least recently used first out) and reads the
-store for the rest, so it serves one process or many replicas over a shared store alike.
+`resolution.decide` says which stored history a request continues, comparing every message;
+the registry keeps the candidates (sessions in memory, least recently used first out, and
+the store's for the rest, so it serves one process or many replicas over a shared store
+alike) and acts on the decision: it syncs the chosen session, or creates the new one, syncs
+it before any other request can see it, and links it to the session it continues.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
-from .errors import HistoryRewrittenError, SessionExistsError, SessionNotFoundError
+from .errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
+from .resolution import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id
 from .session import Session
 from .store import Store, check_session_id
-from .transcript import message_hash
-from .wire import canonical_bytes
 
-__all__ = ["Live", "SessionRegistry", "opening_key"]
-
-
-def opening_key(tools: Any, system: Any, first: Any) -> str:
-    """``s_`` + 24 hex digits of xxh3-128 over tools, system and the first message."""
-    return "s_" + xxhash.xxh3_128_hexdigest(canonical_bytes([tools, system, first]))[:24]
-
-
-def head_key(tools: Any, system: Any) -> bytes:
-    return xxhash.xxh3_128_digest(canonical_bytes([tools, system]))
+__all__ = ["Live", "Resolved", "SessionRegistry"]
 
 
 @dataclass(slots=True, eq=False)
@@ -47,12 +29,30 @@ class Live:
 
     session: Session
     strategy: Any
-    head: bytes  # hash of the caller's tools and system the session was made for
+    head: bytes  # `resolution.head_key` of the caller's tools and system the session was made for
     lock: threading.Lock = field(default_factory=threading.Lock)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def sid(self) -> str:
+        return self.session.session_id
 
-Factory = Callable[[str, dict[str, Any]], Live]  # (session id, request body) -> a new live session
+    @property
+    def identities(self) -> Sequence[bytes]:
+        return self.session.transcript.identities
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A request's session, the transcript indices its sync appended, and the decision taken."""
+
+    live: Live
+    new: list[int]
+    decision: Decision
+
+
+# (session id, request body, link to the session it continues or None) -> a new live session
+Factory = Callable[[str, dict[str, Any], dict[str, Any] | None], Live]
 Opener = Callable[[str], Live]  # session id -> the stored session, live
 
 
@@ -94,108 +94,82 @@ class SessionRegistry:
         except SessionNotFoundError:
             return None
 
-    def _ids(self, prefix: str, stored: bool) -> list[str]:
-        """Ids of ``prefix`` and its numbered siblings: live ones, and with ``stored`` the store's too."""
-        ids = {k for k in self._live if k == prefix or k.startswith(prefix + ".")}
+    def _family(self, base: str, stored: bool) -> list[str]:
+        """Ids of ``base``'s family in number order: live ones, and with ``stored`` the store's too."""
+        ids = {k for k in self._live if in_family(k, base)}
         if stored and self.store is not None:
-            ids |= {k for k in self.store.list(prefix) if k == prefix or k.startswith(prefix + ".")}
-        return sorted(ids, key=_order)
-
-    def _new(self, base: str, sep: str, body: dict[str, Any]) -> Live:
-        taken = set(self._ids(base, stored=True))
-        n = 1
-        sid = base
-        while sid in taken:
-            n += 1
-            sid = f"{base}{sep}{n}"
-        for _ in range(100):
-            try:
-                return self._remember(sid, self._create(sid, body))
-            except SessionExistsError:  # another process took it: the next number
-                n += 1
-                sid = f"{base}{sep}{n}"
-        raise SessionExistsError(f"could not find a free session id after {base}{sep}{n}")
+            ids |= {k for k in self.store.list(base) if in_family(k, base)}
+        return sorted(ids, key=family_order)
 
     # -- resolution ----------------------------------------------------------------------------------
 
-    def resolve(self, body: dict[str, Any], explicit: str | None = None) -> tuple[Live, list[int]]:
-        """The live session for this request, synced with its history; returns the new indices.
+    def resolve(self, body: dict[str, Any], explicit: str | None = None,
+                req: RequestHistory | None = None) -> Resolved:
+        """The live session this request continues (`resolution.decide`), synced with its history.
 
-        Retries on a race (another writer extended the chosen session first) by resolving again.
+        A sync that finds the session moved on (another thread or process appended first)
+        decides again with what it now holds; after repeated races the request gets a session
+        of its own rather than an error.
         """
         messages = body["messages"]
-        head = head_key(body.get("tools"), body.get("system"))
+        req = req or RequestHistory.of(body)
+        if not req.ids:
+            raise MalformedMessageError("messages", "must be a non-empty list")
+        named = explicit is not None
+        base = check_session_id(explicit) if explicit is not None else family_key(req.ids[0])
         for _ in range(8):
             with self._lock:
-                live = (self._named(explicit, head, body) if explicit is not None
-                        else self._by_extension(head, body))
-            with live.lock:
+                chosen = self._choose(base, named, req)
+                if isinstance(chosen, Decision):
+                    return self._start(base, named, req, chosen, body)
+            with chosen.lock:
                 try:
-                    return live, live.session.sync(messages)
+                    new = chosen.session.sync(messages, identities=req.ids)
                 except HistoryRewrittenError:
-                    live.extra["stale"] = True  # re-resolve: another conversation or a rewrite
-        raise HistoryRewrittenError(0, "could not settle on a session after repeated concurrent rewrites")
+                    continue  # it moved on under us; what it holds now is decided on again
+                return Resolved(chosen, new, Decision("continue", chosen.sid, "extends", len(chosen.session)))
+        with self._lock:
+            return self._start(base, named, req, Decision("new", None, "no stored history settled after repeated "
+                                                                       "concurrent appends"), body)
 
-    def _named(self, name: str, head: bytes, body: dict[str, Any]) -> Live:
-        """The segment of ``name`` this request continues (same tools and system, and it extends
-        the history), newest first: another agent under the same name (Claude Code's sub-agents
-        share its session id) alternates with the main one without starting a segment per turn.
-        None continues: a rewrite, so the next segment."""
-        check_session_id(name)
-        newest: Live | None = None
-        seen: set[str] = set()
-        for stored in (False, True):  # memory first; the store only when memory has no answer
-            # from the store only the newest few segments: each one not in memory is a full load
-            fresh = [sid for sid in reversed(self._ids(name, stored)) if sid not in seen]
-            for sid in fresh[:STORED_SEGMENTS_LOOKED_AT] if stored else fresh:
-                seen.add(sid)
-                live = self._load(sid)
-                if live is None:
-                    continue
-                newest = newest or live
-                if live.head == head and not live.extra.pop("stale", False) and _extends(live.session,
-                                                                                        body["messages"]):
-                    return live
-        seg = self._new(name, ".s", body)
-        if newest is not None and "forensics" in newest.extra:  # the cache analysis compares with the last request
-            seg.extra["forensics"] = newest.extra["forensics"].fork()
-        return seg
+    def _choose(self, base: str, named: bool, req: RequestHistory) -> Live | Decision:
+        """The live session to continue, or the decision to start one. Memory first; the store's
+        members of the family (another process's, or ones this process let go) when memory has
+        no session to continue. Caller holds ``_lock``."""
+        members = [self._live[k] for k in self._family(base, stored=False)]
+        d = decide(req, members, named=named)
+        if d.kind != "continue" and self.store is not None:
+            unloaded = [k for k in self._family(base, stored=True) if k not in self._live]
+            if unloaded:
+                for sid in unloaded:
+                    self._load(sid)
+                members = [x for k in self._family(base, stored=False) if (x := self._live.get(k)) is not None]
+                d = decide(req, members, named=named)
+        if d.kind == "continue":
+            assert d.target is not None
+            live = self._live[d.target]
+            self._live.move_to_end(d.target)
+            return live
+        return d
 
-    def _by_extension(self, head: bytes, body: dict[str, Any]) -> Live:
-        msgs = body["messages"]
-        key = opening_key(body.get("tools"), body.get("system"), msgs[0] if msgs else None)
-        for stored in (False, True):
-            best: Live | None = None
-            for sid in self._ids(key, stored):
-                live = self._load(sid)
-                if live is None:
-                    continue
-                if live.extra.pop("stale", False) and live.session.store is not None:
-                    live.session.refresh()
-                if live.head != head or not _extends(live.session, msgs):
-                    continue
-                if best is None or len(live.session) > len(best.session):
-                    best = live
-            if best is not None:
-                return best
-        return self._new(key, ".", body)
-
-
-STORED_SEGMENTS_LOOKED_AT = 4  # a named session's agents (main, sub-agents) are its newest segments
-
-
-def _order(sid: str) -> tuple[int, str]:
-    """Numbered siblings in number order (``x``, ``x.2``, ``x.10``; ``x.s2``, ``x.s10``)."""
-    tail = sid.rsplit(".", 1)[-1].lstrip("s") if "." in sid else ""
-    return (int(tail) if tail.isdigit() else 0, sid)
-
-
-def _extends(s: Session, msgs: list[Any]) -> bool:
-    """Whether ``msgs`` extends the session's transcript: length, first and last stored message."""
-    n = len(s)
-    if n > len(msgs):
-        return False
-    if n == 0:
-        return True
-    t = s.transcript
-    return message_hash(msgs[n - 1]) == t.hash_of(n - 1) and (n == 1 or message_hash(msgs[0]) == t.hash_of(0))
+    def _start(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
+        """Create the session ``d`` asks for and sync it before anyone else can see it. Caller
+        holds ``_lock``."""
+        link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
+        taken = set(self._family(base, stored=True))
+        for _ in range(100):
+            sid = new_id(base, d.kind, named, taken)
+            try:
+                live = self._create(sid, body, link)
+                break
+            except SessionExistsError:  # another process took it: the next number
+                taken.add(sid)
+        else:
+            raise SessionExistsError(f"could not find a free session id in the family of {base}")
+        parent = self._live.get(d.target) if d.target is not None else None
+        if parent is not None and d.kind == "segment" and "forensics" in parent.extra:
+            live.extra["forensics"] = parent.extra["forensics"].fork()  # compared with the request before it
+        with live.lock:
+            new = live.session.sync(body["messages"], identities=req.ids)
+        self._remember(sid, live)
+        return Resolved(live, new, d)

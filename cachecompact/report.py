@@ -16,7 +16,7 @@ from typing import Any
 from .session import Session
 from .store import Store
 
-__all__ = ["plot_session", "session_data", "session_report"]
+__all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
             "repeated_tool_calls", "recent_budget")
@@ -61,6 +61,58 @@ def session_data(session: Session) -> dict[str, Any]:
     }
 
 
+def conversation_segments(store: Store, session_id: str) -> list[Session]:
+    """Every session of ``session_id``'s conversation, oldest first: the first one and each
+    session linked to it (`Session.link`: segments after a rewrite or a changed system prompt,
+    another agent under the same name), opened read-only."""
+    def root_of(sid: str) -> str:
+        seen = {sid}
+        while True:
+            link = Session.open(store, sid, readonly=True).link
+            if link is None or link["session"] in seen or not store.exists(link["session"]):
+                return sid
+            sid = link["session"]
+            seen.add(sid)
+
+    root = root_of(session_id)
+    out: list[Session] = []
+    for sid in store.list(root.split(".")[0]):
+        if sid == root or root_of(sid) == root:
+            out.append(Session.open(store, sid, readonly=True))
+    return out
+
+
+def _store_of(sess: Session) -> Store | None:
+    """The store holding ``sess``: its conversation's other sessions are there."""
+    from .store import FileSessionStore, FileStore
+
+    st = sess.store
+    if isinstance(st, FileSessionStore):
+        return FileStore(st.path.parent)
+    owner = getattr(st, "store", None)
+    return owner if isinstance(owner, Store) else None
+
+
+def conversation_data(segments: list[Session]) -> dict[str, Any]:
+    """`session_data` over a conversation's segments: requests in time order, totals summed."""
+    parts = [session_data(s) for s in segments]
+    d = dict(parts[0])
+    d["requests"] = sorted((r for p in parts for r in p["requests"]), key=lambda r: float(r.get("time") or 0.0))
+    d["events"] = [e for p in parts for e in p["events"]]
+    d["cost"] = {k: sum(p["cost"][k] for p in parts) for k in parts[0]["cost"]}
+    reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in d["requests"])
+    total = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens", "cache_creation_input_tokens",
+                                                          "input_tokens")) for r in d["requests"])
+    d["hit_rate"] = reads / total if total else 0.0
+    d["counts"] = {k: sum(p["counts"][k] for p in parts) for k in _COUNTED}
+    d["misses"] = dict(sum((Counter(p["misses"]) for p in parts), Counter()))
+    d["wasted_usd"] = {k: sum(p["wasted_usd"].get(k, 0.0) for p in parts) for k in d["misses"]}
+    d["compaction_rewrites"] = {k: sum(p["compaction_rewrites"][k] for p in parts) for k in ("requests", "usd")}
+    d["segments"] = [{"session_id": s.session_id, "link": s.link, "messages": len(s),
+                      "requests": s.requests_recorded} for s in segments]
+    return d
+
+
 def _requests(session: Session) -> list[dict[str, Any]]:
     if session.store is None:
         return []
@@ -76,10 +128,16 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         sess = Session.open(target, session_id, readonly=True)
     else:
         sess = Session.open(target, readonly=True)
-    d = session_data(sess)
+    store = target if isinstance(target, Store) else _store_of(sess)
+    segments = conversation_segments(store, sess.session_id) if store is not None else [sess]
+    d = conversation_data(segments) if len(segments) > 1 else session_data(sess)
     lines = [f"session {d['session_id']}  ({d['location']})",
              f"transcript: {d['messages']} messages; ledger: {d['ledger_entries']} edits; prefix {d['prefix_hash']}",
              f"head: {d['head']}"]
+    if len(segments) > 1:
+        lines.append(f"one conversation in {len(segments)} sessions: " + ", ".join(
+            s.session_id + (f" ({s.link['reason']}, from {s.link['session']} at messages[{s.link.get('at', 0)}])"
+                            if s.link else "") for s in segments))
     reqs = d["requests"]
     c = d["cost"]
     lines.append(f"requests: {len(reqs)}; cost ${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries "

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from cachecompact.emulator import Emulator, ScriptedResponder, SummarizingResponder
@@ -133,6 +134,62 @@ def test_claude_code_through_the_proxy(tmp_path: Path, mode: str) -> None:
         assert s.compactions  # the ledger did the work, and Claude Code never noticed
         churn = [r["finding"] for r in s.records if r["finding"]["cls"] == "prefix_churn"]
         assert all(f["explained_by"] is not None for f in churn)  # our own edits, each named
+
+
+def _prompt_model(body: dict[str, Any]) -> Reply:
+    """One Bash step per prompt: a tool call for the newest prompt, then "done N" once its result
+    is in."""
+    last = json.dumps(body["messages"][-1])
+    prompts = re.findall(r"prompt (\d+) please", json.dumps(body["messages"]))
+    n = prompts[-1] if prompts else "?"
+    if "tool_result" in last:
+        return Reply([{"type": "text", "text": f"done {n}"}], "end_turn")
+    return Reply([{"type": "tool_use", "id": f"toolu_p{n}_{len(body['messages']):03d}", "name": "Bash",
+                   "input": {"command": f"seq 1 300 | sed 's/^/prompt {n} output /'", "description": f"step {n}"}}],
+                 "tool_use")
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_claude_code_ten_continued_prompts_are_one_session(tmp_path: Path, mode: str) -> None:
+    """`claude -p` then nine `claude -c -p` through the proxy: one session in /api/sessions (Claude
+    Code sends the newest prompt as a marked block list and, on the next request, as a plain
+    string: one message), and in compact mode no prompt after the first re-writes the cache."""
+    _need(CLAUDE.exists(), f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    window = 60_000 if mode == "compact" else None
+    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-claude-code-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg"), "CLAUDE_CODE_MAX_RETRIES": "1",
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096"}
+    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    work = tmp_path / "work"
+    work.mkdir()
+    with Emulator(SummarizingResponder(ScriptedResponder(_prompt_model)), context_window=window) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, window_tokens=window,
+                              store=str(tmp_path / "store"))) as px:
+        env["ANTHROPIC_BASE_URL"] = px.url
+        ids = []
+        for k in range(10):
+            # the model named: left to itself, this CLI asks for "claude-opus-4-8[1m]" on its first
+            # prompt and "claude-opus-4-8" (another system prompt: a true prefix churn) after -c
+            args = [str(CLAUDE), *(["-c"] if k else []), "-p", f"prompt {k} please", "--allowedTools", "Bash",
+                    "--model", MODEL, "--output-format", "json"]
+            r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+                               cwd=work)
+            assert r.returncode == 0, (k, r.stdout[-1500:], r.stderr[-1500:])
+            out = json.loads(r.stdout)
+            assert out["result"] == f"done {k}" and not out["is_error"], out
+            ids.append(out["session_id"])
+        px.wait_idle()
+        listed = httpx2.get(px.url + "/api/sessions").json()["sessions"]
+        page = httpx2.get(px.url + "/ui").text
+        served = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+    assert len(set(ids)) == 1
+    assert [x["id"] for x in listed] == [f"cc-{ids[0]}"], [x["id"] for x in listed]
+    assert listed[0]["requests"] == len(served) == 20
+    assert "<html" in page.lower()
+    if mode == "compact":
+        for k in range(1, 10):  # each prompt's first request reads what the one before it cached
+            u = served[2 * k]["usage"]
+            assert u["cache_read_input_tokens"] > u["cache_creation_input_tokens"], (k, u)
 
 
 # -- the dashboard in a real browser ---------------------------------------------------------------------------------

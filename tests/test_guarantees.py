@@ -136,8 +136,8 @@ def test_the_first_request_after_a_restart_reads_the_cache_like_an_uninterrupted
 
 RUNTIME = {"cache_sim", "cachemodel", "compactor", "engine", "errors", "events", "extractive", "forensics",
            "identifiers", "keylines", "ledger", "levels", "lookback", "middleware", "policy", "pricing", "protocol",
-           "quality", "registry", "render", "scratchpad", "session", "store", "strategies", "strategy", "summarize",
-           "tokens",
+           "quality", "registry", "render", "resolution", "scratchpad", "session", "store", "strategies", "strategy",
+           "summarize", "tokens",
            "transcript", "wire", "report", "replay_forensics", "traces", "safefs"}
 TOOLS_LAYER = {"emulator", "bench", "proxy", "cli", "httpserver"}
 

@@ -247,7 +247,7 @@ def test_sessions_by_header_metadata_and_extension(emu: Emulator) -> None:
         ids = sorted(s.sid for s in px.state.observer.sessions())
     assert "job-1" in ids and "cc-925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea" in ids
     assert "cc-925edbf4-bfe4-4a3b-b956-d5fb3b6b35ea.s2" in ids
-    assert len([i for i in ids if i.startswith("o_")]) == 2
+    assert len([i for i in ids if i.startswith("s_")]) == 2
     with _proxy(emu.url) as px:
         r = httpx2.post(px.url + "/v1/messages", content=b'{"model":"x","max_tokens":1,"messages":[]}',
                         headers={"x-cachecompact-session": "../etc"})
@@ -434,7 +434,7 @@ def test_an_evicted_sessions_id_is_never_given_to_another_conversation() -> None
 @pytest.mark.parametrize("mode", ["observe", "compact"])
 def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path: Path, mode: str) -> None:
     """Claude Code's sub-agents send the main agent's session id: alternating requests continue
-    their own segment instead of starting a new one every turn."""
+    their own session (linked to the first) instead of starting a new one every turn."""
     with _proxy(emu.url, mode=mode, store=str(tmp_path) if mode == "compact" else None) as px:
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         hist: dict[str, list[dict[str, Any]]] = {"main": [], "sub": []}
@@ -447,10 +447,10 @@ def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path
                 h.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
         px.wait_idle()
         ids = sorted(s.sid for s in px.state.observer.sessions())
-        assert ids == ["agent", "agent.s2"], ids
+        assert ids == ["agent", "agent.a2"], ids
         if mode == "compact":
             assert px.state.engine is not None
-            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.s2"]
+            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.a2"]
         else:
             for s in px.state.observer.sessions():  # each compared with its own previous request
                 assert s.requests == 5 and s.misses.get("prefix_churn", 0) == 0, (s.sid, s.misses)
@@ -463,7 +463,7 @@ def test_two_agents_under_one_name_keep_one_segment_each(emu: Emulator, tmp_path
                                   extra_headers={"x-cachecompact-session": "agent"})
             px.wait_idle()
             assert px.state.engine is not None
-            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.s2"]
+            assert sorted(s.session_id for s in px.state.engine.sessions()) == ["agent", "agent.a2"]
 
 
 def test_compact_mode_records_a_stream_before_the_client_has_it_all(tmp_path: Path) -> None:

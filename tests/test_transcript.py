@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cachecompact import HistoryRewrittenError, MalformedMessageError, Session
-from cachecompact.transcript import immutable_prefix_end
+from cachecompact.transcript import immutable_prefix_end, message_hash
 
 from .conftest import SYSTEM, TOOLS, history, turn
 
@@ -44,36 +45,49 @@ def test_rewritten_history_names_first_differing_index(tmp_path: Path, mutate: s
         bad = bad[:3]
         expect = 3
     with pytest.raises(HistoryRewrittenError) as ei:
-        s.sync(bad, verify_all=True)
+        s.sync(bad)
     assert ei.value.index == expect
     assert (tmp_path / "s" / "transcript.jsonl").stat().st_size == size  # nothing written
     assert len(s) == len(h)
 
 
-def test_constant_time_sync_catches_first_last_and_probed_rewrites() -> None:
-    """The documented trade: the first and the last recorded message are always compared; any
-    other is compared when the rotating probe reaches it, within n / PROBES_PER_CALL calls."""
-    from cachecompact.transcript import PROBES_PER_CALL
-
+def test_every_stored_message_is_compared_on_every_sync() -> None:
+    """A rewrite anywhere (first, last, any message between) is caught on the very sync that
+    makes it, never later: there is no sampling."""
     s = Session.create(None)
     h = history(10)
     s.sync(h)
-    for k in (0, len(h) - 1):
+    for k in range(len(h)):
         bad = copy.deepcopy(h)
         bad[k]["content"] = "edited" if isinstance(bad[k]["content"], str) else [{"type": "text", "text": "e"}]
         with pytest.raises(HistoryRewrittenError) as ei:
-            s.sync(bad)
+            s.sync([*bad, *turn(20)])
         assert ei.value.index == k
-    bad = copy.deepcopy(h)
-    bad[7]["content"][0]["text"] = "edited"
-    caught = None
-    for call in range(len(h) // PROBES_PER_CALL + 1):
-        try:
-            s.sync(bad)
-        except HistoryRewrittenError as err:
-            caught = (call, err.index)
-            break
-    assert caught is not None and caught[1] == 7
+    assert len(s) == len(h)
+
+
+@pytest.mark.parametrize("form", ["string", "marked block", "tool_result string"])
+def test_forms_the_api_treats_as_one_are_one_message(form: str) -> None:
+    """A plain string and one text block, a block with and without cache_control, a tool_result's
+    string content and the same as one text block: one identity, so no rewrite."""
+    s = Session.create(None)
+    if form == "tool_result string":
+        first: list[dict[str, Any]] = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "t", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "out"}]}]
+        second = copy.deepcopy(first)
+        second[2]["content"][0]["content"] = [{"type": "text", "text": "out", "cache_control": {"type": "ephemeral"}}]
+    else:
+        marked = {"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}
+        first = [{"role": "user", "content": [marked]}]
+        second = [{"role": "user", "content": "hello"}] if form == "string" else \
+            [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    s.sync(first)
+    assert s.sync(second) == []
+    assert s.sync([*second, {"role": "assistant", "content": "ok"}]) == [len(first)]
+    assert message_hash(first[-1]) == message_hash(second[-1])
+    assert message_hash({"role": "user", "content": "hello"}) != message_hash({"role": "user", "content": "hello!"})
 
 
 def test_tool_result_without_matching_tool_use_is_rejected_and_nothing_written(tmp_path: Path) -> None:

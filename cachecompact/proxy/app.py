@@ -543,7 +543,7 @@ def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared 
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
                  for e in sess.ledger.entries]
         state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
-                            timing=timing, stream=stream, compactions=comps)
+                            timing=timing, stream=stream, compactions=comps, link=sess.link)
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")
 

@@ -41,6 +41,36 @@ def _json(data: Any) -> web.Response:
                         content_type="application/json", headers=_SECURE)
 
 
+def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per conversation, newest first: a session linked to another (a segment after a
+    rewrite or a changed system prompt, another agent under the same name) is listed under
+    ``segments`` of the conversation's first session, whose ``conversation`` sums them all."""
+    by_id = {d["id"]: d for d in summaries}
+
+    def root(d: dict[str, Any]) -> dict[str, Any]:
+        seen = {d["id"]}
+        while d.get("link") and d["link"].get("session") in by_id and d["link"]["session"] not in seen:
+            d = by_id[d["link"]["session"]]
+            seen.add(d["id"])
+        return d
+
+    top: list[dict[str, Any]] = []
+    for d in summaries:
+        r = root(d)
+        if r is d:
+            top.append(d)
+        else:
+            r.setdefault("segments", []).append(d)
+    for d in top:
+        parts = [d, *d.get("segments", [])]
+        d["conversation"] = {"sessions": len(parts), "requests": sum(p["requests"] for p in parts),
+                             "cost_usd": round(sum(p["cost_usd"] for p in parts), 6),
+                             "wasted_usd": round(sum(p["wasted_usd"] for p in parts), 6),
+                             "last_time": max(float(p["last_time"]) for p in parts)}
+    top.sort(key=lambda d: -float(d["conversation"]["last_time"]))
+    return top
+
+
 def add_routes(app: web.Application, state: ProxyState) -> None:
     from .app import static_file
 
@@ -58,9 +88,7 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
                       "keep_bodies": state.cfg.keep_bodies})
 
     async def sessions(_: web.Request) -> web.Response:
-        out = [s.summary() for s in state.observer.sessions()]
-        out.sort(key=lambda d: -float(d["last_time"]))
-        return _json({"sessions": out})
+        return _json({"sessions": conversations([s.summary() for s in state.observer.sessions()])})
 
     async def session(request: web.Request) -> web.Response:
         s = state.observer.get(request.match_info["sid"])

@@ -31,10 +31,9 @@ from ..errors import CacheCompactError, InvalidSessionIdError, MalformedMessageE
 from ..forensics import Finding, Forensics, snapshot_from_sim
 from ..pricing import priced
 from ..protocol import SESSION_HEADER
+from ..resolution import RequestHistory, decide, family_key, family_order, in_family, new_id
 from ..store import Store, check_session_id
 from ..tokens import TokenCounter
-from ..transcript import message_hash
-from ..wire import canonical_bytes
 
 __all__ = ["ObservedSession", "Observer", "session_hint"]
 
@@ -66,10 +65,11 @@ def session_hint(headers: Mapping[str, str], body: Any) -> str | None:
 @dataclass(eq=False)
 class ObservedSession:
     sid: str
-    name: str  # the base name (a hint) or the opening key
+    name: str  # the base name (a hint) or the family key of the opening message
     mode: str
-    head: bytes = b""  # tools + system
-    hashes: list[bytes] = field(default_factory=list)  # messages of the last request (markers ignored)
+    head: bytes = b""  # tools + system (`resolution.head_key`)
+    hashes: list[bytes] = field(default_factory=list)  # identities of the last request's messages
+    link: dict[str, Any] | None = None  # the session this one continues (`resolution.Decision`)
     forensics: Forensics = field(default_factory=lambda: Forensics(priced))
     memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
     records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
@@ -96,7 +96,11 @@ class ObservedSession:
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
                 "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
                 "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
-                "compaction_rewrite_usd": round(self.rewrite_usd, 6)}
+                "compaction_rewrite_usd": round(self.rewrite_usd, 6), "link": self.link}
+
+    @property
+    def identities(self) -> list[bytes]:
+        return self.hashes
 
 
 class Observer:
@@ -111,9 +115,8 @@ class Observer:
         self.counter = TokenCounter()
         self._sessions: OrderedDict[str, ObservedSession] = OrderedDict()
         self._lock = threading.Lock()
-        # the highest number given out per name: an evicted session's id is never handed to
-        # another conversation (bounded; a name forgotten here is long gone from memory too)
-        self._issued: OrderedDict[str, int] = OrderedDict()
+        # the ids given out per family: an evicted session's id is never handed to another conversation
+        self._issued: OrderedDict[str, set[str]] = OrderedDict()
         self.version = 0  # bumped on every record: the dashboard polls it
 
     # -- reading (the dashboard and the API) -----------------------------------------------------
@@ -135,56 +138,50 @@ class Observer:
             self._sessions.popitem(last=False)
         return s
 
-    def _resolve(self, hint: str | None, head: bytes, hashes: list[bytes], mode: str) -> ObservedSession:
-        """By name, else by first message and extension (a history that extends no session starts
-        ``<opening>.N``). A named session whose history was rewritten (Claude Code after its own
-        compaction) continues as segment ``<name>.sN``. Segments share one forensics state, and
-        tools or system changes never start a session, so every change is compared with the
-        previous request and classified."""
+    def _resolve(self, hint: str | None, req: RequestHistory, mode: str) -> ObservedSession:
+        """The session this request continues, by the one rule (`resolution.decide`, the same as
+        `wrap()` and compact mode use), among the sessions in memory of its family. These
+        records hold no immutable prefix, so a changed system prompt continues the session (and
+        is reported there as prefix churn). A new one (a segment after a rewrite, another agent
+        under the name) starts from the forensics of the session it continues, so its first
+        request is compared with the request before it and classified."""
         with self._lock:
-            if hint is not None:
-                segs = sorted((s for s in self._sessions.values() if s.name == hint), key=lambda s: -_seg_no(s.sid))
-                if not segs:
-                    n = self._issue(hint)
-                    return self._remember(ObservedSession(hint if n == 1 else f"{hint}.s{n}", hint, mode, head))
-                # the segment this request continues: the same tools and system first (another agent
-                # under the same name alternates with the main one), else the newest one it extends
-                # (so a changed system prompt is compared with the request before it, and classified)
-                for cand in [*(x for x in segs if x.head == head), segs[0]]:
-                    if hashes[: len(cand.hashes)] == cand.hashes:
-                        self._sessions.move_to_end(cand.sid)
-                        return cand
-                cur = segs[0]
-                n = max(self._issue(hint), _seg_no(cur.sid) + 1)
-                self._issued[hint] = n
-                seg = ObservedSession(f"{hint}.s{n}", hint, mode, head, forensics=cur.forensics.fork(), memo=cur.memo)
-                return self._remember(seg)
-            key = "o_" + xxhash.xxh3_64_hexdigest(hashes[0] if hashes else b"")
-            best: ObservedSession | None = None
-            same = [s for s in self._sessions.values() if s.name == key]
-            for s in same:
-                if hashes[: len(s.hashes)] == s.hashes and (best is None or len(s.hashes) > len(best.hashes)):
-                    best = s
-            if best is not None:
-                self._sessions.move_to_end(best.sid)
-                return best
-            n = self._issue(key)
-            return self._remember(ObservedSession(key if n == 1 else f"{key}.{n}", key, mode, head))
+            named = hint is not None
+            base = hint if hint is not None else family_key(req.ids[0])
+            members = sorted((x for x in self._sessions.values() if in_family(x.sid, base)),
+                             key=lambda x: family_order(x.sid))
+            d = decide(req, members, named=named, fixed_head=False)
+            if d.kind == "continue":
+                assert d.target is not None
+                s = self._sessions[d.target]
+                self._sessions.move_to_end(s.sid)
+            else:
+                taken = {x.sid for x in members} | set(self._issued.get(base, ()))
+                sid = new_id(base, d.kind, named, taken)
+                parent = self._sessions.get(d.target) if d.target is not None else None
+                link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
+                s = ObservedSession(sid, base, mode, link=link)
+                if parent is not None and d.kind == "segment":
+                    s.forensics, s.memo = parent.forensics.fork(), parent.memo
+                self._issue(base, sid)
+                self._remember(s)
+            s.hashes, s.head = req.ids, req.head  # under the lock: the next request decides on these
+            return s
 
-    def _issue(self, name: str) -> int:
-        """The next number for a session of this name (1 for the first); under ``_lock``."""
-        n = self._issued.get(name, 0) + 1
-        self._issued[name] = n
-        self._issued.move_to_end(name)
+    def _issue(self, base: str, sid: str) -> None:
+        """Remember that ``sid`` was given out, so an evicted session's id never goes to another
+        conversation (bounded; a name forgotten here is long gone from memory too). Under ``_lock``."""
+        self._issued.setdefault(base, set()).add(sid)
+        self._issued.move_to_end(base)
         while len(self._issued) > 16 * self.max_sessions:
             self._issued.popitem(last=False)
-        return n
 
-    def session_for_engine(self, sid: str) -> ObservedSession:
+    def session_for_engine(self, sid: str, link: dict[str, Any] | None = None) -> ObservedSession:
         """The record of a session the compaction engine named (compact mode)."""
         with self._lock:
             s = self._sessions.get(sid)
-            return s if s is not None else self._remember(ObservedSession(sid, sid.split(".")[0], "compact"))
+            return s if s is not None else self._remember(ObservedSession(sid, sid.split(".")[0], "compact",
+                                                                          link=link))
 
     # -- recording ----------------------------------------------------------------------------------
 
@@ -198,14 +195,13 @@ class Observer:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
                 return None
             hint = session_hint(headers, body)
-            hashes = [message_hash(m) for m in body["messages"]]
-            head = xxhash.xxh3_128_digest(canonical_bytes([body.get("tools"), body.get("system")]))
-            s = self._resolve(hint, head, hashes, "observe")
+            history = RequestHistory.of(body)
+            hashes = history.ids
+            s = self._resolve(hint, history, "observe")
         except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError) as err:
             log.debug("cachecompact proxy: request not analysed: %s", err)
             return None
         with s.lock:
-            s.hashes, s.head = hashes, head
             kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
             if status != 200 or not usage:
                 s.errors += 1
@@ -229,10 +225,10 @@ class Observer:
             return self._finish(s, rec, usage, finding)
 
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
-             status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None
-             ) -> dict[str, Any]:
+             status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
+             link: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a request the compaction engine prepared and analysed (compact mode)."""
-        s = self.session_for_engine(sid)
+        s = self.session_for_engine(sid, link)
         with s.lock:
             if compactions is not None:
                 s.compactions = compactions
@@ -299,6 +295,3 @@ class Observer:
             return None
 
 
-def _seg_no(sid: str) -> int:
-    tail = sid.rsplit(".s", 1)
-    return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else 1

@@ -31,14 +31,17 @@ async function renderSessions() {
   const body = $("sessions").tBodies[0];
   clear(body);
   $("no-sessions").hidden = data.sessions.length > 0;
-  for (const s of data.sessions) {
-    const tr = document.createElement("tr");
-    tr.dataset.sid = s.id;
-    cell(tr, s.id); cell(tr, s.mode); cell(tr, s.requests); cell(tr, usd(s.cost_usd));
-    cell(tr, (100 * s.hit_rate).toFixed(1) + "%"); cell(tr, usd(s.wasted_usd));
-    cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
-    tr.addEventListener("click", () => openSession(s.id));
-    body.appendChild(tr);
+  // one row per conversation; its linked sessions (segments, sub-agents) indented under it
+  for (const c of data.sessions) {
+    for (const s of [c, ...(c.segments || [])]) {
+      const tr = document.createElement("tr");
+      tr.dataset.sid = s.id;
+      cell(tr, s === c ? s.id : `\u21b3 ${s.id} (${s.link.reason})`); cell(tr, s.mode); cell(tr, s.requests);
+      cell(tr, usd(s.cost_usd)); cell(tr, (100 * s.hit_rate).toFixed(1) + "%"); cell(tr, usd(s.wasted_usd));
+      cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
+      tr.addEventListener("click", () => openSession(s.id));
+      body.appendChild(tr);
+    }
   }
 }
 
