@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .errors import CacheCompactError
 from .session import Session
 from .store import Store
 
@@ -87,8 +88,8 @@ def _store_of(sess: Session) -> Store | None:
     from .store import FileSessionStore, FileStore
 
     st = sess.store
-    if isinstance(st, FileSessionStore):
-        return FileStore(st.path.parent)
+    if isinstance(st, FileSessionStore):  # a directory opened by path is in a store only under its own id
+        return FileStore(st.path.parent) if st.path.name == sess.session_id else None
     owner = getattr(st, "store", None)
     return owner if isinstance(owner, Store) else None
 
@@ -129,7 +130,10 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
     else:
         sess = Session.open(target, readonly=True)
     store = target if isinstance(target, Store) else _store_of(sess)
-    segments = conversation_segments(store, sess.session_id) if store is not None else [sess]
+    try:
+        segments = conversation_segments(store, sess.session_id) if store is not None else [sess]
+    except (CacheCompactError, OSError):  # the rest of the store unreadable: this session alone
+        segments = [sess]
     d = conversation_data(segments) if len(segments) > 1 else session_data(sess)
     lines = [f"session {d['session_id']}  ({d['location']})",
              f"transcript: {d['messages']} messages; ledger: {d['ledger_entries']} edits; prefix {d['prefix_hash']}",
