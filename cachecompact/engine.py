@@ -228,11 +228,13 @@ class CompactionEngine:
 
     # -- preparing a request ---------------------------------------------------------------------
 
-    def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False) -> Prepared:
+    def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
+                history: RequestHistory | None = None) -> Prepared:
         """The session, strategy and render for ``body``; raises for bad input.
 
         ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
-        (same fingerprint), so nothing is appended twice.
+        (same fingerprint), so nothing is appended twice. ``history`` is the body's
+        `RequestHistory` when the adapter has it already (the proxy, from the raw bytes).
         """
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -242,7 +244,7 @@ class CompactionEngine:
         else:
             explicit = self.session_id
         params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
-        req = RequestHistory.of(body)  # every message's identity, once per request
+        req = history or RequestHistory.of(body)  # every message's identity, once per request
         fp = req.fingerprint(explicit, params)  # the whole request: a retry is exactly the same body
         with self._lock:
             again = self._last_prepared.get(fp) if retry else None
@@ -303,11 +305,11 @@ class CompactionEngine:
         live.extra["requests_seen"] = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
-                             retry: bool = False) -> Prepared | None:
+                             retry: bool = False, history: RequestHistory | None = None) -> Prepared | None:
         """`prepare`, or None (send the original request) on anything but `ContextFullError`."""
         t0 = time.perf_counter()
         try:
-            return self.prepare(body, explicit=explicit, now=now, retry=retry)
+            return self.prepare(body, explicit=explicit, now=now, retry=retry, history=history)
         except ContextFullError:
             raise  # cannot fit at all, even after L5: say so clearly
         except (MalformedMessageError, InvalidSessionIdError) as err:

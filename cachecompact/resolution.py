@@ -29,9 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import msgspec
 import xxhash
 
-from .transcript import message_hash
+from .transcript import identity_of_bytes, message_hash
 from .wire import canonical_bytes, plain
 
 __all__ = ["Candidate", "Decision", "RequestHistory", "decide", "family_key", "head_key", "in_family", "new_id"]
@@ -76,6 +77,21 @@ class RequestHistory:
         ids = [message_hash(m) for m in msgs] if isinstance(msgs, list) else []
         return cls(head_key(body.get("tools"), body.get("system")), ids)
 
+    @classmethod
+    def of_bytes(cls, raw: bytes, body: dict[str, Any]) -> RequestHistory:
+        """`of`, for a body that arrived as JSON ``raw`` (the proxy): each message's identity is
+        looked up by the hash of the client's own bytes for it, and computed only for bytes not
+        seen before."""
+        try:
+            spans = msgspec.json.decode(raw, type=_Messages).messages
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return cls.of(body)
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or len(msgs) != len(spans):
+            return cls.of(body)
+        return cls(head_key(body.get("tools"), body.get("system")),
+                   [identity_of_bytes(s, m) for s, m in zip(spans, msgs, strict=True)])
+
     def fingerprint(self, *extra: Any) -> bytes:
         """xxh3-128 over the whole history (and ``extra``): equal exactly when the requests are."""
         h = xxhash.xxh3_128()
@@ -84,6 +100,12 @@ class RequestHistory:
             h.update(i)
         h.update(canonical_bytes(list(extra)))
         return h.digest()
+
+
+class _Messages(msgspec.Struct):
+    """A request body's messages as the client's own bytes, one span each."""
+
+    messages: list[msgspec.Raw]
 
 
 class Candidate(Protocol):

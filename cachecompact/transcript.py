@@ -23,7 +23,8 @@ from .wire import (
     tool_use_ids,
 )
 
-__all__ = ["MessageRecord", "Transcript", "canonical_message", "immutable_prefix_end", "message_hash"]
+__all__ = ["MessageRecord", "Transcript", "canonical_message", "identity_of_bytes", "immutable_prefix_end",
+           "message_hash"]
 
 GENESIS = "0" * 64
 
@@ -81,8 +82,44 @@ def canonical_message(raw: Any) -> Any:
 def message_hash(raw: Any) -> bytes:
     """The message's identity: xxh3-128 of its `canonical_message` form in canonical encoding.
     Two messages have one identity exactly when the API treats them as the same message (key
-    order, markers and the string-or-one-text-block choice never matter)."""
-    return xxhash.xxh3_128_digest(canonical_bytes(canonical_message(raw if isinstance(raw, dict) else plain(raw))))
+    order, markers and the string-or-one-text-block choice never matter).
+
+    Computed for every message of every request, so the common case stays in C: the message is
+    encoded once, and only when its bytes hold a marker or a string ``content`` (the only
+    things `canonical_message` changes; inside a JSON string every quote is escaped, so text
+    cannot look like either) is the canonical form built and encoded."""
+    data = canonical_bytes(raw)
+    digest = xxhash.xxh3_128_digest(data)
+    if b'"cache_control"' not in data and b'"content":"' not in data:
+        return digest
+    ident = _IDENTITY_OF.get(digest)  # keyed by content: the same bytes always have one identity
+    if ident is None:
+        ident = xxhash.xxh3_128_digest(canonical_bytes(canonical_message(raw if isinstance(raw, dict) else plain(raw))))
+        if len(_IDENTITY_OF) >= _IDENTITY_MEMO:
+            _IDENTITY_OF.clear()
+        _IDENTITY_OF[digest] = ident
+    return ident
+
+
+# identities by the xxh3 of some JSON encoding of the message (non-canonical forms, and a
+# client's own bytes): an agent resends its whole history every turn, and equal bytes are an
+# equal message, so its canonical form need not be built again
+_IDENTITY_OF: dict[bytes, bytes] = {}
+_IDENTITY_MEMO = 200_000
+
+
+def identity_of_bytes(data: bytes | memoryview, decoded: Any) -> bytes:
+    """The identity of a message the client sent as ``data`` (its own JSON bytes; ``decoded``
+    is the same message parsed): hashing the bytes finds an identity already computed for the
+    same bytes, so a proxy re-encodes only messages it has not seen."""
+    key = xxhash.xxh3_128_digest(data)
+    ident = _IDENTITY_OF.get(key)
+    if ident is None:
+        ident = message_hash(decoded)
+        if len(_IDENTITY_OF) >= _IDENTITY_MEMO:
+            _IDENTITY_OF.clear()
+        _IDENTITY_OF[key] = ident
+    return ident
 
 
 class MessageRecord(msgspec.Struct, frozen=True):

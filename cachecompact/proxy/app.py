@@ -43,6 +43,7 @@ from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_n
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
+from ..resolution import RequestHistory
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
@@ -508,7 +509,8 @@ def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float)
         return api_error(400, str(err))
     state.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
     try:
-        return state.engine.prepare_or_fail_open(body, explicit=hint, now=now)
+        history = RequestHistory.of_bytes(raw, body) if isinstance(body.get("messages"), list) else None
+        return state.engine.prepare_or_fail_open(body, explicit=hint, now=now, history=history)
     except ContextFullError as err:
         return api_error(400, str(err))
     finally:

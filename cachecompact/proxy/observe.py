@@ -195,7 +195,7 @@ class Observer:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
                 return None
             hint = session_hint(headers, body)
-            history = RequestHistory.of(body)
+            history = RequestHistory.of_bytes(raw, body)
             hashes = history.ids
             s = self._resolve(hint, history, "observe")
         except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError) as err:
