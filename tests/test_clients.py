@@ -192,6 +192,46 @@ def test_claude_code_ten_continued_prompts_are_one_session(tmp_path: Path, mode:
             assert u["cache_read_input_tokens"] > u["cache_creation_input_tokens"], (k, u)
 
 
+def _delegating_model(body: dict[str, Any]) -> Reply:
+    """The main agent hands one task to a sub-agent (Claude Code's Agent tool), then says done;
+    the sub-agent, whose first message is the task, answers at once."""
+    if "SUBTASK" in json.dumps(body["messages"][0]):
+        return Reply([{"type": "text", "text": "sub done"}], "end_turn")
+    if "tool_result" in json.dumps(body["messages"][-1]):
+        return Reply([{"type": "text", "text": "done"}], "end_turn")
+    return Reply([{"type": "tool_use", "id": "toolu_agent_1", "name": "Agent",
+                   "input": {"description": "count things", "prompt": "SUBTASK: count to three",
+                             "subagent_type": "general-purpose"}}], "tool_use")
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_claude_code_sub_agents_get_their_own_linked_session(tmp_path: Path, mode: str) -> None:
+    """A sub-agent sends its parent's session id with its own system prompt, tools and first
+    message: its requests go to a session of its own, linked to the parent, listed under the
+    parent's conversation; never to a segment of the parent."""
+    _need(CLAUDE.exists(), f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-claude-code-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg"), "CLAUDE_CODE_MAX_RETRIES": "1"}
+    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    (tmp_path / "work").mkdir()
+    with Emulator(ScriptedResponder(_delegating_model)) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(tmp_path / "store"))) as px:
+        env["ANTHROPIC_BASE_URL"] = px.url
+        r = subprocess.run([str(CLAUDE), "-p", "delegate please", "--model", MODEL, "--allowedTools", "Agent",
+                            "--output-format", "json"], env=env, capture_output=True, text=True, timeout=240,
+                           stdin=subprocess.DEVNULL, cwd=tmp_path / "work")
+        assert r.returncode == 0, (r.stdout[-1500:], r.stderr[-1500:])
+        out = json.loads(r.stdout)
+        px.wait_idle()
+        listed = httpx2.get(px.url + "/api/sessions").json()["sessions"]
+    assert out["result"] == "done"
+    parent = f"cc-{out['session_id']}"
+    assert [c["id"] for c in listed] == [parent]
+    (sub,) = listed[0]["segments"]
+    assert sub["id"] == f"{parent}.a2" and sub["link"]["session"] == parent and sub["requests"] >= 1
+    assert listed[0]["requests"] == 2  # the parent's own: the call, and the answer after the result
+
+
 # -- the dashboard in a real browser ---------------------------------------------------------------------------------
 
 
