@@ -19,7 +19,22 @@ _STOP = frozenset({"true", "false", "none", "null", "self", "return", "import", 
 
 
 def _is_identifier(tok: str) -> bool:
-    """Paths, dotted names, snake_case, camelCase, ids with digits, and numbers of 3+ digits."""
+    """Paths, dotted names, snake_case, camelCase, ids with digits, and numbers of 3+ digits.
+    Memoised: agent text repeats its tokens (every turn's new output is scanned)."""
+    known = _KNOWN.get(tok)
+    if known is None:
+        known = _classify(tok)
+        if len(_KNOWN) >= _KNOWN_MAX:
+            _KNOWN.clear()
+        _KNOWN[tok] = known
+    return known
+
+
+_KNOWN: dict[str, bool] = {}
+_KNOWN_MAX = 200_000
+
+
+def _classify(tok: str) -> bool:
     if tok.lower() in _STOP or len(tok) < 3:
         return False
     if tok.isdigit():

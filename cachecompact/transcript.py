@@ -14,6 +14,7 @@ from .wire import (
     Message,
     ToolResultBlock,
     ToolUseBlock,
+    bytes_as_is,
     canonical_bytes,
     content_blocks,
     message_from_dict,
@@ -84,28 +85,35 @@ def message_hash(raw: Any) -> bytes:
     Two messages have one identity exactly when the API treats them as the same message (key
     order, markers and the string-or-one-text-block choice never matter).
 
-    Computed for every message of every request, so the common case stays in C: the message is
-    encoded once, and only when its bytes hold a marker or a string ``content`` (the only
-    things `canonical_message` changes; inside a JSON string every quote is escaped, so text
-    cannot look like either) is the canonical form built and encoded."""
-    data = canonical_bytes(raw)
-    digest = xxhash.xxh3_128_digest(data)
-    if b'"cache_control"' not in data and b'"content":"' not in data:
-        return digest
-    ident = _IDENTITY_OF.get(digest)  # keyed by content: the same bytes always have one identity
+    Computed for every message of every request, so the common case stays in C: the message
+    is encoded as it is (no key sorting) and its identity found by the hash of those bytes (an
+    agent resends the same messages every turn; equal bytes are an equal message). Only bytes
+    not seen before are put in canonical form."""
+    data = bytes_as_is(raw)
+    key = xxhash.xxh3_128_digest(data)
+    ident = _IDENTITY_OF.get(key)
     if ident is None:
-        ident = xxhash.xxh3_128_digest(canonical_bytes(canonical_message(raw if isinstance(raw, dict) else plain(raw))))
+        ident = _canonical_identity(raw)
         if len(_IDENTITY_OF) >= _IDENTITY_MEMO:
             _IDENTITY_OF.clear()
-        _IDENTITY_OF[digest] = ident
+        _IDENTITY_OF[key] = ident
     return ident
 
 
-# identities by the xxh3 of some JSON encoding of the message (non-canonical forms, and a
-# client's own bytes): an agent resends its whole history every turn, and equal bytes are an
-# equal message, so its canonical form need not be built again
+def _canonical_identity(raw: Any) -> bytes:
+    """The identity computed from scratch: canonical bytes, and the canonical form built only
+    when they hold a marker or a string ``content`` (the only things `canonical_message`
+    changes; inside a JSON string every quote is escaped, so text cannot look like either)."""
+    data = canonical_bytes(raw)
+    if b'"cache_control"' not in data and b'"content":"' not in data:
+        return xxhash.xxh3_128_digest(data)
+    return xxhash.xxh3_128_digest(canonical_bytes(canonical_message(raw if isinstance(raw, dict) else plain(raw))))
+
+
+# identities by the xxh3 of some JSON encoding of the message (the encoder's own, or a
+# client's bytes): equal bytes are an equal message, so its identity is computed once
 _IDENTITY_OF: dict[bytes, bytes] = {}
-_IDENTITY_MEMO = 200_000
+_IDENTITY_MEMO = 500_000
 
 
 def identity_of_bytes(data: bytes | memoryview, decoded: Any) -> bytes:
@@ -115,7 +123,7 @@ def identity_of_bytes(data: bytes | memoryview, decoded: Any) -> bytes:
     key = xxhash.xxh3_128_digest(data)
     ident = _IDENTITY_OF.get(key)
     if ident is None:
-        ident = message_hash(decoded)
+        ident = _canonical_identity(decoded)
         if len(_IDENTITY_OF) >= _IDENTITY_MEMO:
             _IDENTITY_OF.clear()
         _IDENTITY_OF[key] = ident

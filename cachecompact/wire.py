@@ -31,6 +31,7 @@ __all__ = [
     "UnknownBlock",
     "block_from_dict",
     "block_to_dict",
+    "bytes_as_is",
     "call_key",
     "canonical_bytes",
     "message_from_dict",
@@ -55,11 +56,18 @@ def _sdk_model_hook(obj: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(order="sorted", enc_hook=_sdk_model_hook)
+_AS_IS = msgspec.json.Encoder(enc_hook=_sdk_model_hook)
 
 
 def plain(obj: Any) -> Any:
     """Turn SDK models and other mappings into plain JSON-able Python values."""
     return msgspec.to_builtins(obj, enc_hook=_sdk_model_hook)
+
+
+def bytes_as_is(obj: Any) -> bytes:
+    """JSON of ``obj`` in its own key order: a quick key for memoising what is computed from the
+    value (equal bytes, equal value), never a canonical form to hash or send."""
+    return _AS_IS.encode(obj)
 
 
 def canonical_bytes(obj: Any) -> bytes:
