@@ -57,7 +57,16 @@ class ModelInfo:
             raise ValueError(f"{self.name}: every price entry names its source")
 
     def cost(self, usage: dict[str, Any]) -> float:
-        """Dollars for one response's usage (cache_creation split used when present)."""
+        """Dollars for one response's usage (cache_creation split used when present). A response
+        with ``iterations`` (server compaction: a summarization step before the answer) is billed
+        as their sum: the top level reports the last message step alone (anthropic-cache-facts.md
+        §3.4)."""
+        its = usage.get("iterations")
+        if isinstance(its, list) and its:
+            return sum(self._one(it) for it in its if isinstance(it, dict))
+        return self._one(usage)
+
+    def _one(self, usage: dict[str, Any]) -> float:
         cc = usage.get("cache_creation") or {}
         w1h = int(cc.get("ephemeral_1h_input_tokens") or 0)
         w5m = int(cc.get("ephemeral_5m_input_tokens") or 0)

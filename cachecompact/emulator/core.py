@@ -31,6 +31,7 @@ from ..protocol import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..safefs import append_bytes
 from ..tokens import TokenCounter
 from ..wire import canonical_bytes
+from .compaction import after_last_compaction, compact_edit, summary_block, summary_prompt
 from .context_editing import apply_context_management
 from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
 from .validation import MessageInfo, check_message, check_request
@@ -296,7 +297,12 @@ class EmulatorCore:
             raise MalformedMessageError("tool_choice", f"forcing tool use (tool_choice type {choice.get('type')!r}) "
                                                        f"is not supported by {body['model']}; use 'auto' or 'none'")
         self._check_thinking(body, info.name)
-        req = request_from_body(body, now, self.counter, self._blocks_memo, ratio=info.token_ratio, keys=keys)
+        edit = compact_edit(body, str(headers.get("anthropic-beta") or ""))
+        # what the model sees: from the last compaction block on (everything before it dropped)
+        seen = after_last_compaction(body["messages"])
+        view = body if seen is body["messages"] else {**body, "messages": seen}
+        req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio,
+                                keys=keys if view is body else None)
         window = self.context_window or info.context_window
         total = sum(b.tokens for b in req.blocks)
         applied: list[dict[str, Any]] = []
@@ -306,9 +312,9 @@ class EmulatorCore:
                 m = _WHERE.match(b.where)
                 if m:
                     per_block[(int(m.group(1)), int(m.group(2)))] = b.tokens
-            body, applied = apply_context_management(body, total, per_block, self._clearing)
+            view, applied = apply_context_management(view, total, per_block, self._clearing)
             if applied:
-                req = request_from_body(body, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+                req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
                 total = sum(b.tokens for b in req.blocks)
         if total > window:  # the API's exact wording, which clients parse
             return self._error(400, f"prompt is too long: {total} tokens > {window} maximum", request_id)
@@ -316,31 +322,69 @@ class EmulatorCore:
             return self._error(400, f"input length and `max_tokens` exceed context limit: {total} + "
                                     f"{body['max_tokens']} > {window}, decrease input length or "
                                     "`max_tokens` and try again", request_id)
-        result = self.sim.process(req)
-        reply = self._reply(body)
-        reply = Reply(self._sign(reply.content, info.name, body), reply.stop_reason)
-        out_tokens = output_tokens(reply.content, self.counter, info.token_ratio)
-        stop = reply.stop_reason
-        if body["max_tokens"] == 0:
-            reply, out_tokens, stop = Reply([]), 0, "max_tokens"
-        elif out_tokens > body["max_tokens"]:
-            out_tokens, stop = body["max_tokens"], "max_tokens"
-        usage = {**result.usage(), "output_tokens": out_tokens, "service_tier": "standard"}
+        iterations: list[dict[str, Any]] | None = None
+        stop: str | None = None
+        if edit is not None and total >= edit.trigger:
+            # the summarization step sees the whole prompt and the summary prompt (one more sampling)
+            summarize = {**view, "messages": [*view["messages"], summary_prompt(edit)]}
+            s_req = request_from_body(summarize, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+            s_usage = {**self.sim.process(s_req).usage()}
+            block = summary_block(view["messages"], edit)
+            s_usage["output_tokens"] = output_tokens([{"text": block["content"]}], self.counter, info.token_ratio)
+            iterations = [{"type": "compaction", **s_usage}]
+            if edit.pause:
+                stop = "compaction"
+                reply = Reply([block], "compaction")
+            else:  # the model answers from the summary: tools, system and the compaction block that
+                # starts its response
+                view = {**view, "messages": [{"role": "assistant", "content": [block]}]}
+                req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+                total = sum(b.tokens for b in req.blocks)
+                answer = self._reply(view)
+                reply = Reply([block, *answer.content], answer.stop_reason)
+        else:
+            reply = self._reply(view)
+            block = None
+        if stop == "compaction":
+            result = None
+            usage = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                     "output_tokens": 0, "cache_creation": {"ephemeral_5m_input_tokens": 0,
+                                                            "ephemeral_1h_input_tokens": 0}}
+            out_tokens = 0
+        else:
+            result = self.sim.process(req)
+            reply = Reply(self._sign(reply.content, info.name, body), reply.stop_reason)
+            answered = [b for b in reply.content if b.get("type") != "compaction"]
+            out_tokens = output_tokens(answered, self.counter, info.token_ratio)
+            stop = reply.stop_reason
+            if body["max_tokens"] == 0:
+                reply, out_tokens, stop = Reply([]), 0, "max_tokens"
+            elif out_tokens > body["max_tokens"]:
+                out_tokens, stop = body["max_tokens"], "max_tokens"
+            usage = {**result.usage(), "output_tokens": out_tokens}
+        if iterations is not None:
+            if result is not None:
+                iterations.append({"type": "message", **usage})
+            usage["iterations"] = iterations  # the top level is the message step's alone
+        usage["service_tier"] = "standard"
         message: dict[str, Any] = {
             "id": msg_id, "type": "message", "role": "assistant", "model": body["model"], "content": reply.content,
             "stop_reason": stop, "stop_sequence": None, "usage": usage,
         }
-        diag = self._diagnostics(body, req, result, message)
+        diag = self._diagnostics(body, req, result, message) if result is not None else None
         if "diagnostics" in body:
             message["diagnostics"] = diag
         if "context_management" in body:
             message["context_management"] = {"applied_edits": applied}
-        cost = info.cost(usage)
+        cost = info.cost(usage)  # with iterations, their sum
         self._record({
             "request_id": request_id, "message_id": msg_id, "time": now, "model": body["model"], "status": 200,
             "stream": bool(body.get("stream")), "n_messages": len(body["messages"]), "usage": usage,
-            "cost_usd": round(cost, 8), "total_input_tokens": result.total_tokens, "hit_block": result.hit_block,
-            "breakpoints": [k for k, _ in result.breakpoints], "prefix_hashes": result.prefix_hashes,
+            "cost_usd": round(cost, 8), "total_input_tokens": result.total_tokens if result else total,
+            "hit_block": result.hit_block if result else None,
+            "breakpoints": [k for k, _ in result.breakpoints] if result else [],
+            "prefix_hashes": result.prefix_hashes if result else [],
+            "server_compactions": int(iterations is not None),
             "diagnostics": diag, "internal": INTERNAL_HEADER in headers, "body_hash": body_hash,
             "session": headers.get(SESSION_HEADER),
             "cleared_tool_uses": sum(int(a.get("cleared_tool_uses", 0)) for a in applied),
@@ -483,6 +527,11 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             for k in range(0, max(len(text), 1), 64):
                 events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
                                                        "delta": {"type": "text_delta", "text": text[k:k + 64]}}))
+        elif t == "compaction":  # one delta with the whole summary (anthropic-cache-facts.md §3.2)
+            events.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                   "content_block": {"type": "compaction", "content": None}}))
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
+                "type": "compaction_delta", "content": block.get("content"), "encrypted_content": None}}))
         elif t == "tool_use":
             events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
                 "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
@@ -495,6 +544,8 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     delta_usage = {"output_tokens": usage["output_tokens"], "input_tokens": usage["input_tokens"],
                    "cache_creation_input_tokens": usage["cache_creation_input_tokens"],
                    "cache_read_input_tokens": usage["cache_read_input_tokens"]}
+    if "iterations" in usage:
+        delta_usage["iterations"] = usage["iterations"]
     events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
                                                                         "stop_sequence": None},
                                      "usage": delta_usage}))

@@ -146,6 +146,14 @@ def _check_block(b: Any, where: str, role: str, markers: list[tuple[str, str]], 
             raise _bad(f"{where}.thinking", "must be a string")
         if "signature" in b and not isinstance(b["signature"], str):
             raise _bad(f"{where}.signature", "must be a string")
+    elif t == "compaction":  # a server compaction's summary, sent back (anthropic-cache-facts.md §3.2)
+        if role != "assistant":
+            raise _bad(where, "compaction blocks belong in assistant messages")
+        c = b.get("content")
+        if c is not None and not isinstance(c, str):
+            raise _bad(f"{where}.content", "must be a string or null")
+        if c == "":
+            raise _bad(f"{where}.content", "Empty string content is not allowed")
     elif t == "redacted_thinking" and not isinstance(b.get("data"), str):
         raise _bad(f"{where}.data", "must be a string")
     elif t not in _OTHER_TYPES and not t.endswith(("_tool_result", "_tool_use")):
