@@ -44,7 +44,8 @@ from .strategies import get_strategy, with_policy
 from .strategy import Strategy, StrategyConfig, StrategyContext
 from .summarize import ExtractiveSummarizer, Summarizer
 
-__all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long"]
+__all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long",
+           "with_betas"]
 
 log = logging.getLogger("cachecompact")
 
@@ -65,6 +66,7 @@ class Prepared:
     max_tokens: int
     params: dict[str, Any]
     fingerprint: bytes
+    betas: tuple[str, ...] = ()  # beta headers the strategy's body needs (added to anthropic-beta)
 
 
 def too_long(payload: Any) -> tuple[int, int, int] | None:
@@ -82,6 +84,13 @@ def too_long(payload: Any) -> tuple[int, int, int] | None:
     if m:
         return int(m.group(1)), int(m.group(3)), int(m.group(2))
     return None
+
+
+def with_betas(value: str | None, betas: tuple[str, ...]) -> str | None:
+    """An ``anthropic-beta`` header value with ``betas`` added (each once)."""
+    have = [b.strip() for b in (value or "").split(",") if b.strip()]
+    merged = have + [b for b in betas if b not in have]
+    return ",".join(merged) if merged else value
 
 
 def json_or_none(raw: bytes) -> Any:
@@ -286,7 +295,7 @@ class CompactionEngine:
                     keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp)
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, tuple(getattr(live.strategy, "betas", ())))
         with self._lock:
             self._last_prepared = {fp: p}
         return p

@@ -43,6 +43,7 @@ from .engine import (
     clock_from,
     json_or_none,
     too_long,
+    with_betas,
 )
 from .errors import ConfigError, ContextFullError
 from .events import Event
@@ -63,13 +64,18 @@ log = logging.getLogger("cachecompact")
 ClientT = TypeVar("ClientT", anthropic.Anthropic, anthropic.AsyncAnthropic)
 
 
-def _with_body(request: APIRequest, body: dict[str, Any]) -> APIRequest:
-    """``request`` with a new body: a shallow copy of its options (``request.copy`` would deep-copy
-    the caller's whole history first, only to throw it away)."""
+def _with_body(request: APIRequest, body: dict[str, Any], betas: tuple[str, ...] = ()) -> APIRequest:
+    """``request`` with a new body (and the strategy's beta headers): a shallow copy of its
+    options (``request.copy`` would deep-copy the caller's whole history first, only to throw
+    it away)."""
     opts = request.options.model_copy()
     opts.json_data = body
     if isinstance(opts.headers, dict):
         opts.headers = dict(opts.headers)
+    if betas:
+        hdrs = dict(opts.headers) if isinstance(opts.headers, dict) else {}
+        hdrs["anthropic-beta"] = with_betas(hdrs.get("anthropic-beta"), betas)
+        opts.headers = hdrs
     return APIRequest(options=opts, cast_to=request.cast_to, stream=request.stream, stream_cls=request.stream_cls,
                       retries_taken=request.retries_taken)
 
@@ -156,13 +162,13 @@ class CompactionMiddleware(Middleware):
         p = self._prepare(request)
         if p is None:
             return call_next(request)
-        resp = call_next(_with_body(request, p.body))
+        resp = call_next(_with_body(request, p.body, p.betas))
         if resp.status_code == 400:
             info = too_long(json_or_none(resp.read()))
             if info is not None:
                 body = self._reactive(p, info, resp.http_response.request)
                 resp.close()
-                resp = call_next(_with_body(request, body))
+                resp = call_next(_with_body(request, body, p.betas))
                 if resp.status_code == 400 and too_long(json_or_none(resp.read())):
                     raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
         if resp.status_code == 200:
@@ -182,13 +188,13 @@ class CompactionMiddleware(Middleware):
         p = await asyncio.to_thread(self._prepare, request)
         if p is None:
             return await call_next(request)
-        resp = await call_next(_with_body(request, p.body))
+        resp = await call_next(_with_body(request, p.body, p.betas))
         if resp.status_code == 400:
             info = too_long(json_or_none(await resp.read()))
             if info is not None:
                 body = await asyncio.to_thread(self._reactive, p, info, resp.http_response.request)
                 await resp.close()
-                resp = await call_next(_with_body(request, body))
+                resp = await call_next(_with_body(request, body, p.betas))
                 if resp.status_code == 400 and too_long(json_or_none(await resp.read())):
                     raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
         if resp.status_code == 200:

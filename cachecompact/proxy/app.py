@@ -39,7 +39,16 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ..engine import CompactionEngine, Prepared, SSEUsage, clock_from, json_or_none, open_writable_store, too_long
+from ..engine import (
+    CompactionEngine,
+    Prepared,
+    SSEUsage,
+    clock_from,
+    json_or_none,
+    open_writable_store,
+    too_long,
+    with_betas,
+)
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
@@ -384,6 +393,9 @@ def make_app(cfg: ProxyConfig) -> web.Application:
             prepared = got_p
             if prepared is not None:
                 data = json.dumps(prepared.body, separators=(",", ":"), ensure_ascii=False).encode()
+                if prepared.betas:  # the strategy's body needs these (a server-side peer)
+                    beta = with_betas(lower.get("anthropic-beta"), prepared.betas) or ""
+                    headers = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"] + [("anthropic-beta", beta)]
         try:
             up = await send(request, data, headers)
         except UpstreamError as err:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import UnknownStrategyError
 from ..policy import Economics, PolicyConfig
 from ..strategy import LedgerStrategy, Strategy, StrategyConfig, StrategyContext, TurnReport, summarize_range, task_goal
-from .body import AnthropicClearConfig, NoneConfig, WindowConfig
+from .body import AnthropicClearConfig, AnthropicCompactConfig, MaskingConfig, NoneConfig, WindowConfig
 from .cachecompact import CachecompactConfig
 from .claude_code import ClaudeCodeConfig
 from .openhands import OpenHandsConfig
@@ -52,6 +52,8 @@ _REGISTRY: dict[str, Any] = {
     "seed-pipeline": SeedPipelineConfig(),
     "anthropic-clear": AnthropicClearConfig(),
     "anthropic-clear-atleast": AnthropicClearConfig(clear_at_least_fraction=0.125),
+    "anthropic-compact": AnthropicCompactConfig(),
+    "masking": MaskingConfig(),
     "openhands": OpenHandsConfig(),
     "claude-code": ClaudeCodeConfig(),
 }

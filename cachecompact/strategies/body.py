@@ -8,7 +8,20 @@
 * ``anthropic-clear``: the API's own server-side ``clear_tool_uses_20250919`` edit, its
   trigger and ``clear_at_least`` set at the same fraction of the window as the documented
   defaults are of 200k (trigger 100k = 0.5; ``clear_at_least`` 25k = 0.125 in the ``-atleast``
-  variant).
+  variant);
+* ``anthropic-compact``: the API's own server compaction, ``compact_20260112`` under its beta
+  header (anthropic-cache-facts.md §3): the documented default trigger, 150k of a 200k
+  window, at the same fraction (0.75) of other windows and never under the documented minimum
+  of 50k, with the breakpoint the docs recommend at the end of the system prompt. The
+  response's ``compaction`` block goes back with the history, as the docs tell a client, and
+  the API drops everything before it. At a window of 50k or less the minimum trigger leaves
+  no room: such runs fail, and the bench counts them;
+* ``masking``: observation masking as in "The Complexity Trap" (Lindenbauer et al.,
+  DL4C@NeurIPS 2025, arXiv 2508.21433; peers.md §7): the tool results of the last M = 10
+  turns stay verbatim, older ones become the placeholder of SWE-agent's
+  ``LastNObservations`` processor, on which the paper builds (``Old environment output: (K
+  lines omitted)``); the agent's reasoning and actions stay, the first message is never
+  masked. It does not look at the window (the paper's rule is a turn count).
 """
 
 from __future__ import annotations
@@ -18,20 +31,23 @@ from typing import Any, ClassVar
 
 from ..strategy import Strategy, StrategyContext, TurnReport
 
-__all__ = ["AUTO_CACHE", "AnthropicClearConfig", "BodyStrategy", "NoneConfig", "WindowConfig"]
+__all__ = ["AUTO_CACHE", "AnthropicClearConfig", "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",
+           "NoneConfig", "WindowConfig"]
 
 AUTO_CACHE = {"type": "ephemeral"}
 OMITTED = {"role": "user", "content": "[earlier messages omitted]"}
 
 
 class BodyStrategy:
-    """Rewrites the body with a function; no ledger, nothing to do before or after."""
+    """Rewrites the body with a function; no ledger, nothing to do before or after. ``betas``
+    are beta headers the rewritten request needs (the adapters add them to ``anthropic-beta``)."""
 
     renders = False
 
-    def __init__(self, ctx: StrategyContext, fn: Any) -> None:
+    def __init__(self, ctx: StrategyContext, fn: Any, betas: tuple[str, ...] = ()) -> None:
         self.ctx = ctx
         self.fn = fn
+        self.betas = betas
         self.summary_cost = 0.0
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
@@ -109,3 +125,76 @@ class AnthropicClearConfig:
             edit["clear_at_least"] = {"type": "input_tokens", "value": int(self.clear_at_least_fraction * w)}
         return BodyStrategy(ctx, lambda body: {**body, "context_management": {"edits": [edit]},
                                                "cache_control": AUTO_CACHE})
+
+
+COMPACT_BETA = "compact-2026-01-12"
+COMPACT_DEFAULT_TRIGGER = 150_000  # of a 200k window: anthropic-cache-facts.md §3.1
+COMPACT_MIN_TRIGGER = 50_000
+
+
+def _system_marked(system: Any) -> Any:
+    """The system prompt with a breakpoint on its last block (what the compaction docs advise)."""
+    if isinstance(system, str) and system:
+        return [{"type": "text", "text": system, "cache_control": AUTO_CACHE}]
+    if isinstance(system, list) and system and isinstance(system[-1], dict):
+        return [*system[:-1], {**system[-1], "cache_control": AUTO_CACHE}]
+    return system
+
+
+@dataclass(frozen=True)
+class AnthropicCompactConfig:
+    name: ClassVar[str] = "anthropic-compact"
+    trigger_fraction: float = COMPACT_DEFAULT_TRIGGER / 200_000
+    prefix_messages: int = 3
+    summary_model: str | None = None
+    summary_mode: str = "forced-tool"
+
+    def trigger(self, window: int) -> int:
+        return max(COMPACT_MIN_TRIGGER, round(self.trigger_fraction * window))
+
+    def build(self, ctx: StrategyContext) -> Strategy:
+        trigger = {"type": "input_tokens", "value": self.trigger(ctx.window_tokens)}
+        edit = {"type": "compact_20260112", "trigger": trigger}
+
+        def transform(body: dict[str, Any]) -> dict[str, Any]:
+            out = {**body, "context_management": {"edits": [edit]}, "cache_control": AUTO_CACHE}
+            if "system" in body:
+                out["system"] = _system_marked(body["system"])
+            return out
+        return BodyStrategy(ctx, transform, betas=(COMPACT_BETA,))
+
+
+MASKED = "Old environment output: ({n} lines omitted)"  # SWE-agent's LastNObservations text
+
+
+def _masked(block: dict[str, Any]) -> dict[str, Any]:
+    c = block.get("content")
+    texts = [c] if isinstance(c, str) else [x.get("text", "") for x in c or [] if isinstance(x, dict)]
+    images = sum(1 for x in (c if isinstance(c, list) else []) if isinstance(x, dict) and x.get("type") == "image")
+    text = MASKED.format(n=sum(len(t.splitlines()) for t in texts if isinstance(t, str)))
+    if images:
+        text += f" ({images} images omitted)"
+    return {k: v for k, v in block.items() if k != "cache_control"} | {"content": text}
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    name: ClassVar[str] = "masking"
+    turns: int = 10  # M: the turns whose observations stay verbatim
+    prefix_messages: int = 3
+    summary_model: str | None = None
+    summary_mode: str = "forced-tool"
+
+    def build(self, ctx: StrategyContext) -> Strategy:
+        m = self.turns
+
+        def transform(body: dict[str, Any]) -> dict[str, Any]:
+            msgs = body["messages"]
+            observed = [i for i, x in enumerate(msgs) if i > 0 and x.get("role") == "user" and _has_results(x)]
+            old = set(observed[:-m]) if m else set(observed)
+            if not old:
+                return {**body, "cache_control": AUTO_CACHE}
+            out = [{**x, "content": [_masked(b) if isinstance(b, dict) and b.get("type") == "tool_result" else b
+                                     for b in x["content"]]} if i in old else x for i, x in enumerate(msgs)]
+            return {**body, "messages": out, "cache_control": AUTO_CACHE}
+        return BodyStrategy(ctx, transform)
