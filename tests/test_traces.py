@@ -114,3 +114,51 @@ def test_what_the_repair_fixes_still_loads_and_foreign_ids_are_mapped(tmp_path: 
     t = load_trace(b)
     validate_messages(t.messages)
     assert t.messages[1]["content"][0]["id"] == t.messages[2]["content"][0]["tool_use_id"] == "functions_bash_0"
+
+
+def test_a_line_holding_two_entries_is_read_as_two(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A log appended to by two writers can hold two entries on one line: both are read, with
+    a warning; a line that is not JSON at all is still refused by name."""
+    user = {"type": "user", "sessionId": "s", "message": {"role": "user", "content": "hello"}}
+    asst = {"type": "assistant", "sessionId": "s", "message": {"role": "assistant", "id": "m1", "content": [
+        {"type": "text", "text": "hi"}]}}
+    f = tmp_path / "two.jsonl"
+    f.write_text(json.dumps(user) + json.dumps(asst) + "\n" + json.dumps({**user, "message": {
+        "role": "user", "content": "again"}}) + "\n")
+    caplog.set_level("WARNING", logger="cachecompact")
+    tr = load_trace(f)
+    assert [m["role"] for m in tr.messages] == ["user", "assistant", "user"]
+    assert any("holds 2 entries" in r.getMessage() for r in caplog.records)
+    f.write_text(json.dumps(user) + "{not json\n" + json.dumps(asst) + "\n")
+    with pytest.raises(TraceFormatError, match="line 1: not JSON"):
+        load_trace(f)
+
+
+def test_two_replies_back_to_back_get_a_marked_user_turn_between(tmp_path: Path) -> None:
+    from cachecompact.traces._repair import NO_USER_TURN
+
+    entries = [{"type": "user", "sessionId": "s", "message": {"role": "user", "content": "go"}}]
+    for k in range(2):
+        entries.append({"type": "assistant", "sessionId": "s", "message": {
+            "role": "assistant", "id": f"m{k}", "content": [{"type": "text", "text": f"reply {k}"}]}})
+    f = tmp_path / "s.jsonl"
+    f.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    tr = load_trace(f)
+    assert [m["role"] for m in tr.messages] == ["user", "assistant", "user", "assistant"]
+    assert tr.messages[2]["content"] == NO_USER_TURN
+
+
+def test_an_agent_turn_holding_summary_tags_is_not_taken_for_a_summary_request() -> None:
+    """Claude Code's task notifications carry <summary> elements: the emulator's summarizing
+    responder answers only a summarizer's ask (empty tags and a JSON schema)."""
+    from cachecompact.emulator import ReplayResponder, SummarizingResponder
+
+    msgs = [{"role": "user", "content": "<task-notification><summary>Background task done</summary>"
+                                        "</task-notification> please summarize"},
+            {"role": "assistant", "content": [{"type": "text", "text": "the recorded reply"}]}]
+    r = SummarizingResponder(ReplayResponder(msgs)).respond({"messages": msgs[:1]})
+    assert r.content[0]["text"] == "the recorded reply"
+    ask = 'Answer with the JSON for {"type": "object", "properties": {"s": {"type": "string"}}} inside ' \
+          "<summary></summary> tags."
+    r = SummarizingResponder(ReplayResponder(msgs)).respond({"messages": [*msgs, {"role": "user", "content": ask}]})
+    assert r.content[0]["text"].startswith("<summary>")

@@ -194,9 +194,9 @@ class SummarizingResponder:
 
     * a request whose ``tool_choice`` forces a tool gets a call of that tool, its
       ``input_schema`` filled from the conversation in the request (`summary_facts`);
-    * a request whose last user message asks for an answer inside ``<summary>`` tags (a summary
-      on the conversation's own cached prefix) gets ``<summary>{json}</summary>`` filled from
-      the messages before it, by the JSON schema given in the ask.
+    * a request whose last user message asks for an answer inside ``<summary></summary>`` tags
+      by a JSON schema it gives (a summary on the conversation's own cached prefix) gets
+      ``<summary>{json}</summary>`` filled from the messages before it, by that schema.
     """
 
     inner: Responder = field(default_factory=ScriptedResponder)
@@ -218,8 +218,11 @@ class SummarizingResponder:
         last = msgs[-1] if msgs else {}
         # a request written as text by the user (never a tool's output that happens to mention tags)
         ask = "\n".join(t for k, t in block_texts(last) if k == "text") if last.get("role") == "user" else ""
-        if "<summary>" in ask and "</summary>" in ask and "summar" in ask.replace("<summary>", ""):
-            schema = _schema_in(ask) or {"type": "object", "properties": {"summary": {"type": "string"}}}
+        # a summarizer's ask names the empty tags and gives a JSON schema; an agent's own text
+        # that merely holds <summary> elements (Claude Code's task notifications, a user's
+        # template) is a turn of the conversation, answered by ``inner``
+        schema = _schema_in(ask) if "<summary></summary>" in ask else None
+        if schema is not None:
             args = fill_schema(schema, summary_request_facts(msgs[:-1], ask))
             return Reply([{"type": "text", "text": f"<summary>{json.dumps(args)}</summary>"}])
         return self.inner.respond(body)

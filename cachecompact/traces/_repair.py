@@ -7,6 +7,9 @@ from typing import Any
 __all__ = ["repair_pairing"]
 
 MISSING_RESULT = "[no tool result was recorded for this call]"
+# between two replies the log holds back to back (a reply that was interrupted and asked again):
+# each was a real API call, so both stay, with a user turn between as the API needs
+NO_USER_TURN = "[no user message was recorded between these two replies]"
 
 
 def _blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
@@ -21,9 +24,10 @@ def _placeholder(tool_id: str) -> dict[str, Any]:
 def repair_pairing(
     messages: list[dict[str, Any]], extras: list[Any]
 ) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
-    """Merge consecutive user messages, drop orphan tool_results, answer unanswered tool_uses
-    (a trailing call may stay pending) and drop empty messages. ``extras[i]`` rides along
-    with message i (the first one wins on a merge)."""
+    """Merge consecutive user messages, separate consecutive assistant messages by a marked user
+    turn, drop orphan tool_results, answer unanswered tool_uses (a trailing call may stay
+    pending) and drop empty messages. ``extras[i]`` rides along with message i (the first one
+    wins on a merge)."""
     notes: list[str] = []
     merged: list[dict[str, Any]] = []
     merged_extras: list[Any] = []
@@ -55,6 +59,10 @@ def repair_pairing(
             if pending:
                 notes.append(f"answered {len(pending)} unrecorded tool call(s) with a placeholder")
                 out.append({"role": "user", "content": [_placeholder(i) for i in pending]})
+                out_extras.append(ex)
+            elif out and out[-1]["role"] == "assistant" and blocks:
+                notes.append("put a marked user turn between two consecutive replies")
+                out.append({"role": "user", "content": NO_USER_TURN})
                 out_extras.append(ex)
             pending = [b["id"] for b in blocks if b.get("type") == "tool_use"]
         if not blocks:

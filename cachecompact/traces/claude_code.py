@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from ._repair import repair_pairing
 from .model import Trace, TraceFormatError, parse_time
 
 __all__ = ["is_claude_code", "load_claude_code"]
+
+log = logging.getLogger("cachecompact")
 
 _CONTINUATION = "This session is being continued from a previous conversation"
 
@@ -30,15 +33,36 @@ def _entries(path: Path, text: str) -> list[dict[str, Any]]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        values: list[Any] | None
         try:
-            e = json.loads(line)
+            values = [json.loads(line)]
         except json.JSONDecodeError as err:
-            if n == len(lines):
-                raise TraceFormatError(str(path), f"line {n}: truncated last line: {err}") from None
-            raise TraceFormatError(str(path), f"line {n}: not JSON: {err}") from None
-        if isinstance(e, dict):
-            out.append(e)
+            values = _several(line)  # two entries written on one line (a log appended to concurrently)
+            if values is None:
+                if n == len(lines):
+                    raise TraceFormatError(str(path), f"line {n}: truncated last line: {err}") from None
+                raise TraceFormatError(str(path), f"line {n}: not JSON: {err}") from None
+            log.warning("%s: line %d holds %d entries; read as %d", path, n, len(values), len(values))
+        out += [e for e in values if isinstance(e, dict)]
     return out
+
+
+def _several(line: str) -> list[Any] | None:
+    """The JSON values written back to back on one line, or None if it is not such a line."""
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    i, n = 0, len(line)
+    while i < n:
+        while i < n and line[i].isspace():
+            i += 1
+        if i == n:
+            break
+        try:
+            v, i = dec.raw_decode(line, i)
+        except json.JSONDecodeError:
+            return None
+        out.append(v)
+    return out if len(out) > 1 else None
 
 
 def is_claude_code(entries: list[dict[str, Any]]) -> bool:
