@@ -112,4 +112,4 @@ __all__ = [
     "wrapped_sessions",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

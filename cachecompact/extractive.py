@@ -57,6 +57,21 @@ def _first_line(s: str, limit: int = 160) -> str:
     return line if len(line) <= 2 * limit else ""  # one long token: whole, or not at all
 
 
+GOAL_WORDS = 300  # of the task goal a summary must keep (summarize.check_summary)
+_WORD = re.compile(r"\w+")
+
+
+def goal_head(goal: str) -> str:
+    """The goal as a summary repeats it: whole, or its first `GOAL_WORDS` words and a pointer.
+    A task longer than that (a pasted spec) stays whole in the first message, which the
+    immutable prefix keeps; repeating it would make every summary bigger than what it replaces."""
+    for k, m in enumerate(_WORD.finditer(goal), 1):
+        if k == GOAL_WORDS:
+            rest = goal[m.end():]
+            return goal if not _WORD.search(rest) else goal[:m.end()] + " [... the task continues in the first message]"
+    return goal
+
+
 def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issues: Sequence[str] = (),
                   skip_prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields of a structured summary of ``messages``. ``goal``: the task goal (else the first
@@ -91,6 +106,6 @@ def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issue
         findings = lines + findings
         if budget <= 0:
             break
-    return {"task_goal": goal, "completed_steps": steps[-12:], "key_findings": findings,
+    return {"task_goal": goal_head(goal), "completed_steps": steps[-12:], "key_findings": findings,
             "open_issues": list(dict.fromkeys([*keep_issues, *issues[-6:]])),
             "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]]}

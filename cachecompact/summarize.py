@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from .errors import SummaryRejected
-from .extractive import block_texts, summary_facts
+from .extractive import GOAL_WORDS, block_texts, summary_facts
 from .pricing import get_model, model_prices
 from .wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 
@@ -56,7 +56,8 @@ SUMMARY_MARKER = "<cachecompact:summarize>"
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "task_goal": {"type": "string", "description": "The user's original goal, repeated verbatim."},
+        "task_goal": {"type": "string", "description": "The user's original goal, repeated verbatim (its first "
+                                                       f"{GOAL_WORDS} words when it is longer)."},
         "completed_steps": {"type": "array", "items": {"type": "string"}},
         "key_findings": {"type": "array", "items": {"type": "string"}},
         "open_issues": {"type": "array", "items": {"type": "string"},
@@ -148,7 +149,7 @@ def check_summary(s: Summary, goal: str, previous_open_issues: Sequence[str] = (
     """Refuse a summary that lost the task goal (90% of its first 300 words must be in
     ``task_goal``) or an open issue of the summary it replaces (60% of the issue's words in one
     open issue, completed step or finding)."""
-    if goal.strip() and not _covered(" ".join(_words(goal)[:300]), s.task_goal, 0.9):
+    if goal.strip() and not _covered(" ".join(_words(goal)[:GOAL_WORDS]), s.task_goal, 0.9):
         raise SummaryRejected("summary lost the task goal")
     pool = [*s.open_issues, *s.completed_steps, *s.key_findings]
     for issue in previous_open_issues:
@@ -245,7 +246,8 @@ def _instructions(req: SummaryRequest, how: str) -> str:
     prev = "\n".join(f"- {x}" for x in req.previous_open_issues) or "- (none)"
     return (f"{SUMMARY_MARKER} Compact the conversation range (messages {req.range[0]}-{req.range[1]}) into a "
             f"structured summary so the work can continue without it. {how}\n"
-            f"<goal>{req.goal}</goal>\ntask_goal repeats the goal above verbatim. Keep every open issue below "
+            f"<goal>{req.goal}</goal>\ntask_goal repeats the goal above verbatim (at most its first {GOAL_WORDS} "
+            "words). Keep every open issue below "
             f"unless the conversation resolved it (then list it as a completed step):\n<open_issues>\n{prev}\n"
             "</open_issues>\nKeep exact identifiers: file paths, function names, ids, numbers, commands.")
 

@@ -406,12 +406,9 @@ def test_every_shared_trace_replays_under_the_default_policy(shared_traces: Path
     """Never over the window, never an invalid request, never an edit of the immutable prefix;
     the emulator's offline summarizer stands in for the LLM (through the real SDK)."""
     levels: set[str] = set()
-    # The 2025 folders only: some sessions of claude-code-2026/ do not replay yet (issue 24 makes
-    # that set load and replay, and puts it back in this sweep).
-    folders = [shared_traces / "claude-code", shared_traces / "mini-swe-agent"]
     with Emulator() as emu:
         client = anthropic.Anthropic(base_url=emu.url, api_key="test", max_retries=0)
-        for f in discover([d for d in folders if d.is_dir()]):
+        for f in discover([shared_traces]):  # the 2025 and the 2026 sets
             c = _replay_under_default(load_trace(f), client, PolicyConfig(window_tokens=window))
             levels |= {e.level for e in c.events.history if e.kind in ("compaction", "externalized") and e.level}
             assert not any(e.kind in ("failure", "refused") for e in c.events.history), f.name
@@ -490,3 +487,19 @@ def test_the_planner_marks_the_compacted_part() -> None:
     prev = [(4, chain[4]), (20, chain[20]), (59, b"x")]
     assert plan_breakpoints(cacheable, chain, pos, 4, prev, stable=34) == [4, 34, 59]
     assert plan_breakpoints(cacheable, chain, pos, 4, prev, stable=45) == [4, 20, 45, 59]
+
+
+def test_a_summary_repeats_a_long_task_by_its_head() -> None:
+    """A pasted spec as the task: a summary repeats its first GOAL_WORDS words and points at the
+    first message (kept by the immutable prefix) instead of growing past what it replaces."""
+    from cachecompact.extractive import GOAL_WORDS, goal_head
+    from cachecompact.summarize import ExtractiveSummarizer, SummaryRequest
+
+    goal = " ".join(f"requirement{k}" for k in range(5000))
+    head = goal_head(goal)
+    assert len(head.split()) < GOAL_WORDS + 10 and head.endswith("[... the task continues in the first message]")
+    assert goal_head("short task") == "short task"
+    msgs = [{"role": "assistant", "content": "step one done"}, {"role": "user", "content": "ok"}]
+    res = ExtractiveSummarizer().summarize(SummaryRequest(messages=msgs, goal=goal, previous_open_issues=[],
+                                                          range=(3, 4)))
+    assert res.summary.task_goal == head

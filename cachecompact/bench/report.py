@@ -13,21 +13,28 @@ from typing import Any
 from .run import BenchResult
 
 __all__ = ["LONG_TURNS", "aggregate", "cheaper_than_ours", "dominated_by", "markdown", "publish", "replace_section",
-           "task_rows", "text_report", "write_outputs"]
+           "task_rows", "text_report", "trace_sets", "write_outputs"]
 
 LONG_TURNS = 50  # "long traces" for the targets
 OURS = "cachecompact"
 
 
-def _names(b: BenchResult, long_only: bool, half: str | None) -> list[str]:
+def _names(b: BenchResult, long_only: bool, half: str | None, set_: str | None = None) -> list[str]:
     return [t["name"] for t in b.traces if (not long_only or t["turns"] >= LONG_TURNS)
-            and (half is None or t.get("half") == half)]
+            and (half is None or t.get("half") == half) and (set_ is None or t.get("set") == set_)]
 
 
-def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | None = None) -> list[dict[str, Any]]:
-    """One row per strategy at ``window`` over the chosen traces. Costs are summed over the traces
-    every strategy of the row completed together with ``none``; recall is weighted by references."""
-    names = _names(b, long_only, half)
+def trace_sets(b: BenchResult) -> list[str]:
+    """The corpus's sets (its folders: `run.trace_set`), in the order they first appear."""
+    return list(dict.fromkeys(str(t.get("set")) for t in b.traces if t.get("set")))
+
+
+def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | None = None,
+              set_: str | None = None) -> list[dict[str, Any]]:
+    """One row per strategy at ``window`` over the chosen traces (a half, a set). Costs are summed
+    over the traces every strategy of the row completed together with ``none``; recall is
+    weighted by references."""
+    names = _names(b, long_only, half, set_)
     by = {(r.trace, r.strategy): r for r in b.results if r.window == window}
     none_cost = {t: by[(t, "none")].cost_usd for t in names if (t, "none") in by and by[(t, "none")].completed}
     oracle = b.oracle.get(str(window), {})
@@ -168,6 +175,13 @@ def _render(rows: list[list[str]], md: bool) -> str:
     return "\n".join(lines)
 
 
+def _verdict(rows: list[dict[str, Any]]) -> list[str]:
+    dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
+    return [f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
+            f"(paired, over the traces both finished): {', '.join(dom) if dom else 'none'}. "
+            f"Cheaper in adjusted cost alone: {', '.join(cheaper) if cheaper else 'none'}.", ""]
+
+
 def _sections(b: BenchResult, md: bool) -> list[str]:
     parts: list[str] = []
     h = "### " if md else ""
@@ -181,10 +195,15 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                 n = len(_names(b, long_only, half))
                 parts += [f"{h}window {w:,}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
                 if half is None:
-                    dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
-                    parts += [f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
-                              f"(paired, over the traces both finished): {', '.join(dom) if dom else 'none'}. "
-                              f"Cheaper in adjusted cost alone: {', '.join(cheaper) if cheaper else 'none'}.", ""]
+                    parts += _verdict(rows)
+            sets = trace_sets(b)
+            for set_ in sets if len(sets) > 1 else []:
+                n = len(_names(b, long_only, None, set_))
+                if not n:
+                    continue
+                rows = aggregate(b, w, long_only, None, set_)
+                parts += [f"{h}window {w:,}: {kind}, set {set_} ({n} traces)", "", _render(trace_table(rows), md), "",
+                          *_verdict(rows)]
         trows = task_rows(b, w)
         if trows:
             parts += [f"{h}window {w:,}: closed-loop tasks", "", _render(tasks_table(trows), md), ""]
@@ -261,6 +280,7 @@ def write_outputs(b: BenchResult, out: Path, command: str) -> list[Path]:
         "traces": b.traces, "skipped": b.skipped, "oracle": b.oracle,
         "aggregate": {str(w): {"long": aggregate(b, w), "long_A": aggregate(b, w, True, "A"),
                                "long_B": aggregate(b, w, True, "B"), "all": aggregate(b, w, False),
+                               "sets": {s: aggregate(b, w, True, None, s) for s in trace_sets(b)},
                                "tasks": task_rows(b, w)} for w in b.windows},
         "results": [asdict(r) for r in b.results],
         "tasks": [asdict(t) for t in b.tasks],

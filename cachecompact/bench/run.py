@@ -37,13 +37,25 @@ class BenchResult:
     model: str
     windows: list[int]
     strategies: list[str]
-    traces: list[dict[str, Any]]  # name, source, turns, format, half
+    traces: list[dict[str, Any]]  # name, source, turns, format, half, set
     results: list[TraceResult]
     oracle: dict[str, dict[str, float | None]]  # window -> trace -> billed masking oracle (None: infeasible)
     tasks: list[TaskResult] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # files that could not be loaded
     wall_s: float = 0.0
     corpus: str = ""
+
+
+def trace_set(source: str, roots: Sequence[str | Path]) -> str:
+    """The set a trace belongs to: the folder it lies in directly under the corpus folder it
+    came from (``claude-code-2026`` of ``../shared/traces``), or its own folder's name."""
+    src = Path(source).resolve()
+    for root in roots:
+        r = Path(root).resolve()
+        if r.is_dir() and src.is_relative_to(r):
+            rel = src.relative_to(r).parts
+            return rel[0] if len(rel) > 1 else r.name
+    return src.parent.name or "traces"
 
 
 def _kind(t: Trace) -> str:
@@ -168,6 +180,8 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
         raise ConfigError(f"windows must be at least 8000 tokens, got {list(windows)}")
     t0 = time.perf_counter()
     corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
+    tdir = default_trace_dir()
+    roots = list(paths) or ([tdir] if tdir is not None else [])
     if traces and not corpus:  # before any run: a typo in a path must not cost a task suite first
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         raise ConfigError(f"no trace could be loaded from {', '.join(map(str, paths))}"
@@ -213,7 +227,7 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
     task_results.sort(key=lambda r: (r.window, r.task, names.index(r.strategy) if r.strategy in names else 0))
     return BenchResult(
         model=model, windows=list(windows), strategies=names,
-        traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format, "half": halves[t.name]}
-                for t in corpus],
+        traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format, "half": halves[t.name],
+                 "set": trace_set(t.source, roots)} for t in corpus],
         results=results, oracle=oracle, tasks=task_results, skipped=skipped, wall_s=time.perf_counter() - t0,
         corpus=label)
