@@ -84,6 +84,9 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         raise  # not a verdict on the session: exit 2 with the message
     except (LedgerCorruptError, ImmutablePrefixError, StoreError) as err:
         print(f"INVALID {err}", file=sys.stderr)
+        if args.repair:
+            print("--repair mends only a torn last line of a log (a crash mid-append), which it sets aside; it "
+                  "cannot mend a changed, removed or reordered record, which is what this is", file=sys.stderr)
         return 1
     for torn in sess.torn:
         if args.repair and sess.store is not None:
@@ -466,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver = lsub.add_parser("verify", parents=[common],
                           help="check every chain, the prefix and the replay; never writes; exit 1 when invalid")
     _session_args(ver)
-    ver.add_argument("--repair", action="store_true", help="set a torn tail aside (the only write verify makes)")
+    ver.add_argument("--repair", action="store_true", help="set a torn last line aside (a crash mid-append; the only "
+                                                           "write verify makes); a changed record cannot be mended")
     ver.add_argument("--head", metavar="HEAD", help="a head printed earlier: fail if the store no longer extends it")
     ver.set_defaults(func=cmd_ledger_verify)
     ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
@@ -522,7 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="observe: never change a byte; compact: run the strategy on each session")
     px.add_argument("--store", metavar="DIR|URL", help="persist sessions and records (a folder or postgresql://...)")
     px.add_argument("--keep-bodies", action="store_true", help="also keep request bodies (needs --store)")
-    px.add_argument("--auth-token", help="required for the dashboard and /api (or CACHECOMPACT_AUTH_TOKEN)")
+    px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
+                                         "needed only when listening beyond loopback")
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")

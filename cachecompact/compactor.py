@@ -473,9 +473,10 @@ class Compactor:
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
             raise ContextFullError(
-                f"context is full: {tokens} estimated tokens with {lim.window - lim.limit} reserved for output and "
-                f"estimate error in a {lim.window}-token window, even after dropping every older round; start a new "
-                "session")
+                f"context is full: {tokens} estimated input tokens remain after dropping every older round, and the "
+                f"request reserves {lim.max_tokens} output tokens (the client's max_tokens) plus "
+                f"{lim.window - lim.limit - max(0, lim.max_tokens)} for estimate error in a {lim.window}-token "
+                f"window; use a window of at least {lim.window_for(tokens)}, lower max_tokens, or start a new session")
         return tokens
 
     def _apply_or_refuse(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> list[LedgerEntry]:

@@ -94,10 +94,13 @@ def with_betas(value: str | None, betas: tuple[str, ...]) -> str | None:
 
 
 def json_or_none(raw: bytes) -> Any:
+    """The JSON value of ``raw``, or None for anything that is not JSON this process can hold
+    (nesting deeper than the interpreter's stack, an integer of thousands of digits): the
+    caller's bytes then go on unchanged and the upstream's own error handling applies."""
     try:
         return json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # not JSON: the caller's own error handling applies
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
+        return None
 
 
 def open_writable_store(store: str | os.PathLike[str] | Store | None) -> Store | None:
@@ -238,22 +241,24 @@ class CompactionEngine:
     # -- preparing a request ---------------------------------------------------------------------
 
     def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
-                history: RequestHistory | None = None) -> Prepared:
+                raw: bytes | None = None) -> Prepared:
         """The session, strategy and render for ``body``; raises for bad input.
 
         ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
-        (same fingerprint), so nothing is appended twice. ``history`` is the body's
-        `RequestHistory` when the adapter has it already (the proxy, from the raw bytes).
+        (same fingerprint), so nothing is appended twice. ``raw`` is the body as the client sent
+        it, when the adapter has the bytes (the proxy): identities are then looked up by them.
         """
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
+        _check_caller_fields(body)
         if explicit is not None:
             check_session_id(explicit, "session id")
         else:
             explicit = self.session_id
         params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
-        req = history or RequestHistory.of(body)  # every message's identity, once per request
+        # every message's identity, once per request
+        req = RequestHistory.of_bytes(raw, body) if raw is not None else RequestHistory.of(body)
         fp = req.fingerprint(explicit, params)  # the whole request: a retry is exactly the same body
         with self._lock:
             again = self._last_prepared.get(fp) if retry else None
@@ -314,11 +319,11 @@ class CompactionEngine:
         live.extra["requests_seen"] = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
-                             retry: bool = False, history: RequestHistory | None = None) -> Prepared | None:
+                             retry: bool = False, raw: bytes | None = None) -> Prepared | None:
         """`prepare`, or None (send the original request) on anything but `ContextFullError`."""
         t0 = time.perf_counter()
         try:
-            return self.prepare(body, explicit=explicit, now=now, retry=retry, history=history)
+            return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
         except ContextFullError:
             raise  # cannot fit at all, even after L5: say so clearly
         except (MalformedMessageError, InvalidSessionIdError) as err:
@@ -423,6 +428,35 @@ class CompactionEngine:
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+
+def _check_caller_fields(body: dict[str, Any]) -> None:
+    """Fields of the caller's request that rendering would otherwise turn valid: a ``max_tokens``
+    that is not an integer, and ``cache_control`` markers the API refuses (more than 4, or an
+    unknown TTL; the renderer places its own). Such a request goes out as the caller sent it
+    (`MalformedMessageError`: fail open), so the caller gets the API's own answer. Markers are
+    looked for where clients put them (system, tools, the newest messages): a whole-history
+    walk would cost more per turn than the identities do, and a marker further back is dropped
+    as every caller marker is."""
+    mt = body.get("max_tokens")
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
+        raise MalformedMessageError("max_tokens", f"must be an integer, got {type(mt).__name__}")
+    marks = 0
+    msgs = body.get("messages")
+    parts: list[Any] = [body.get("system"), body.get("tools"), msgs[-4:] if isinstance(msgs, list) else msgs]
+    while parts:
+        x = parts.pop()
+        if isinstance(x, list):
+            parts.extend(x)
+        elif isinstance(x, dict):
+            cc = x.get("cache_control")
+            if cc is not None:
+                marks += 1
+                if not isinstance(cc, dict) or cc.get("ttl", "5m") not in ("5m", "1h"):
+                    raise MalformedMessageError("cache_control", f"{str(cc)[:60]} is not a breakpoint the API takes")
+            parts.extend(v for k, v in x.items() if k in ("content", "messages"))
+    if marks > 4:
+        raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
 
 
 UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models

@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -73,8 +74,17 @@ async def read_body(request: web.Request, *, cap: int = MAX_BODY, timeout: float
     declared = request.content_length
     if declared is not None and declared > cap:
         raise _http(413, f"request body of {declared} bytes exceeds the limit of {cap} bytes")
-    if declared is not None and request.content.is_eof():
-        return await request.read()  # already here (the usual small request): no timer, no loop
+    try:
+        if declared is not None and request.content.is_eof():
+            return await request.read()  # already here (the usual small request): no timer, no loop
+        return await _read_capped(request, cap, timeout)
+    except (RequestPayloadError, HttpProcessingError) as err:  # e.g. Content-Encoding: gzip over bytes that are not
+        enc = request.headers.get("Content-Encoding", "")
+        raise _http(400, f"the request body could not be read{f' as {enc}' if enc else ''}: "
+                         f"{str(err.__cause__ or err)[:120]}") from None
+
+
+async def _read_capped(request: web.Request, cap: int, timeout: float) -> bytes:
     try:
         async with asyncio.timeout(timeout):
             chunks: list[bytes] = []

@@ -146,8 +146,10 @@ class CompactionMiddleware(Middleware):
         body = self.engine.reactive(p, info)
         if body is None:
             n, limit, _ = info
-            raise ContextFullError(f"context is full: the prompt has {n} tokens, the limit is {limit}, and "
-                                   "compaction cannot remove enough; start a new session", request)
+            reserved = info[2] or p.max_tokens
+            raise ContextFullError(f"context is full: the prompt has {n} tokens and the request reserves {reserved} "
+                                   f"output tokens (its max_tokens) within the API's {limit}-token limit, and "
+                                   "compaction cannot remove enough; lower max_tokens or start a new session", request)
         return body
 
     def _record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,

@@ -178,6 +178,13 @@ class Limits:
     big_result: int  # a new result over this is shortened on entry
     old_result: int
     min_batch: int
+    max_tokens: int = 0  # the output the request reserves
+    estimate_error: float = 0.0  # the share of the window kept for estimate error
+
+    def window_for(self, tokens: int) -> int:
+        """The smallest window in which ``tokens`` of input fit beside this request's output
+        reserve and estimate margin."""
+        return -(-(tokens + max(0, self.max_tokens)) * 1000 // max(1, round(1000 * (1 - self.estimate_error))))
 
 
 def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
@@ -212,7 +219,8 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
                   keep_recent=keep, configured_recent=configured, entry_recent=entry,
                   collapse_keep=collapse_keep,
                   big_result=max(lv.old_result_tokens, int(lv.big_result_share * entry)),
-                  old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window))
+                  old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window),
+                  max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
 
 
 def collapse_hard(prefix: int, kept: int, step: int, write_over_read: float, *, low: int, high: int) -> int:

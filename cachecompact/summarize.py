@@ -361,6 +361,7 @@ class LLMSummarizer:
                                  f"{json.dumps(SUMMARY_SCHEMA)} inside <summary></summary> tags; call no tool.")
         body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
         body["max_tokens"] = self.max_tokens
+        body.pop("stream", None)  # the agent's request may stream; the summary is read whole
         resp = self.client.messages.create(**body, extra_headers=self.extra_headers)
         usage, cost = self._usage_cost(body["model"], resp.usage)
         return self._from_text(req, resp, usage, cost, "prefix-reuse")

@@ -189,3 +189,15 @@ def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(10)
     assert json.loads(log.read_text().splitlines()[0])["status"] == 200
+
+
+def test_repair_says_what_it_cannot_mend(session_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A truncated transcript (a whole record gone, not a torn tail): --repair says it mends only
+    a torn last line, and the verdict stays INVALID."""
+    p = session_dir / "transcript.jsonl"
+    lines = p.read_bytes().splitlines(keepends=True)
+    p.write_bytes(b"".join(lines[:1] + lines[2:]))  # a record removed from the middle
+    capsys.readouterr()
+    assert main(["ledger", "verify", str(session_dir), "--repair"]) == 1
+    err = capsys.readouterr().err
+    assert "INVALID" in err and "mends only a torn last line" in err

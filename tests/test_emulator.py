@@ -327,3 +327,14 @@ def test_a_scripted_function_may_return_a_string_a_dict_or_a_reply() -> None:
         assert second.stop_reason == "end_turn" and second.content[0].text == "done"
     with pytest.raises(TypeError, match="a scripted reply must be a Reply, a str or a dict, not int"):
         ScriptedResponder(lambda body: 7).respond({"messages": []})
+
+
+def test_a_bare_function_is_a_responder_and_anything_else_is_refused_at_once() -> None:
+    """The README's ``Emulator(lambda body: "hi")``: a function of the request body answers (it
+    was accepted, then every request got a 500); an object that is neither is a TypeError."""
+    with Emulator(lambda body: f"hi ({len(body['messages'])})") as emu:
+        c = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
+        r = c.messages.create(model="claude-sonnet-4-6", max_tokens=20, messages=[{"role": "user", "content": "x"}])
+    assert r.content[0].text == "hi (1)"  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="respond"):
+        Emulator(42)  # type: ignore[arg-type]

@@ -148,3 +148,48 @@ def test_300_stalled_connections_do_not_block_anyone(emu: Emulator, http: httpx2
     finally:
         for s in stalled:
             s.close()
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _new_hostile() -> dict[str, bytes]:
+    """Bodies the servers once answered with a 500 (RecursionError, ValueError): nesting 5,000
+    deep in the system prompt, a message and a tool input, and a 5,000-digit integer."""
+    user = '{"role":"user","content":"x"}'
+    base = f'"model":"{MODEL}","max_tokens":5'
+    return {
+        "deep_system": f'{{{base},"system":{_deep(5000)},"messages":[{user}]}}'.encode(),
+        "deep_message": f'{{{base},"messages":[{{"role":"user","content":{_deep(5000)}}}]}}'.encode(),
+        "deep_tool_input": (f'{{{base},"messages":[{user},{{"role":"assistant","content":[{{"type":"tool_use",'
+                            f'"id":"toolu_1","name":"t","input":{{"a":{_deep(5000)}}}}}]}}]}}').encode(),
+        "int_5000_digits": f'{{"model":"{MODEL}","max_tokens":1{"0" * 5000},"messages":[{user}]}}'.encode(),
+    }
+
+
+@pytest.mark.parametrize("server", ["emulator", "observe", "compact"])
+def test_hostile_bodies_get_4xx_on_every_server(server: str, tmp_path: Path) -> None:
+    """The hostile corpus, the bodies above and a gzip header over bytes that are not gzip, on
+    the emulator and on both proxy modes in front of it: a JSON 4xx each, never a 5xx (compact
+    mode forwards what it cannot parse unchanged, so the upstream's 400 comes back)."""
+    from contextlib import ExitStack
+
+    from cachecompact.proxy import Proxy, ProxyConfig
+
+    with ExitStack() as stack:
+        emu = stack.enter_context(Emulator())
+        url = emu.url
+        if server != "emulator":
+            url = stack.enter_context(Proxy(ProxyConfig(upstream=emu.url, port=0, mode=server,
+                                                        store=str(tmp_path / "store")))).url
+        with httpx2.Client(base_url=url, timeout=30, headers={"x-api-key": "k"}) as c:
+            bodies = {p.name: p.read_bytes() for p in sorted(HOSTILE.iterdir())} | _new_hostile()
+            for name, raw in bodies.items():
+                r = c.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
+                _api_shaped(r)
+                assert r.status_code < 500 and (r.status_code >= 400 or name == "control_chars.json"), name
+            r = c.post("/v1/messages", content=b'{"model": "x"}' * 50,
+                       headers={"content-type": "application/json", "content-encoding": "gzip"})
+            assert r.status_code == 400 and "gzip" in r.json()["error"]["message"], r.text[:200]
+            _alive(c)

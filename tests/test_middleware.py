@@ -573,3 +573,41 @@ def test_a_window_larger_than_the_models_is_said_once(emu: Emulator, caplog: pyt
             client.messages.create(model="claude-haiku-4-5", max_tokens=64, system=SYSTEM,
                                    messages=[{"role": "user", "content": f"hello {k}"}])
     assert caplog.text.count("larger than claude-haiku-4-5's context window") == 1
+
+
+@pytest.mark.parametrize("mode", ["sync-create", "sync-stream", "async-create", "async-stream"])
+def test_the_claude_code_peer_compacts_under_streaming(mode: str) -> None:
+    """Its summary on the cached prefix copies the agent's request: a streaming request's copy
+    must not stream (it failed every compaction with "'Stream' object has no attribute
+    'usage'" and fell open, uncompacted)."""
+    trace = synthetic_trace(6)
+    events: list[Event] = []
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
+        base = anthropic.AsyncAnthropic if mode.startswith("async") else anthropic.Anthropic
+        client = wrap(base(base_url=emu.url, api_key="t", max_retries=0), store=None, strategy="claude-code",
+                      window_tokens=40_000, on_event=events.append)
+        stream = mode.endswith("stream")
+        if mode.startswith("async"):
+            asyncio.run(run_agent_async(client, trace, stream=stream))
+        else:
+            run_agent(client, trace, stream=stream)
+        sent = [r for r in emu.requests if not r.get("internal") and r.get("status") == 200]
+    assert [e for e in events if e.kind == "failure"] == []
+    assert any(e.kind == "compaction" and e.level == "L4" for e in events)
+    assert max(r["total_input_tokens"] for r in sent) <= 40_000
+
+
+def test_the_openhands_peer_holds_a_window_only_through_the_apis_errors() -> None:
+    """Documented (strategies/openhands.py): window_tokens is not an OpenHands setting. With a
+    model window of 1M it goes past a 40k window_tokens; with a 40k context window at the API
+    it condenses on the error and stays within it."""
+    trace = synthetic_trace(6)
+    peaks = []
+    for api_window in (None, 40_000):
+        with Emulator(SummarizingResponder(ReplayResponder(trace.messages)), context_window=api_window) as emu:
+            client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                          strategy="openhands", window_tokens=40_000)
+            run_agent(client, trace)
+            peaks.append(max(r["total_input_tokens"] for r in emu.requests if r.get("status") == 200
+                             and not r.get("internal")))
+    assert peaks[0] > 40_000 >= peaks[1]

@@ -150,7 +150,7 @@ def test_forged_transcript_message_with_recomputed_hash_is_detected(tmp_path: Pa
     rec = json.loads(lines[4])
     rec["m"]["content"][0]["content"] = "a forged tool result"
     rec["h"] = xxhash.xxh3_128_hexdigest(canonical_bytes(rec["m"]))  # the old format's only check: recomputed
-    lines[4] = json.dumps(rec)
+    lines[4] = canonical_bytes(rec).decode()  # written as the store writes: only the chain can tell
     p.write_text("\n".join(lines))
     with pytest.raises(LedgerCorruptError, match="chain value") as ei:
         Session.open(tmp_path / "s")

@@ -33,7 +33,7 @@ from ..tokens import TokenCounter
 from ..wire import canonical_bytes
 from .compaction import after_last_compaction, compact_edit, summary_block, summary_prompt
 from .context_editing import apply_context_management
-from .responders import Reply, Responder, ScriptedResponder, SummarizingResponder
+from .responders import Reply, Responder, ResponderFn, ScriptedResponder, SummarizingResponder
 from .validation import MessageInfo, check_message, check_request
 
 __all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply", "output_tokens"]
@@ -50,6 +50,19 @@ def output_tokens(content: list[dict[str, Any]], counter: TokenCounter, ratio: f
     inputs (as JSON), scaled by the model family's token ratio."""
     return round(ratio * sum(counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use"
                                                 else str(b.get("text", b.get("thinking", "")))) for b in content))
+
+
+def _as_responder(responder: Any) -> Responder:
+    """A responder as given, or a bare function of the request body wrapped as one (the README's
+    ``Emulator(lambda body: "hi")``); anything else is refused here, not with a 500 per request."""
+    if responder is None:
+        return SummarizingResponder(ScriptedResponder())
+    if callable(getattr(responder, "respond", None)):
+        return responder  # type: ignore[no-any-return]
+    if callable(responder):
+        return SummarizingResponder(ScriptedResponder(responder))
+    raise TypeError(f"responder must have a respond(body) method or be a function of the request body returning "
+                    f"a string, a dict of content blocks or a Reply; got {type(responder).__name__}")
 
 
 def _short(err: BaseException) -> str:
@@ -121,14 +134,14 @@ class EmulatorCore:
 
     def __init__(
         self,
-        responder: Responder | None = None,
+        responder: Responder | ResponderFn | None = None,
         *,
         faults: FaultConfig | None = None,
         log_path: str | Path | None = None,
         counter: TokenCounter | None = None,
         context_window: int | None = None,
     ) -> None:
-        self.responder: Responder = responder or SummarizingResponder(ScriptedResponder())
+        self.responder: Responder = _as_responder(responder)
         self.faults = faults or FaultConfig()
         self._rng = random.Random(self.faults.seed)
         self.counter = counter or TokenCounter()

@@ -43,6 +43,10 @@ class Responder(Protocol):
     def respond(self, body: dict[str, Any]) -> Reply: ...
 
 
+# what a bare function given as a responder may be: the request body to a reply
+ResponderFn = Callable[[dict[str, Any]], "Reply | str | dict[str, Any]"]
+
+
 def _text_reply(text: str) -> Reply:
     return Reply([{"type": "text", "text": text}])
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ..httpserver import ServerThread, api_errors, read_body, serve_forever
 from .core import EmulatorCore, FaultConfig, HttpReply
-from .responders import Responder
+from .responders import Responder, ResponderFn
 
 __all__ = ["Emulator", "make_app"]
 
@@ -81,7 +81,7 @@ class Emulator:
 
     def __init__(
         self,
-        responder: Responder | None = None,
+        responder: Responder | ResponderFn | None = None,
         *,
         faults: FaultConfig | None = None,
         log: str | Path | None = None,

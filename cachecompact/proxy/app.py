@@ -52,7 +52,6 @@ from ..engine import (
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
-from ..resolution import RequestHistory
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 from .observe import Observer, session_hint
@@ -521,8 +520,7 @@ def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float)
         return api_error(400, str(err))
     state.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
     try:
-        history = RequestHistory.of_bytes(raw, body) if isinstance(body.get("messages"), list) else None
-        return state.engine.prepare_or_fail_open(body, explicit=hint, now=now, history=history)
+        return state.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
     except ContextFullError as err:
         return api_error(400, str(err))
     finally:
@@ -557,7 +555,7 @@ def _record(state: ProxyState, raw: bytes, headers: dict[str, str], p: Prepared 
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
                  for e in sess.ledger.entries]
         state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
-                            timing=timing, stream=stream, compactions=comps, link=sess.link)
+                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw)
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")
 

@@ -198,8 +198,8 @@ class Observer:
             history = RequestHistory.of_bytes(raw, body)
             hashes = history.ids
             s = self._resolve(hint, history, "observe")
-        except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError) as err:
-            log.debug("cachecompact proxy: request not analysed: %s", err)
+        except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError, RecursionError) as err:
+            log.debug("cachecompact proxy: request not analysed: %s", str(err)[:200])
             return None
         with s.lock:
             kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
@@ -226,13 +226,16 @@ class Observer:
 
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
              status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
-             link: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Record a request the compaction engine prepared and analysed (compact mode)."""
+             link: dict[str, Any] | None = None, raw: bytes | None = None) -> dict[str, Any]:
+        """Record a request the compaction engine prepared and analysed (compact mode); ``raw``
+        is the body the client sent, kept when ``keep_bodies`` is on."""
         s = self.session_for_engine(sid, link)
         with s.lock:
             if compactions is not None:
                 s.compactions = compactions
             rec = {"time": now, "status": status, "stream": stream, "model": model, **timing}
+            if raw is not None and self.keep_bodies and self.store is not None:
+                rec["body_ref"] = self._put_body(s, raw)
             if status != 200 or not usage or finding is None:
                 s.errors += int(status != 200)
                 return self._add(s, rec)

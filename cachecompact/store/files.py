@@ -35,7 +35,6 @@ import msgspec
 
 from ..errors import (
     InvalidSessionIdError,
-    LedgerCorruptError,
     SessionExistsError,
     SessionNotFoundError,
     StoreConflictError,
@@ -44,7 +43,7 @@ from ..errors import (
 from ..safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 from ..wire import canonical_bytes
 from .contract import LogName, TornTail, check_ref, check_session_id
-from .records import FORMAT, VERSION
+from .records import FORMAT, VERSION, decode_record
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
 
@@ -237,11 +236,7 @@ class FileSessionStore:
             if nl < 0:  # no newline: a write that did not finish
                 tail.torn = TornTail(str(p), line_no, len(data) - pos, log)
                 break
-            try:
-                value = _DECODER.decode(data[pos:nl])
-            except msgspec.DecodeError as err:  # a complete line that does not parse is corruption
-                raise LedgerCorruptError(str(p), line_no, f"not valid JSON: {err}") from None
-            out.append((line_no, value))
+            out.append((line_no, decode_record(data[pos:nl], str(p), line_no)))
             tail.lines += 1
             tail.offset += nl + 1 - pos
             pos = nl + 1

@@ -21,8 +21,10 @@ incremental: ``read_new`` fetches records after the last one seen, never the who
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,7 +43,7 @@ from ..errors import (
 )
 from ..wire import canonical_bytes
 from .contract import LOGS, LogName, TornTail, check_ref, check_session_id
-from .records import FORMAT, VERSION
+from .records import FORMAT, VERSION, decode_record
 
 try:
     import psycopg
@@ -119,7 +121,8 @@ def _redact(text: str, url: str | None = None) -> str:
 
 def _cannot_connect(url: str, err: BaseException) -> ConfigError:
     """A connection error that names the server but never repeats its password."""
-    return ConfigError(f"cannot connect to {_redact(url)}: {_redact(str(err).strip(), url)[:300]}")
+    why = " ".join(_redact(str(err).strip(), url).split())  # libpq's message spans lines: one line here
+    return ConfigError(f"cannot connect to {_redact(url)}: {why[:300]}")
 
 
 def _retryable(err: BaseException) -> bool:
@@ -159,7 +162,23 @@ def migrate(url: str) -> tuple[int, int]:
 
 
 PROBE_TIMEOUT_S = 10.0  # the first connection attempt's limit (a silent host); the pool waits `timeout`
-# (a refused or timed-out first attempt goes on to the pool's retries: the server may be starting)
+CONNECT_WAIT_S = 5.0  # how long a refused or timed-out server is waited for (it may be starting)
+
+
+def _reach(url: str, wait: float) -> None:
+    """Connect once directly before the pool opens, so a bad URL, an unknown host or a refused
+    login fails at once, and a server that refuses or does not answer fails within ``wait``
+    seconds, with one line (the pool would retry for its whole timeout, logging each try)."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            psycopg.connect(url, connect_timeout=max(1, math.ceil(min(left, PROBE_TIMEOUT_S)))).close()
+            return
+        except Exception as err:
+            if not _retryable(err) or time.monotonic() + 0.25 >= deadline:
+                raise _cannot_connect(url, err) from None
+        time.sleep(0.25)
 
 
 class PostgresStore:
@@ -169,11 +188,7 @@ class PostgresStore:
                  lock_timeout: float = 10.0) -> None:
         self._url = url
         self.lock_timeout = lock_timeout  # as the file store: a writer that holds on longer is reported
-        try:  # one direct attempt first: an unknown host or a bad URL fails now, not after the pool's retries
-            psycopg.connect(url, connect_timeout=max(1, int(min(timeout, PROBE_TIMEOUT_S)))).close()
-        except Exception as err:
-            if not _retryable(err):
-                raise _cannot_connect(url, err) from None
+        _reach(url, min(timeout, CONNECT_WAIT_S))
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
                                    kwargs={"autocommit": True}, name="cachecompact")
         try:
@@ -407,10 +422,7 @@ class PostgresSessionStore:
         for seq, body in rows:
             if seq != expect:
                 raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")
-            try:
-                out.append((seq, _DECODER.decode(bytes(body))))
-            except msgspec.DecodeError as err:
-                raise LedgerCorruptError(self.where(log), seq, f"not valid JSON: {err}") from None
+            out.append((seq, decode_record(bytes(body), self.where(log), seq)))
             expect += 1
         return out
 
@@ -441,10 +453,7 @@ class PostgresSessionStore:
             expect = self._seen[log] + 1
             if seq != expect:
                 raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")
-            try:
-                out[log].append((seq, _DECODER.decode(bytes(body))))
-            except msgspec.DecodeError as err:
-                raise LedgerCorruptError(self.where(log), seq, f"not valid JSON: {err}") from None
+            out[log].append((seq, decode_record(bytes(body), self.where(log), seq)))
             self._seen[log] = seq
         return out
 

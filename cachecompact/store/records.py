@@ -13,9 +13,29 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import msgspec
+
+from ..errors import LedgerCorruptError
 from ..wire import canonical_bytes
 
-__all__ = ["FORMAT", "GENESIS", "VERSION", "record_hash", "seal", "transcript_chain"]
+__all__ = ["FORMAT", "GENESIS", "VERSION", "decode_record", "record_hash", "seal", "transcript_chain"]
+
+_DECODER = msgspec.json.Decoder()
+
+
+def decode_record(raw: bytes, where: str, line: int) -> Any:
+    """One stored record, which must be exactly its canonical JSON (docs/ledger-format.md): the
+    hashes are over canonical bytes, so a change the hashes would not see (a space between
+    tokens, a CR before the newline, keys reordered, an escape written another way) is
+    corruption too, and the verdict is the same as a verifier's that reads the bytes."""
+    try:
+        value = _DECODER.decode(raw)
+    except msgspec.DecodeError as err:
+        raise LedgerCorruptError(where, line, f"not valid JSON: {err}") from None
+    if canonical_bytes(value) != raw:
+        raise LedgerCorruptError(where, line, "the record is not in canonical JSON (bytes were changed where its "
+                                              "hashes do not reach: spacing, a CR, key order or an escape)")
+    return value
 
 FORMAT = "cachecompact-session"
 VERSION = 2

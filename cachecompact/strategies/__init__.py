@@ -9,6 +9,7 @@ point (see `base`).
 
 from __future__ import annotations
 
+import importlib
 import threading
 from dataclasses import replace
 from typing import Any
@@ -16,17 +17,15 @@ from typing import Any
 from ..errors import UnknownStrategyError
 from ..policy import Economics, PolicyConfig
 from ..strategy import LedgerStrategy, Strategy, StrategyConfig, StrategyContext, TurnReport, summarize_range, task_goal
-from .body import AnthropicClearConfig, AnthropicCompactConfig, MaskingConfig, NoneConfig, WindowConfig
 from .cachecompact import CachecompactConfig
-from .claude_code import ClaudeCodeConfig
-from .openhands import OpenHandsConfig
-from .seed import SeedPipelineConfig
 
 __all__ = [
     "AnthropicClearConfig",
+    "AnthropicCompactConfig",
     "CachecompactConfig",
     "ClaudeCodeConfig",
     "LedgerStrategy",
+    "MaskingConfig",
     "NoneConfig",
     "OpenHandsConfig",
     "SeedPipelineConfig",
@@ -43,19 +42,37 @@ __all__ = [
     "with_policy",
 ]
 
+# The peers' config classes, by module: imported when a peer is first asked for (the runtime of
+# a wrapped agent never needs them), or when one of these names is read from this package.
+_PEER_CLASSES = {"NoneConfig": "body", "WindowConfig": "body", "AnthropicClearConfig": "body",
+                 "AnthropicCompactConfig": "body", "MaskingConfig": "body", "SeedPipelineConfig": "seed",
+                 "OpenHandsConfig": "openhands", "ClaudeCodeConfig": "claude_code"}
+# name -> (config class, keyword arguments), in the order strategy_names() lists them
+_PEERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "none": ("NoneConfig", {}),
+    "window-20": ("WindowConfig", {"messages": 20}),
+    "seed-pipeline": ("SeedPipelineConfig", {}),
+    "anthropic-clear": ("AnthropicClearConfig", {}),
+    "anthropic-clear-atleast": ("AnthropicClearConfig", {"clear_at_least_fraction": 0.125}),
+    "anthropic-compact": ("AnthropicCompactConfig", {}),
+    "masking": ("MaskingConfig", {}),
+    "openhands": ("OpenHandsConfig", {}),
+    "claude-code": ("ClaudeCodeConfig", {}),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PEER_CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
 _LOCK = threading.Lock()
 _REGISTRY: dict[str, Any] = {
     "cachecompact": CachecompactConfig(),
     "cachecompact-no-econ": CachecompactConfig(policy=PolicyConfig(economics=Economics(cache_aware=False))),
-    "none": NoneConfig(),
-    "window-20": WindowConfig(messages=20),
-    "seed-pipeline": SeedPipelineConfig(),
-    "anthropic-clear": AnthropicClearConfig(),
-    "anthropic-clear-atleast": AnthropicClearConfig(clear_at_least_fraction=0.125),
-    "anthropic-compact": AnthropicCompactConfig(),
-    "masking": MaskingConfig(),
-    "openhands": OpenHandsConfig(),
-    "claude-code": ClaudeCodeConfig(),
+    **dict.fromkeys(_PEERS),  # None until first asked for
 }
 _ALIASES = {"default": "cachecompact"}
 
@@ -70,9 +87,15 @@ def register(name: str, config: StrategyConfig) -> None:
 
 def get_strategy(name: str) -> StrategyConfig:
     """The registered config for ``name``; `UnknownStrategyError` lists the known names."""
-    cfg = _REGISTRY.get(_ALIASES.get(name, name))
-    if cfg is None:
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
         raise UnknownStrategyError(f"unknown strategy {name!r}; known: {', '.join(strategy_names())}")
+    cfg = _REGISTRY[key]
+    if cfg is None:  # a peer not built yet
+        cls, kwargs = _PEERS[key]
+        cfg = __getattr__(cls)(**kwargs)
+        with _LOCK:
+            _REGISTRY[key] = cfg
     out: StrategyConfig = cfg
     return out
 

@@ -4,6 +4,11 @@ Once the view has more than ``max_size`` events, keep the first ``keep_first`` a
 ``max_size / 2 - keep_first - 1`` and summarise the rest together with the previous summary
 (rolling). Its summarizer runs with prompt caching disabled (a forced-tool call that reads
 nothing from cache). On a context-window error it condenses at once.
+
+``window_tokens`` is not one of its settings, as in OpenHands: it condenses at ``max_size``
+events, or when the API refuses a request as too long for the model's own window. So
+``wrap(strategy="openhands", window_tokens=40_000)`` sends requests far over 40k tokens when
+the model's window is larger; pick it for its event-count rule, not to hold a window.
 """
 
 from __future__ import annotations
