@@ -208,7 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
     res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window or DEFAULT_WINDOWS,
                     workers=args.workers, progress=not args.json, synthetic=args.synthetic,
-                    tasks=not args.no_tasks, traces=not args.tasks)
+                    tasks=not args.no_tasks, traces=not args.tasks, full=args.full)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
     files = write_outputs(res, Path(args.out), command)
     if args.json:
@@ -498,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model")
     bench.add_argument("--window", type=_int_in("--window", 8_000, 10_000_000), nargs="+", action="extend",
                        metavar="N", help="context windows in tokens (repeatable; default: 200000 50000)")
+    bench.add_argument("--full", action="store_true",
+                       help="every trace of the shared corpus (default: a sample of each set, a few minutes)")
     bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")
     bench.add_argument("--no-tasks", action="store_true", help="skip the closed-loop task suite")
     bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")

@@ -27,6 +27,7 @@ from .tasks import TaskResult, make_task, run_task
 __all__ = ["DEFAULT_WINDOWS", "TASK_SEEDS", "BenchResult", "load_corpus", "run_bench", "split_halves"]
 
 SYNTHETIC_CORPUS = 12
+SAMPLE_PER_SET = 4  # long traces per set in the default run (`--full` runs every trace)
 DEFAULT_WINDOWS = (200_000, 50_000)
 TASK_SEEDS = tuple(range(1, 7))  # six closed-loop tasks
 TASK_WINDOWS = (50_000,)
@@ -109,6 +110,26 @@ def split_halves(traces: Sequence[Trace]) -> dict[str, str]:
     return out
 
 
+def sample_corpus(traces: Sequence[Trace], roots: Sequence[str | Path], per_set: int = SAMPLE_PER_SET) -> list[Trace]:
+    """A representative subset: from each set (`trace_set`), ``per_set`` long traces spread
+    evenly over the set's range of lengths (the shortest and the longest among them), so the
+    default run covers every set in a few minutes; short traces are left out."""
+    by_set: dict[str, list[Trace]] = {}
+    for t in traces:
+        if t.turns >= 50:
+            by_set.setdefault(trace_set(t.source, roots), []).append(t)
+    out: list[Trace] = []
+    for members in by_set.values():
+        members.sort(key=lambda t: (t.turns, t.name))
+        if len(members) <= per_set:
+            out += members
+            continue
+        step = (len(members) - 1) / (per_set - 1) if per_set > 1 else 0
+        out += [members[round(k * step)] for k in range(per_set)]
+    keep = {t.name for t in out}
+    return [t for t in traces if t.name in keep]
+
+
 def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
                 ) -> tuple[list[Trace], list[dict[str, str]], str]:
     """Traces from ``paths`` (or the shared corpus, or the synthetic one); bad files are skipped
@@ -169,8 +190,11 @@ def _progress(total: int, desc: str) -> tuple[Callable[[], None], Callable[[], N
 def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None = None,
               model: str = "claude-sonnet-4-6", windows: Sequence[int] = DEFAULT_WINDOWS,
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
-              tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS) -> BenchResult:
-    """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md)."""
+              tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS,
+              full: bool = True) -> BenchResult:
+    """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md).
+    Without ``full``, the shared corpus is sampled (`sample_corpus`); given paths are always run
+    whole."""
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
@@ -182,6 +206,10 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
     corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
     tdir = default_trace_dir()
     roots = list(paths) or ([tdir] if tdir is not None else [])
+    if not full and not paths and synthetic is None and tdir is not None:
+        n_all = len(corpus)
+        corpus = sample_corpus(corpus, roots)
+        label += f", a sample of {len(corpus)} of its {n_all} traces (--full runs them all)"
     if traces and not corpus:  # before any run: a typo in a path must not cost a task suite first
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         raise ConfigError(f"no trace could be loaded from {', '.join(map(str, paths))}"
