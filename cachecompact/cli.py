@@ -14,21 +14,16 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .errors import (
-    CacheCompactError,
-    ImmutablePrefixError,
-    LedgerCorruptError,
-    MalformedMessageError,
-    SessionLockedError,
-    SessionNotFoundError,
-    StoreError,
-)
-from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
-from .session import DEFAULT_MAX_TOKENS, DEFAULT_MODEL, Session
+# Nothing heavy at import: `cachecompact --help` and argument errors answer before the SDK and
+# the engine load; each command imports what it uses.
+if TYPE_CHECKING:
+    from .session import Session
 
 DEFAULT_STORE = ".cachecompact/sessions"  # wrap()'s default store
+DEFAULT_MODEL = "claude-sonnet-4-6"  # the same as session.DEFAULT_MODEL (a test keeps them equal)
+DEFAULT_MAX_TOKENS = 4096
 
 __all__ = ["main"]
 
@@ -53,6 +48,8 @@ def ledger_table(sess: Session) -> str:
 
 def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
     """The session named on the command line: a directory, or an id in ``--store``."""
+    from .session import Session
+
     if getattr(args, "store", None):
         from .store import open_store
 
@@ -77,6 +74,14 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every chain, the prefix and the replay of every entry are valid. Never writes,
     unless ``--repair`` sets a torn tail aside."""
     from .emulator.validation import validate_request
+    from .errors import (
+        ImmutablePrefixError,
+        LedgerCorruptError,
+        MalformedMessageError,
+        SessionLockedError,
+        SessionNotFoundError,
+        StoreError,
+    )
 
     try:
         sess = _open(args, readonly=True)
@@ -128,6 +133,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build a session from a real trace (or a synthetic one), add two edits, show the effect."""
+    from .ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
+    from .session import Session
     from .traces import default_trace_dir, discover, load_trace, synthetic_trace
 
     if args.trace:
@@ -582,14 +589,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    except (UsageError, CacheCompactError, OSError) as err:
+    except Exception as err:
         if debug:
             raise
-        print(f"cachecompact: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except Exception as err:  # a bug: still one line, with how to see more
-        if debug:
-            raise
+        from .errors import CacheCompactError
+
+        if isinstance(err, (UsageError, CacheCompactError, OSError)):
+            print(f"cachecompact: error: {_one_line(err)}", file=sys.stderr)
+            return 2
+        # a bug: still one line, with how to see more
         print(f"cachecompact: error: internal error {type(err).__name__}: {_one_line(err)} (rerun with --debug "
               "for the traceback)", file=sys.stderr)
         return 2

@@ -201,3 +201,24 @@ def test_repair_says_what_it_cannot_mend(session_dir: Path, capsys: pytest.Captu
     assert main(["ledger", "verify", str(session_dir), "--repair"]) == 1
     err = capsys.readouterr().err
     assert "INVALID" in err and "mends only a torn last line" in err
+
+
+def test_start_up_loads_only_what_a_command_uses() -> None:
+    """`import cachecompact` and `cachecompact --help` load neither the SDK nor the engine (the
+    help answered in about 6 s on a loaded machine); the CLI's defaults agree with the session's."""
+    import subprocess
+    import sys
+
+    from cachecompact import cli, session
+
+    assert (cli.DEFAULT_MODEL, cli.DEFAULT_MAX_TOKENS) == (session.DEFAULT_MODEL, session.DEFAULT_MAX_TOKENS)
+    probe = ("import sys, cachecompact, cachecompact.cli\n"
+             "try:\n    cachecompact.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "mods = [m for m in sys.modules if m.startswith('cachecompact')]\n"
+             "print(len(mods), 'anthropic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    n, sdk = out.strip().splitlines()[-1].split()
+    assert int(n) <= 3 and sdk == "False", out[-300:]
+    import cachecompact
+
+    assert cachecompact.wrap is not None and cachecompact.store.FileStore is not None  # loaded on first use
