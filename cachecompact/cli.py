@@ -413,8 +413,28 @@ def _must_exist(paths: list[str]) -> None:
         raise UsageError(f"no such file or folder: {', '.join(missing)}")
 
 
+def _load_model_prices(path: str) -> None:
+    """Register the models a ``--model-prices`` file prices (`pricing.custom`)."""
+    from .pricing import custom, register
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model-prices {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--model-prices {path}: expected an object mapping model ids to prices")
+    for name, prices in data.items():
+        register(custom(str(name), prices))
+
+
 def _check(args: argparse.Namespace) -> None:
     """Checks that need the file system or the registries, run before any work."""
+    if getattr(args, "model_prices", None):
+        _load_model_prices(args.model_prices)
+    if args.command == "render":
+        from .pricing import get_model
+
+        get_model(args.model)  # an unlisted id: one line naming the nearest ones
     if args.command == "bench":
         from .pricing import get_model
         from .strategies import get_strategy
@@ -483,7 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
     _session_args(ren)
     ren.add_argument("--at-entry", type=_int_in("--at-entry", 0), default=None, metavar="K")
-    ren.add_argument("--model", default=DEFAULT_MODEL)
+    ren.add_argument("--model", default=DEFAULT_MODEL, help="an id of the price table (or priced by --model-prices)")
+    ren.add_argument("--model-prices", metavar="JSON",
+                     help="a file pricing unlisted models: {id: {input, output, ...}}")
     ren.add_argument("--max-tokens", type=_int_in("--max-tokens", 1), default=DEFAULT_MAX_TOKENS)
     ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
     ren.set_defaults(func=cmd_render)
@@ -502,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
                            parents=[common])
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
-    bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model")
+    bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model (an id of the price table)")
+    bench.add_argument("--model-prices", metavar="JSON",
+                       help="a file pricing unlisted models: {id: {input, output, ...}} ($ per MTok)")
     bench.add_argument("--window", type=_int_in("--window", 8_000, 10_000_000), nargs="+", action="extend",
                        metavar="N", help="context windows in tokens (repeatable; default: 200000 50000)")
     bench.add_argument("--full", action="store_true",

@@ -32,7 +32,7 @@ from .errors import (
 from .events import Event, EventBus
 from .forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
 from .policy import MIN_WINDOW_TOKENS, PolicyConfig
-from .pricing import model_prices, priced
+from .pricing import get_model, model_prices, priced
 from .registry import Live, SessionRegistry
 from .render import RenderResult
 from .resolution import RequestHistory, head_key
@@ -140,6 +140,7 @@ class CompactionEngine:
         prefix_ttl: Literal["5m", "1h"] | None = None,
         on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
         clock: Callable[[], float] = time.time,
+        strict_models: bool = False,
     ) -> None:
         if session_id is not None:
             check_session_id(session_id, "session_id")
@@ -178,6 +179,9 @@ class CompactionEngine:
         self.events = EventBus(hooks)
         self.events.subscribe(self._persist_event)
         self.clock = clock
+        # refuse a request whose model the price table does not list (wrap(); the proxy, which
+        # serves clients it does not configure, prices such a request as the default model)
+        self.strict_models = strict_models
         self.overhead_s = 0.0  # time spent preparing requests and recording usage
         self.registry = SessionRegistry(self.store, create=self._create, open_=self._open)
         self._last_prepared: dict[bytes, Prepared] = {}
@@ -252,6 +256,8 @@ class CompactionEngine:
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
         _check_caller_fields(body)
+        if self.strict_models and isinstance(body.get("model"), str):
+            get_model(body["model"])  # UnknownModelError names the nearest ids and how to price it
         if explicit is not None:
             check_session_id(explicit, "session id")
         else:
@@ -324,8 +330,8 @@ class CompactionEngine:
         t0 = time.perf_counter()
         try:
             return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
-        except ContextFullError:
-            raise  # cannot fit at all, even after L5: say so clearly
+        except (ContextFullError, UnknownModelError):
+            raise  # cannot fit at all, even after L5, or a model nobody priced: say so clearly
         except (MalformedMessageError, InvalidSessionIdError) as err:
             log.warning("cachecompact: request passed through unchanged: %s", err)
             return None

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 import anthropic
@@ -101,6 +101,7 @@ class CompactionMiddleware(Middleware):
         on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
         clock: Callable[[], float] = time.time,
         store_dir: str | os.PathLike[str] | None = None,
+        strict_models: bool = False,
     ) -> None:
         if store_dir is not None and store != DEFAULT_STORE:
             raise ConfigError("give store= or store_dir= (its older name), not both")
@@ -108,7 +109,7 @@ class CompactionMiddleware(Middleware):
             store_dir if store_dir is not None else store, session_id=session_id, strategy=strategy, config=config,
             window_tokens=window_tokens, summarizer=summarizer, prefix_messages=prefix_messages,
             scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-            on_event=on_event, clock=clock)
+            on_event=on_event, clock=clock, strict_models=strict_models)
         self.events = self.engine.events
         self.window_tokens = self.engine.window_tokens
 
@@ -305,8 +306,14 @@ def wrap(
     on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
     clock: Callable[[], float] = time.time,
     store_dir: str | os.PathLike[str] | None = None,
+    pricing: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ClientT:
     """``client.with_middleware(CompactionMiddleware(...))``, validated now.
+
+    Every request's model must be an id of the price table (or a dated id of one): another name
+    (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
+    is sent. ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
+    purpose ($ per MTok; `pricing.custom` says what else may be given).
 
     ``summarizer="auto"`` summarises through a client like this one (without the middleware),
     with the strategy's summary model (``claude-haiku-4-5`` for ``cachecompact``) unless
@@ -318,17 +325,23 @@ def wrap(
         raise ConfigError(f"wrap() takes an anthropic.Anthropic or AsyncAnthropic client, got {type(client).__name__}")
     if any(isinstance(m, CompactionMiddleware) for m in client.middleware):
         raise ConfigError("this client is already wrapped with cachecompact.wrap(); wrap the original client once")
+    from .pricing import custom, get_model, register
+
+    if pricing is not None:
+        if not isinstance(pricing, Mapping):
+            raise ConfigError(f"pricing must map model ids to their prices, got {type(pricing).__name__}")
+        for name, prices in pricing.items():
+            register(custom(str(name), prices))
     if summarizer_model is not None:
         if summarizer != "auto":
             raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")
-        from .pricing import model_prices
 
         # checked now, not at the first summary: an id of no known family, or a bare family name
         # ("haiku") that prices fine but that the API would refuse
         if not isinstance(summarizer_model, str) or "claude-" not in summarizer_model.lower():
             raise ConfigError(f"summarizer_model={summarizer_model!r} is not a Claude model id (for example "
                               "'claude-haiku-4-5')")
-        model_prices(summarizer_model)
+        get_model(summarizer_model)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
         summ = summarizer_factory(client, summarizer_model)
@@ -339,7 +352,7 @@ def wrap(
     mw = CompactionMiddleware(store, session_id=session_id, strategy=strategy, config=config,
                               window_tokens=window_tokens, summarizer=summ, prefix_messages=prefix_messages,
                               scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-                              on_event=on_event, clock=clock, store_dir=store_dir)
+                              on_event=on_event, clock=clock, store_dir=store_dir, strict_models=True)
     return client.with_middleware(mw)
 
 

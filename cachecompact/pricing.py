@@ -14,14 +14,16 @@ calibration against reported usage refines them; the emulator bills with the sam
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .errors import UnknownModelError
+from .errors import ConfigError, UnknownModelError
 
 __all__ = ["DEFAULT_PRICE_MODEL", "FAMILIES", "ModelInfo", "get_model", "known_models", "model_prices", "override",
            "priced", "register"]
@@ -143,12 +145,43 @@ def _canonical(model: str) -> str:
 
 
 def get_model(model: str) -> ModelInfo:
-    """The entry for a model id, alias or dated id; raises `UnknownModelError`."""
+    """The entry for an exact model id, an alias or a dated id of one (``-20261001``,
+    ``-latest``, Claude Code's ``[1m]``); `UnknownModelError` naming the nearest ids otherwise.
+    No family guess: ``claude-sonnet-4.6`` is not ``claude-sonnet-4-6``."""
     info = _TABLE.get(_canonical(model))
     if info is None:
-        raise UnknownModelError(f"unknown model {model!r}; known: {', '.join(sorted(_TABLE))} "
-                                "(add one with cachecompact.pricing.register)")
+        name = _canonical(str(model))
+        near = difflib.get_close_matches(name, [*_TABLE, *_ALIASES], n=3, cutoff=0.6)
+        raise UnknownModelError(f"unknown model {str(model)[:80]!r}: not an id of the price table"
+                                + (f"; nearest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(_TABLE))}")
+                                + "; to price it on purpose give its prices (wrap(pricing={id: {'input': ..., "
+                                  "'output': ...}}), --model-prices FILE, or cachecompact.pricing.register)")
     return info
+
+
+def custom(name: str, prices: Mapping[str, Any]) -> ModelInfo:
+    """An entry for a model the table does not list, from the prices a user gives ($ per MTok):
+    ``input`` and ``output`` are required; the writes and the read default to the documented
+    multipliers (1.25x, 2x, 0.1x of input); ``context_window``, ``max_output`` and
+    ``min_cacheable`` default to 200k, 64k and 1,024 tokens."""
+    if not isinstance(prices, Mapping):
+        raise ConfigError(f"pricing[{name!r}] must be a mapping of prices, got {type(prices).__name__}")
+    known = {"input", "output", "write_5m", "write_1h", "read", "context_window", "max_output", "min_cacheable"}
+    extra = sorted(set(prices) - known)
+    if extra or "input" not in prices or "output" not in prices:
+        raise ConfigError(f"pricing[{name!r}]: give input and output ($ per MTok), optionally "
+                          f"{', '.join(sorted(known - {'input', 'output'}))}" + (f"; unknown: {', '.join(extra)}"
+                                                                                if extra else ""))
+    try:
+        base = float(prices["input"])
+        return ModelInfo(
+            name=_canonical(name), input=base, write_5m=float(prices.get("write_5m", base * 1.25)),
+            write_1h=float(prices.get("write_1h", base * 2)), read=float(prices.get("read", base * 0.1)),
+            output=float(prices["output"]), min_cacheable=int(prices.get("min_cacheable", 1024)),
+            context_window=int(prices.get("context_window", 200 * K)), max_output=int(prices.get("max_output", 64 * K)),
+            family="custom", token_ratio=1.0, forced_tool_ok=True, source="given by the user")
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"pricing[{name!r}]: {err}") from None
 
 
 def model_prices(model: str, default: str | None = None) -> ModelInfo:

@@ -199,6 +199,8 @@ def test_the_price_table_covers_the_current_models_with_every_field() -> None:
 
     for name in known_models():
         m = get_model(name)
+        if m.family == "custom":  # priced by a user (wrap(pricing=...) in another test of this process)
+            continue
         for f in fields(m):
             v = getattr(m, f.name)
             assert v is not None and v != "", f"{name}: {f.name} is empty"

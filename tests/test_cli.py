@@ -222,3 +222,13 @@ def test_start_up_loads_only_what_a_command_uses() -> None:
     import cachecompact
 
     assert cachecompact.wrap is not None and cachecompact.store.FileStore is not None  # loaded on first use
+
+
+def test_an_unlisted_model_is_one_line_naming_the_nearest_ids(session_dir: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", str(session_dir), "--model", "claude-sonnet-4.6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nearest: claude-sonnet-4-6" in err
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"claude-lab-cli": {"input": 3, "output": 15}}')  # registered for the process: a new name
+    assert main(["render", str(session_dir), "--model", "claude-lab-cli", "--model-prices", str(prices)]) == 0

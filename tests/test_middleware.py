@@ -5,6 +5,7 @@ agents, branches, restarts, gzip, and a 150-turn tool agent at a 40k window."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
@@ -599,15 +600,40 @@ def test_the_claude_code_peer_compacts_under_streaming(mode: str) -> None:
 
 def test_the_openhands_peer_holds_a_window_only_through_the_apis_errors() -> None:
     """Documented (strategies/openhands.py): window_tokens is not an OpenHands setting. With a
-    model window of 1M it goes past a 40k window_tokens; with a 40k context window at the API
-    it condenses on the error and stays within it."""
+    model window of 1M it goes past a 40k window_tokens; with a 40k context window at the API it
+    condenses when the API refuses a request (and may still not fit: its tail is 55 events)."""
     trace = synthetic_trace(6)
-    peaks = []
-    for api_window in (None, 40_000):
-        with Emulator(SummarizingResponder(ReplayResponder(trace.messages)), context_window=api_window) as emu:
-            client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
-                          strategy="openhands", window_tokens=40_000)
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages))) as emu:
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                      strategy="openhands", window_tokens=40_000)
+        run_agent(client, trace)
+        peak = max(r["total_input_tokens"] for r in emu.requests if r.get("status") == 200 and not r.get("internal"))
+    assert peak > 40_000
+    events: list[Event] = []
+    with Emulator(SummarizingResponder(ReplayResponder(trace.messages)), context_window=40_000) as emu:
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                      strategy="openhands", window_tokens=40_000, on_event=events.append)
+        with contextlib.suppress(ContextFullError):
             run_agent(client, trace)
-            peaks.append(max(r["total_input_tokens"] for r in emu.requests if r.get("status") == 200
-                             and not r.get("internal")))
-    assert peaks[0] > 40_000 >= peaks[1]
+    assert any(e.kind == "compaction" and "context window exceeded" in (e.reason or "") for e in events)
+
+
+def test_a_model_id_not_in_the_price_table_is_refused_with_the_nearest_ids(emu: Emulator) -> None:
+    """``claude-sonnet-4.6`` was priced as Sonnet 5.5 (a third off) with one warning; ``claude-opus-6``
+    as Opus 5.5. wrap() now refuses them before anything is sent, naming the nearest ids; a
+    dated id of a table entry is fine; ``pricing=`` prices an unlisted model on purpose."""
+    from cachecompact.errors import UnknownModelError
+
+    client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None)
+    for bad, near in (("claude-sonnet-4.6", "claude-sonnet-4-6"), ("claude-opus-6", "claude-opus-4-6")):
+        with pytest.raises(UnknownModelError, match=near):
+            client.messages.create(model=bad, max_tokens=10, messages=history(1))
+    assert emu.requests == []
+    client.messages.create(model="claude-sonnet-4-6-20261001", max_tokens=10, messages=history(1))
+    priced = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None,
+                  pricing={"claude-lab-1": {"input": 3, "output": 15, "context_window": 200_000}})
+    from cachecompact.pricing import get_model
+
+    assert get_model("claude-lab-1").read == pytest.approx(0.3) and priced is not None
+    with pytest.raises(ConfigError, match="input and output"):
+        wrap(anthropic.Anthropic(base_url=emu.url, api_key="t"), store=None, pricing={"x": {"in": 1}})
