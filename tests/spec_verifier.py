@@ -18,9 +18,9 @@ What it checks (each problem names the file and, for a log, the 1-based line):
   matches the transcript (the first ``prefix_messages`` messages extended past a tool pair,
   null while that prefix is incomplete) and that ``prefix_hash`` is null exactly while
   ``prefix_end`` is;
-* ``prefix_hash`` itself, recomputed from the *Block hashes* section: the prefix messages are
-  never edited, so their rendered blocks are the stored messages with string content turned
-  into one text block and ``cache_control`` removed; no renderer is needed for them;
+* ``prefix_hash`` itself, recomputed from the *Block hashes* section: prefix messages are
+  never edited, so their blocks are the stored messages with string content turned into one
+  text block and ``cache_control`` removed;
 * ``transcript.jsonl``: exactly the keys ``c``, ``h``, ``i``, ``m``; ``i`` is the line's index;
   ``h`` is xxh3-128 of the bytes of ``m`` and ``c`` the sha256 chain over them, where the bytes
   of ``m`` are cut from the stored line (between the first ``,"m":`` and the final ``}``) and
@@ -33,16 +33,21 @@ What it checks (each problem names the file and, for a log, the 1-based line):
   a skip from message 0 leaving a user message first, and no overlap without containment;
 * ``requests.jsonl``: ``hash``, ``seq``, ``prev_hash``, ``meta`` (the metadata digest), the
   ``transcript_len``/``transcript_head`` and ``ledger_len``/``ledger_head`` commitments, the
-  shape of ``breakpoints`` and ``stable_before``, and the hash of every breakpoint placed on a
-  block that renders as stored (tools, system and messages before the first edited one);
+  shape of ``breakpoints`` and ``stable_before``, and the chained block hash of every
+  breakpoint, on the request rendered from that state as *How the ledger is applied* says
+  (effective edits, summary messages, targeted summaries, skips), as far as it can be
+  rendered: see the first skipped item below. So a ledger or transcript rewritten together
+  with every chain and commitment is still caught by the request's own breakpoints;
 * a torn last line (bytes after the last newline) is reported as a *note*, not a problem: the
   document says loaders keep every line before it and set the bytes aside.
 
 What it skips, and why:
 
-* replaying the ledger and checking the request rendered after each entry (API validity,
-  breakpoints on or after an edited message): that needs the project's renderer, and the
-  placeholders it renders contain a token count ``~N`` the document does not define;
+* any block from the first cleared tool result or cleared tool input on (a clear-in-place
+  skip, or a ``skip`` with ``tool_use_id``): its placeholder text holds ``~N tokens``, and the
+  document never says what N is, so breakpoints from that block on are not checked;
+* whether each rendered request is valid for the API: the document gives no rules for it
+  beyond "validates it as the API would";
 * ``tokens_before``/``tokens_after`` values: they need the tokenizer (only their types are checked);
 * message identity (the canonical form used for matching requests): it is not committed anywhere;
 * ``events.jsonl`` (documented as informational and not chained) and ``scratchpad/`` (the
@@ -116,14 +121,36 @@ class Report:
     chains: tuple[list[str], list[str], list[str]] = ([ZERO], [ZERO], [ZERO])
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Entry:
-    """The parts of a ledger entry the overlap rule needs, kept only for well-formed entries."""
+    """A well-formed ledger entry: what the overlap rule and the renderer need."""
 
+    line: int
     seq: int
+    kind: str
     start: int
     end: int
+    level: str
     tool_use_id: str | None
+    summary: str | None
+    clear: bool  # a clear in place: a skip whose messages all hold tool results
+
+
+def _contains(a: _Entry, b: _Entry) -> bool:
+    """Whether edit ``a`` contains edit ``b``: a whole-message edit contains what lies in its
+    range; an edit of one tool call contains only an edit of the same call in the same message."""
+    if a.tool_use_id is not None:
+        return b.tool_use_id == a.tool_use_id and (b.start, b.end) == (a.start, a.end)
+    return a.start <= b.start and b.end <= a.end
+
+
+def _effective(entries: list[_Entry]) -> list[_Entry]:
+    """The effective edits: walk the entries in order, dropping those each one contains."""
+    out: list[_Entry] = []
+    for entry in entries:
+        out = [e for e in out if not _contains(entry, e)]
+        out.append(entry)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,31 +415,87 @@ def _message_render_blocks(message: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else []
 
 
-class _BlockChain:
-    """The chained xxh3-128 block hashes of tools, system and unedited messages, built lazily."""
+def _block_digest(block: Any) -> bytes:
+    """``xxh3_128(canonical_json(block))`` with ``cache_control`` removed, as 16 bytes."""
+    return xxhash.xxh3_128(canonical_json(_strip_cache_control(block))).digest()
 
-    def __init__(self, tools: list[Any], system: Any) -> None:
-        self.chain: list[bytes] = []
-        self.ends: list[int] = []  # ends[k]: number of blocks up to and including message k
-        for block in [*tools, *_system_blocks(system)]:
-            self._add(block)
-        self.base = len(self.chain)
 
-    def _add(self, block: Any) -> None:
-        digest = xxhash.xxh3_128(canonical_json(_strip_cache_control(block))).digest()
-        self.chain.append(xxhash.xxh3_128((self.chain[-1] if self.chain else b"") + digest).digest())
+class _Renderer:
+    """Rendered blocks' digests, from the *How the ledger is applied* and *Block hashes* sections.
 
-    def extend(self, messages: list[Any], upto: int) -> None:
-        """Add the blocks of messages until ``upto`` messages are included."""
-        while len(self.ends) < upto:
-            for block in _message_render_blocks(messages[len(self.ends)]):
-                self._add(block)
-            self.ends.append(len(self.chain))
+    A block whose text holds the document's ``~N tokens`` placeholder (a cleared tool result or
+    tool input) cannot be reproduced, since the document never says what N is: it is ``None``,
+    and the chain stops being known from that block on.
+    """
 
-    def at_message_end(self, count: int) -> str:
-        """The hex chain value after the first ``count`` messages (the prefix hash)."""
-        blocks = self.ends[count - 1] if count else self.base
-        return self.chain[blocks - 1].hex() if blocks else xxhash.xxh3_128(b"").hexdigest()
+    def __init__(self, tools: list[Any], system: Any, messages: list[Any]) -> None:
+        self.messages = messages
+        self.base = [_block_digest(b) for b in [*tools, *_system_blocks(system)]]
+        self._cache: dict[tuple[Any, ...], list[bytes | None]] = {}
+        self._effective: dict[int, list[_Entry]] = {}
+
+    def _message(self, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...]) -> list[bytes | None]:
+        """The digests of message ``i`` rendered under its effective edits (cached)."""
+        key = (i, whole.line if whole else None, tuple(e.line for e in targeted))
+        if key not in self._cache:
+            self._cache[key] = self._render(self.messages[i], i, whole, targeted)
+        return self._cache[key]
+
+    @staticmethod
+    def _render(message: Any, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...]) -> list[bytes | None]:
+        if whole is not None and whole.kind == "summary":
+            if i != whole.start:
+                return []
+            text = (f"[cachecompact summary of messages {whole.start}-{whole.end} (ledger entry #{whole.seq}, "
+                    f"{whole.level}). The full messages are kept in the session transcript.]\n{whole.summary}")
+            return [_block_digest({"type": "text", "text": text})]
+        if whole is not None and not whole.clear:
+            return []  # a skip renders nothing
+        out: list[bytes | None] = []
+        for block in _message_render_blocks(message):
+            btype = block.get("type") if isinstance(block, dict) else None
+            if whole is not None and btype == "tool_result":
+                out.append(None)  # the clear-in-place placeholder holds ~N tokens
+                continue
+            call = block.get("tool_use_id" if btype == "tool_result" else "id") if isinstance(block, dict) else None
+            edit = next((e for e in targeted if btype in ("tool_result", "tool_use") and e.tool_use_id == call), None)
+            if edit is None:
+                out.append(_block_digest(block))
+            elif edit.kind == "skip":
+                out.append(None)  # the placeholder holds ~N tokens
+            elif btype == "tool_result":
+                kept = {k: block[k] for k in ("is_error",) if k in block}
+                out.append(_block_digest({"type": "tool_result", "tool_use_id": call, "content": edit.summary, **kept}))
+            else:
+                out.append(_block_digest({**block, "input": {"cachecompact": edit.summary}}))
+        return out
+
+    def chain(self, transcript_len: int, entries: list[_Entry]) -> tuple[list[bytes], int]:
+        """The chain values of the request rendered from ``transcript_len`` messages and these
+        entries, as far as they are known, and the total number of blocks."""
+        if len(entries) not in self._effective:
+            self._effective[len(entries)] = _effective(entries)
+        whole: dict[int, _Entry] = {}
+        targeted: dict[int, list[_Entry]] = {}
+        for e in self._effective[len(entries)]:
+            if e.tool_use_id is None:
+                whole.update(dict.fromkeys(range(e.start, e.end + 1), e))
+            else:
+                targeted.setdefault(e.start, []).append(e)
+        digests: list[bytes | None] = list(self.base)
+        for i in range(transcript_len):
+            digests += self._message(i, whole.get(i), tuple(targeted.get(i, ())))
+        chain: list[bytes] = []
+        for d in digests:
+            if d is None:
+                break
+            chain.append(xxhash.xxh3_128((chain[-1] if chain else b"") + d).digest())
+        return chain, len(digests)
+
+    def prefix_hash(self, prefix_end: int) -> str:
+        """``chain`` at the prefix's last block, or at the tools/system, or ``xxh3_128("")``."""
+        chain, _ = self.chain(prefix_end, [])
+        return chain[-1].hex() if chain else xxhash.xxh3_128(b"").hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +654,7 @@ def _check_commitment(w: str, rec: dict[str, Any], what: str, heads: list[str], 
     return True
 
 
-def _check_edit(w: str, rec: dict[str, Any], messages: list[Any], prefix_end: Any,
+def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], prefix_end: Any,
                 earlier: list[_Entry], problems: list[str]) -> _Entry | None:
     """The edit rules that need only the transcript (truncated to transcript_len) and earlier entries."""
     start, end, n, kind = rec["start"], rec["end"], rec["transcript_len"], rec["kind"]
@@ -589,7 +672,7 @@ def _check_edit(w: str, rec: dict[str, Any], messages: list[Any], prefix_end: An
             problems.append(f"{w}: an edit of tool call {tool_use_id!r} spans {start}..{end}, not one message")
         elif not (_holds(rng[0], "tool_result", tool_use_id) or _holds(rng[0], "tool_use", tool_use_id)):
             problems.append(f"{w}: message {start} holds no tool result or call {tool_use_id!r}")
-    elif not (kind == "skip" and all(_holds(m, "tool_result") for m in rng)):
+    elif not (kind == "skip" and all(_holds(m, "tool_result") for m in rng)):  # unless a clear in place
         if _holds(rng[0], "tool_result"):
             problems.append(f"{w}: range {start}..{end} splits a tool pair: message {start} holds tool results")
         if _holds(rng[-1], "tool_use"):
@@ -598,26 +681,29 @@ def _check_edit(w: str, rec: dict[str, Any], messages: list[Any], prefix_end: An
             first = messages[end + 1] if end + 1 < n else None
             if not (isinstance(first, dict) and first.get("role") == "user"):
                 problems.append(f"{w}: a skip from message 0 must leave a user message first")
+    clear = tool_use_id is None and kind == "skip" and all(_holds(m, "tool_result") for m in rng)
+    entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear)
     for e in earlier:
         if e.end < start or end < e.start:
             continue
         if tool_use_id is not None and e.tool_use_id is not None and tool_use_id != e.tool_use_id:
             continue  # two different tool calls of one message
-        contains = start <= e.start and e.end <= end and (tool_use_id is None or tool_use_id == e.tool_use_id)
-        if not contains:
+        if not _contains(entry, e):
             problems.append(f"{w}: range {start}..{end} overlaps ledger entry #{e.seq} ({e.start}..{e.end}) "
                             f"without containing it")
-    return _Entry(rec["seq"], start, end, tool_use_id)
+    return entry
 
 
 def _check_ledger(lines: list[bytes], chain: list[str], messages: list[Any], prefix_end: Any,
-                  report: Report) -> list[str]:
-    """Check the ledger; return its heads (index k = hash of line k, ZERO for 0)."""
+                  report: Report) -> tuple[list[str], list[_Entry | None]]:
+    """Check the ledger; return its heads (index k = hash of line k, ZERO for 0) and, per line,
+    the entry (None when it is not well-formed enough to render)."""
     hashes, p = [ZERO], report.problems
-    entries: list[_Entry] = []
+    entries: list[_Entry | None] = []
     for k, line in enumerate(lines, 1):
         w = f"ledger.jsonl:{k}"
         rec = _parse(line, w, p)
+        entries.append(None)
         if not isinstance(rec, dict):
             if rec is not None:
                 p.append(f"{w}: not a JSON object")
@@ -647,16 +733,16 @@ def _check_ledger(lines: list[bytes], chain: list[str], messages: list[Any], pre
             well_formed = False
         if "level" in rec and rec["level"] not in LEVELS:
             p.append(f"{w}: level is {rec['level']!r}, not L1..L5 or manual")
+            well_formed = well_formed and isinstance(rec["level"], str)
         if "reason" in rec and not isinstance(rec["reason"], str):
             p.append(f"{w}: reason is not a string")
         if "created_at" in rec and not _valid_time(rec["created_at"]):
             p.append(f"{w}: created_at is not a UTC time YYYY-MM-DDTHH:MM:SS.ffffffZ")
         committed = _check_commitment(w, rec, "transcript", chain, p)
-        if well_formed and committed and not (LEDGER_KEYS - {"hash"}) - rec.keys():
-            entry = _check_edit(w, rec, messages, prefix_end, entries, p)
-            if entry is not None:
-                entries.append(entry)
-    return hashes
+        if well_formed and committed and not (LEDGER_KEYS - {"hash"}) - rec.keys() and None not in messages:
+            earlier = [e for e in entries if e is not None]
+            entries[-1] = _check_edit(w, k, rec, messages, prefix_end, earlier, p)
+    return hashes, entries
 
 
 def _valid_time(value: Any) -> bool:
@@ -670,11 +756,10 @@ def _valid_time(value: Any) -> bool:
     return True
 
 
-def _check_requests(lines: list[bytes], chain: list[str], ledger: list[str], ledger_lines: list[bytes],
-                    digest: str | None, blocks: _BlockChain | None, messages: list[Any], report: Report) -> list[str]:
+def _check_requests(lines: list[bytes], chain: list[str], ledger: list[str], entries: list[_Entry | None],
+                    digest: str | None, renderer: _Renderer | None, report: Report) -> list[str]:
     """Check the request log; return its heads (index k = hash of line k, ZERO for 0)."""
     hashes, p = [ZERO], report.problems
-    first_edited = _first_edited(ledger_lines)
     for k, line in enumerate(lines, 1):
         w = f"requests.jsonl:{k}"
         rec = _parse(line, w, p)
@@ -699,28 +784,18 @@ def _check_requests(lines: list[bytes], chain: list[str], ledger: list[str], led
                 isinstance(bp, list) and len(bp) == 2 and _is_int(bp[0]) and bp[0] >= 0 and _is_hex(bp[1], HEX32)
                 for bp in points)):
             p.append(f"{w}: breakpoints is not a list of [block index, 32 hex digits] pairs")
-        elif isinstance(points, list) and blocks is not None and transcript_ok and ledger_ok:
-            # Messages before the first one any of ledger_len entries touches render as stored.
-            plain = min(rec["transcript_len"], first_edited[rec["ledger_len"]])
-            blocks.extend(messages, plain)
-            known = blocks.ends[plain - 1] if plain else blocks.base
+        elif isinstance(points, list) and points and renderer is not None and transcript_ok and ledger_ok:
+            used = entries[:rec["ledger_len"]]
+            if None in used:
+                continue  # an entry that cannot be rendered was reported with the ledger
+            known, total = renderer.chain(rec["transcript_len"], [e for e in used if e is not None])
             for index, value in points:
-                if index < known and blocks.chain[index].hex() != value:
-                    p.append(f"{w}: breakpoint at block {index} does not match the stored tools, system and "
-                             f"messages")
+                if index < len(known) and known[index].hex() != value:
+                    p.append(f"{w}: breakpoint at block {index} does not match the request rendered from "
+                             f"transcript_len {rec['transcript_len']} and ledger_len {rec['ledger_len']}")
+                elif index >= total:
+                    p.append(f"{w}: breakpoint at block {index} is past the {total} blocks of the rendered request")
     return hashes
-
-
-def _first_edited(ledger_lines: list[bytes]) -> list[int]:
-    """For each ledger length L, the lowest message index entries 0..L-1 touch (large when none)."""
-    out, low = [sys.maxsize], sys.maxsize
-    for line in ledger_lines:
-        with contextlib.suppress(ValueError, RecursionError):
-            start = json.loads(line.decode("utf-8", "replace")).get("start")
-            if _is_int(start):
-                low = min(low, start)
-        out.append(low)
-    return out
 
 
 def _digest(meta: dict[str, Any]) -> str:
@@ -751,10 +826,10 @@ def check(session_dir: str | Path) -> Report:
             _check_session(meta, report)
     meta = meta if isinstance(meta, dict) else {}
     chain, messages = _check_transcript(transcript_lines, report)
-    prefix_end, blocks = _check_prefix(meta, messages, report)
-    ledger = _check_ledger(ledger_lines, chain, messages, prefix_end, report)
+    prefix_end, renderer = _check_prefix(meta, messages, report)
+    ledger, entries = _check_ledger(ledger_lines, chain, messages, prefix_end, report)
     digest = _digest(meta) if meta and not SESSION_KEYS - DIGEST_EXCLUDED - meta.keys() else None
-    requests = _check_requests(request_lines, chain, ledger, ledger_lines, digest, blocks, messages, report)
+    requests = _check_requests(request_lines, chain, ledger, entries, digest, renderer, report)
     report.prefix_hash = meta.get("prefix_hash") if isinstance(meta.get("prefix_hash"), str) else None
     report.chains = (chain, ledger, requests)
     head = hashlib.sha256(f"{report.prefix_hash}|{chain[-1]}|{ledger[-1]}|{requests[-1]}".encode()).hexdigest()
@@ -762,14 +837,14 @@ def check(session_dir: str | Path) -> Report:
     return report
 
 
-def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> tuple[Any, _BlockChain | None]:
-    """``prefix_end`` and ``prefix_hash`` against the transcript; return prefix_end and the block chain."""
+def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> tuple[Any, _Renderer | None]:
+    """``prefix_end`` and ``prefix_hash`` against the transcript; return prefix_end and a renderer."""
     # A missing or unusable session.json was reported already: don't also blame every ledger entry.
     p, prefix_end = report.problems, meta.get("prefix_end", _UNKNOWN)
     n, tools, system = meta.get("prefix_messages"), meta.get("tools") or [], meta.get("system")
     if not (_is_int(n) and n >= 0) or not isinstance(tools, list) or None in messages:
         return prefix_end, None  # already reported; nothing sound to compare with
-    blocks = _BlockChain(tools, system)
+    renderer = _Renderer(tools, system, messages)
     expected = _expected_prefix_end(n, messages)
     if prefix_end != expected:
         p.append(f"session.json: field 'prefix_end' is {prefix_end!r} but the transcript puts it at {expected!r}")
@@ -779,11 +854,9 @@ def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> 
             p.append("session.json: field 'prefix_hash' is set while the prefix is incomplete")
     elif prefix_hash is None:
         p.append("session.json: field 'prefix_hash' is null although the prefix is complete")
-    elif _is_hex(prefix_hash, HEX32):
-        blocks.extend(messages, expected)
-        if blocks.at_message_end(expected) != prefix_hash:
-            p.append("session.json: field 'prefix_hash' does not match the tools, system and prefix messages")
-    return prefix_end, blocks
+    elif _is_hex(prefix_hash, HEX32) and renderer.prefix_hash(expected) != prefix_hash:
+        p.append("session.json: field 'prefix_hash' does not match the tools, system and prefix messages")
+    return prefix_end, renderer
 
 
 def _note_files(d: Path, report: Report) -> None:

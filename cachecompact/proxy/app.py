@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import json
 import logging
 import queue
 import threading
@@ -54,6 +53,7 @@ from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_f
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
+from ..wire import bytes_as_is
 from .observe import Observer, session_hint
 from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -391,7 +391,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                 return got_p
             prepared = got_p
             if prepared is not None:
-                data = json.dumps(prepared.body, separators=(",", ":"), ensure_ascii=False).encode()
+                data = bytes_as_is(prepared.body)  # straight to UTF-8 bytes: no str copy of a large body
                 if prepared.betas:  # the strategy's body needs these (a server-side peer)
                     beta = with_betas(lower.get("anthropic-beta"), prepared.betas) or ""
                     headers = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"] + [("anthropic-beta", beta)]
@@ -418,7 +418,7 @@ def make_app(cfg: ProxyConfig) -> web.Application:
                 if body is None:
                     return api_error(400, "context is full: the prompt is too long even after compaction; start a "
                                           "new session", kind="invalid_request_error")
-                data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+                data = bytes_as_is(body)
                 head = b""
                 try:
                     up = await send(request, data, headers)
