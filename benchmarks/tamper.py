@@ -72,10 +72,23 @@ def put(p: Path, ls: list[bytes]) -> None:
 def mutate(d: Path, rng: random.Random) -> str:
     """Apply one random change to the session in ``d``; return its name."""
     kind = rng.choice(["flip", "flip", "delete", "swap", "duplicate", "truncate_lines", "truncate_mid",
-                       "forge_message", "forge_entry", "forge_request", "meta"])
+                       "forge_message", "forge_entry", "forge_request", "meta", "space", "crlf"])
     name = rng.choice(LOGS)
     p = d / name
     ls = lines(p)
+    if kind == "space":  # a change re-encoding would not see: a space between two tokens of a record
+        i = rng.randrange(len(ls))
+        at = [k for k in range(len(ls[i])) if ls[i][k:k + 2] in (b'":', b',"')]
+        if at:
+            k = rng.choice(at) + 2
+            ls[i] = ls[i][:k] + b" " + ls[i][k:]
+            put(p, ls)
+            return f"add a space inside a record of {name}"
+    if kind == "crlf":  # a CR before a line's newline
+        i = rng.randrange(len(ls))
+        ls[i] += b"\r"
+        put(p, ls)
+        return f"add a CR before a newline of {name}"
     if kind == "flip":
         target = rng.choice([*LOGS, "session.json"])
         q = d / target

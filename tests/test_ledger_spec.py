@@ -1,0 +1,70 @@
+"""`cachecompact ledger verify` and a verifier written only from docs/ledger-format.md
+(tests/spec_verifier.py, which imports nothing of cachecompact) agree on every tamper case of
+benchmarks/tamper.py, the two the spec check once missed included: a space added inside a
+stored record, and a CR before a line's newline."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import random
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from cachecompact.cli import main as cli
+
+from .spec_verifier import verify as spec_verify
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIALS = 240
+
+
+def _tamper() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cachecompact_bench_tamper", ROOT / "benchmarks" / "tamper.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ours(d: Path) -> int:
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        return cli(["ledger", "verify", str(d)])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path]:
+    tamper = _tamper()
+    d = tmp_path_factory.mktemp("spec") / "session"
+    tamper.build(d)
+    return tamper, d
+
+
+def test_both_verifiers_pass_an_untouched_session(built: tuple[ModuleType, Path]) -> None:
+    _, d = built
+    assert _ours(d) == 0
+    assert spec_verify(d) == []
+
+
+def test_both_verifiers_agree_on_every_tamper_case(built: tuple[ModuleType, Path], tmp_path: Path) -> None:
+    tamper, d = built
+    rng = random.Random(2026)
+    disagree, kinds = [], set()
+    for k in range(TRIALS):
+        trial = tmp_path / f"t{k}"
+        shutil.copytree(d, trial)
+        what = tamper.mutate(trial, rng)
+        kinds.add(what.split(" of ")[0].split(" in ")[0])
+        ours = _ours(trial)
+        theirs = spec_verify(trial)
+        if (ours != 0) != bool(theirs):
+            disagree.append((what, ours, theirs[:2]))
+        shutil.rmtree(trial)
+    assert {"add a space inside a record", "add a CR before a newline"} <= kinds
+    assert disagree == []
