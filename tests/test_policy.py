@@ -252,6 +252,13 @@ def test_context_full_only_when_even_l5_cannot_fit() -> None:
         _grow(s, c, [tool_turn(0, "write_file", "w " * 40_000)])  # one round bigger than the window
     assert isinstance(err.value, anthropic.APIError)
     assert any(e.kind == "context_full" for e in c.events.history)
+    # it names the client's max_tokens as what the window must also hold, and a window that would do
+    import re
+
+    msg = str(err.value)
+    assert "reserves 1000 output tokens (the client's max_tokens)" in msg, msg
+    m = re.search(r"use a window of at least (\d+)", msg)
+    assert m is not None and int(m.group(1)) > 30_000
 
 
 def test_no_reduction_counts_as_a_failure() -> None:

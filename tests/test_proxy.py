@@ -549,3 +549,29 @@ def test_absolute_form_targets_go_to_the_configured_upstream_and_userinfo_is_ref
     assert len(rec.got) == 1
     with pytest.raises(ConfigError, match="user name or password"):
         ProxyConfig(upstream="http://svc:secret@127.0.0.1:1").check()
+
+
+def test_keep_bodies_keeps_what_the_client_sent_in_compact_mode(tmp_path: Path) -> None:
+    """--keep-bodies was accepted in compact mode and kept nothing."""
+    from cachecompact.store import open_store
+
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "keep me"}]},
+                      indent=2).encode()
+    with Emulator() as emu, _proxy(emu.url, mode="compact", store=str(tmp_path), keep_bodies=True) as px:
+        r = httpx2.post(px.url + "/v1/messages", content=body,
+                        headers={"x-api-key": "k", "content-type": "application/json"})
+        px.wait_idle()
+    assert r.status_code == 200
+    st = open_store(str(tmp_path))
+    (sid,) = st.list()
+    refs = [e["body_ref"] for e in st.open(sid).read_events() if e.get("body_ref")]
+    assert [st.open(sid).get_blob(x) for x in refs] == [body]
+
+
+def test_the_auth_token_help_says_when_it_is_needed(capsys: pytest.CaptureFixture[str]) -> None:
+    from cachecompact.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["proxy", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "needed only when listening beyond loopback" in out and "required for the dashboard" not in out
