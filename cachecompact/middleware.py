@@ -149,8 +149,9 @@ class CompactionMiddleware(Middleware):
             n, limit, _ = info
             reserved = info[2] or p.max_tokens
             raise ContextFullError(f"context is full: the prompt has {n} tokens and the request reserves {reserved} "
-                                   f"output tokens (its max_tokens) within the API's {limit}-token limit, and "
-                                   "compaction cannot remove enough; lower max_tokens or start a new session", request)
+                                   f"output tokens (its max_tokens) within the API's {limit}-token limit (it would "
+                                   f"take a window of at least {n + reserved}), and compaction cannot remove enough; "
+                                   "lower max_tokens or start a new session", request)
         return body
 
     def _record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,

@@ -436,8 +436,10 @@ def test_context_full_when_nothing_can_be_removed(emu: Emulator) -> None:
     client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
                   window_tokens=2_000_000, summarizer=None)
     huge = " ".join(f"t{j}" for j in range(110_000))  # the task itself is over the window
-    with pytest.raises(ContextFullError, match="start a new session"):
+    with pytest.raises(ContextFullError, match="start a new session") as err:
         client.messages.create(model="claude-haiku-4-5", max_tokens=10, messages=[{"role": "user", "content": huge}])
+    assert "reserves 10 output tokens (its max_tokens)" in str(err.value)
+    assert "take a window of at least" in str(err.value)
 
 
 def test_fail_open_sends_the_original_request(emu: Emulator, caplog: pytest.LogCaptureFixture) -> None:
