@@ -89,15 +89,7 @@ def message_hash(raw: Any) -> bytes:
     is encoded as it is (no key sorting) and its identity found by the hash of those bytes (an
     agent resends the same messages every turn; equal bytes are an equal message). Only bytes
     not seen before are put in canonical form."""
-    data = bytes_as_is(raw)
-    key = xxhash.xxh3_128_digest(data)
-    ident = _IDENTITY_OF.get(key)
-    if ident is None:
-        ident = _canonical_identity(raw)
-        if len(_IDENTITY_OF) >= _IDENTITY_MEMO:
-            _IDENTITY_OF.clear()
-        _IDENTITY_OF[key] = ident
-    return ident
+    return identity_of_bytes(bytes_as_is(raw), raw)
 
 
 def _canonical_identity(raw: Any) -> bytes:
