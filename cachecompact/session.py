@@ -138,6 +138,8 @@ class Session:
         sid = session_id or uuid.uuid4().hex
         sess = cls(system=system, tools=tools, prefix_messages=prefix_messages, session_id=sid, store=None,
                    tokenizer=tokenizer, token_ratio=token_ratio, link=link)
+        if sess.prefix_end is not None:  # prefix_messages=0: the prefix is complete before any message
+            sess._prefix_hash = sess.renderer.prefix_hash()
         if target is None:
             return sess
         if isinstance(target, Store):

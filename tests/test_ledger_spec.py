@@ -68,3 +68,13 @@ def test_both_verifiers_agree_on_every_tamper_case(built: tuple[ModuleType, Path
         shutil.rmtree(trial)
     assert {"add a space inside a record", "add a CR before a newline"} <= kinds
     assert disagree == []
+
+
+def test_a_session_whose_prefix_is_empty_verifies_from_its_creation(tmp_path: Path) -> None:
+    """prefix_messages=0 wrote prefix_end 0 with a null prefix_hash, which both verifiers
+    refused until the first sync (found by the verifier written from the document)."""
+    from cachecompact import Session
+
+    d = tmp_path / "s"
+    Session.create(d, system="You are careful.", prefix_messages=0)
+    assert _ours(d) == 0 and spec_verify(d) == []
