@@ -284,7 +284,8 @@ class CompactionEngine:
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.extra.get("last_message_id")}
             live.strategy.before_request(now, model, max_tokens, params=params)
-            r = live.session.render(model=model, max_tokens=max_tokens, ttl=self.ttl, prefix_ttl=self.prefix_ttl,
+            ttl = getattr(live.strategy, "ttl", None) or self.ttl  # a peer that models a client's own TTL
+            r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=self.prefix_ttl,
                                     **params)
             if live.strategy.renders:
                 out = r.body
@@ -397,8 +398,9 @@ class CompactionEngine:
         with live.lock:
             if not live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens):
                 return None
-            r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=self.ttl,
-                                    prefix_ttl=self.prefix_ttl, **p.params)
+            r = live.session.render(model=p.model, max_tokens=p.max_tokens,
+                                    ttl=getattr(live.strategy, "ttl", None) or self.ttl, prefix_ttl=self.prefix_ttl,
+                                    **p.params)
             p.render = r
             p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
             return p.body

@@ -639,3 +639,16 @@ def test_a_model_id_not_in_the_price_table_is_refused_with_the_nearest_ids(emu: 
     assert get_model("claude-lab-1").read == pytest.approx(0.3) and priced is not None
     with pytest.raises(ConfigError, match="input and output"):
         wrap(anthropic.Anthropic(base_url=emu.url, api_key="t"), store=None, pricing={"x": {"in": 1}})
+
+
+def test_the_claude_code_peer_writes_with_the_1_hour_ttl(emu: Emulator) -> None:
+    """Claude Code 2.1 writes every cache entry with the 1-hour TTL (the 2026 logs), and so does its
+    peer; cachecompact's default stays with the 5-minute one."""
+    for strategy, field in (("claude-code", "ephemeral_1h_input_tokens"),
+                            ("cachecompact", "ephemeral_5m_input_tokens")):
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                      strategy=strategy, summarizer=None)
+        client.messages.create(model=MODEL, max_tokens=10, system=SYSTEM + strategy,
+                               messages=[{"role": "user", "content": "go " * 1500}])
+        cc = emu.requests[-1]["usage"]["cache_creation"]
+        assert cc[field] > 0 and sum(cc.values()) == cc[field], (strategy, cc)

@@ -5,7 +5,9 @@
   ``[Old tool result content cleared]``;
 * auto-compaction at ``window - buffer_tokens`` (33k): everything but the message being
   answered becomes one summary, made on the cached prefix (its forked summarizer, so the
-  summary call reads the conversation from cache: ``summary_mode = "prefix-reuse"``).
+  summary call reads the conversation from cache: ``summary_mode = "prefix-reuse"``);
+* every breakpoint with the 1-hour TTL, as Claude Code 2.1 writes them
+  (``usage.cache_creation.ephemeral_1h_input_tokens`` in the 2026 logs).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ClaudeCodeConfig:
     prefix_messages: int = 1
     summary_model: str | None = None  # the agent's own model
     summary_mode: str = "prefix-reuse"
+    ttl: str = "1h"  # the cache TTL of its breakpoints
 
     def build(self, ctx: StrategyContext) -> Strategy:
         return ClaudeCodePolicy(ctx, self)
@@ -43,6 +46,7 @@ class ClaudeCodePolicy(LedgerStrategy):
     def __init__(self, ctx: StrategyContext, cfg: ClaudeCodeConfig | None = None) -> None:
         super().__init__(ctx)
         self.cfg = cfg or ClaudeCodeConfig()
+        self.ttl = self.cfg.ttl  # the engine renders this strategy's breakpoints with it
         self.threshold = ctx.window_tokens - self.cfg.buffer_tokens
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
