@@ -190,7 +190,10 @@ class Transcript:
         if len(history) < n_old:
             raise HistoryRewrittenError(len(history), f"history has {len(history)} messages, "
                                                       f"the transcript already has {n_old}")
-        ids = list(identities) if identities is not None else [message_hash(m) for m in history]
+        if identities is None:
+            ids: Sequence[bytes] = [message_hash(m) for m in history]
+        else:  # the resolution's own list: not copied again
+            ids = identities if isinstance(identities, list) else list(identities)
         if len(ids) != len(history):
             raise ValueError(f"{len(ids)} identities for {len(history)} messages")
         if ids[:n_old] != self._ids:
