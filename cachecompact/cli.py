@@ -283,7 +283,8 @@ def cmd_forensics(args: argparse.Namespace) -> int:
                           f"(${f.wasted_usd:.4f})")
     for s in skipped:
         print(f"skipped {s['file']}: {s['reason']}")
-    print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage")
+    print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
+          f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own)")
     rows = [[k, str(v), f"${totals['wasted_usd'][k]:.2f}"] for k, v in totals["misses"].items()]
     print(_table(rows, ["class", "misses", "wasted"]))
     print(f"explained by a class: {totals['explained']}; unexplained (provider suspected): {totals['unexplained']}")

@@ -224,7 +224,9 @@ class Forensics:
 
     def _classify(self, f: Finding, snap: Snapshot, prev: Snapshot, ideal: int, ratio: float, lost: int,
                   price: ModelInfo) -> None:
-        per_token = max(0.0, price.write_5m - price.read) / 1e6
+        # a lost token is written again at the price of the TTL this request writes with
+        writes_1h = bool(snap.breakpoints) and snap.breakpoints[-1][1] == "1h"
+        per_token = max(0.0, (price.write_1h if writes_1h else price.write_5m) - price.read) / 1e6
         f.wasted_tokens = lost
         f.wasted_usd = lost * per_token
         top = max((k for k, _ in prev.breakpoints if prev.chain[k] in self.entries), default=None)

@@ -1,11 +1,14 @@
 """``cachecompact forensics TRACE...``: the proxy's cache forensics, offline, on recorded logs.
 
 Claude Code's session logs carry each call's billed usage. Each call is rebuilt as the
-simulator sees it (`rebuild_calls`: the messages since Claude Code's last
-compaction, the unrecorded system prompt and tools as one fitted block, the breakpoint on the
-last message) and passed with its recorded usage to the same `Forensics` engine the proxy and
-the middleware use. The result says, per class, how many misses the log holds and what they
-cost, and how many stay unexplained (``provider_suspected``).
+simulator sees it (`rebuild_calls`: the messages since Claude Code's last compaction or
+microcompact, the unrecorded system prompt and tools as one fitted block, the breakpoint on
+the last message, with the TTL the call's usage shows it wrote) and passed with its recorded
+usage to the same `Forensics` engine the proxy and the middleware use. Each sub-agent
+conversation (Claude Code's Agent tool, logged in ``progress`` or ``isSidechain`` entries) is
+a thread of its own: another system prompt, so its own cache entries. The result says, per
+class, how many misses the log holds and what they cost, and how many stay unexplained
+(``provider_suspected``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import xxhash
 from .cache_sim import SimBlock, SimRequest, message_blocks
 from .errors import TraceFormatError
 from .forensics import CLASSES, Finding, Forensics, snapshot_from_sim
-from .pricing import get_model, model_prices
+from .pricing import ModelInfo, get_model, model_prices
 from .tokens import TokenCounter
 from .traces.claude_code import load_claude_code
+from .traces.model import Trace
 
 __all__ = ["LogForensics", "RecordedCall", "RecordedSession", "fit_line", "forensics_of_log", "rebuild_calls",
-           "summarize_logs"]
+           "summarize_logs", "written_ttl"]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -61,13 +65,23 @@ class RecordedSession:
     calls: list[RecordedCall]
 
 
-def rebuild_calls(path: str | Path, counter: TokenCounter | None = None) -> RecordedSession | None:
-    """Each call of a Claude Code log as a `SimRequest`: the messages since the last compaction,
-    a fitted unknown prefix (system + tools) as one block, the fitted tokenizer ratio, and the
+def written_ttl(usage: dict[str, Any]) -> str:
+    """The TTL a recorded call wrote with: "1h" when its usage reports 1-hour writes only."""
+    cc = usage.get("cache_creation")
+    if isinstance(cc, dict) and int(cc.get("ephemeral_1h_input_tokens") or 0) > 0 \
+            and not int(cc.get("ephemeral_5m_input_tokens") or 0):
+        return "1h"
+    return "5m"
+
+
+def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None) -> RecordedSession | None:
+    """Each call of a Claude Code log (or of one thread of it, loaded with
+    ``keep_compaction=True``) as a `SimRequest`: the messages since the last compaction, a
+    fitted unknown prefix (system + tools) as one block, the fitted tokenizer ratio, and the
     breakpoint Claude Code puts on the last message (see the module docstring). None when the
     log has fewer than 3 usable calls."""
     counter = counter or TokenCounter()
-    trace = load_claude_code(path, keep_compaction=True)
+    trace = path if isinstance(path, Trace) else load_claude_code(path, keep_compaction=True)
     model = trace.model or "claude-sonnet-4"
     per_msg = [message_blocks(m, i, counter)[0] for i, m in enumerate(trace.messages)]
     starts = sorted(set(trace.compactions))
@@ -86,10 +100,12 @@ def rebuild_calls(path: str | Path, counter: TokenCounter | None = None) -> Reco
     est = [sum(b.tokens for blocks in per_msg[s:i] for b in blocks) for i, s, _, _ in raw_calls]
     prefix, ratio = fit_line([float(x) for x in est], [float(sum(r.values())) for _, _, r, _ in raw_calls])
     prefix = max(prefix, 0.0)
-    head = SimBlock(xxhash.xxh3_128_digest(f"{trace.name}:system+tools".encode()), round(prefix), "text", "5m",
+    ttls = [written_ttl(u) for _, _, _, u in raw_calls]
+    head_ttl = "1h" if ttls.count("1h") * 2 > len(ttls) else "5m"  # the client's TTL for its system prompt
+    head = SimBlock(xxhash.xxh3_128_digest(f"{trace.name}:system+tools".encode()), round(prefix), "text", head_ttl,
                     True, "system (not recorded: system prompt and tools)")
     out = RecordedSession(trace.name, get_model(model).name, prefix, ratio, trace.messages, [])
-    for (i, s, rec, u), e in zip(raw_calls, est, strict=True):
+    for (i, s, rec, u), e, ttl in zip(raw_calls, est, ttls, strict=True):
         blocks = [SimBlock(b.key, max(0, round(b.tokens * ratio)), b.kind, None, b.cacheable, b.where)
                   for blocks_ in per_msg[s:i] for b in blocks_]
         k = len(blocks) - 1
@@ -97,7 +113,7 @@ def rebuild_calls(path: str | Path, counter: TokenCounter | None = None) -> Reco
             k -= 1
         if k >= 0:
             b = blocks[k]
-            blocks[k] = SimBlock(b.key, b.tokens, b.kind, "5m", True, b.where)
+            blocks[k] = SimBlock(b.key, b.tokens, b.kind, ttl if head_ttl == "1h" else "5m", True, b.where)
         t = trace.timestamps[i - 1] or trace.timestamps[i] or 0.0
         call_model = (trace.models[i] if i < len(trace.models) else None) or model
         req = SimRequest(model=call_model, time=t, blocks=[head, *blocks], n_tools=0, n_system=1)
@@ -109,9 +125,14 @@ def rebuild_calls(path: str | Path, counter: TokenCounter | None = None) -> Reco
 
 @dataclass
 class LogForensics:
+    """Findings of one log: its main chain's calls, then each sub-agent's (``threads`` counts
+    the conversations that had enough calls to judge)."""
+
     name: str
     calls: int
     findings: list[Finding] = field(default_factory=list)
+    threads: int = 1
+    subagent_calls: int = 0
 
     @property
     def misses(self) -> dict[str, int]:
@@ -133,15 +154,28 @@ class LogForensics:
 def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> LogForensics | None:
     """Findings for every call of one Claude Code log; None when it has too few calls with usage.
     Raises `TraceFormatError` for a file that is not such a log."""
-    rs = rebuild_calls(path, counter)
+    counter = counter or TokenCounter()
+    trace = load_claude_code(path, keep_compaction=True)
+    rs = rebuild_calls(trace, counter)
     if rs is None:
         return None
-    engine = Forensics(model_prices)
-    body = {"messages": rs.messages}
-    out = LogForensics(rs.name, len(rs.calls))
-    for c in rs.calls:
-        snap = snapshot_from_sim(c.request, body)
-        out.findings.append(engine.observe(snap, c.usage))
+    out = LogForensics(rs.name, 0, threads=0)
+    start = next((t for t in trace.timestamps if t is not None), None)
+
+    def prices(model: str) -> ModelInfo:  # the prices of the day the log was recorded
+        return model_prices(model).as_of(start)
+
+    for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
+        if thread is None:
+            continue
+        engine = Forensics(prices)  # a thread's cache entries are its own (another system prompt)
+        body = {"messages": thread.messages}
+        for c in thread.calls:
+            out.findings.append(engine.observe(snapshot_from_sim(c.request, body), c.usage))
+        out.calls += len(thread.calls)
+        out.threads += 1
+        if thread is not rs:
+            out.subagent_calls += len(thread.calls)
     return out
 
 
@@ -165,6 +199,7 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
             continue
         done.append(r)
     totals: dict[str, Any] = {"logs": len(done), "calls": sum(r.calls for r in done),
+                              "subagent_calls": sum(r.subagent_calls for r in done),
                               "misses": {c: 0 for c in CLASSES if c != "read_as_expected"},
                               "wasted_usd": {c: 0.0 for c in CLASSES if c != "read_as_expected"}}
     for r in done:

@@ -162,3 +162,108 @@ def test_an_agent_turn_holding_summary_tags_is_not_taken_for_a_summary_request()
           "<summary></summary> tags."
     r = SummarizingResponder(ReplayResponder(msgs)).respond({"messages": [*msgs, {"role": "user", "content": ask}]})
     assert r.content[0]["text"].startswith("<summary>")
+
+
+def _cc_log(path: Path, entries: list[dict[str, object]]) -> Path:
+    path.write_text("\n".join(json.dumps({"sessionId": "s", "timestamp": "2026-02-09T06:42:00Z", **e})
+                              for e in entries) + "\n")
+    return path
+
+
+def _asst(mid: str, blocks: list[dict[str, object]], **usage: int) -> dict[str, object]:
+    return {"type": "assistant", "message": {"role": "assistant", "id": mid, "model": "claude-opus-4-6",
+                                             "content": blocks, "usage": {"input_tokens": 3, **usage}}}
+
+
+def _results(*ids: str) -> dict[str, object]:
+    return {"type": "user", "message": {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": i, "content": f"out {i}"} for i in ids]}}
+
+
+def _call(tid: str) -> dict[str, object]:
+    return {"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": tid}}
+
+
+def test_parallel_tool_calls_logged_with_results_between_are_one_call(tmp_path: Path) -> None:
+    """Claude Code 2.1 logs a response with two tool calls as call, result, call, result under
+    one message id: that is one API call, and the API saw both calls, then both results."""
+    log = _cc_log(tmp_path / "p.jsonl", [
+        {"type": "user", "message": {"role": "user", "content": "read both"}},
+        _asst("m1", [_call("a")], cache_read_input_tokens=10), _results("a"),
+        _asst("m1", [_call("b")], cache_read_input_tokens=10), _results("b"),
+        _asst("m2", [{"type": "text", "text": "done"}]),
+    ])
+    tr = load_trace(log)
+    assert tr.turns == 2
+    assert [b["id"] for b in tr.messages[1]["content"]] == ["a", "b"]
+    assert [b["tool_use_id"] for b in tr.messages[2]["content"]] == ["a", "b"]
+    validate_messages(tr.messages)
+    # a person speaking between two entries of the same id ends the response
+    log = _cc_log(tmp_path / "q.jsonl", [
+        {"type": "user", "message": {"role": "user", "content": "go"}},
+        _asst("m1", [{"type": "text", "text": "one"}]),
+        {"type": "user", "message": {"role": "user", "content": "and?"}},
+        _asst("m1", [{"type": "text", "text": "two"}]),
+    ])
+    assert load_trace(log).turns == 2
+
+
+def test_sub_agents_in_progress_entries_are_threads_of_their_own(tmp_path: Path) -> None:
+    """A 2.1 sub-agent's calls come nested in ``progress`` entries; they are loaded as their
+    own conversation, count in the recorded usage, and stay out of the main chain."""
+    def progress(inner: dict[str, object]) -> dict[str, object]:
+        return {"type": "progress", "parentToolUseID": "t0", "data": {
+            "type": "agent_progress", "agentId": "a81", "prompt": "look", "message": {
+                **inner, "timestamp": "2026-02-09T06:42:05Z"}}}
+    log = _cc_log(tmp_path / "sub.jsonl", [
+        {"type": "user", "message": {"role": "user", "content": "find it"}},
+        _asst("m1", [{"type": "tool_use", "id": "t0", "name": "Task", "input": {"prompt": "look"}}]),
+        progress({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "look"}]}}),
+        progress(_asst("s1", [_call("x")], cache_creation_input_tokens=24_090)),
+        progress(_results("x")),
+        progress(_asst("s2", [{"type": "text", "text": "found"}], cache_read_input_tokens=24_090)),
+        {"type": "progress", "data": {"type": "bash_progress", "output": "..."}},
+        _results("t0"),
+        _asst("m2", [{"type": "text", "text": "it is there"}]),
+    ])
+    tr = load_trace(log)
+    assert tr.turns == 2 and len(tr.subagents) == 1
+    sub = tr.subagents[0]
+    assert sub.name.endswith(".agent-a81") and sub.turns == 2
+    validate_messages(sub.messages)
+    assert len(tr.recorded_usage()) == 4
+    assert sum(int(u.get("cache_read_input_tokens") or 0) for _, u in tr.recorded_usage()) == 24_090
+
+
+def test_compact_and_microcompact_boundaries_are_understood(tmp_path: Path) -> None:
+    """``compact_boundary`` marks where Claude Code compacted; ``microcompact_boundary`` where it
+    cleared old results. The replay keeps the whole conversation and records both; the billing
+    view (keep_compaction) shows what was sent: the cleared results after a microcompact."""
+    from cachecompact.traces.claude_code import CLEARED, load_claude_code
+
+    log = _cc_log(tmp_path / "c.jsonl", [
+        {"type": "user", "message": {"role": "user", "content": "work"}},
+        _asst("m1", [_call("a")]), _results("a"),
+        _asst("m2", [_call("b")]), _results("b"),
+        {"type": "system", "subtype": "microcompact_boundary", "content": "cleared",
+         "microcompactMetadata": {"trigger": "auto", "compactedToolIds": ["a"], "tokensSaved": 900}},
+        _asst("m3", [{"type": "text", "text": "next"}]),
+        {"type": "user", "message": {"role": "user", "content": "more"}},
+        {"type": "system", "subtype": "compact_boundary", "content": "Conversation compacted",
+         "compactMetadata": {"trigger": "auto", "preTokens": 167_370}},
+        {"type": "user", "isCompactSummary": True, "message": {
+            "role": "user", "content": "This session is being continued from a previous conversation ..."}},
+        _asst("m4", [{"type": "text", "text": "resumed"}]),
+    ])
+    tr = load_trace(log)
+    assert [b["kind"] for b in tr.boundaries] == ["microcompact", "compact"]
+    assert tr.boundaries[0]["tool_ids"] == ["a"] and tr.boundaries[0]["tokens_saved"] == 900
+    assert tr.boundaries[1]["pre_tokens"] == 167_370 and tr.boundaries[1]["trigger"] == "auto"
+    assert tr.turns == 4 and CLEARED not in json.dumps(tr.messages)  # the replay has every result
+    assert tr.compactions == [b["index"] for b in tr.boundaries]
+    sent = load_claude_code(log, keep_compaction=True)
+    seg = sent.compactions[0]
+    assert json.dumps(sent.messages[:seg]).count(CLEARED) == 0
+    after = json.dumps(sent.messages[seg:])
+    assert CLEARED in after and "out b" in after and "out a" not in after
+    validate_messages(sent.messages[seg:sent.compactions[1]])

@@ -11,7 +11,7 @@ from typing import Any
 from ._repair import repair_pairing
 from .model import Trace, TraceFormatError, parse_time
 
-__all__ = ["is_claude_code", "load_claude_code"]
+__all__ = ["CLEARED", "is_claude_code", "load_claude_code", "threads"]
 
 log = logging.getLogger("cachecompact")
 
@@ -82,35 +82,136 @@ def _is_compaction_artifact(e: dict[str, Any]) -> bool:
     return False
 
 
+CLEARED = "[Old tool result content cleared]"  # what Claude Code's microcompact leaves in a result
+
+
+def threads(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The main chain's entries, and each sub-agent's conversation as entries of the same shape.
+
+    Claude Code 2.1 logs a sub-agent's calls inside ``type: progress`` entries
+    (``data.type: agent_progress``, ``data.message`` holding the user or assistant entry,
+    ``data.agentId``); earlier versions log them as ``isSidechain`` entries, which carry an
+    ``agentId`` from 2.0 on. A sidechain entry without one joins the thread of its
+    ``parentUuid``, or starts a thread of its own."""
+    main: list[dict[str, Any]] = []
+    agents: dict[str, list[dict[str, Any]]] = {}
+    thread_of: dict[str, str] = {}  # sidechain uuid -> its thread
+    for e in entries:
+        kind = e.get("type")
+        if kind == "progress":
+            d = e.get("data")
+            m = d.get("message") if isinstance(d, dict) and d.get("type") == "agent_progress" else None
+            if isinstance(m, dict) and m.get("type") in ("user", "assistant") and isinstance(m.get("message"), dict):
+                key = f"agent-{d.get('agentId') or e.get('parentToolUseID') or 'unnamed'}"  # type: ignore[union-attr]
+                agents.setdefault(key, []).append({"type": m["type"], "message": m["message"],
+                                                   "timestamp": m.get("timestamp") or e.get("timestamp")})
+            continue
+        if e.get("isSidechain"):
+            if kind in ("user", "assistant"):
+                key = (f"agent-{e['agentId']}" if e.get("agentId") else
+                       thread_of.get(str(e.get("parentUuid"))) or f"sidechain-{len(agents) + 1}")
+                thread_of[str(e.get("uuid"))] = key
+                agents.setdefault(key, []).append(e)
+            continue
+        main.append(e)
+    return main, agents
+
+
 def load_claude_code(path: str | Path, text: str | None = None, *, keep_compaction: bool = False) -> Trace:
     """Rebuild the main-chain, uncompacted conversation with its recorded usage and times.
 
-    Sub-agent traffic (``isSidechain``) is skipped; assistant entries that share
-    ``message.id`` (one API response split over entries) are merged; consecutive user
-    entries (grouped tool results) become one message; Claude Code's compaction summaries
-    and continuation messages are removed, keeping the real messages before them.
+    Assistant entries that share ``message.id`` (one API response split over entries) are
+    merged; consecutive user entries (grouped tool results) become one message; Claude Code's
+    compaction summaries and continuation messages are removed, keeping the real messages
+    before them. ``compact_boundary`` and ``microcompact_boundary`` entries are recorded in
+    ``boundaries`` and ``compactions``. Sub-agent conversations (see `threads`) are loaded
+    the same way into ``subagents``, so their calls count in usage and forensics.
 
     With ``keep_compaction=True`` those messages are kept instead, so that
     ``messages[c:i]`` for the last ``c`` in ``compactions`` before ``i`` is what Claude Code
-    actually sent for the call answered by message ``i`` (used to check billing fidelity).
+    actually sent for the call answered by message ``i`` (used to check billing fidelity):
+    after a microcompact the segment restarts with a copy of the history whose cleared
+    results read as Claude Code sent them.
     """
     p = Path(path)
     entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
     if not is_claude_code(entries):
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
+    main, agents = threads(entries)
+    name = f"{p.parent.name}/{p.stem.removesuffix('__chat')}"
+    trace = _conversation(main, name, str(p), keep_compaction)
+    for key, agent_entries in agents.items():
+        try:
+            sub = _conversation(agent_entries, f"{name}.{key}", str(p), keep_compaction)
+        except TraceFormatError:
+            continue  # a sub-agent that logged no complete message: nothing to bill or replay
+        if sub.turns:
+            trace.subagents.append(sub)
+    if trace.subagents:
+        trace.notes.append(f"{len(trace.subagents)} sub-agent conversation(s), "
+                           f"{sum(s.turns for s in trace.subagents)} call(s), loaded apart from the main chain")
+    return trace
+
+
+def _boundary(e: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``compact_boundary`` / ``microcompact_boundary`` system entry, as the trace records it."""
+    if e.get("type") != "system" or e.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
+        return None
+    if e["subtype"] == "compact_boundary":
+        cm = e.get("compactMetadata")
+        meta: dict[str, Any] = cm if isinstance(cm, dict) else {}
+        return {"kind": "compact", "trigger": str(meta.get("trigger") or "unknown"),
+                "pre_tokens": int(meta.get("preTokens") or 0), "time": parse_time(e.get("timestamp"))}
+    mm = e.get("microcompactMetadata")
+    meta = mm if isinstance(mm, dict) else e
+    ids = meta.get("compactedToolIds") or e.get("compactedToolIds") or []
+    return {"kind": "microcompact", "trigger": str(meta.get("trigger") or "auto"),
+            "tool_ids": [str(i) for i in ids if isinstance(i, str)],
+            "tokens_saved": int(meta.get("tokensSaved") or e.get("tokensSaved") or 0),
+            "time": parse_time(e.get("timestamp"))}
+
+
+def _cleared(m: dict[str, Any], ids: set[str]) -> dict[str, Any]:
+    content = m["content"]
+    if m["role"] != "user" or not isinstance(content, list):
+        return m
+    return {**m, "content": [{**b, "content": CLEARED} if b.get("type") == "tool_result" and b.get("tool_use_id") in ids
+                             else b for b in content]}
+
+
+def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_compaction: bool) -> Trace:
     msgs: list[dict[str, Any]] = []
     extras: list[tuple[float | None, dict[str, Any] | None, str | None]] = []  # time, usage, model
     last_id: str | None = None
+    open_at: int | None = None  # the assistant message that ``last_id`` names
     model = None
     removed = 0
     cut_points: list[int] = []
+    boundaries: list[dict[str, Any]] = []
     for e in entries:
-        if e.get("type") not in ("user", "assistant") or e.get("isSidechain"):
+        b = _boundary(e)
+        if b is not None:
+            b["index"] = len(msgs)
+            boundaries.append(b)
+            if b["kind"] == "microcompact" and b["tool_ids"]:
+                if keep_compaction:  # what was sent from here on: the history with those results cleared
+                    lo = max((c for c in cut_points if c <= len(msgs)), default=0)
+                    ids = set(b["tool_ids"])
+                    copies = [_cleared(m, ids) for m in msgs[lo:]]
+                    cut_points.append(len(msgs))
+                    extras += [(x[0], None, x[2]) for x in extras[lo:]]
+                    msgs += copies
+                else:
+                    cut_points.append(len(msgs))
+            last_id, open_at = None, None
+            continue
+        if e.get("type") not in ("user", "assistant"):
             continue
         msg = e.get("message")
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
             continue
         if _is_compaction_artifact(e):
+            last_id, open_at = None, None
             removed += 1
             cut_points.append(len(msgs))
             if not keep_compaction:
@@ -125,19 +226,24 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
             model = msg.get("model") or model
             mid = msg.get("id")
             usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else None
-            if mid is not None and mid == last_id and msgs and msgs[-1]["role"] == "assistant":
-                prev = msgs[-1]
+            if mid is not None and mid == last_id and open_at is not None:
+                # one response logged in pieces, parallel tool calls with each one's result
+                # logged in between: one call, whose results the next user message gathers
+                prev = msgs[open_at]
                 prev["content"] = list(prev["content"]) + (content if isinstance(content, list)
                                                            else [{"type": "text", "text": content}])
-                extras[-1] = (extras[-1][0], usage or extras[-1][1], extras[-1][2])
+                extras[open_at] = (extras[open_at][0], usage or extras[open_at][1], extras[open_at][2])
                 continue
             last_id = mid
+            open_at = len(msgs)
             msgs.append({"role": "assistant", "content": content})
             extras.append((ts, usage, msg.get("model")))
         else:
-            last_id = None
+            if not (isinstance(content, list) and all(b.get("type") == "tool_result" for b in content)):
+                last_id, open_at = None, None  # a person spoke: the response is over
             msgs.append({"role": "user", "content": content})
             extras.append((ts, None, None))
+    cut_points = sorted(set(cut_points))
     verb = "kept" if keep_compaction else "removed"
     notes: list[str] = []
     compactions: list[int] = []
@@ -166,18 +272,25 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         origin = [t[3] for t in tagged]
         extras = [(t[0], t[1], t[2]) for t in tagged]
         compactions = sorted({next((i for i, o in enumerate(origin) if o >= c), len(origin)) for c in cut_points})
+        for b in boundaries:
+            b["index"] = next((i for i, o in enumerate(origin) if o >= b["index"]), len(origin))
     if removed:
         notes.append(f"{verb} {removed} Claude Code compaction/continuation message(s)")
+    if boundaries:
+        kinds = [b["kind"] for b in boundaries]
+        notes.append(", ".join(f"{kinds.count(k)} {k}_boundary" for k in ("compact", "microcompact") if k in kinds))
     if not msgs:
-        raise TraceFormatError(str(p), "no main-chain messages")
+        raise TraceFormatError(source, "no main-chain messages")
     if msgs[0]["role"] != "user":
         msgs.insert(0, {"role": "user", "content": "[session start]"})
         extras.insert(0, (extras[0][0], None, None))
         compactions = [c + 1 for c in compactions]
+        for b in boundaries:
+            b["index"] += 1
         notes.append("inserted a user message before a leading assistant message")
     return Trace(
-        name=f"{p.parent.name}/{p.stem.removesuffix('__chat')}", source=str(p), format="claude-code", system=None,
+        name=name, source=source, format="claude-code", system=None,
         tools=[], messages=msgs,
         timestamps=[x[0] for x in extras], usage=[x[1] for x in extras], model=model, notes=notes,
-        compactions=compactions, models=[x[2] for x in extras],
+        compactions=compactions, models=[x[2] for x in extras], boundaries=boundaries,
     )

@@ -34,11 +34,25 @@ class Trace(msgspec.Struct, kw_only=True):
     compactions: list[int] = []
     # per message: the model that produced it, when recorded (assistant messages of real logs)
     models: list[str | None] = []
+    # the recording agent's own compaction records (Claude Code's compact_boundary and
+    # microcompact_boundary): kind, index (the first message after it), trigger, and
+    # pre_tokens / tool_ids / tokens_saved as logged
+    boundaries: list[dict[str, Any]] = []
+    # sub-agent conversations the session ran (Claude Code's Agent tool), each a trace of its own
+    subagents: list[Trace] = []
 
     @property
     def turns(self) -> int:
         """Assistant messages, i.e. model calls."""
         return sum(1 for m in self.messages if m["role"] == "assistant")
+
+    def recorded_usage(self) -> list[tuple[str | None, dict[str, Any]]]:
+        """(model, usage) of every recorded call, the sub-agents' included."""
+        out = [(self.models[i] if i < len(self.models) and self.models[i] else self.model, u)
+               for i, u in enumerate(self.usage) if u]
+        for s in self.subagents:
+            out += s.recorded_usage()
+        return out
 
 
 def parse_time(value: Any) -> float | None:
