@@ -48,6 +48,7 @@ from .engine import (
 from .errors import ConfigError, ContextFullError
 from .events import Event
 from .policy import PolicyConfig
+from .pricing import DEFAULT_SUMMARY_MODEL
 from .protocol import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from .session import Session
 from .store import Store
@@ -284,7 +285,7 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
         sync = client
 
     def make(strategy_model: str | None, mode: str) -> Summarizer:
-        chosen = model or strategy_model or "claude-haiku-4-5"
+        chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
         return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"})
     return make
 
@@ -317,7 +318,7 @@ def wrap(
     purpose ($ per MTok; `pricing.custom` says what else may be given).
 
     ``summarizer="auto"`` summarises through a client like this one (without the middleware),
-    with the strategy's summary model (``claude-haiku-4-5`` for ``cachecompact``) unless
+    with the strategy's summary model (``claude-haiku-5-5`` for ``cachecompact``) unless
     ``summarizer_model`` is given; ``None`` uses the offline extractive summarizer.
     ``scratchpad_tool=True`` adds the ``read_scratchpad`` tool to new sessions: shortened tool
     output then stays readable (answer its calls with `scratchpad_handler`).
@@ -341,7 +342,7 @@ def wrap(
         # ("haiku") that prices fine but that the API would refuse
         if not isinstance(summarizer_model, str) or "claude-" not in summarizer_model.lower():
             raise ConfigError(f"summarizer_model={summarizer_model!r} is not a Claude model id (for example "
-                              "'claude-haiku-4-5')")
+                              "'claude-haiku-5-5')")
         get_model(summarizer_model)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":

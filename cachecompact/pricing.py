@@ -21,12 +21,13 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigError, UnknownModelError
 
-__all__ = ["DEFAULT_PRICE_MODEL", "FAMILIES", "ModelInfo", "get_model", "known_models", "model_prices", "override",
-           "priced", "register"]
+__all__ = ["DEFAULT_PRICE_MODEL", "DEFAULT_SUMMARY_MODEL", "FAMILIES", "ModelInfo", "get_model", "known_models",
+           "model_prices", "override", "priced", "register"]
 
 log = logging.getLogger("cachecompact")
 
@@ -48,6 +49,12 @@ class ModelInfo:
     token_ratio: float  # API tokens per cl100k token, before calibration
     forced_tool_ok: bool  # tool_choice {"type": "tool"|"any"} is accepted
     source: str  # where the numbers come from
+    # a prompt (input + cache reads + cache writes) over ``long_prompt`` tokens pays every price
+    # times ``long_scale``, on every token of that request, output included (Haiku 5.5's tiers)
+    long_prompt: int = 0  # 0: one tier
+    long_scale: float = 1.0
+    # prices that changed: (ISO date, field, the value before that date), oldest first
+    earlier: tuple[tuple[str, str, float], ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("input", "write_5m", "write_1h", "read", "output"):
@@ -57,6 +64,40 @@ class ModelInfo:
             raise ValueError(f"{self.name}: token limits and the token ratio must be positive")
         if not self.source:
             raise ValueError(f"{self.name}: every price entry names its source")
+        if self.long_prompt < 0 or self.long_scale <= 0:
+            raise ValueError(f"{self.name}: long_prompt must be >= 0 and long_scale positive")
+
+    @property
+    def read_share(self) -> float:
+        """The cache read's price as a share of the input price (0.1, 0.05, 0.025 ...)."""
+        return self.read / self.input if self.input > 0 else 0.1
+
+    def write_price(self, ttl: str = "5m") -> float:
+        """$ per MTok of a cache write with this TTL ("5m" or "1h")."""
+        return self.write_1h if ttl == "1h" else self.write_5m
+
+    def write_over_read(self, ttl: str = "5m") -> float:
+        """What a written token costs over a read one, for this TTL: every "does this edit pay"
+        decision and the collapse cycle depend on it, and it differs by model (12.5 for a
+        5-minute write at a 0.1x read, 50 at 0.025x; 20 and 80 for the 1-hour write)."""
+        return self.write_price(ttl) / self.read if self.read > 0 else float("inf")
+
+    def at(self, prompt_tokens: int) -> ModelInfo:
+        """The prices in force for a prompt of this many tokens (the higher tier past
+        ``long_prompt``)."""
+        if not self.long_prompt or prompt_tokens <= self.long_prompt:
+            return self
+        k = self.long_scale
+        return replace(self, input=self.input * k, write_5m=self.write_5m * k, write_1h=self.write_1h * k,
+                       read=self.read * k, output=self.output * k, long_prompt=0)
+
+    def as_of(self, when: float | None) -> ModelInfo:
+        """The prices in force at a unix time (a recorded log's), by ``earlier``; now for None."""
+        if when is None or not self.earlier:
+            return self
+        day = datetime.fromtimestamp(when, UTC).date().isoformat()
+        changes: dict[str, Any] = {f: v for date, f, v in reversed(self.earlier) if day < date}
+        return replace(self, **changes) if changes else self
 
     def cost(self, usage: dict[str, Any]) -> float:
         """Dollars for one response's usage (cache_creation split used when present). A response
@@ -75,60 +116,92 @@ class ModelInfo:
         total_w = int(usage.get("cache_creation_input_tokens") or 0)
         if not cc:
             w5m = total_w
-        return (int(usage.get("input_tokens") or 0) * self.input
-                + w5m * self.write_5m + w1h * self.write_1h
-                + int(usage.get("cache_read_input_tokens") or 0) * self.read
-                + int(usage.get("output_tokens") or 0) * self.output) / 1e6
+        inp, read = int(usage.get("input_tokens") or 0), int(usage.get("cache_read_input_tokens") or 0)
+        p = self.at(inp + read + max(total_w, w5m + w1h))
+        return (inp * p.input + w5m * p.write_5m + w1h * p.write_1h + read * p.read
+                + int(usage.get("output_tokens") or 0) * p.output) / 1e6
 
 
 M, K = 1_000_000, 1000
-PC = "platform.claude.com/docs/en/about-claude/pricing and build-with-claude/prompt-caching (late 2026)"
-MP = "platform.claude.com/docs/en/about-claude/models (model pages, November 2026)"
+# Sources, checked against the stored docs on 2026-12-01 (docs/cache-model.md, "Price table"):
+PR = "platform.claude.com/docs/en/about-claude/pricing"
+MP = "platform.claude.com/docs/{lang}/models/{model}/overview"
+LL = "docs.litellm.ai/docs/completion/prompt_caching (2026-10-07), secondary"
 
 
 def _m(name: str, base_in: float, out: float, minimum: int, window: int, max_out: int, family: str, *,
-       read: float | None = None, new_tok: bool = False, forced_tool_ok: bool = True, source: str = PC) -> ModelInfo:
-    """An entry priced by the documented multipliers: 5m write 1.25x, 1h write 2x, read 0.1x input."""
+       read: float | None = None, new_tok: bool = False, forced_tool_ok: bool = True, source: str = PR,
+       **more: Any) -> ModelInfo:
+    """An entry whose writes follow the documented multipliers (5m 1.25x, 1h 2x of input); the
+    read is 0.1x of input unless the model's own price is given (0.05x, 0.025x ...)."""
     return ModelInfo(name, base_in, base_in * 1.25, base_in * 2, base_in * 0.1 if read is None else read, out,
                      min_cacheable=minimum, context_window=window, max_output=max_out, family=family,
-                     token_ratio=NEW_TOKENIZER_RATIO if new_tok else 1.0, forced_tool_ok=forced_tool_ok, source=source)
+                     token_ratio=NEW_TOKENIZER_RATIO if new_tok else 1.0, forced_tool_ok=forced_tool_ok, source=source,
+                     **more)
 
 
-# Minimum cacheable lengths marked (u) are not on any page yet (UNCONFIRMED): the family's
-# nearest documented value is used; docs/cache-model.md lists them.
+# (u) marks a value no source states: the minimum cacheable lengths of the 5.5 and 5.2 models
+# (the family's nearest documented value is used) and Haiku 5.5's forced tool use (assumed
+# accepted; the summarizer falls back to its in-text form on the API's 400).
 _TABLE: dict[str, ModelInfo] = {m.name: m for m in [
-    # current lineup (model pages, November 2026)
-    _m("claude-sonnet-5-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", new_tok=True, forced_tool_ok=False,
-       source=MP + ": Sonnet 5.5 $2/$10, 5m write $2.50, 1h $4, read $0.20, 1M/128K; forced tool use refused; "
-                   "minimum cacheable (u) = Sonnet 5's 1024"),
-    _m("claude-opus-5-5", 4.0, 20.0, 512, M, 128 * K, "opus", new_tok=True,
-       source=MP + ": Opus 5.5 $4/$20 (writes and reads by the multipliers), 1M/128K; minimum cacheable (u) = "
-                   "Opus 5's 512"),
-    _m("claude-fable-5-2", 8.0, 40.0, 512, M, 128 * K, "fable", new_tok=True,
-       source=MP + ": Fable 5.2 $8/$40, 1M/128K; read (u) by the 0.1x multiplier (the 0.025x exception is "
-                   "documented for 5.1 only); minimum cacheable (u) = Fable 5.1's 512"),
-    _m("claude-haiku-4-5", 1.0, 5.0, 4096, 200 * K, 64 * K, "haiku", source=PC + "; " + MP),
+    # current lineup
+    _m("claude-sonnet-5-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", read=0.10, new_tok=True, forced_tool_ok=False,
+       earlier=(("2026-10-07", "read", 0.20),),
+       source=MP.format(lang="zh-CN", model="sonnet-5-5") + ": $2/$10, 5m $2.50, 1h $4, 1M/128K; whats-new-sonnet-"
+              "5-5: forced tool use returns an error; read $0.20 until 2026-10-07, then $0.10 (0.05x): secondary, "
+              "kurofune/claudit v1.9.2, TheKrush/PromptFuel v1.0.23, mahype/token-stats v0.3.2 (the stored model "
+              "page predates the cut); minimum (u) = Sonnet 5's 1024"),
+    _m("claude-opus-5-5", 4.0, 20.0, 512, M, 128 * K, "opus", read=0.20, new_tok=True, forced_tool_ok=False,
+       source=MP.format(lang="zh-CN", model="opus-5-5") + ": $4/$20, 5m $5, 1h $8, read $0.20 (0.05x), 1M/128K; "
+              "whats-new-opus-5-5: forced tool use returns an error; minimum (u) = Opus 5's 512"),
+    _m("claude-haiku-5-5", 0.10, 0.50, 1024, M, 128 * K, "haiku", read=0.01, new_tok=True,
+       long_prompt=100 * K, long_scale=5.0,
+       source=MP.format(lang="zh-CN", model="haiku-5-5") + " and haiku-5-5/overview (released 2026-10-07, 1M/128K, "
+              "the newer tokenizer): $0.10 in / $0.125 5m / $0.20 1h / $0.50 out up to 100,000 prompt tokens, "
+              "$0.50 / $0.625 / $2.50 over; reads $0.01 / $0.05 and the 1h write over 100k ($1.00) secondary "
+              "(claudit v1.9.2, archid21/rightsize v0.9.0); the higher tier bills every token of the request "
+              "(secondary, same); minimum (u) = 1024; forced tool use (u)"),
+    _m("claude-fable-5-2", 8.0, 40.0, 512, M, 128 * K, "fable", read=0.20, new_tok=True, forced_tool_ok=False,
+       source="platform.claude.com/docs/id/models/sonnet-5/overview (lineup: $8/$40, 1M/128K); fable-5-2/whats-"
+              "new; read $0.20 (0.025x), 5m $10, 1h $16: secondary (docs.laozhang.ai, docs.apiyi.com, rightsize "
+              "v0.10.2); forced tool use refused as on 5.1 (secondary, qiita kai_kou); minimum (u) = 5.1's 512"),
+    _m("claude-mythos-5-2", 8.0, 40.0, 512, M, 128 * K, "mythos", read=0.20, new_tok=True, forced_tool_ok=False,
+       source="fable-5-2/whats-new: Mythos 5.2 at Fable 5.2's specs; prices as Fable 5.2 (secondary)"),
+    _m("claude-haiku-4-5", 1.0, 5.0, 4096, 200 * K, 64 * K, "haiku",
+       source=PR + "; " + MP.format(lang="en", model="opus-5") + " (lineup: 200K/64K); minimum: " + LL),
     # earlier models still served
-    _m("claude-opus-5", 5.0, 25.0, 512, M, 128 * K, "opus", new_tok=True),
-    _m("claude-opus-4-8", 5.0, 25.0, 1024, M, 128 * K, "opus", new_tok=True),
-    _m("claude-opus-4-7", 5.0, 25.0, 2048, M, 128 * K, "opus", new_tok=True),
-    _m("claude-opus-4-6", 5.0, 25.0, 4096, M, 128 * K, "opus"),
+    _m("claude-opus-5", 5.0, 25.0, 512, M, 128 * K, "opus", new_tok=True,
+       source=PR + "; " + MP.format(lang="en", model="opus-5") + "; minimum: anthropic-cache-facts.md 1.4, " + LL),
+    _m("claude-opus-4-8", 5.0, 25.0, 1024, M, 128 * K, "opus", new_tok=True,
+       source=PR + "; " + MP.format(lang="de", model="opus-4-8")),
+    _m("claude-opus-4-7", 5.0, 25.0, 2048, M, 128 * K, "opus", new_tok=True,
+       source=PR + "; window: AWS Bedrock model card (secondary); minimum 2048 per anthropic-cache-facts.md 1.4 "
+              "(LiteLLM's Bedrock row says 4096: disputed)"),
+    _m("claude-opus-4-6", 5.0, 25.0, 4096, M, 128 * K, "opus",
+       source=PR + "; " + MP.format(lang="en", model="opus-4-6")),
     _m("claude-opus-4-5", 5.0, 25.0, 4096, 200 * K, 64 * K, "opus"),
     _m("claude-opus-4-1", 15.0, 75.0, 1024, 200 * K, 32 * K, "opus"),
     _m("claude-opus-4", 15.0, 75.0, 1024, 200 * K, 32 * K, "opus"),
-    _m("claude-sonnet-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", new_tok=True),
-    _m("claude-sonnet-4-6", 3.0, 15.0, 1024, M, 128 * K, "sonnet", source=PC + "; " + MP + " (128K output)"),
+    _m("claude-sonnet-5", 2.0, 10.0, 1024, M, 128 * K, "sonnet", new_tok=True,
+       source=PR + "; " + MP.format(lang="zh-CN", model="sonnet-5")),
+    _m("claude-sonnet-4-6", 3.0, 15.0, 1024, M, 128 * K, "sonnet",
+       source=PR + "; " + MP.format(lang="zh-CN", model="sonnet-4-6") + " (1M/128K)"),
     _m("claude-sonnet-4-5", 3.0, 15.0, 1024, 200 * K, 64 * K, "sonnet"),
     _m("claude-sonnet-4", 3.0, 15.0, 1024, 200 * K, 64 * K, "sonnet"),
     _m("claude-haiku-3-5", 0.80, 4.0, 2048, 200 * K, 8192, "haiku"),
-    _m("claude-fable-5-1", 10.0, 50.0, 512, M, 128 * K, "fable", read=0.25, new_tok=True),
-    _m("claude-mythos-5-1", 10.0, 50.0, 512, M, 128 * K, "mythos", read=0.25, new_tok=True),
+    _m("claude-fable-5-1", 10.0, 50.0, 512, M, 128 * K, "fable", read=0.25, new_tok=True, forced_tool_ok=False,
+       source=PR + " (read $0.25, 0.025x); fable-5-1/whats-new and migration-guide: forced tool use returns a 400"),
+    _m("claude-mythos-5-1", 10.0, 50.0, 512, M, 128 * K, "mythos", read=0.25, new_tok=True, forced_tool_ok=False,
+       source=PR + " (read $0.25, 0.025x); fable-5-1/whats-new: forced tool use returns a 400 on Mythos 5.1 too"),
     _m("claude-fable-5", 10.0, 50.0, 512, M, 128 * K, "fable", read=1.0, new_tok=True),
     _m("claude-mythos-5", 10.0, 50.0, 512, M, 128 * K, "mythos", read=1.0, new_tok=True),
 ]}
 # the newest entry of each family: what an unknown id of that family is priced as
-FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-4-5",
-            "fable": "claude-fable-5-2", "mythos": "claude-mythos-5-1"}
+FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "claude-haiku-5-5",
+            "fable": "claude-fable-5-2", "mythos": "claude-mythos-5-2"}
+# the cheapest current model that summarises well enough (docs/policy.md, "Summaries"): a
+# 1M window takes any range, and it reads and writes at a tenth of Haiku 4.5's prices
+DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
 _ALIASES = {"claude-3-5-haiku": "claude-haiku-3-5", "claude-opus-4-0": "claude-opus-4",
             "claude-sonnet-4-0": "claude-sonnet-4"}
 _LOCK = threading.Lock()
@@ -210,7 +283,7 @@ DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # a request that names no model, or o
 def priced(model: str) -> ModelInfo:
     """What the runtime prices a request by: `model_prices`, and for a name of no known family
     (or none) `DEFAULT_PRICE_MODEL`'s entry, with one warning per name. Pricing never stops a
-    request: the cache multipliers are the same for every model, so the trade-offs hold."""
+    request: every decision then uses that entry's own write and read prices."""
     return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
 
 

@@ -2,7 +2,7 @@
 
 `LLMSummarizer` calls a model through the anthropic SDK in one of two ways:
 
-* ``forced-tool``: a small model (default ``claude-haiku-4-5``) gets the range to summarise as
+* ``forced-tool``: a small model (default `DEFAULT_SUMMARY_MODEL`, ``claude-haiku-5-5``) gets the range to summarise as
   text, with ``tool_choice`` forcing the ``emit_summary`` tool;
 * ``prefix-reuse``: the session's own request (same model, tools, system and messages, so its
   cached prefix is read at the cache price) with one instruction appended, answering with the
@@ -29,7 +29,7 @@ import msgspec
 
 from .errors import SummaryRejected
 from .extractive import GOAL_WORDS, block_texts, summary_facts
-from .pricing import get_model, model_prices
+from .pricing import DEFAULT_SUMMARY_MODEL, get_model, model_prices
 from .wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 
 __all__ = [
@@ -257,7 +257,7 @@ class LLMSummarizer:
     """Summaries from a model through the anthropic SDK; see the module docstring for modes."""
 
     client: Any  # anthropic.Anthropic
-    model: str = "claude-haiku-4-5"
+    model: str = DEFAULT_SUMMARY_MODEL
     mode: str = "auto"  # "auto" | "forced-tool" | "prefix-reuse"
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -206,13 +207,48 @@ def test_the_price_table_covers_the_current_models_with_every_field() -> None:
             assert v is not None and v != "", f"{name}: {f.name} is empty"
         assert m.family in FAMILIES and m.source
     s55 = get_model("claude-sonnet-5-5")
-    assert (s55.input, s55.output, s55.write_5m, s55.write_1h, s55.read) == (2, 10, 2.5, 4, 0.2)
+    assert (s55.input, s55.output, s55.write_5m, s55.write_1h, s55.read) == (2, 10, 2.5, 4, 0.1)
     assert (s55.context_window, s55.max_output, s55.token_ratio, s55.forced_tool_ok) == (1_000_000, 128_000, 1.3,
                                                                                          False)
-    assert (get_model("claude-opus-5-5").input, get_model("claude-opus-5-5").output) == (4, 20)
-    assert (get_model("claude-fable-5-2").input, get_model("claude-fable-5-2").output) == (8, 40)
+    o55 = get_model("claude-opus-5-5")
+    assert (o55.input, o55.output, o55.write_5m, o55.write_1h, o55.read, o55.forced_tool_ok) == (4, 20, 5, 8, 0.2,
+                                                                                                  False)
+    f52 = get_model("claude-fable-5-2")
+    assert (f52.input, f52.output, f52.read, f52.forced_tool_ok) == (8, 40, 0.2, False)
+    assert not get_model("claude-fable-5-1").forced_tool_ok and not get_model("claude-mythos-5-1").forced_tool_ok
+    h55 = get_model("claude-haiku-5-5")
+    assert (h55.input, h55.write_5m, h55.write_1h, h55.read, h55.output) == (0.10, 0.125, 0.20, 0.01, 0.50)
+    assert FAMILIES["haiku"] == "claude-haiku-5-5"
     assert get_model("claude-sonnet-4-6").max_output == 128_000
     assert get_model("claude-haiku-4-5").token_ratio == 1.0 and get_model("claude-opus-4-7").token_ratio == 1.3
+
+
+def test_read_shares_differ_by_model_and_every_ratio_comes_from_the_entry() -> None:
+    shares = {m: round(get_model(m).read_share, 4) for m in
+              ("claude-sonnet-4-6", "claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5-1", "claude-fable-5-2")}
+    assert shares == {"claude-sonnet-4-6": 0.1, "claude-opus-5-5": 0.05, "claude-sonnet-5-5": 0.05,
+                      "claude-fable-5-1": 0.025, "claude-fable-5-2": 0.025}
+    s46 = get_model("claude-sonnet-4-6")
+    assert s46.write_over_read("5m") == pytest.approx(12.5) and s46.write_over_read("1h") == pytest.approx(20)
+    assert get_model("claude-fable-5-1").write_over_read("1h") == pytest.approx(80)
+
+
+def test_haiku_5_5_bills_a_long_prompt_at_its_higher_tier_on_every_token() -> None:
+    h = get_model("claude-haiku-5-5")
+    short = {"input_tokens": 50_000, "cache_read_input_tokens": 50_000, "output_tokens": 1_000}
+    assert h.cost(short) == pytest.approx((50_000 * 0.10 + 50_000 * 0.01 + 1_000 * 0.50) / 1e6)
+    long = {"input_tokens": 50_000, "cache_read_input_tokens": 50_001, "output_tokens": 1_000}
+    assert h.cost(long) == pytest.approx((50_000 * 0.50 + 50_001 * 0.05 + 1_000 * 2.50) / 1e6)
+    assert h.at(100_000) is h and h.at(100_001).input == pytest.approx(0.5)
+
+
+def test_sonnet_5_5_reads_at_the_price_of_the_day() -> None:
+    from datetime import datetime
+
+    s = get_model("claude-sonnet-5-5")
+    before = datetime(2026, 10, 6, 23, tzinfo=UTC).timestamp()
+    after = datetime(2026, 10, 7, 1, tzinfo=UTC).timestamp()
+    assert s.as_of(before).read == 0.20 and s.as_of(after).read == 0.10 and s.as_of(None).read == 0.10
 
 
 def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -50,6 +50,7 @@ from ..engine import (
 )
 from ..errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
+from ..pricing import DEFAULT_SUMMARY_MODEL
 from ..protocol import CLOCK_HEADER, INTERNAL_HEADER
 from ..store import Store
 from ..summarize import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
@@ -249,7 +250,7 @@ class ProxyState:
             upstream = cfg.upstream
 
             def summarizer(model: str | None, mode: str) -> Any:
-                return _UpstreamSummarizer(upstream, model or "claude-haiku-4-5", mode, creds)
+                return _UpstreamSummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
 
             self.engine = CompactionEngine(self.store, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
                                            summarizer=summarizer, **cfg.engine_options)

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ..compactor import Compactor
 from ..policy import PolicyConfig
+from ..pricing import DEFAULT_SUMMARY_MODEL
 from ..strategy import Strategy, StrategyContext
 
 __all__ = ["CachecompactConfig"]
@@ -19,7 +20,7 @@ class CachecompactConfig:
     name: ClassVar[str] = "cachecompact"
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     prefix_messages: int = 3
-    summary_model: str | None = "claude-haiku-4-5"
+    summary_model: str | None = DEFAULT_SUMMARY_MODEL
     summary_mode: str = "auto"
 
     def build(self, ctx: StrategyContext) -> Strategy:
