@@ -28,6 +28,7 @@ import xxhash
 
 from .errors import ContextFullError, InvalidEditError, SummaryRejected
 from .events import Event
+from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from .ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from .levels import (
     Proposal,
@@ -43,7 +44,16 @@ from .levels import (
 )
 from .levels.tool_summary import ON_ENTRY
 from .lookback import LookbackMeter
-from .policy import DEFAULT_WRITE_OVER_READ, LEVEL_ORDER, Limits, PolicyConfig, Trigger, economics, evaluate, limits
+from .policy import (
+    LEVEL_ORDER,
+    Limits,
+    PolicyConfig,
+    Trigger,
+    choose_ttls,
+    economics,
+    evaluate,
+    limits,
+)
 from .pricing import priced
 from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range
@@ -92,6 +102,20 @@ class Compactor:
                                        self.cfg.levels.min_clear_tokens)
         self._recent_divisor = 1  # the lookback meter's step in force (1: the configured recent budget)
         self._recent_entry = False  # new results are shortened by the learnt budget too
+        # the cache TTL: what this turn's request is rendered with (the engine reads both), and
+        # the gaps it is chosen from
+        fixed = self.cfg.economics.ttl
+        self.ttl: str | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
+        self.prefix_ttl: str | None = self.ttl
+        self.gaps = GapMeter()
+        self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
+
+    @property
+    def _ttl_s(self) -> float:
+        """How long the last request's entries after the prefix live."""
+        if self.cfg.economics.ttl == "auto":
+            return self._sent[1] if self._sent is not None else SHORT_TTL_S
+        return LONG_TTL_S if self.cfg.economics.ttl == "1h" else self.cfg.economics.cache_ttl_s
 
     @classmethod
     def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
@@ -126,7 +150,8 @@ class Compactor:
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
                 "recent_divisor": self._recent_divisor, "recent_entry": self._recent_entry,
-                "calibration": self.session.counter.calibration,
+                "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
+                "sent": list(self._sent) if self._sent is not None else None,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
 
@@ -142,6 +167,9 @@ class Compactor:
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
             self._recent_divisor = int(st.get("recent_divisor", 1))
             self._recent_entry = bool(st.get("recent_entry", False))
+            self.gaps = GapMeter.from_state(st.get("gaps"))
+            sent = st.get("sent")
+            self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -157,11 +185,16 @@ class Compactor:
         """Count steps since the last turn and watch for repeated calls; the first new index."""
         t = self.session.transcript
         start, self._seen = self._seen, len(t)
+        last_reply = None
         for i in range(start, len(t)):
             if t[i].role == "assistant":
                 self.steps += 1
+                last_reply = i
             elif i > 0 and tool_result_ids(t[i]):
                 self._track_results(i, now, report)
+        if last_reply is not None and self.last_request_at is not None:
+            called = any(isinstance(b, ToolUseBlock) for b in content_blocks(t[last_reply]))
+            self.gaps.observe(now - self.last_request_at, after_tool_call=called)
         return start
 
     def _track_results(self, i: int, now: float, report: TurnReport) -> None:
@@ -194,7 +227,7 @@ class Compactor:
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
         price = priced(model)
-        ratio = price.write_5m / price.read if price.read > 0 else DEFAULT_WRITE_OVER_READ
+        ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
         share = self.cfg.levels.lookback_miss_share
         if share <= 0:
@@ -327,7 +360,7 @@ class Compactor:
         tokens = s.counter.calibrated(r.raw_tokens)
         if self._last_tokens is not None and tokens > self._last_tokens:
             self._growth.append(tokens - self._last_tokens)
-        cold = self.last_request_at is not None and now - self.last_request_at > self.cfg.economics.cache_ttl_s
+        cold = self.last_request_at is not None and now - self.last_request_at > self._ttl_s
         old = max(0, s.counter.calibrated(r.tool_tokens) - lim.keep_recent)
         trig = evaluate(lim, tokens=tokens, old_tool_tokens=old)
         if trig.max_level == "L2" and not cold and self._deferred_old is not None \
@@ -351,14 +384,38 @@ class Compactor:
                 self._deferred_old = old if (self._pending or tokens >= before) else None
         report.tokens_after = self._ensure_fits(tokens, lim, report)
         self._last_tokens = report.tokens_after
+        self._choose_ttl(model, report.tokens_after, edited=bool(report.entries), cold=cold)
         return report
+
+    def _choose_ttl(self, model: str, tokens: int, *, edited: bool, cold: bool) -> None:
+        """This request's TTLs, when the policy chooses them (``Economics.ttl="auto"``): what it
+        writes is what the previous request did not leave in the cache (nothing after a cold gap,
+        the prefix after an edit), priced by the model at this prompt size; the chance of a gap
+        between the two TTLs comes from the session's own gaps (`GapMeter`)."""
+        if self.cfg.economics.ttl != "auto":
+            return
+        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
+        if self._sent is None or cold:
+            read = 0
+        elif edited:
+            read = min(prefix, self._sent[0])
+        else:
+            read = min(self._sent[0], tokens)
+        prefix_written = max(0, prefix - read)
+        choice = choose_ttls(priced(model), p_between=self.gaps.between(), prefix_tokens=prefix, total_tokens=tokens,
+                             prefix_written=prefix_written, rest_written=max(0, tokens - max(read, prefix)))
+        # "5m" is rendered as the API's default (no ttl key), as without a choice
+        self.prefix_ttl = "1h" if choice.prefix == "1h" else None
+        self.ttl = "1h" if choice.rest == "1h" else None
+        self._sent = (tokens, LONG_TTL_S if choice.rest == "1h" else SHORT_TTL_S)
 
     def _wants_body(self) -> bool:
         """Only a prefix-reusing summarizer needs the agent's own request."""
         return getattr(self.summarizer, "mode", "forced-tool") in ("auto", "prefix-reuse")
 
-    def _candidates(self, view: View, trig: Trigger, lim: Limits) -> list[Proposal]:
-        """Guarded proposals from L1 up to the trigger's level; stop at the first that reaches the target."""
+    def _candidates(self, view: View, trig: Trigger, lim: Limits, stop_at_target: bool = True) -> list[Proposal]:
+        """Guarded proposals from L1 up to the trigger's level; stop at the first that reaches the
+        target (unless ``stop_at_target`` is False)."""
         tokens = self.session.counter.calibrated(view.total_tokens)
         out: list[Proposal] = []
         top = LEVEL_ORDER.index(trig.max_level or "L1")
@@ -367,7 +424,7 @@ class Compactor:
             if p.empty:
                 continue
             out.append(p)
-            if tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.soft:
+            if stop_at_target and tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.soft:
                 break
         return out
 
@@ -379,6 +436,13 @@ class Compactor:
         cands = self._candidates(view, trig, lim)
         reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.soft]
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
+        if cfg.economics.cache_aware and not cold:
+            paying = [q for p in order for q in self._no_thrash(p, view, lim, model)]
+            if not paying and cands and cands[-1].level != trig.max_level:
+                # the levels tried first thrash: the higher ones the trigger allows may not
+                more = self._candidates(view, trig, lim, stop_at_target=False)[len(cands):]
+                paying = [q for p in more for q in self._no_thrash(p, view, lim, model)]
+            order = paying or order  # when nothing pays back and the window forces it, the old order
         for p in order:
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
                 price = priced(model)
@@ -386,7 +450,7 @@ class Compactor:
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
-                                 steps=self.steps, cold=cold, summary_cost=est_summary)
+                                 steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m")
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
@@ -426,6 +490,48 @@ class Compactor:
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
             return after
         return tokens
+
+    def _pays_back(self, p: Proposal, view: View, lim: Limits, model: str) -> bool:
+        """The no-thrash rule (docs/policy.md, "No thrash"): an edit re-writes what it keeps after
+        its edit point (``kept``) at w - r more than reading it, and saves ``removed`` reads a
+        turn, so it pays back after kept * (w/r - 1) / removed turns. The context grows back to
+        ``critical`` (where the window forces the next compaction) after (critical - after) / g
+        turns, g the session's typical growth. An edit whose cycle ends before it has paid back
+        thrashes: the next one re-writes again before this one's saving has covered it."""
+        if p.break_at is None or p.tokens_removed <= 0:
+            return True  # nothing sent is changed: no re-write
+        ctr = self.session.counter
+        removed = ctr.calibrated(p.tokens_removed)
+        kept = max(0, ctr.calibrated(view.suffix_tokens(self._rewrite_from(p.break_at))) - removed)
+        after = ctr.calibrated(view.total_tokens) - removed
+        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
+        g = max(1, growth, lim.limit // 100)
+        premium = max(0.0, priced(model).write_over_read(self.ttl or "5m") - 1)
+        return (lim.critical - after) / g >= kept * premium / max(1, removed)
+
+    def _no_thrash(self, p: Proposal, view: View, lim: Limits, model: str) -> list[Proposal]:
+        """``p`` if it pays back (`_pays_back`); else, for a summary level, the same level keeping
+        fewer rounds, the most that pays back; else nothing (the next candidate is tried)."""
+        if self._pays_back(p, view, lim, model):
+            return [p]
+        if p.level not in ("L3", "L4"):
+            return []
+        lv, ctr = self.cfg.levels, self.session.counter
+        rounds = lv.keep_rounds_l4 if p.level == "L4" else lv.keep_rounds_l3
+        while rounds > 0:
+            rounds -= 1
+            if p.level == "L4":
+                q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
+            else:
+                q = propose_turn_collapse(view, target_tokens=int(lim.soft / max(ctr.calibration, 1e-9)),
+                                          keep_rounds=rounds, summary_tokens=lv.summary_tokens,
+                                          min_batch_tokens=lim.min_batch, keep_tokens=0)
+            q = self._guard(q)
+            if not q.empty and self._pays_back(q, view, lim, model):
+                return [replace(q, reason=f"{q.reason}; {rounds} round(s) kept, not "
+                                          f"{lv.keep_rounds_l4 if p.level == 'L4' else lv.keep_rounds_l3}: the cycle "
+                                          "must pay back its re-write")]
+        return []
 
     def _rewrite_from(self, break_at: int) -> int:
         """The first message an edit at ``break_at`` makes the next request write again: after the

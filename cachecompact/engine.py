@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -167,6 +168,11 @@ class CompactionEngine:
         if not callable(getattr(cfg, "build", None)):
             raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
         self.strategy_config: StrategyConfig = with_policy(cfg, config)
+        pol = getattr(self.strategy_config, "policy", None)
+        if ttl is not None and isinstance(pol, PolicyConfig) and pol.economics.ttl == "auto":
+            # the caller fixed the TTL: the policy prices its decisions with that one
+            self.strategy_config = with_policy(self.strategy_config, dc_replace(
+                pol, economics=dc_replace(pol.economics, ttl=ttl)))
         self.config = config or PolicyConfig()
         self.window_tokens = window_tokens or self.config.window_tokens
         self.store: Store | None = open_writable_store(store)
@@ -284,9 +290,8 @@ class CompactionEngine:
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.extra.get("last_message_id")}
             live.strategy.before_request(now, model, max_tokens, params=params)
-            ttl = getattr(live.strategy, "ttl", None) or self.ttl  # a peer that models a client's own TTL
-            r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=self.prefix_ttl,
-                                    **params)
+            ttl, prefix_ttl = self._ttls(live)
+            r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
             if live.strategy.renders:
                 out = r.body
 
@@ -391,6 +396,16 @@ class CompactionEngine:
             except (OSError, CacheCompactError):
                 log.exception("cachecompact: could not persist an event")
 
+    def _ttls(self, live: Live) -> tuple[str | None, str | None]:
+        """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
+        strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
+        never follows a 5-minute one."""
+        ttl = self.ttl or getattr(live.strategy, "ttl", None)
+        prefix = self.prefix_ttl or getattr(live.strategy, "prefix_ttl", None)
+        if ttl == "1h" and prefix == "5m":
+            prefix = "1h"
+        return ttl, prefix
+
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""
         n, limit, out = info
@@ -398,8 +413,8 @@ class CompactionEngine:
         with live.lock:
             if not live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens):
                 return None
-            r = live.session.render(model=p.model, max_tokens=p.max_tokens,
-                                    ttl=getattr(live.strategy, "ttl", None) or self.ttl, prefix_ttl=self.prefix_ttl,
+            ttl, prefix_ttl = self._ttls(live)
+            r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=ttl, prefix_ttl=prefix_ttl,
                                     **p.params)
             p.render = r
             p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)

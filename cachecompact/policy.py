@@ -29,6 +29,8 @@ __all__ = [
     "Safety",
     "Trigger",
     "Triggers",
+    "TtlChoice",
+    "choose_ttls",
     "collapse_hard",
     "economics",
     "evaluate",
@@ -73,6 +75,8 @@ class Economics:
     cache_aware: bool = True  # False: apply whatever the triggers ask, ignoring cache economics (and place
     # L3's trigger midway between soft and critical instead of by the prices)
     cache_ttl_s: float = 300.0  # TTL the agent's requests use; an idle gap beyond it means a cold cache
+    # (with ``ttl="auto"`` the TTL each request was sent with is used instead)
+    ttl: str = "auto"  # "auto": each request's breakpoints get the TTL that pays (`choose_ttls`); or "5m" / "1h"
     min_remaining_turns: int = 5  # expected remaining turns = steps so far, clamped to these bounds
     max_remaining_turns: int = 50
     min_batch_fraction: float = 0.08  # of the window: an edit that breaks a warm cache removes at least this
@@ -81,6 +85,8 @@ class Economics:
     def __post_init__(self) -> None:
         if self.cache_ttl_s <= 0:
             _bad("cache_ttl_s must be positive")
+        if self.ttl not in ("auto", "5m", "1h"):
+            _bad(f"ttl must be 'auto', '5m' or '1h', got {self.ttl!r}")
         if not 0 <= self.min_remaining_turns <= self.max_remaining_turns:
             _bad("need 0 <= min_remaining_turns <= max_remaining_turns")
         if not 0 <= self.min_batch_fraction < 1:
@@ -291,3 +297,36 @@ def economics(cfg: PolicyConfig, price: ModelInfo, *, removed: int, suffix: int,
     e = cfg.economics
     remaining = max(e.min_remaining_turns, min(e.max_remaining_turns, steps))
     return Economy(rewrite, removed * price.read / 1e6, remaining, summary_cost)
+
+
+@dataclass(frozen=True, slots=True)
+class TtlChoice:
+    """The TTL of the prefix's breakpoint and of the others, and what the choice is worth."""
+
+    prefix: str
+    rest: str
+    net_usd: float  # expected saving against every breakpoint at 5 minutes (>= 0)
+
+
+def choose_ttls(price: ModelInfo, *, p_between: float, prefix_tokens: int, total_tokens: int,
+                prefix_written: int, rest_written: int) -> TtlChoice:
+    """Which breakpoints get the 1-hour TTL (docs/policy.md, "Which TTL").
+
+    A breakpoint at 1 hour costs ``write_1h - write_5m`` more on each token this request writes
+    up to it. It pays when the next gap outlives five minutes but not an hour (``p_between``,
+    from `cachecompact.gaps.GapMeter`): the next request then reads those tokens instead of
+    writing them again, ``write_5m - read`` less each. A 1-hour breakpoint may not follow a
+    5-minute one, so there are three choices: none, the prefix's alone, or all of them.
+    ``prefix_written`` and ``rest_written`` are what this request writes before and after the
+    prefix's breakpoint. Prices are the model's own, for a prompt of this size."""
+    p = price.at(total_tokens)
+    extra = max(0.0, p.write_1h - p.write_5m) / 1e6
+    saved = max(0.0, p.write_5m - p.read) / 1e6
+    q = min(1.0, max(0.0, p_between))
+    net_prefix = q * prefix_tokens * saved - extra * prefix_written
+    net_all = q * total_tokens * saved - extra * (prefix_written + rest_written)
+    if net_all > 0 and net_all >= net_prefix:
+        return TtlChoice("1h", "1h", net_all)
+    if net_prefix > 0:
+        return TtlChoice("1h", "5m", net_prefix)
+    return TtlChoice("5m", "5m", 0.0)

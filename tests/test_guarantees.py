@@ -134,7 +134,7 @@ def test_the_first_request_after_a_restart_reads_the_cache_like_an_uninterrupted
 
 # -- the code's own rules -----------------------------------------------------------------------------------
 
-RUNTIME = {"cache_sim", "cachemodel", "compactor", "engine", "errors", "events", "extractive", "forensics",
+RUNTIME = {"cache_sim", "cachemodel", "compactor", "engine", "errors", "events", "extractive", "forensics", "gaps",
            "identifiers", "keylines", "ledger", "levels", "lookback", "middleware", "policy", "pricing", "protocol",
            "quality", "registry", "render", "resolution", "scratchpad", "session", "store", "strategies", "strategy",
            "summarize", "tokens",

@@ -204,7 +204,7 @@ def test_l2_on_entry_and_cheapest_level_and_prefix_untouched(tmp_path: Path) -> 
 def test_economics_defers_then_cold_cache_applies_it() -> None:
     s = Session.create(None, prefix_messages=1)
     # removes little relative to the suffix, early in the session: not worth a warm re-write
-    c = Compactor.for_session(s, cfg(30_000, min_batch_fraction=0.0, max_remaining_turns=5,
+    c = Compactor.for_session(s, cfg(30_000, min_batch_fraction=0.0, max_remaining_turns=5, ttl="5m",
                                      keep_recent_tokens=0, keep_recent_results=5, preview_chars=20_000))
     turns = [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(8)]
     events = _grow(s, c, turns[:7], gap=5)
@@ -212,6 +212,48 @@ def test_economics_defers_then_cold_cache_applies_it() -> None:
     n = len(s.ledger)
     events = _grow(s, c, turns[7:], t0=1000.0, gap=400)  # idle longer than the TTL: cold
     assert any(e.kind == "compaction" for e in events) and len(s.ledger) > n
+
+
+def test_the_ttl_follows_the_sessions_gaps_and_who_speaks_next() -> None:
+    """A session whose turns end in a person's reply minutes later gets the 1-hour TTL once the
+    context is big beside what each turn writes; one answered within seconds keeps 5 minutes.
+    The TTL in force decides what counts as a cold cache."""
+    from cachecompact.gaps import GapMeter
+    from cachecompact.policy import choose_ttls
+
+    price = get_model(MODEL)
+    slow, fast = GapMeter(), GapMeter()
+    for k in range(100):
+        if k < 10:
+            slow.observe(900.0, after_tool_call=False)  # the person answers after a quarter of an hour
+        fast.observe(4.0, after_tool_call=True)  # a tool answers in seconds, a hundred times
+    assert slow.between() > 0.9 and fast.between() < 0.01
+    big = {"prefix_tokens": 8_000, "total_tokens": 120_000, "prefix_written": 0, "rest_written": 3_000}
+    assert choose_ttls(price, p_between=slow.between(), **big).rest == "1h"
+    assert choose_ttls(price, p_between=fast.between(), **big).rest == "5m"
+    # the first request writes everything: one hour pays only if a mid gap is likely
+    first = {**big, "prefix_written": 8_000, "rest_written": 112_000}
+    assert choose_ttls(price, p_between=0.25, **first).rest == "5m"
+    assert choose_ttls(price, p_between=0.25, **{**first, "rest_written": 3_000}).prefix == "1h"
+    # the 1-hour write costs (w1h - w5m) per written token; the saving is (w5m - r) per token kept
+    c = choose_ttls(price, p_between=0.5, **big)
+    assert c.net_usd == pytest.approx(0.5 * 120_000 * (price.write_5m - price.read) / 1e6
+                                      - (price.write_1h - price.write_5m) * 3_000 / 1e6)
+
+    s = Session.create(None, prefix_messages=1)
+    comp = Compactor.for_session(s, cfg(200_000))
+    turns = [[*tool_turn(k, "read_file", f"v{k} " * 3000), {"role": "assistant", "content": f"done {k}"}]
+             for k in range(12)]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    now = 0.0
+    for t in turns:
+        msgs = msgs + t + [{"role": "user", "content": "next"}]
+        s.sync(msgs)
+        now += 1200.0  # a person replies every twenty minutes
+        comp.before_request(now, MODEL, 1000)
+        comp.after_response(now)
+    assert comp.ttl == "1h"
+    assert comp._ttl_s == 3600.0
 
 
 class Boom:

@@ -1,0 +1,76 @@
+"""How long a session waits between requests, and so which cache TTL pays (see `policy.choose_ttls`).
+
+A cache entry written with the 5-minute TTL is gone after an idle gap of more than five minutes;
+one written with the 1-hour TTL survives it, for a higher write price. Whether that pays depends on
+how often the next gap falls between the two, and that depends on who speaks next:
+
+* after a response that calls a tool, the agent answers as soon as the tool returns (seconds,
+  sometimes minutes for a build or a test run);
+* after a response that calls no tool, the turn is over and the next request waits for a person,
+  who may read, think or be away.
+
+`GapMeter` keeps both kinds of gap apart, as the session shows them, and estimates the chance that
+the next gap outlives the short TTL but not the long one. Every estimate is (k + 1/2) / (n + 1)
+(Jeffreys' prior), so a session with no gaps of a kind yet starts at one half and the session's
+own gaps take over after a few turns. Nothing is fitted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LONG_TTL_S", "SHORT_TTL_S", "GapMeter"]
+
+SHORT_TTL_S = 300.0
+LONG_TTL_S = 3600.0
+_KEEP = 200  # gaps of each kind remembered (the newest)
+
+
+def _share(hits: int, n: int) -> float:
+    return (hits + 0.5) / (n + 1)
+
+
+@dataclass
+class GapMeter:
+    """Gaps between a session's requests, by who spoke next."""
+
+    tool: deque[float] = field(default_factory=lambda: deque(maxlen=_KEEP))  # after a tool call
+    person: deque[float] = field(default_factory=lambda: deque(maxlen=_KEEP))  # after a turn ended
+    turn_ends: int = 0  # responses that called no tool
+    responses: int = 0
+
+    def observe(self, gap_s: float, after_tool_call: bool) -> None:
+        """One gap, from a request to the next, and whether the response between called a tool."""
+        if gap_s < 0:  # a clock step backwards is no gap
+            return
+        (self.tool if after_tool_call else self.person).append(gap_s)
+        self.responses += 1
+        self.turn_ends += not after_tool_call
+
+    def between(self, lo: float = SHORT_TTL_S, hi: float = LONG_TTL_S) -> float:
+        """The chance that the gap after the coming response is longer than ``lo`` and at most
+        ``hi``: the share of turn ends among responses, times the share of person gaps in that
+        range, plus the same for tool calls."""
+        end = _share(self.turn_ends, self.responses)
+        in_person = _share(sum(1 for g in self.person if lo < g <= hi), len(self.person))
+        in_tool = _share(sum(1 for g in self.tool if lo < g <= hi), len(self.tool))
+        return end * in_person + (1 - end) * in_tool
+
+    def state(self) -> dict[str, Any]:
+        return {"tool": list(self.tool), "person": list(self.person), "turn_ends": self.turn_ends,
+                "responses": self.responses}
+
+    @classmethod
+    def from_state(cls, st: Any) -> GapMeter:
+        """The meter `state` recorded; an empty one for anything else (an older record)."""
+        m = cls()
+        if isinstance(st, dict):
+            try:
+                m.tool.extend(float(g) for g in st.get("tool", []))
+                m.person.extend(float(g) for g in st.get("person", []))
+                m.turn_ends, m.responses = int(st.get("turn_ends", 0)), int(st.get("responses", 0))
+            except (TypeError, ValueError):
+                return cls()
+        return m
