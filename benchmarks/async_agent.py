@@ -25,6 +25,7 @@ from typing import Any
 
 import anthropic
 
+from cachecompact.bench.harness import rewrite_cost
 from cachecompact.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.emulator.responders import Reply
 from cachecompact.middleware import wrap
@@ -77,25 +78,6 @@ class AgentResult:
     failure: str | None = None
 
 
-def rewrite_usd(log: list[dict[str, Any]], model: str) -> float:
-    """Dollars spent writing again what the previous request had cached: each request's cache
-    writes beyond what it added since the previous one, at that request's write prices."""
-    p = get_model(model)
-    out, prev = 0.0, None
-    for r in log:
-        u = r["usage"]
-        total = r["total_input_tokens"]
-        written = int(u.get("cache_creation_input_tokens") or 0)
-        if prev is not None and written:
-            again = max(0, written - max(0, total - prev))
-            cc = u.get("cache_creation") or {}
-            w1h = int(cc.get("ephemeral_1h_input_tokens") or 0)
-            per = (w1h * p.write_1h + (written - w1h) * p.write_5m) / written
-            out += again * per / 1e6
-        prev = total
-    return out
-
-
 async def _loop(client: Any, turns: int) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     for k in range(turns):
@@ -126,7 +108,7 @@ def run(strategy: str, window: int = 60_000, turns: int = 80) -> AgentResult:
     reads = sum(r["usage"]["cache_read_input_tokens"] for r in agent)
     total = sum(r["total_input_tokens"] for r in agent)
     return AgentResult(strategy, len(agent), cost, summaries, reads / max(1, total),
-                       rewrite_usd(agent, MODEL) / cost if cost else 0.0,
+                       rewrite_cost(agent, get_model(MODEL)) / cost if cost else 0.0,
                        max((r["total_input_tokens"] for r in agent), default=0), failure)
 
 

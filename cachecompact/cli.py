@@ -210,7 +210,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import shlex
 
     from .bench.report import text_report, write_outputs
-    from .bench.run import DEFAULT_WINDOWS, run_bench
+    from .bench.run import DEFAULT_WINDOWS, run_bench, window_label
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
     res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window or DEFAULT_WINDOWS,
@@ -221,8 +221,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print((Path(args.out) / "results.json").read_text())
         return 0
-    print(f"\n{res.corpus}: {len(res.traces)} traces, {len(res.tasks)} task runs, model {res.model}, windows "
-          f"{', '.join(f'{w:,}' for w in res.windows)}, {res.wall_s:.0f} s\n")
+    print(f"\n{res.corpus}: {len(res.traces)} traces, {len(res.tasks)} task runs, priced as {res.model}, windows "
+          f"{', '.join(window_label(w) for w in res.windows)}, {res.wall_s:.0f} s\n")
     for s in res.skipped:
         print(f"skipped {s['file']}: {s['reason']}")
     print(text_report(res))
@@ -370,6 +370,14 @@ def _int_in(name: str, lo: int, hi: int | None = None) -> Any:
     return parse
 
 
+def _bench_window(v: str) -> int:
+    """``own`` (each trace at its model's own window, 0) or a window of 8,000 to 10,000,000 tokens."""
+    if v.strip().lower() == "own":
+        return 0
+    n: int = _int_in("--window", 8_000, 10_000_000)(v)
+    return n
+
+
 def _fraction(name: str) -> Any:
     def parse(v: str) -> float:
         try:
@@ -442,7 +450,8 @@ def _check(args: argparse.Namespace) -> None:
 
         for name in args.strategy or []:
             get_strategy(name)
-        get_model(args.model)
+        if args.model is not None:
+            get_model(args.model)
         if args.tasks and args.no_tasks:
             raise UsageError("--tasks and --no-tasks exclude each other")
         _must_exist(args.paths)
@@ -525,11 +534,14 @@ def build_parser() -> argparse.ArgumentParser:
                            parents=[common])
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
-    bench.add_argument("--model", default="claude-sonnet-4-6", help="prices of this model (an id of the price table)")
+    bench.add_argument("--model", default=None,
+                       help="price every trace as this model (an id of the price table; default: each trace's "
+                            "recorded model, claude-sonnet-4-6 for a non-Claude one)")
     bench.add_argument("--model-prices", metavar="JSON",
                        help="a file pricing unlisted models: {id: {input, output, ...}} ($ per MTok)")
-    bench.add_argument("--window", type=_int_in("--window", 8_000, 10_000_000), nargs="+", action="extend",
-                       metavar="N", help="context windows in tokens (repeatable; default: 200000 50000)")
+    bench.add_argument("--window", type=_bench_window, nargs="+", action="extend", metavar="N",
+                       help="context windows in tokens, or 'own' for each trace's model's own window "
+                            "(repeatable; default: own 200000 50000)")
     bench.add_argument("--full", action="store_true",
                        help="every trace of the shared corpus (default: a sample of each set, a few minutes)")
     bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")

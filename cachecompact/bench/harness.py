@@ -21,13 +21,13 @@ import anthropic
 from ..emulator import Emulator, ReplayResponder, SummarizingResponder
 from ..errors import ContextFullError
 from ..middleware import CompactionMiddleware, summarizer_factory
-from ..pricing import get_model
+from ..pricing import ModelInfo, get_model
 from ..protocol import CLOCK_HEADER
 from ..strategies import get_strategy
 from ..traces import Trace
 from .recall import RecallProbe, reread_cost
 
-__all__ = ["MAX_TOKENS", "TraceResult", "replay"]
+__all__ = ["MAX_TOKENS", "TraceResult", "replay", "rewrite_cost"]
 
 MAX_TOKENS = 4096
 
@@ -40,11 +40,14 @@ class TraceResult:
     turns: int
     completed: bool
     failure: str | None = None
+    window_key: int = -1  # the bench's window this run stands for (0: the model's own), -1: ``window``
+    model: str = ""  # the prices it was billed at
     cost_usd: float = 0.0  # agent requests + summarizer calls
     summary_cost_usd: float = 0.0
     adjusted_cost_usd: float = 0.0  # cost + one re-read turn per tool result whose evidence was lost
     rereads: int = 0
     hit_rate: float = 0.0
+    rewrite_usd: float = 0.0  # writing again what the previous request had cached (see `rewrite_cost`)
     cache_breaks: int = 0
     peak_tokens: int = 0
     mean_tokens: float = 0.0
@@ -71,13 +74,34 @@ def _breaks(rates: list[float], window: int = 10, ratio: float = 0.8) -> int:
     return n
 
 
+def rewrite_cost(log: list[dict[str, Any]], price: ModelInfo) -> float:
+    """Dollars an agent's requests (the emulator's log, in order) spent writing again what the
+    previous request had cached: each request's cache writes beyond what it added since the
+    previous one, at its own write prices. Idle expiries count too; the bench replays recorded
+    gaps, so a strategy's TTL choice shows here as well as its edits."""
+    out, prev = 0.0, None
+    for r in log:
+        u = r["usage"]
+        total = r["total_input_tokens"]
+        written = int(u.get("cache_creation_input_tokens") or 0)
+        if prev is not None and written:
+            again = max(0, written - max(0, total - prev))
+            cc = u.get("cache_creation") or {}
+            w1h = min(written, int(cc.get("ephemeral_1h_input_tokens") or 0))
+            p = price.at(total)
+            out += again * (w1h * p.write_1h + (written - w1h) * p.write_5m) / written / 1e6
+        prev = total
+    return out
+
+
 def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000) -> TraceResult:
     """Run one trace under one strategy; never raises for a failing trace (see ``failure``)."""
     get_strategy(strategy)  # an unknown name is an error, not a failed trace
     price = get_model(model)
     t_start = time.perf_counter()
     probe = RecallProbe(ReplayResponder(trace.messages))
-    res = TraceResult(trace=trace.name, strategy=strategy, window=window, turns=trace.turns, completed=True)
+    res = TraceResult(trace=trace.name, strategy=strategy, window=window, turns=trace.turns, completed=True,
+                      model=price.name)
     with Emulator(SummarizingResponder(probe), context_window=window) as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="bench", max_retries=0)
         mw = CompactionMiddleware(None, strategy=strategy, window_tokens=window,
@@ -128,6 +152,7 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
     res.adjusted_cost_usd = res.cost_usd + extra
     reads = sum(r["usage"]["cache_read_input_tokens"] for r in agent)
     res.hit_rate = reads / max(1, sum(r["total_input_tokens"] for r in agent))
+    res.rewrite_usd = rewrite_cost(agent, price)
     res.cache_breaks = _breaks(rates)
     res.peak_tokens = max(res.token_series, default=0)
     res.mean_tokens = statistics.fmean(res.token_series) if res.token_series else 0.0

@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .run import BenchResult
+from .harness import TraceResult
+from .run import BenchResult, window_label
 
 __all__ = ["LONG_TURNS", "aggregate", "cheaper_than_ours", "dominated_by", "markdown", "publish", "replace_section",
            "task_rows", "text_report", "trace_sets", "write_outputs"]
@@ -29,13 +30,18 @@ def trace_sets(b: BenchResult) -> list[str]:
     return list(dict.fromkeys(str(t.get("set")) for t in b.traces if t.get("set")))
 
 
+def _key(r: TraceResult) -> int:
+    """The bench window a run stands for (`OWN_WINDOW` for a run at the model's own)."""
+    return r.window_key if r.window_key >= 0 else r.window
+
+
 def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | None = None,
               set_: str | None = None) -> list[dict[str, Any]]:
     """One row per strategy at ``window`` over the chosen traces (a half, a set). Costs are summed
     over the traces every strategy of the row completed together with ``none``; recall is
     weighted by references."""
     names = _names(b, long_only, half, set_)
-    by = {(r.trace, r.strategy): r for r in b.results if r.window == window}
+    by = {(r.trace, r.strategy): r for r in b.results if _key(r) == window}
     none_cost = {t: by[(t, "none")].cost_usd for t in names if (t, "none") in by and by[(t, "none")].completed}
     oracle = b.oracle.get(str(window), {})
     ours = {t: by[(t, OURS)] for t in names if (t, OURS) in by and by[(t, OURS)].completed}
@@ -74,6 +80,7 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "rereads": sum(r.rereads for r in ok),
             "evidence_recall": sum(r.evidence_recall * r.references for r in ok) / refs if refs else 1.0,
             "name_recall": sum(r.name_recall * r.references for r in ok) / refs if refs else 1.0,
+            "rewrite_share": sum(r.rewrite_usd for r in ok) / max(1e-9, sum(r.cost_usd for r in ok)),
             "hit_rate": (sum(r.hit_rate * r.mean_tokens * len(r.token_series) for r in ok)
                          / max(1e-9, sum(r.mean_tokens * len(r.token_series) for r in ok))),
             "cache_breaks": sum(r.cache_breaks for r in ok),
@@ -142,7 +149,8 @@ def _fmt(v: Any, kind: str = "") -> str:
 
 def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "adj vs ours", "vs oracle",
-            "evidence recall", "name recall", "re-reads", "summaries", "hit rate", "breaks", "peak tok", "compactions"]
+            "evidence recall", "name recall", "re-reads", "summaries", "hit rate", "re-writes", "breaks", "peak tok",
+            "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
@@ -151,7 +159,7 @@ def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
                     _fmt(r["adjusted_vs_ours"], "x"), _fmt(r["cost_vs_oracle"], "x"),
                     _fmt(r["evidence_recall"], "%"), _fmt(r["name_recall"], "%"),
                     str(r["rereads"]), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
-                    str(r["cache_breaks"]), f"{r['peak_tokens']:,}", comps])
+                    _fmt(r["rewrite_share"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}", comps])
     return out
 
 
@@ -193,7 +201,7 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                                 (f"{kind}, half B (held out)", "B")):
                 rows = aggregate(b, w, long_only, half)
                 n = len(_names(b, long_only, half))
-                parts += [f"{h}window {w:,}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
+                parts += [f"{h}window {window_label(w)}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
                 if half is None:
                     parts += _verdict(rows)
             sets = trace_sets(b)
@@ -202,11 +210,12 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                 if not n:
                     continue
                 rows = aggregate(b, w, long_only, None, set_)
-                parts += [f"{h}window {w:,}: {kind}, set {set_} ({n} traces)", "", _render(trace_table(rows), md), "",
+                parts += [f"{h}window {window_label(w)}: {kind}, set {set_} ({n} traces)", "",
+                          _render(trace_table(rows), md), "",
                           *_verdict(rows)]
         trows = task_rows(b, w)
         if trows:
-            parts += [f"{h}window {w:,}: closed-loop tasks", "", _render(tasks_table(trows), md), ""]
+            parts += [f"{h}window {window_label(w)}: closed-loop tasks", "", _render(tasks_table(trows), md), ""]
     return parts
 
 
@@ -220,21 +229,24 @@ def markdown(b: BenchResult, command: str) -> str:
         "# cachecompact bench", "",
         f"Command: `{command}`  ",
         f"Corpus: {b.corpus}: {len(b.traces)} traces ({long_n} with >= {LONG_TURNS} turns); model pricing `{b.model}`; "
-        f"windows {', '.join(f'{w:,}' for w in b.windows)}; {len(b.tasks)} task runs; wall time {b.wall_s:.0f} s.", "",
+        f"windows {', '.join(window_label(w) for w in b.windows)}; {len(b.tasks)} task runs; "
+        f"wall time {b.wall_s:.0f} s.", "",
         *_sections(b, md=True),
         "Columns: cost = agent requests + summarizer calls over completed traces; *vs none* ratios are over the "
         "traces both completed; *adj vs ours* is a peer's adjusted cost over cachecompact's on the traces both "
         "completed; *adjusted* adds one re-read turn (context read from cache, the lost tool result "
         "written, 150 output tokens) the first time a tool result's evidence is lost; *vs oracle* against the billed "
-        "masking oracle (never above none); evidence recall = share of references whose evidence lines were still "
-        "visible verbatim; name recall = share whose identifier appeared anywhere.",
+        "masking oracle (never above none); re-writes = the share of the cost spent writing again what the previous "
+        "request had cached (edits and idle expiries); evidence recall = share of references whose evidence lines "
+        "were still visible verbatim; name recall = share whose identifier appeared anywhere.",
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]
     failed = [r for r in b.results if not r.completed]
     if failed:
         parts += ["", "## Failed runs (counted as failed, not in the sums)", ""]
-        parts += [f"- {r.strategy} at {r.window:,} on `{r.trace}`: {r.failure}" for r in failed]
+        parts += [f"- {r.strategy} at {r.window:,} on `{r.trace}`: {r.failure}" for r in failed
+                  if r.window_key in (-1, r.window)]  # a shared own-window run once
     return "\n".join(parts) + "\n"
 
 
@@ -249,7 +261,7 @@ def plots(b: BenchResult, out: Path, n: int = 3) -> list[Path]:
         return []
     written = []
     for w in b.windows:
-        by = {(r.trace, r.strategy): r for r in b.results if r.window == w}
+        by = {(r.trace, r.strategy): r for r in b.results if _key(r) == w}
         for t in sorted(b.traces, key=lambda x: -x["turns"])[:n]:
             fig, ax = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
             for s in b.strategies:
@@ -264,9 +276,10 @@ def plots(b: BenchResult, out: Path, n: int = 3) -> list[Path]:
             ax[1].set_ylabel("input tokens per request")
             ax[1].set_xlabel("request (turn)")
             ax[0].legend(fontsize=7, ncol=2)
-            ax[0].set_title(f"{t['name']} ({t['turns']} turns, window {w:,}); triangles = compaction events")
+            ax[0].set_title(f"{t['name']} ({t['turns']} turns, window {window_label(w)}); "
+                            "triangles = compaction events")
             fig.tight_layout()
-            p = out / f"{t['name'].replace('/', '__')}.w{w // 1000}k.png"
+            p = out / f"{t['name'].replace('/', '__')}.w{'own' if w == 0 else f'{w // 1000}k'}.png"
             fig.savefig(p, dpi=90)
             plt.close(fig)
             written.append(p)

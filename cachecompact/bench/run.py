@@ -10,25 +10,28 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from ..errors import ConfigError
-from ..pricing import get_model
+from ..errors import ConfigError, UnknownModelError
+from ..pricing import get_model, model_prices
 from ..strategies import get_strategy, strategy_names
 from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
 from .harness import MAX_TOKENS, TraceResult, replay
 from .oracle import oracle_cost
 from .tasks import TaskResult, make_task, run_task
 
-__all__ = ["DEFAULT_WINDOWS", "TASK_SEEDS", "BenchResult", "load_corpus", "run_bench", "split_halves"]
+__all__ = ["DEFAULT_WINDOWS", "OWN_WINDOW", "TASK_SEEDS", "BenchResult", "load_corpus", "run_bench", "split_halves",
+           "trace_model", "window_label"]
 
 SYNTHETIC_CORPUS = 12
 SAMPLE_PER_SET = 4  # long traces per set in the default run (`--full` runs every trace)
-DEFAULT_WINDOWS = (200_000, 50_000)
+OWN_WINDOW = 0  # in ``windows``: each trace at its recorded model's own context window
+DEFAULT_WINDOWS = (OWN_WINDOW, 200_000, 50_000)
+FALLBACK_MODEL = "claude-sonnet-4-6"  # what a trace recorded on another vendor's model is priced as
 TASK_SEEDS = tuple(range(1, 7))  # six closed-loop tasks
 TASK_WINDOWS = (50_000,)
 
@@ -154,15 +157,34 @@ def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
     return traces, skipped, label
 
 
-def _job(args: tuple[Trace, str, str, int]) -> TraceResult:
-    trace, strategy, model, window = args
-    return replay(trace, strategy, model=model, window=window)
+def trace_model(trace: Trace) -> str:
+    """The price-table entry a trace is priced by: the Claude model it recorded (a dated id, or
+    one of a known family, priced as its family's entry), else `FALLBACK_MODEL` (the
+    mini-swe-agent runs recorded other vendors' models)."""
+    for name in [trace.model, *reversed([m for m in trace.models if m])]:
+        if name and name != "<synthetic>":
+            try:
+                return model_prices(name).name if "claude" in name else FALLBACK_MODEL
+            except UnknownModelError:
+                continue
+    return FALLBACK_MODEL
 
 
-def _oracle(args: tuple[Trace, str, int]) -> tuple[str, int, float | None]:
-    trace, model, window = args
+def window_label(w: int) -> str:
+    return "the model's own" if w == OWN_WINDOW else f"{w:,}"
+
+
+def _job(args: tuple[Trace, str, str, int, int]) -> TraceResult:
+    trace, strategy, model, window, key = args
+    r = replay(trace, strategy, model=model, window=window)
+    r.window_key = key
+    return r
+
+
+def _oracle(args: tuple[Trace, str, int, int]) -> tuple[str, int, float | None]:
+    trace, model, window, key = args
     o = oracle_cost(trace, get_model(model), window, MAX_TOKENS)
-    return trace.name, window, (o.cost_usd if o.feasible and math.isfinite(o.cost_usd) else None)
+    return trace.name, key, (o.cost_usd if o.feasible and math.isfinite(o.cost_usd) else None)
 
 
 def _task(args: tuple[int, str, str, int]) -> TaskResult:
@@ -188,19 +210,22 @@ def _progress(total: int, desc: str) -> tuple[Callable[[], None], Callable[[], N
 
 
 def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None = None,
-              model: str = "claude-sonnet-4-6", windows: Sequence[int] = DEFAULT_WINDOWS,
+              model: str | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
               tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS,
               full: bool = True) -> BenchResult:
     """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md).
-    Without ``full``, the shared corpus is sampled (`sample_corpus`); given paths are always run
-    whole."""
+    ``model=None`` prices each trace by its recorded model (`trace_model`); a model id prices
+    them all as that one. `OWN_WINDOW` in ``windows`` runs each trace at its model's own window
+    (once: where that is another window of the run, the result is shared). Without ``full``,
+    the shared corpus is sampled (`sample_corpus`); given paths are always run whole."""
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
         get_strategy(s)
-    get_model(model)  # fail early on an unknown model
-    if not windows or any(w < 8_000 for w in windows):
+    if model is not None:
+        get_model(model)  # fail early on an unknown model
+    if not windows or any(w < 8_000 and w != OWN_WINDOW for w in windows):
         raise ConfigError(f"windows must be at least 8000 tokens, got {list(windows)}")
     t0 = time.perf_counter()
     corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
@@ -215,11 +240,20 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
         raise ConfigError(f"no trace could be loaded from {', '.join(map(str, paths))}"
                           + (f" ({why})" if why else " (no .json or .jsonl files there)"))
     jobs: list[tuple[Callable[..., Any], Any]] = []
+    priced_as = {t.name: model or trace_model(t) for t in corpus}
+    shared: list[tuple[str, int]] = []  # (trace, window): its own-window results are those of this window
     for w in windows:
-        jobs += [(_oracle, (t, model, w)) for t in corpus]
-        jobs += [(_job, (t, s, model, w)) for t in corpus for s in names]
+        for t in corpus:
+            m = priced_as[t.name]
+            at = get_model(m).context_window if w == OWN_WINDOW else w
+            if w == OWN_WINDOW and at in windows:
+                shared.append((t.name, at))
+                continue
+            jobs.append((_oracle, (t, m, at, w)))
+            jobs += [(_job, (t, s, m, at, w)) for s in names]
+    task_model = model or FALLBACK_MODEL
     if tasks:
-        jobs += [(_task, (seed, s, model, w)) for w in TASK_WINDOWS for seed in task_seeds for s in names]
+        jobs += [(_task, (seed, s, task_model, w)) for w in TASK_WINDOWS for seed in task_seeds for s in names]
     jobs.sort(key=lambda j: -(len(j[1][0].messages) if isinstance(j[1][0], Trace) else 120))  # long ones first
     workers = workers or min(os.cpu_count() or 1, 2)
     results: list[TraceResult] = []
@@ -233,8 +267,8 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
         elif isinstance(out, TaskResult):
             task_results.append(out)
         else:
-            name, w, cost = out
-            oracle[str(w)][name] = cost
+            name, key, cost = out
+            oracle[str(key)][name] = cost
         tick()
 
     try:
@@ -248,14 +282,17 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
                     take(f.result())
     finally:
         close()
+    for name, at in shared:  # the own-window table shows the run at that window
+        results += [replace(r, window_key=OWN_WINDOW) for r in list(results) if r.trace == name and r.window_key == at]
+        oracle[str(OWN_WINDOW)][name] = oracle[str(at)].get(name)
     halves = split_halves(corpus)
     order = {(t.name, s, w): (k, i, j) for k, w in enumerate(windows) for i, t in enumerate(corpus)
              for j, s in enumerate(names)}
-    results.sort(key=lambda r: order.get((r.trace, r.strategy, r.window), (0, 0, 0)))
+    results.sort(key=lambda r: order.get((r.trace, r.strategy, r.window_key), (0, 0, 0)))
     task_results.sort(key=lambda r: (r.window, r.task, names.index(r.strategy) if r.strategy in names else 0))
     return BenchResult(
-        model=model, windows=list(windows), strategies=names,
+        model=model or "each trace's recorded model", windows=list(windows), strategies=names,
         traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format, "half": halves[t.name],
-                 "set": trace_set(t.source, roots)} for t in corpus],
+                 "set": trace_set(t.source, roots), "model": priced_as[t.name]} for t in corpus],
         results=results, oracle=oracle, tasks=task_results, skipped=skipped, wall_s=time.perf_counter() - t0,
         corpus=label)
