@@ -26,6 +26,7 @@ from cachecompact.levels import (
 )
 from cachecompact.levels.micro import DEFAULT_WRITE_TOOLS
 from cachecompact.levels.view import ResultInfo
+from cachecompact.pricing import DEFAULT_SUMMARY_MODEL
 from cachecompact.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
 from cachecompact.summarize import (
     ExtractiveSummarizer,
@@ -364,7 +365,7 @@ def test_llm_summarizer_through_the_sdk(mode: str) -> None:
     if mode == "prefix-reuse":
         assert last["model"] == "claude-sonnet-4-6" and last["usage"]["cache_read_input_tokens"] > 0
     else:
-        assert last["model"] == "claude-haiku-4-5"
+        assert last["model"] == DEFAULT_SUMMARY_MODEL == "claude-haiku-5-5"
 
 
 def test_in_memory_sessions_keep_the_scratchpad_out_of_the_working_directory(tmp_path: Path,
