@@ -121,7 +121,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.at_entry is not None and not 0 <= args.at_entry < len(sess.ledger):
         raise UsageError(f"--at-entry {args.at_entry}: the session has ledger entries 0..{len(sess.ledger) - 1}"
                          if sess.ledger.entries else f"--at-entry {args.at_entry}: the session has no ledger entries")
-    result = sess.render(model=args.model, max_tokens=args.max_tokens, at_entry=args.at_entry)
+    if args.at_entry is not None and args.uncompacted:
+        raise UsageError("--at-entry and --uncompacted exclude each other")
+    result = sess.render(model=args.model, max_tokens=args.max_tokens, at_entry=args.at_entry,
+                         uncompacted=args.uncompacted)
     if args.pretty:
         print(json.dumps(result.body, indent=2, ensure_ascii=False))
     else:
@@ -239,7 +242,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     token = args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
     cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
-                      window_tokens=args.window)
+                      window_tokens=args.window,
+                      engine_options={} if args.recent_tokens is None else {"recent_tokens": args.recent_tokens})
     cfg.check()
     proxy = Proxy(cfg)
 
@@ -513,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
     _session_args(ren)
     ren.add_argument("--at-entry", type=_int_in("--at-entry", 0), default=None, metavar="K")
+    ren.add_argument("--uncompacted", action="store_true",
+                     help="the whole transcript with no ledger entry applied: every original, as the caller sent it")
     ren.add_argument("--model", default=DEFAULT_MODEL, help="an id of the price table (or priced by --model-prices)")
     ren.add_argument("--model-prices", metavar="JSON",
                      help="a file pricing unlisted models: {id: {input, output, ...}}")
@@ -575,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
                                          "needed only when listening beyond loopback")
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
+    px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
+                    help="compact mode: the newest N tokens of tool output always kept verbatim, the cost-versus-"
+                         "recall knob (default 40000; docs/policy.md)")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")
     px.set_defaults(func=cmd_proxy)

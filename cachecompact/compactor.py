@@ -108,6 +108,7 @@ class Compactor:
         self.ttl: str | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
         self.prefix_ttl: str | None = self.ttl
         self.gaps = GapMeter()
+        self._first = True  # the session's first request: a compaction of it is said out loud, once
         self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
 
     @property
@@ -168,6 +169,7 @@ class Compactor:
             self._recent_divisor = int(st.get("recent_divisor", 1))
             self._recent_entry = bool(st.get("recent_entry", False))
             self.gaps = GapMeter.from_state(st.get("gaps"))
+            self._first = False
             sent = st.get("sent")
             self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
             self.session.counter.calibration = float(st["calibration"])
@@ -268,7 +270,7 @@ class Compactor:
 
     def _propose(self, level: str, view: View, lim: Limits) -> Proposal:
         lv, ctr = self.cfg.levels, self.session.counter
-        target_raw = int(lim.soft / max(ctr.calibration, 1e-9))
+        target_raw = int(lim.aim() / max(ctr.calibration, 1e-9))
         if level == "L1":
             return propose_micro(view, keep_recent=lv.keep_recent_results, write_tools=lv.write_tools,
                                  exempt_tools=lv.exempt_tools, min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
@@ -385,7 +387,29 @@ class Compactor:
         report.tokens_after = self._ensure_fits(tokens, lim, report)
         self._last_tokens = report.tokens_after
         self._choose_ttl(model, report.tokens_after, edited=bool(report.entries), cold=cold)
+        if self._first:
+            self._first = False
+            if report.entries:
+                report.events.append(self._first_notice(report))
         return report
+
+    def _first_notice(self, report: TurnReport) -> Event:
+        """What the first request changed in the history the caller brought, and how to get it
+        back: a user who wraps a long session sees it cut once, and must be told."""
+        levels = sorted({e.level for e in report.entries if e.level})
+        spans = ", ".join(f"messages[{e.start}:{e.end}]" for e in report.entries[:6]) + \
+            (", ..." if len(report.entries) > 6 else "")
+        where = self.session.path
+        back = (f"`cachecompact render {where} --uncompacted` prints it whole" if where is not None else
+                "Session.render(uncompacted=True) renders it whole")
+        return self._emit(
+            "first_compaction", level=levels[-1] if levels else None,
+            reason=f"the first request of this session compacted the history it brought: {len(report.entries)} "
+                   f"edit(s) ({', '.join(levels)}) of {spans}, {report.tokens_before:,} -> {report.tokens_after:,} "
+                   f"tokens; the transcript keeps every original: {back}; wrap(..., strategy='none') sends "
+                   "histories unchanged",
+            tokens_before=report.tokens_before, tokens_after=report.tokens_after,
+            entries=[e.seq for e in report.entries])
 
     def _choose_ttl(self, model: str, tokens: int, *, edited: bool, cold: bool) -> None:
         """This request's TTLs, when the policy chooses them (``Economics.ttl="auto"``): what it
@@ -424,7 +448,7 @@ class Compactor:
             if p.empty:
                 continue
             out.append(p)
-            if stop_at_target and tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.soft:
+            if stop_at_target and tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.aim():
                 break
         return out
 
@@ -434,7 +458,7 @@ class Compactor:
         view = build_view(s)
         tokens = s.counter.calibrated(view.total_tokens)
         cands = self._candidates(view, trig, lim)
-        reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.soft]
+        reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.aim()]
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
         if cfg.economics.cache_aware and not cold:
             paying = [q for p in order for q in self._no_thrash(p, view, lim, model)]
@@ -523,7 +547,7 @@ class Compactor:
             if p.level == "L4":
                 q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
             else:
-                q = propose_turn_collapse(view, target_tokens=int(lim.soft / max(ctr.calibration, 1e-9)),
+                q = propose_turn_collapse(view, target_tokens=int(lim.aim() / max(ctr.calibration, 1e-9)),
                                           keep_rounds=rounds, summary_tokens=lv.summary_tokens,
                                           min_batch_tokens=lim.min_batch, keep_tokens=0)
             q = self._guard(q)

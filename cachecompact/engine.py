@@ -142,6 +142,7 @@ class CompactionEngine:
         on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
         clock: Callable[[], float] = time.time,
         strict_models: bool = False,
+        recent_tokens: int | None = None,
     ) -> None:
         if session_id is not None:
             check_session_id(session_id, "session_id")
@@ -169,6 +170,15 @@ class CompactionEngine:
             raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
         self.strategy_config: StrategyConfig = with_policy(cfg, config)
         pol = getattr(self.strategy_config, "policy", None)
+        if recent_tokens is not None:
+            if not isinstance(recent_tokens, int) or isinstance(recent_tokens, bool) or recent_tokens < 0:
+                raise ConfigError(f"recent_tokens must be a non-negative integer of tokens, got {recent_tokens!r}")
+            if not isinstance(pol, PolicyConfig):
+                raise ConfigError(f"recent_tokens sets the cachecompact policy's recent budget; strategy "
+                                  f"{getattr(cfg, 'name', cfg)!r} has no such policy")
+            # the cost-versus-recall knob (docs/policy.md, "The one knob")
+            pol = dc_replace(pol, levels=dc_replace(pol.levels, keep_recent_tokens=recent_tokens))
+            self.strategy_config = with_policy(self.strategy_config, pol)
         if ttl is not None and isinstance(pol, PolicyConfig) and pol.economics.ttl == "auto":
             # the caller fixed the TTL: the policy prices its decisions with that one
             self.strategy_config = with_policy(self.strategy_config, dc_replace(

@@ -16,7 +16,8 @@ __all__ = ["WARNING_KINDS", "Event", "EventBus"]
 
 # what a user must hear about: failures, a full context, a planning bug, a burst of repeated calls;
 # compactions are INFO, a cache miss is logged at the level its class deserves (see middleware)
-WARNING_KINDS = frozenset({"failure", "breaker_open", "context_full", "refused", "repeated_tool_calls"})
+WARNING_KINDS = frozenset({"failure", "breaker_open", "context_full", "refused", "repeated_tool_calls",
+                           "first_compaction"})
 
 log = logging.getLogger("cachecompact")
 
@@ -32,7 +33,8 @@ class Event:
     """One thing that happened to a session's context.
 
     ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
-    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget.
+    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget | first_compaction
+    (the first request of a session changed a history the caller brought: said once, a warning).
     """
 
     kind: str

@@ -103,6 +103,7 @@ class CompactionMiddleware(Middleware):
         clock: Callable[[], float] = time.time,
         store_dir: str | os.PathLike[str] | None = None,
         strict_models: bool = False,
+        recent_tokens: int | None = None,
     ) -> None:
         if store_dir is not None and store != DEFAULT_STORE:
             raise ConfigError("give store= or store_dir= (its older name), not both")
@@ -110,7 +111,7 @@ class CompactionMiddleware(Middleware):
             store_dir if store_dir is not None else store, session_id=session_id, strategy=strategy, config=config,
             window_tokens=window_tokens, summarizer=summarizer, prefix_messages=prefix_messages,
             scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-            on_event=on_event, clock=clock, strict_models=strict_models)
+            on_event=on_event, clock=clock, strict_models=strict_models, recent_tokens=recent_tokens)
         self.events = self.engine.events
         self.window_tokens = self.engine.window_tokens
 
@@ -309,12 +310,15 @@ def wrap(
     clock: Callable[[], float] = time.time,
     store_dir: str | os.PathLike[str] | None = None,
     pricing: Mapping[str, Mapping[str, Any]] | None = None,
+    recent_tokens: int | None = None,
 ) -> ClientT:
     """``client.with_middleware(CompactionMiddleware(...))``, validated now.
 
     Every request's model must be an id of the price table (or a dated id of one): another name
     (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
-    is sent. ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
+    is sent. ``recent_tokens`` is the one knob for cost against recall: the newest tool output
+    kept verbatim (default 40,000 tokens; less is cheaper and forgets sooner, docs/policy.md).
+    ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
     purpose ($ per MTok; `pricing.custom` says what else may be given).
 
     ``summarizer="auto"`` summarises through a client like this one (without the middleware),
@@ -354,7 +358,8 @@ def wrap(
     mw = CompactionMiddleware(store, session_id=session_id, strategy=strategy, config=config,
                               window_tokens=window_tokens, summarizer=summ, prefix_messages=prefix_messages,
                               scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-                              on_event=on_event, clock=clock, store_dir=store_dir, strict_models=True)
+                              on_event=on_event, clock=clock, store_dir=store_dir, strict_models=True,
+                              recent_tokens=recent_tokens)
     return client.with_middleware(mw)
 
 

@@ -39,6 +39,7 @@ __all__ = [
 
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
 MIN_WINDOW_TOKENS = 8_000
+MIN_GROWTH = 500  # tokens a turn, before the session has shown its own growth
 DEFAULT_WRITE_OVER_READ = 12.5  # 5-minute cache write (1.25x input) over cache read (0.1x input)
 
 
@@ -186,6 +187,10 @@ class Limits:
     min_batch: int
     max_tokens: int = 0  # the output the request reserves
     estimate_error: float = 0.0  # the share of the window kept for estimate error
+    target: int = 0  # what compacting aims under: soft, or the bottom of a collapse cycle that fits below it
+
+    def aim(self) -> int:
+        return self.target or self.soft
 
     def window_for(self, tokens: int) -> int:
         """The smallest window in which ``tokens`` of input fit beside this request's output
@@ -217,15 +222,26 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     elif not cfg.economics.cache_aware:
         hard = (soft + critical) // 2  # the price-blind rule, for the ablation
     else:
-        hard = collapse_hard(prefix_tokens, collapse_keep + lv.summary_tokens, step, write_over_read,
-                             low=soft + 1, high=critical - step)
+        kept = collapse_keep + lv.summary_tokens
+        turn = max(growth, MIN_GROWTH)  # the session's own growth: the window is a cap, not a scale
+        hard = collapse_hard(prefix_tokens, kept, turn, write_over_read,
+                             low=min(soft + 1, prefix_tokens + kept + turn), high=critical - step)
+    # one break must remove at least a fraction of the window, and never more than a collapse
+    # cycle's growth (else at a large window nothing could ever be cleared before L3)
+    min_batch = int(cfg.economics.min_batch_fraction * window)
+    if cfg.economics.cache_aware and t.hard is None:
+        min_batch = min(min_batch, max(0, hard - prefix_tokens - collapse_keep - lv.summary_tokens))
     keep = configured if recent_tokens is None else min(recent_tokens, configured)
     entry = keep if entry_learnt else configured
-    return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical,
+    # a collapse cycle that fits below soft (a large window): compacting aims at its bottom, what
+    # a collapse keeps plus one turn; else at soft, as the window decides
+    bottom = prefix_tokens + collapse_keep + lv.summary_tokens + max(growth, MIN_GROWTH)
+    target = soft if hard > soft else min(soft, bottom)
+    return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical, target=target,
                   keep_recent=keep, configured_recent=configured, entry_recent=entry,
                   collapse_keep=collapse_keep,
                   big_result=max(lv.old_result_tokens, int(lv.big_result_share * entry)),
-                  old_result=lv.old_result_tokens, min_batch=int(cfg.economics.min_batch_fraction * window),
+                  old_result=lv.old_result_tokens, min_batch=min_batch,
                   max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
 
 

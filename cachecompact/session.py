@@ -552,13 +552,21 @@ class Session:
         breakpoints: bool = True,
         ttl: str | None = None,
         prefix_ttl: str | None = None,
+        uncompacted: bool = False,
         **params: Any,
     ) -> RenderResult:
         """The request body for ``POST /v1/messages``; extra ``params`` pass through unchanged.
 
-        ``at_entry=K`` replays the request as it was right after ledger entry K was made.
+        ``at_entry=K`` replays the request as it was right after ledger entry K was made;
+        ``uncompacted=True`` renders the whole transcript with no ledger entry applied (what the
+        caller sent, every original back).
         """
         upto = None
+        if uncompacted:
+            if at_entry is not None:
+                raise ValueError("give at_entry or uncompacted, not both")
+            upto = 0
+            transcript_len = len(self.transcript) if transcript_len is None else transcript_len
         if at_entry is not None:
             if not 0 <= at_entry < len(self.ledger):
                 raise IndexError(f"ledger has {len(self.ledger)} entries; no entry {at_entry}")
