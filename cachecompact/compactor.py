@@ -397,7 +397,8 @@ class Compactor:
         """What the first request changed in the history the caller brought, and how to get it
         back: a user who wraps a long session sees it cut once, and must be told."""
         levels = sorted({e.level for e in report.entries if e.level})
-        spans = ", ".join(f"messages[{e.start}:{e.end}]" for e in report.entries[:6]) + \
+        spans = ", ".join(f"messages[{e.start}]" if e.start == e.end else f"messages[{e.start}..{e.end}]"
+                          for e in report.entries[:6]) + \
             (", ..." if len(report.entries) > 6 else "")
         where = self.session.path
         back = (f"`cachecompact render {where} --uncompacted` prints it whole" if where is not None else

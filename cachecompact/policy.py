@@ -39,7 +39,6 @@ __all__ = [
 
 LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
 MIN_WINDOW_TOKENS = 8_000
-MIN_GROWTH = 500  # tokens a turn, before the session has shown its own growth
 DEFAULT_WRITE_OVER_READ = 12.5  # 5-minute cache write (1.25x input) over cache read (0.1x input)
 
 
@@ -223,7 +222,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
         hard = (soft + critical) // 2  # the price-blind rule, for the ablation
     else:
         kept = collapse_keep + lv.summary_tokens
-        turn = max(growth, MIN_GROWTH)  # the session's own growth: the window is a cap, not a scale
+        turn = growth or step  # the session's own growth once it has shown one: the window is a cap
         hard = collapse_hard(prefix_tokens, kept, turn, write_over_read,
                              low=min(soft + 1, prefix_tokens + kept + turn), high=critical - step)
     # one break must remove at least a fraction of the window, and never more than a collapse
@@ -235,7 +234,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     entry = keep if entry_learnt else configured
     # a collapse cycle that fits below soft (a large window): compacting aims at its bottom, what
     # a collapse keeps plus one turn; else at soft, as the window decides
-    bottom = prefix_tokens + collapse_keep + lv.summary_tokens + max(growth, MIN_GROWTH)
+    bottom = prefix_tokens + collapse_keep + lv.summary_tokens + (growth or step)
     target = soft if hard > soft else min(soft, bottom)
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical, target=target,
                   keep_recent=keep, configured_recent=configured, entry_recent=entry,

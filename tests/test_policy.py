@@ -59,9 +59,12 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
     small, big = limits(PolicyConfig(), 8_000, 1_000), limits(PolicyConfig(), 200_000, 4_096)
     assert small.limit == 8_000 - 1_000 - 400 and big.limit == 200_000 - 4_096 - 10_000
     for lim in (small, big):
-        assert 0 < lim.soft < lim.hard < lim.critical <= lim.limit
+        assert 0 < lim.soft < lim.critical <= lim.limit and 0 < lim.hard < lim.critical
+        assert lim.target <= lim.soft and lim.target < lim.hard
         assert lim.keep_recent <= lim.soft and lim.big_result <= max(lim.keep_recent, lim.old_result)
-    assert big.min_batch == 25 * small.min_batch
+    # a small window: the collapse cycle does not fit below soft; a large one: it does (a cap)
+    assert small.soft < small.hard and big.hard < big.soft
+    assert big.min_batch <= 25 * small.min_batch
     # the recent budget is what fits beside the prefix and a summary, up to the fitted maximum
     assert limits(PolicyConfig(), 50_000, 4_096, prefix_tokens=10_000).keep_recent < limits(
         PolicyConfig(), 50_000, 4_096).keep_recent
@@ -78,19 +81,24 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
 
 def test_trigger_table() -> None:
     c = PolicyConfig()
-    lim = limits(c, 200_000, 0)  # usable 190k: soft 152k, critical 190k - 1.9k, hard by the prices
+    # usable 95k: soft 76k, critical 95k - 950, hard by the prices (the cycle does not fit below soft)
+    lim = limits(c, 100_000, 0, prefix_tokens=2_000, growth=1_500)
 
     def ev(tokens: int, old: int = 0) -> Any:
         return evaluate(lim, tokens=tokens, old_tool_tokens=old)
 
-    assert ev(100_000).max_level is None
+    assert lim.soft < lim.hard
+    assert ev(50_000).max_level is None
     assert ev(lim.soft - 1).max_level is None
     assert ev(lim.soft).max_level == "L1"
     assert ev(lim.hard).max_level == "L3" and not ev(lim.hard).forced
     assert ev(lim.critical).max_level == "L4" and ev(lim.critical).forced
     # below soft, old tool output beyond the recent budget is cleared once it makes a batch
-    assert ev(70_000, old=lim.min_batch).max_level == "L2"
-    assert ev(70_000, old=lim.min_batch - 1).max_level is None
+    assert ev(50_000, old=lim.min_batch).max_level == "L2"
+    assert ev(50_000, old=lim.min_batch - 1).max_level is None
+    # at 200k the collapse cycle fits below soft: L3 (which tries L1 and L2 first) from hard on
+    lim = limits(c, 200_000, 0, prefix_tokens=2_000, growth=1_500)
+    assert lim.hard < lim.soft and ev(lim.hard).max_level == "L3" and ev(lim.hard - 1).max_level is None
     # the output must fit too: a big max_tokens lowers every threshold
     assert limits(c, 200_000, 60_000).critical < lim.critical - 50_000
     # the critical margin is one recent turn of growth
@@ -120,7 +128,8 @@ def test_collapse_fires_where_a_cycle_costs_least() -> None:
     # explicit thresholds stay strictly ordered after rounding
     for t in (Triggers(hard=0.99), Triggers(critical=0.8000001), Triggers(hard=0.8000001, critical=0.8000002)):
         lim = limits(PolicyConfig(triggers=t), 50_000, 4_096)
-        assert lim.soft < lim.hard < lim.critical <= lim.limit, (t, lim)
+        assert lim.soft < lim.critical <= lim.limit and lim.hard < lim.critical, (t, lim)
+        assert t.hard is None or lim.soft < lim.hard, (t, lim)
     # the price-blind ablation keeps the midway rule; an explicit fraction wins over both
     blind = limits(replace(c, economics=Economics(cache_aware=False)), 50_000, 4_096, 2_000, 1_500)
     assert blind.hard == (blind.soft + blind.critical) // 2
@@ -552,3 +561,53 @@ def test_a_summary_repeats_a_long_task_by_its_head() -> None:
     res = ExtractiveSummarizer().summarize(SummaryRequest(messages=msgs, goal=goal, previous_open_issues=[],
                                                           range=(3, 4)))
     assert res.summary.task_goal == head
+
+
+def test_at_a_1m_window_the_trigger_comes_from_prices_and_growth_not_the_window() -> None:
+    """The window is a cap: at 1M a collapse cycle of c* = sqrt(2 (w/r - 1) kept g) fits far
+    below soft, so L3 fires at prefix + kept + c* and compacting aims at the cycle's bottom."""
+    import math
+
+    c, w1m, w200 = PolicyConfig(), 1_000_000, 200_000
+    price = get_model("claude-opus-4-6")
+    ratio = price.write_over_read("5m")
+    lim = limits(c, w1m, 4096, prefix_tokens=20_000, growth=3_000, write_over_read=ratio)
+    kept = lim.collapse_keep + c.levels.summary_tokens
+    cycle = math.sqrt(2 * (ratio - 1) * kept * 3_000)
+    assert lim.hard == 20_000 + kept + int(cycle) and lim.hard < 0.2 * lim.limit
+    assert lim.target == 20_000 + kept + 3_000 < lim.soft
+    assert lim.min_batch <= lim.hard - 20_000 - kept  # a clear need not wait for 8% of 1M
+    # a 1-hour TTL's dearer write lengthens the cycle; the same session at 200k fires at the same point
+    assert limits(c, w1m, 4096, 20_000, 3_000, write_over_read=price.write_over_read("1h")).hard > lim.hard
+    assert limits(c, w200, 4096, 20_000, 3_000, write_over_read=ratio).hard == lim.hard
+    # at a small window the cycle does not fit: as before, soft and critical decide
+    small = limits(c, 50_000, 4096, 2_000, 1_500, write_over_read=ratio)
+    assert small.target == small.soft and small.hard > small.soft
+
+
+def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    s = Session.create(tmp_path / "s", prefix_messages=1)
+    comp = Compactor.for_session(s, cfg(30_000))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for k in range(14):
+        msgs += tool_turn(k, "read_file", f"x{k} " * 1500)
+    if msgs[-1]["role"] == "assistant":
+        msgs.append({"role": "user", "content": "go on"})
+    s.sync(msgs)
+    with caplog.at_level(logging.WARNING, "cachecompact"):
+        first = comp.before_request(100.0, MODEL, 1000).events
+        comp.after_response(100.0)
+        s.sync([*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}])
+        later = comp.before_request(110.0, MODEL, 1000).events
+    notes = [e for e in first + later if e.kind == "first_compaction"]
+    assert len(notes) == 1 and notes[0] in first
+    assert notes[0].tokens_after < notes[0].tokens_before and "--uncompacted" in notes[0].reason
+    assert caplog.text.count("first_compaction") == 1
+    from cachecompact.transcript import canonical_message
+
+    whole = [canonical_message(m) for m in s.render(uncompacted=True, breakpoints=False).body["messages"]]
+    assert whole == [canonical_message(m) for m in s.messages()]
+    assert whole != [canonical_message(m) for m in s.render(breakpoints=False).body["messages"]]
