@@ -41,7 +41,7 @@ from typing import Any
 from cachecompact.bench.harness import MAX_TOKENS, replay
 from cachecompact.bench.recall import _visible, evidence_table, request_text, reread_cost
 from cachecompact.bench.report import LONG_TURNS, publish
-from cachecompact.bench.run import load_corpus, split_halves
+from cachecompact.bench.run import load_corpus, split_halves, trace_set
 from cachecompact.cache_sim import request_from_body
 from cachecompact.emulator.core import output_tokens
 from cachecompact.emulator.responders import replayed_blocks
@@ -54,8 +54,15 @@ MODEL = "claude-sonnet-4-6"
 PREFIX_MESSAGES = 3
 BUDGETS = (5_000, 10_000, 15_000, 20_000, 25_000, 30_000, 35_000, 40_000, 45_000, 50_000, 60_000, 100_000, 10**9)
 MEASURED = ("none", "cachecompact", "claude-code")  # claude-code: the cheapest peer at 50k (docs/benchmarks.md)
-FLOOR = {200_000: 0.97, 50_000: 0.93}  # issue 9's evidence-recall floors
+FLOOR = {200_000: 0.97, 50_000: 0.93}  # issue 9's evidence-recall floors (other windows: `floor`)
 WINDOWS = (200_000, 50_000)
+
+
+def floor(window: int) -> float:
+    """The evidence-recall floor at a window: 0.97 from 200k up, 0.93 below."""
+    return FLOOR.get(window, 0.97 if window >= 200_000 else 0.93)
+
+
 TTL_S = 300.0  # the 5-minute cache: an idle gap beyond it re-writes what the request shows
 
 
@@ -169,23 +176,40 @@ def _job(args: tuple[Trace, str, int]) -> tuple[str, str, int, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", help="replace the recall frontier section of this markdown file")
+    ap.add_argument("--set", action="append", dest="sets", metavar="NAME",
+                    help="only the traces of this set (a folder of ../shared/traces, e.g. claude-code-2026; "
+                         "repeatable; default: every set)")
+    ap.add_argument("--window", type=int, action="append", dest="windows", metavar="N",
+                    help=f"a context window in tokens (repeatable; default: {', '.join(map(str, WINDOWS))}); "
+                         "recall floors: 0.97 from 200k up, 0.93 below")
     args = ap.parse_args(argv)
+    windows = tuple(args.windows or WINDOWS)
+    if any(w < 8_000 for w in windows):
+        ap.error("--window must be at least 8000")
     if default_trace_dir() is None:
         print("skipped: ../shared/traces is absent (the frontier is measured on the shared traces)")
         return 0
     t0 = time.time()
     traces, _, _ = load_corpus([])
     halves = split_halves(traces)
+    if args.sets:
+        root = default_trace_dir()
+        known = sorted({trace_set(t.source, [root]) for t in traces}) if root is not None else []
+        unknown = [x for x in args.sets if x not in known]
+        if unknown:
+            ap.error(f"--set {', '.join(unknown)}: not a set of the shared traces ({', '.join(known)})")
+        traces = [t for t in traces if root is not None and trace_set(t.source, [root]) in args.sets]
     long = [t for t in traces if t.turns >= LONG_TURNS]
-    jobs = [(t, what, w) for w in WINDOWS for what in ("ideal", *MEASURED) for t in long]
+    jobs = [(t, what, w) for w in windows for what in ("ideal", *MEASURED) for t in long]
     results: dict[tuple[str, str, int], Any] = {}
     with ProcessPoolExecutor(2) as pool:
         for k, (name, what, w, r) in enumerate(pool.map(_job, jobs, chunksize=1), 1):
             results[(name, what, w)] = r
             print(f"\r{k}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    lines = [f"Long traces of the shared corpus; pricing `{MODEL}`; {time.time() - t0:.0f} s.", ""]
-    for w in WINDOWS:
+    which = f"sets {', '.join(args.sets)}" if args.sets else "every set"
+    lines = [f"Long traces of the shared corpus ({which}); pricing `{MODEL}`; {time.time() - t0:.0f} s.", ""]
+    for w in windows:
         for half in ("all", "A", "B"):
             names = [t.name for t in long if half == "all" or halves[t.name] == half]
             lines += _table(results, names, w, half)
@@ -226,14 +250,14 @@ def _table(results: dict[tuple[str, str, int], Any], names: list[str], window: i
             adj = sum(r.adjusted for r in runs)
             refs, ok = sum(r.references for r in runs), sum(r.recalled for r in runs)
             cells.append(cell(adj, refs, ok))
-            if refs and ok / refs >= FLOOR[window] and adj < best.get(variant, (float("inf"), 0))[0]:
+            if refs and ok / refs >= floor(window) and adj < best.get(variant, (float("inf"), 0))[0]:
                 best[variant] = (adj, budget)
         out.append(f"| {'all history' if budget >= 10**9 else f'{budget // 1000}k'} | {cells[0]} | {cells[1]} |")
     peer = sum(results[(n, "claude-code", window)].adjusted_cost_usd for n in done)
     ours = sum(results[(n, "cachecompact", window)].adjusted_cost_usd for n in done)
-    reach = "; ".join(f"the cheapest {v} run at evidence recall >= {FLOOR[window]} costs ${c:.2f}"
+    reach = "; ".join(f"the cheapest {v} run at evidence recall >= {floor(window)} costs ${c:.2f}"
                       + (f" ({c / none_adj:.3f}x `none`)" if none_adj else "")
-                      for v, (c, _) in sorted(best.items())) or f"no budget reaches recall {FLOOR[window]}"
+                      for v, (c, _) in sorted(best.items())) or f"no budget reaches recall {floor(window)}"
     out += ["", f"At {window:,}, {title}: {reach}; measured `cachecompact` ${ours:.2f}, `claude-code` ${peer:.2f}.", ""]
     return out
 

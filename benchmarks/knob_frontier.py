@@ -1,0 +1,77 @@
+"""The frontier of the one knob: cost against evidence recall for each recent budget.
+
+    python benchmarks/knob_frontier.py [--recent 20000 40000 60000 80000] [--window own 200000] [--full]
+
+The knob is ``recent_tokens`` (`wrap(recent_tokens=...)`, `--recent-tokens` on the proxy,
+`LevelSettings.keep_recent_tokens`): the newest tool output every level keeps verbatim, and
+what a collapse keeps after its summary. Each value runs as its own strategy, beside `none`,
+through the same bench (`cachecompact.bench.run.run_bench`: the real SDK against the emulator,
+each trace priced by its recorded model), on the default sample of the shared traces (four long
+traces per set; ``--full``: every trace). The table gives, per window and half, the adjusted cost
+against `none` and the evidence recall; the default is the cheapest value whose half-A recall
+meets the floor (0.97 from 200k up, 0.93 below) at every window, and half B is reported beside it.
+Skips when ../shared/traces is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from cachecompact.bench.report import LONG_TURNS, aggregate
+from cachecompact.bench.run import OWN_WINDOW, run_bench, window_label
+from cachecompact.policy import LevelSettings, PolicyConfig
+from cachecompact.strategies import CachecompactConfig, register
+from cachecompact.traces import default_trace_dir
+
+
+def floor(window: int) -> float:
+    return 0.97 if window == OWN_WINDOW or window >= 200_000 else 0.93
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recent", type=int, nargs="+", default=[20_000, 40_000, 60_000, 80_000])
+    ap.add_argument("--window", nargs="+", default=["own", "200000"])
+    ap.add_argument("--full", action="store_true")
+    args = ap.parse_args(argv)
+    if default_trace_dir() is None:
+        print("skipped: ../shared/traces is absent (the frontier is measured on the shared traces)")
+        return 0
+    windows = [OWN_WINDOW if w == "own" else int(w) for w in args.window]
+    names = []
+    for k in args.recent:
+        name = f"cachecompact-recent-{k // 1000}k"
+        register(name, CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(keep_recent_tokens=k))))
+        names.append(name)
+    t0 = time.time()
+    res = run_bench((), ["none", *names], windows=windows, tasks=False, full=args.full, progress=True)
+    long_only = any(t["turns"] >= LONG_TURNS for t in res.traces)
+    print(f"{res.corpus}; {time.time() - t0:.0f} s\n")
+    print("| recent budget | window | adj vs none, all | recall, all | adj vs none, half A | recall, half A | "
+          "adj vs none, half B | recall, half B |")
+    print("|---|---|---|---|---|---|---|---|")
+    ok_a: dict[str, bool] = {n: True for n in names}
+    cost_a: dict[str, float] = {n: 0.0 for n in names}
+    for w in windows:
+        rows = {h: {r["strategy"]: r for r in aggregate(res, w, long_only, h)} for h in (None, "A", "B")}
+        for n in names:
+            cells = []
+            for h in (None, "A", "B"):
+                r = rows[h][n]
+                adj = r["adjusted_vs_none"]
+                cells += [f"{adj:.3f}x" if adj is not None else "-", f"{r['evidence_recall']:.3f}"]
+            a = rows["A"][n]
+            ok_a[n] &= a["evidence_recall"] >= floor(w)
+            cost_a[n] += a["adjusted_cost_usd"]
+            print(f"| {n.rsplit('-', 1)[-1]} | {window_label(w)} | " + " | ".join(cells) + " |")
+    meeting = [n for n in names if ok_a[n]]
+    best = min(meeting, key=lambda n: cost_a[n]) if meeting else None
+    print(f"\nhalf A: the cheapest budget meeting the recall floor at every window: "
+          f"{best.rsplit('-', 1)[-1] if best else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
