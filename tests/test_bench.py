@@ -296,3 +296,29 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
     for b in cycles:
         assert runs[(b, "cycle")].recalled >= runs[(b, "ideal")].recalled
         assert runs[(b, "cycle")].cost >= runs[(b, "ideal")].cost
+
+
+def test_each_trace_is_priced_by_its_recorded_model_and_runs_at_its_own_window() -> None:
+    from msgspec.structs import replace
+
+    from cachecompact.bench.report import aggregate
+    from cachecompact.bench.run import OWN_WINDOW, run_bench, trace_model
+    from cachecompact.traces import synthetic_trace
+
+    t = synthetic_trace(0)
+    assert trace_model(t) == "claude-sonnet-4-6"  # nothing recorded: the fallback
+    assert trace_model(replace(t, model="claude-opus-4-6")) == "claude-opus-4-6"
+    assert trace_model(replace(t, model="claude-opus-4-5-20251101")) == "claude-opus-4-5"
+    assert trace_model(replace(t, model="deepseek-reasoner")) == "claude-sonnet-4-6"
+    opus = replace(t, name="opus", model="claude-opus-4-6")  # a 1M window
+    haiku = replace(t, name="haiku", model="claude-haiku-4-5")  # a 200k window, run once for both tables
+    res = run_bench([], ["none"], windows=[OWN_WINDOW, 200_000], tasks=False, progress=False, workers=1,
+                    corpus=[opus, haiku])
+    by = {(r.trace, r.window_key): r for r in res.results}
+    assert by[("opus", OWN_WINDOW)].window == 1_000_000 and by[("opus", OWN_WINDOW)].model == "claude-opus-4-6"
+    assert by[("haiku", OWN_WINDOW)].window == 200_000 and by[("haiku", 200_000)].cost_usd == \
+        by[("haiku", OWN_WINDOW)].cost_usd
+    assert sum(1 for r in res.results if r.trace == "haiku") == 2  # one run, shown in both tables
+    assert {t["name"]: t["model"] for t in res.traces} == {"opus": "claude-opus-4-6", "haiku": "claude-haiku-4-5"}
+    rows = {r["strategy"]: r for r in aggregate(res, OWN_WINDOW, long_only=False)}
+    assert rows["none"]["completed"] == 2 and 0 <= rows["none"]["rewrite_share"] < 1

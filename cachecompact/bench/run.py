@@ -213,12 +213,13 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
               model: str | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
               tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS,
-              full: bool = True) -> BenchResult:
+              full: bool = True, corpus: Sequence[Trace] | None = None) -> BenchResult:
     """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md).
     ``model=None`` prices each trace by its recorded model (`trace_model`); a model id prices
     them all as that one. `OWN_WINDOW` in ``windows`` runs each trace at its model's own window
     (once: where that is another window of the run, the result is shared). Without ``full``,
-    the shared corpus is sampled (`sample_corpus`); given paths are always run whole."""
+    the shared corpus is sampled (`sample_corpus`); given paths are always run whole; given
+    ``corpus`` traces are run instead of any file."""
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
@@ -228,10 +229,14 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
     if not windows or any(w < 8_000 and w != OWN_WINDOW for w in windows):
         raise ConfigError(f"windows must be at least 8000 tokens, got {list(windows)}")
     t0 = time.perf_counter()
-    corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
+    skipped: list[dict[str, str]]
+    if corpus is not None:
+        corpus, skipped, label = list(corpus), [], f"{len(corpus)} given traces"
+    else:
+        corpus, skipped, label = load_corpus(paths, synthetic) if traces else ([], [], "no traces")
     tdir = default_trace_dir()
     roots = list(paths) or ([tdir] if tdir is not None else [])
-    if not full and not paths and synthetic is None and tdir is not None:
+    if not full and not paths and synthetic is None and tdir is not None and not label.endswith("given traces"):
         n_all = len(corpus)
         corpus = sample_corpus(corpus, roots)
         label += f", a sample of {len(corpus)} of its {n_all} traces (--full runs them all)"
