@@ -583,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
     px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
                     help="compact mode: the newest N tokens of tool output always kept verbatim, the cost-versus-"
-                         "recall knob (default 40000; docs/policy.md)")
+                         "recall knob (default 50000; docs/policy.md)")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")
     px.set_defaults(func=cmd_proxy)

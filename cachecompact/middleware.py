@@ -317,7 +317,7 @@ def wrap(
     Every request's model must be an id of the price table (or a dated id of one): another name
     (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
     is sent. ``recent_tokens`` is the one knob for cost against recall: the newest tool output
-    kept verbatim (default 40,000 tokens; less is cheaper and forgets sooner, docs/policy.md).
+    kept verbatim (default 50,000 tokens; less is cheaper and forgets sooner, docs/policy.md).
     ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
     purpose ($ per MTok; `pricing.custom` says what else may be given).
 

@@ -79,6 +79,7 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "summary_cost_usd": sum(r.summary_cost_usd for r in ok),
             "rereads": sum(r.rereads for r in ok),
             "evidence_recall": sum(r.evidence_recall * r.references for r in ok) / refs if refs else 1.0,
+            "references": refs,
             "name_recall": sum(r.name_recall * r.references for r in ok) / refs if refs else 1.0,
             "rewrite_share": sum(r.rewrite_usd for r in ok) / max(1e-9, sum(r.cost_usd for r in ok)),
             "hit_rate": (sum(r.hit_rate * r.mean_tokens * len(r.token_series) for r in ok)
