@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,6 +36,18 @@ def history(n_turns: int, n_calls: int = 1) -> list[dict[str, Any]]:
     for k in range(n_turns):
         msgs += turn(k, n_calls)
     return msgs
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of benchmarks/ as a module (they are scripts, not a package), registered in
+    sys.modules under a private name so that its dataclasses can find themselves."""
+    spec = importlib.util.spec_from_file_location(f"cachecompact_bench_{name}",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture

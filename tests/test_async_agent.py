@@ -4,27 +4,18 @@ SDK against the emulator: cachecompact must cost the least and must not thrash."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from cachecompact.strategies import strategy_names
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cachecompact_bench_async_agent",
-                                                  ROOT / "benchmarks" / "async_agent.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("async_agent")
 
 
 def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent: ModuleType) -> None:

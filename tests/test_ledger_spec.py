@@ -6,11 +6,9 @@ stored record, and a CR before a line's newline."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import random
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +16,7 @@ import pytest
 
 from cachecompact.cli import main as cli
 
+from .conftest import load_benchmark
 from .spec_verifier import verify as spec_verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,12 +24,7 @@ TRIALS = 240
 
 
 def _tamper() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cachecompact_bench_tamper", ROOT / "benchmarks" / "tamper.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("tamper")
 
 
 def _ours(d: Path) -> int:
