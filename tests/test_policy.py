@@ -121,10 +121,11 @@ def test_collapse_fires_where_a_cycle_costs_least() -> None:
     c = PolicyConfig()
     small = limits(c, 50_000, 4_096, prefix_tokens=2_000, growth=1_500)
     assert small.hard == small.critical - 1_500 and small.soft < small.hard
-    # a bigger write premium (1-hour writes) makes cycles longer (at 100k neither is clamped)
-    mid = limits(c, 100_000, 0, prefix_tokens=2_000, growth=1_500)
+    # a bigger write premium (1-hour writes) makes cycles longer (at 120k neither is clamped)
+    mid = limits(c, 120_000, 0, prefix_tokens=2_000, growth=1_500)
     assert mid.soft < mid.hard < mid.critical - 1_500
-    assert limits(c, 100_000, 0, prefix_tokens=2_000, growth=1_500, write_over_read=20).hard > mid.hard
+    one_hour = limits(c, 120_000, 0, prefix_tokens=2_000, growth=1_500, write_over_read=20)
+    assert mid.hard < one_hour.hard < one_hour.critical - 1_500
     # explicit thresholds stay strictly ordered after rounding
     for t in (Triggers(hard=0.99), Triggers(critical=0.8000001), Triggers(hard=0.8000001, critical=0.8000002)):
         lim = limits(PolicyConfig(triggers=t), 50_000, 4_096)
