@@ -286,9 +286,12 @@ def test_forensics_classes_through_the_proxy(emu: Emulator) -> None:
 
 
 def test_compact_mode_runs_the_strategy_and_keeps_unknown_fields(tmp_path: Path) -> None:
+    calls = iter(range(1, 10_000))
+
     def reader(body: dict[str, Any]) -> Any:
+        # numbered by its own count: a compaction shortens what it is shown
         from cachecompact.emulator.responders import Reply
-        n = len(body["messages"])
+        n = next(calls)
         return Reply([{"type": "tool_use", "id": f"toolu_{n:04d}", "name": "read", "input": {"path": f"f{n}.py"}}],
                      "tool_use")
 
