@@ -18,12 +18,12 @@ Half B is reported beside it. Skips when ../shared/traces is absent.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
 from cachecompact.bench.report import LONG_TURNS, aggregate
 from cachecompact.bench.run import OWN_WINDOW, run_bench, window_label
+from cachecompact.gaps import wilson_lower
 from cachecompact.policy import LevelSettings, PolicyConfig
 from cachecompact.strategies import CachecompactConfig, register
 from cachecompact.traces import default_trace_dir
@@ -31,15 +31,6 @@ from cachecompact.traces import default_trace_dir
 
 def floor(window: int) -> float:
     return 0.97 if window == OWN_WINDOW or window >= 200_000 else 0.93
-
-
-def wilson_low(share: float, n: int, z: float = 1.0) -> float:
-    """The lower end of the Wilson score interval for a share measured over ``n`` references."""
-    if n <= 0:
-        return 0.0
-    centre = share + z * z / (2 * n)
-    spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return (centre - spread) / (1 + z * z / n)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                 adj = r["adjusted_vs_none"]
                 cells += [f"{adj:.3f}x" if adj is not None else "-", f"{r['evidence_recall']:.3f}"]
             a = rows["A"][n]
-            ok_a[n] &= wilson_low(a["evidence_recall"], a["references"]) >= floor(w)
+            ok_a[n] &= wilson_lower(a["evidence_recall"], a["references"]) >= floor(w)
             cost_a[n] += a["adjusted_cost_usd"]
-            low = wilson_low(a["evidence_recall"], a["references"])
+            low = wilson_lower(a["evidence_recall"], a["references"])
             print(f"| {n.rsplit('-', 1)[-1]} | {window_label(w)} | " + " | ".join(cells)
                   + f" | {a['references']}, {low:.3f} |")
     meeting = [n for n in names if ok_a[n]]

@@ -10,18 +10,21 @@ how often the next gap falls between the two, and that depends on who speaks nex
   who may read, think or be away.
 
 `GapMeter` keeps both kinds of gap apart, as the session shows them, and estimates the chance that
-the next gap outlives the short TTL but not the long one. Every estimate is (k + 1/2) / (n + 1)
-(Jeffreys' prior), so a session with no gaps of a kind yet starts at one half and the session's
-own gaps take over after a few turns. Nothing is fitted.
+the next gap outlives the short TTL but not the long one. The share of gaps of a kind in that
+range is taken at the lower end of its Wilson interval (one standard error): the dearer 1-hour
+write is paid only once the session has shown such gaps, so an agent loop whose gaps are all
+seconds never pays it, and one mid gap among a person's replies is enough to start. The share
+of responses that end the turn is (k + 1/2) / (n + 1). Nothing is fitted.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LONG_TTL_S", "SHORT_TTL_S", "GapMeter"]
+__all__ = ["LONG_TTL_S", "SHORT_TTL_S", "GapMeter", "wilson_lower"]
 
 SHORT_TTL_S = 300.0
 LONG_TTL_S = 3600.0
@@ -30,6 +33,19 @@ _KEEP = 200  # gaps of each kind remembered (the newest)
 
 def _share(hits: int, n: int) -> float:
     return (hits + 0.5) / (n + 1)
+
+
+def wilson_lower(share: float, n: int, z: float = 1.0) -> float:
+    """The lower end of the Wilson score interval of a share measured over ``n`` trials (0 for none)."""
+    if n <= 0:
+        return 0.0
+    centre = share + z * z / (2 * n)
+    spread = z * math.sqrt(max(0.0, share * (1 - share)) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - spread) / (1 + z * z / n))
+
+
+def _lower(hits: int, n: int) -> float:
+    return wilson_lower(hits / n, n) if n else 0.0
 
 
 @dataclass
@@ -52,10 +68,10 @@ class GapMeter:
     def between(self, lo: float = SHORT_TTL_S, hi: float = LONG_TTL_S) -> float:
         """The chance that the gap after the coming response is longer than ``lo`` and at most
         ``hi``: the share of turn ends among responses, times the share of person gaps in that
-        range, plus the same for tool calls."""
+        range (its lower end), plus the same for tool calls."""
         end = _share(self.turn_ends, self.responses)
-        in_person = _share(sum(1 for g in self.person if lo < g <= hi), len(self.person))
-        in_tool = _share(sum(1 for g in self.tool if lo < g <= hi), len(self.tool))
+        in_person = _lower(sum(1 for g in self.person if lo < g <= hi), len(self.person))
+        in_tool = _lower(sum(1 for g in self.tool if lo < g <= hi), len(self.tool))
         return end * in_person + (1 - end) * in_tool
 
     def state(self) -> dict[str, Any]:
