@@ -43,6 +43,7 @@ from .levels import (
     results_since,
 )
 from .levels.tool_summary import ON_ENTRY
+from .levels.working_set import working_lines
 from .lookback import LookbackMeter
 from .policy import (
     LEVEL_ORDER,
@@ -317,8 +318,10 @@ class Compactor:
         cost = 0.0
         if p.summarize is not None:
             start, end = p.summarize
+            # as many characters of verbatim lines as the summary has tokens: at most as big again
+            keep = working_lines(self.session, start, end, 4 * self.cfg.levels.summary_tokens)
             edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
-                                        body=body, cache_warm=not cold)
+                                        body=body, cache_warm=not cold, verbatim=keep)
             cost = res.cost_usd
             before, after = self.session.edit_effect(edit)
             if after >= before:  # checked before appending: the ledger never keeps a useless summary
@@ -370,6 +373,9 @@ class Compactor:
             trig = Trigger(None, "deferred before; not enough new old output since")  # no view every turn
         if trig.max_level is None and cold and self._pending:
             trig = Trigger(self._pending, "cache is cold: applying the deferred compaction at no re-write cost")
+        if cold and self.cfg.economics.cache_aware and trig.max_level in (None, "L1", "L2"):
+            trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
+                                 "costs no extra write", cold=True, fallback=trig.max_level)
         if trig.max_level is not None:
             if self.tripped:
                 report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "
@@ -461,6 +467,11 @@ class Compactor:
         cands = self._candidates(view, trig, lim)
         reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.aim()]
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
+        if trig.cold:  # nothing extra to re-write: the plan that removes most, if it is a batch worth a summary
+            big = sorted([p for p in self._candidates(view, trig, lim, stop_at_target=False)
+                          if p.tokens_removed >= lim.min_batch], key=lambda x: -x.tokens_removed)
+            low = LEVEL_ORDER.index(trig.fallback) if trig.fallback else -1
+            order = big or [p for p in order if LEVEL_ORDER.index(p.level) <= low]  # else what the triggers allow
         if cfg.economics.cache_aware and not cold:
             paying = [q for p in order for q in self._no_thrash(p, view, lim, model)]
             if not paying and cands and cands[-1].level != trig.max_level:
@@ -573,14 +584,14 @@ class Compactor:
         cleared = self.cfg.economics.mark_compacted and p.level in ("L1", "L2") and p.summarize is None
         self.session.stable_before = max(e.end for e in p.edits) + 1 if cleared and p.edits else None
 
-    def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str) -> int:
+    def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str, drop_summary: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
 
         It cuts to as far below the soft threshold as the window is above it, so one cache
         re-write buys many turns instead of the next critical turn coming two turns later."""
         target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
         p = self._guard(propose_truncate(build_view(self.session), target_tokens=int(
-            target / max(self.session.counter.calibration, 1e-9))))
+            target / max(self.session.counter.calibration, 1e-9)), drop_summary=drop_summary))
         if p.empty:
             return tokens
         try:
@@ -596,10 +607,15 @@ class Compactor:
         return after
 
     def _ensure_fits(self, tokens: int, lim: Limits, report: TurnReport) -> int:
-        """Past the critical threshold, L5 until the request fits; `ContextFullError` if it cannot."""
+        """Past the critical threshold, L5 until the request fits, and if the newest round beside a
+        leading summary still does not (the prefix fills most of the window), L5 again with the
+        summary dropped; `ContextFullError` if even that cannot fit."""
         if tokens < lim.critical:
             return tokens
         tokens = self._truncate(tokens, lim, report, "over the critical threshold after the other levels")
+        if tokens > lim.limit:
+            tokens = self._truncate(tokens, lim, report, "still over the window: the leading summary dropped too "
+                                    "(the task stays in the immutable prefix)", drop_summary=True)
         if tokens > lim.limit:
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))

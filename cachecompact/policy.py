@@ -264,6 +264,8 @@ class Trigger:
     max_level: str | None
     reason: str
     forced: bool = False  # the window forces it: cache economics do not apply
+    cold: bool = False  # the cache expired: the next request re-writes everything anyway, so cut the most
+    fallback: str | None = None  # for a cold cut: the level the thresholds alone allow, if no cut is a batch
 
 
 def evaluate(lim: Limits, *, tokens: int, old_tool_tokens: int) -> Trigger:

@@ -20,11 +20,13 @@ registered by name in `cachecompact.strategies`.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .events import Event, EventBus
 from .ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
+from .levels.working_set import WORKING_SET_HEADER
 from .scratchpad import Scratchpad
 from .session import Session
 from .summarize import (
@@ -103,12 +105,14 @@ def task_goal(session: Session) -> str:
 
 
 def summarize_range(session: Session, start: int, end: int, summarizer: Summarizer, *, reason: str,
-                    body: dict[str, Any] | None = None, cache_warm: bool = False) -> tuple[ReplaceWithSummary,
-                                                                                           SummaryResult]:
+                    body: dict[str, Any] | None = None, cache_warm: bool = False,
+                    verbatim: Sequence[str] = ()) -> tuple[ReplaceWithSummary, SummaryResult]:
     """Summarise transcript messages ``start..end`` as they render now.
 
     The one range summarizer: the input is the rendered view of the range, the task goal and
-    the open issues of a summary starting at ``start`` that the new one replaces.
+    the open issues of a summary starting at ``start`` that the new one replaces. ``verbatim``:
+    lines the caller keeps beside the summary, word for word (the compactor's working set,
+    `levels.working_set`); the summarizer never sees or changes them.
     """
     r = session.render(breakpoints=False)
     msgs = r.messages_in(start, end)
@@ -122,6 +126,8 @@ def summarize_range(session: Session, start: int, end: int, summarizer: Summariz
     stored = stored_outputs(msgs)
     if stored:
         text += f"\n{STORED_HEADER}\n" + "\n".join(f"- {x}" for x in stored)
+    if verbatim:
+        text += f"\n{WORKING_SET_HEADER}\n" + "\n".join(verbatim)
     return ReplaceWithSummary(start, end, text, reason), res
 
 

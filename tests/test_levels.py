@@ -407,3 +407,30 @@ def test_a_summary_keeps_the_scratchpad_references_of_what_it_replaces() -> None
     lines = [x for x in edit2.summary.splitlines() if x.startswith("- sp_")]
     assert [x[2:37] for x in lines] == [ref_a, ref_b]
     assert stored_outputs([{"role": "user", "content": "no references here"}]) == []
+
+
+def test_a_summary_keeps_verbatim_the_lines_naming_what_the_agent_used_since() -> None:
+    """`working_lines`: of the summarised results, the lines naming an identifier a later call or
+    text used, most recently used first within the budget, in transcript order; lines naming
+    nothing the agent used are left to the summary."""
+    from cachecompact.levels.working_set import working_lines
+
+    listing = "\n".join(["config_loader.py: def load_config(path):", "unrelated_helper.py: def spare():",
+                         "MAX_RETRIES = 7", "a plain line of prose"])
+    turns = [tool_turn(0, "grep", listing, {"pattern": "def"}),
+             tool_turn(1, "read_file", "body", {"path": "config_loader.py"}),  # uses config_loader.py
+             [{"role": "assistant", "content": "MAX_RETRIES is the limit I will raise."},
+              {"role": "user", "content": "go on"}],
+             tool_turn(2, "read_file", "x", {"path": "other.py"})]
+    s = session_with(turns)
+    assert working_lines(s, 1, 2, 1_000) == ["config_loader.py: def load_config(path):", "MAX_RETRIES = 7"]
+    # the newest use wins the budget (MAX_RETRIES was used last); no budget, nothing
+    assert working_lines(s, 1, 2, len("MAX_RETRIES = 7") + 1) == ["MAX_RETRIES = 7"]
+    assert working_lines(s, 1, 2, 0) == []
+    # the compactor's summaries carry them under their header
+    from cachecompact.levels.working_set import WORKING_SET_HEADER
+    from cachecompact.strategy import summarize_range
+
+    edit, _ = summarize_range(s, 1, 6, ExtractiveSummarizer(), reason="test",
+                              verbatim=working_lines(s, 1, 6, 1_000))
+    assert f"{WORKING_SET_HEADER}\nconfig_loader.py: def load_config(path):\nMAX_RETRIES = 7" in (edit.summary or "")

@@ -614,3 +614,48 @@ def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path
     whole = [canonical_message(m) for m in s.render(uncompacted=True, breakpoints=False).body["messages"]]
     assert whole == [canonical_message(m) for m in s.messages()]
     assert whole != [canonical_message(m) for m in s.render(breakpoints=False).body["messages"]]
+
+
+def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent() -> None:
+    """When L5 has dropped every older round and the request still does not fit (the immutable
+    prefix fills most of the window, as in a real 2026 session at 50k), the leading summary
+    goes too: the agent keeps its task (in the prefix) and the newest round, and the request
+    is sent instead of raising `ContextFullError`."""
+    s = Session.create(None, prefix_messages=3)
+    c = Compactor.for_session(s, cfg(30_000))
+    spec = "\n".join(f"spec line {k} " + "x " * 20 for k in range(900))
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": GOAL},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_spec", "name": "read_file",
+                                           "input": {"path": "spec.md"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_spec", "content": spec}]}]
+    for k in range(4):
+        msgs += tool_turn(k, "write_file", f"w{k} " * 700)  # writes: L1 cannot clear them
+    s.sync(msgs)
+    s.edit(ReplaceWithSummary(3, 8, "summary " * 3_500, "L4: an earlier summary"), level="L4")
+    s.sync(msgs + tool_turn(9, "write_file", "w9 " * 700))
+    assert s.render(breakpoints=False).raw_tokens > limits(c.cfg, 30_000, 1000).limit
+    events = c.before_request(100.0, MODEL, 1000).events
+    assert [e for e in events if e.kind == "compaction" and "summary dropped" in (e.reason or "")], events
+    body = s.render(model=MODEL, max_tokens=1000).body
+    validate_request(body)
+    assert s.render(breakpoints=False).raw_tokens <= limits(c.cfg, 30_000, 1000).limit
+    assert body["messages"][0]["content"] == GOAL or GOAL in str(body["messages"][0]["content"])
+
+
+def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
+    """After an idle gap past the TTL the next request writes its whole context again anyway, so
+    collapsing then costs no re-write: the compactor collapses the rounds older than the recent
+    budget even far below every trigger, by the plan that removes most (here L1: clearing the old
+    results keeps less than a summary of their rounds). With the cache warm the same session is
+    left alone."""
+    turns = [tool_turn(k, "read_file", f"line {k} " * 600) for k in range(14)]  # below every trigger
+    warm_s, cold_s = Session.create(None, prefix_messages=1), Session.create(None, prefix_messages=1)
+    warm = Compactor.for_session(warm_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    cold = Compactor.for_session(cold_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    assert not [e for e in _grow(warm_s, warm, turns, gap=10) if e.kind == "compaction"]
+    events = _grow(cold_s, cold, turns[:13], gap=10) + _grow(cold_s, cold, turns[13:], t0=2_000.0, gap=10)
+    collapses = [e for e in events if e.kind == "compaction"]
+    assert [e.level for e in collapses] == ["L1"] and "cache is cold" in (collapses[0].reason or "")
+    assert collapses[0].tokens_after < 0.7 * collapses[0].tokens_before
+    assert cold_s.render(breakpoints=False).raw_tokens < 0.7 * warm_s.render(breakpoints=False).raw_tokens

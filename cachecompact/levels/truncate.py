@@ -9,11 +9,13 @@ from .view import Proposal, View
 __all__ = ["propose_truncate"]
 
 
-def propose_truncate(view: View, *, target_tokens: int, keep_rounds: int = 1) -> Proposal:
+def propose_truncate(view: View, *, target_tokens: int, keep_rounds: int = 1,
+                     drop_summary: bool = False) -> Proposal:
     """L5: drop the oldest whole rounds after the prefix (and after a leading summary, which is
-    kept) until under ``target_tokens``; never the last ``keep_rounds`` rounds."""
+    kept unless ``drop_summary``: the last resort when even that does not fit) until under
+    ``target_tokens``; never the last ``keep_rounds`` rounds."""
     start, prev = view.editable_start()
-    if prev is not None:
+    if prev is not None and not drop_summary:
         start = prev.end + 1
     tail = view.tail_start(keep_rounds)
     need = view.total_tokens - target_tokens
