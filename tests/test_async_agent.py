@@ -24,8 +24,9 @@ def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent:
     # re-writes of what was cached are at most a quarter of the cost (they were 0.62 before the
     # no-thrash rule, L4 on 41 of 80 turns); measured 0.22
     assert ours.rewrite_share <= 0.25, ours
-    # the issue asks 0.85; measured 0.80: writing each turn's new output alone caps the hit rate
-    # near 0.86 at this mean context (docs/benchmarks.md, "The 60k async agent")
+    # the issue asks 0.85; measured 0.80. With each turn's new output (4.5k) written and every
+    # compaction re-writing what it keeps, no schedule exceeds 0.839 at this window, even
+    # keeping nothing (docs/benchmarks.md, "The 60k async agent", derives the bound)
     assert ours.hit_rate >= 0.78, ours
     finished = 0
     for name in strategy_names():
