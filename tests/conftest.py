@@ -50,6 +50,27 @@ def load_benchmark(name: str) -> ModuleType:
     return mod
 
 
+# -- markers: `pytest -m "not slow and not integration"` is the fast selection (README) --------------
+
+_INTEGRATION_FIXTURES = frozenset({"pg_server", "pg_url"})  # a real PostgreSQL server
+_SLOW_FIXTURES = frozenset({"shared_traces"})  # replays of whole recorded sessions
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark by what a test uses, so a new test is marked without anyone remembering to:
+    ``integration`` when it needs a real external part (a PostgreSQL fixture, or a "postgres"
+    parameter that asks for one at run time; the clients' tests mark their module), ``slow``
+    when it replays the shared sessions (the other tests of a minute or more mark themselves)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        spec = getattr(item, "callspec", None)  # a "postgres" parameter asks for the server at run time
+        on_postgres = spec is not None and any(v == "postgres" for v in spec.params.values() if isinstance(v, str))
+        if used & _INTEGRATION_FIXTURES or on_postgres:
+            item.add_marker(pytest.mark.integration)
+        if used & _SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():

@@ -12,6 +12,8 @@ from cachecompact.strategies import strategy_names
 
 from .conftest import load_benchmark
 
+pytestmark = pytest.mark.slow  # every strategy through an 80-turn scenario
+
 
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:

@@ -95,6 +95,7 @@ def test_oracle_is_infeasible_when_nothing_fits() -> None:
     assert not oracle_cost(synthetic_trace(1), get_model(MODEL), 1_000, 10).feasible
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [200_000, 50_000])
 @pytest.mark.parametrize("strategy", strategy_names())
 def test_every_registered_strategy_replays_at_both_windows(strategy: str, window: int) -> None:
@@ -298,6 +299,7 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
         assert runs[(b, "cycle")].cost >= runs[(b, "ideal")].cost
 
 
+@pytest.mark.slow
 def test_each_trace_is_priced_by_its_recorded_model_and_runs_at_its_own_window() -> None:
     from msgspec.structs import replace
 

@@ -26,6 +26,7 @@ CLAUDE = NODE_MODULES / ".bin" / "claude"
 CHROMIUM = os.environ.get("CACHECOMPACT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("CACHECOMPACT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 MODEL = "claude-sonnet-4-6"
+pytestmark = pytest.mark.integration  # curl, Node, the TypeScript SDK, the Claude Code CLI, Chromium
 
 
 def _need(ok: bool, why: str) -> None:

@@ -83,6 +83,7 @@ bodies = st.fixed_dictionaries({}, optional={
     "context_management": json_values, "diagnostics": json_values})
 
 
+@pytest.mark.slow
 @settings(max_examples=1100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(body=bodies, path=st.sampled_from(["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]))
 def test_generated_requests_never_get_a_5xx(http: httpx2.Client, body: dict[str, Any], path: str) -> None:

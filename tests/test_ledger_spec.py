@@ -46,6 +46,7 @@ def test_both_verifiers_pass_an_untouched_session(built: tuple[ModuleType, Path]
     assert spec_verify(d) == []
 
 
+@pytest.mark.slow
 def test_both_verifiers_agree_on_every_tamper_case(built: tuple[ModuleType, Path], tmp_path: Path) -> None:
     tamper, d = built
     rng = random.Random(2026)

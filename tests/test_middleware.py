@@ -199,6 +199,7 @@ def _tool_result(call: Any) -> dict[str, Any]:
     return {"type": "tool_result", "tool_use_id": call.id, "content": _file_text(n)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "stream", "async"])
 def test_a_tool_agent_runs_150_turns_at_a_40k_window(tmp_path: Path, mode: str) -> None:
     events: list[Event] = []
@@ -301,6 +302,7 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
 # -- sessions ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_50_async_agents_with_identical_openings_get_one_session_each(tmp_path: Path) -> None:
     with Emulator() as emu:
         client = wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=2), store=tmp_path,
@@ -522,6 +524,7 @@ def test_events_become_opentelemetry_span_events(emu: Emulator) -> None:
     assert "cachecompact.compaction" in names or "cachecompact.externalized" in names
 
 
+@pytest.mark.slow
 def test_example_agent_loop_prints_the_cache_report() -> None:
     import subprocess
     import sys

@@ -273,6 +273,7 @@ def _shared_history(t: int) -> list[dict[str, Any]]:
     return msgs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["file", "postgres"])
 def test_two_processes_appending_to_one_named_session(tmp_path: Path, backend: str, request: Any) -> None:
     if backend == "postgres":

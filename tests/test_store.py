@@ -247,6 +247,7 @@ def _worker(path: str, worker: int, n: int) -> None:
         s.append(t)
 
 
+@pytest.mark.slow
 def test_two_processes_never_interleave(tmp_path: Path) -> None:
     path = tmp_path / "s"
     s = Session.create(path, prefix_messages=1)
