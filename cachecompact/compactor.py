@@ -55,7 +55,7 @@ from .policy import (
     evaluate,
     limits,
 )
-from .pricing import priced
+from .pricing import UNKNOWN_MODEL_WINDOW, priced
 from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize import ExtractiveSummarizer
@@ -126,7 +126,7 @@ class Compactor:
 
         ctx = StrategyContext(session=session, summarizer=kw.pop("summarizer", None) or ExtractiveSummarizer(),
                               events=kw.pop("events", None) or EventBus(),
-                              window_tokens=(config or PolicyConfig()).window_tokens or 200_000, **kw)
+                              window_tokens=(config or PolicyConfig()).window_tokens or UNKNOWN_MODEL_WINDOW, **kw)
         return cls(ctx, config)
 
     def resume(self) -> None:

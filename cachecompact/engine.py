@@ -33,7 +33,7 @@ from .errors import (
 from .events import Event, EventBus
 from .forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
 from .policy import MIN_WINDOW_TOKENS, PolicyConfig
-from .pricing import get_model, model_prices, priced
+from .pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
 from .registry import Live, SessionRegistry
 from .render import RenderResult
 from .resolution import RequestHistory, head_key
@@ -492,7 +492,6 @@ def _check_caller_fields(body: dict[str, Any]) -> None:
         raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
 
 
-UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
 _UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once each
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
 

@@ -16,7 +16,7 @@ from typing import Any
 from .errors import PolicyConfigError
 from .levels.micro import DEFAULT_WRITE_TOOLS
 from .levels.view import PLACEHOLDER_TOKENS
-from .pricing import ModelInfo
+from .pricing import UNKNOWN_MODEL_WINDOW, ModelInfo
 
 __all__ = [
     "LEVEL_ORDER",
@@ -166,7 +166,7 @@ class PolicyConfig:
         """The window in force: the configured one, else the model's."""
         if self.window_tokens is not None:
             return self.window_tokens
-        return model.context_window if model is not None else 200_000
+        return model.context_window if model is not None else UNKNOWN_MODEL_WINDOW
 
 
 @dataclass(frozen=True, slots=True)

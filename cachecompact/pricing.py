@@ -26,8 +26,8 @@ from typing import Any
 
 from .errors import ConfigError, UnknownModelError
 
-__all__ = ["DEFAULT_PRICE_MODEL", "DEFAULT_SUMMARY_MODEL", "FAMILIES", "ModelInfo", "get_model", "known_models",
-           "model_prices", "override", "priced", "register"]
+__all__ = ["DEFAULT_PRICE_MODEL", "DEFAULT_SUMMARY_MODEL", "FAMILIES", "UNKNOWN_MODEL_WINDOW", "ModelInfo", "get_model",
+           "known_models", "model_prices", "override", "priced", "register"]
 
 log = logging.getLogger("cachecompact")
 
@@ -201,6 +201,7 @@ FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "
             "fable": "claude-fable-5-2", "mythos": "claude-mythos-5-2"}
 # the cheapest current model that summarises well enough (docs/policy.md, "Summaries"): a
 # 1M window takes any range, and it reads and writes at a tenth of Haiku 4.5's prices
+UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
 DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
 _ALIASES = {"claude-3-5-haiku": "claude-haiku-3-5", "claude-opus-4-0": "claude-opus-4",
             "claude-sonnet-4-0": "claude-sonnet-4"}
