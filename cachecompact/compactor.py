@@ -373,7 +373,7 @@ class Compactor:
             trig = Trigger(None, "deferred before; not enough new old output since")  # no view every turn
         if trig.max_level is None and cold and self._pending:
             trig = Trigger(self._pending, "cache is cold: applying the deferred compaction at no re-write cost")
-        if cold and self.cfg.economics.cache_aware and trig.max_level in (None, "L1", "L2"):
+        if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
             trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
                                  "costs no extra write", cold=True, fallback=trig.max_level)
         if trig.max_level is not None:

@@ -659,3 +659,9 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
     assert [e.level for e in collapses] == ["L1"] and "cache is cold" in (collapses[0].reason or "")
     assert collapses[0].tokens_after < 0.7 * collapses[0].tokens_before
     assert cold_s.render(breakpoints=False).raw_tokens < 0.7 * warm_s.render(breakpoints=False).raw_tokens
+    # with summaries stopped (the breaker open) a cold turn is no reason to speak: no cut, no event
+    stopped_s = Session.create(None, prefix_messages=1)
+    stopped = Compactor.for_session(stopped_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    stopped.tripped = True
+    quiet = _grow(stopped_s, stopped, turns[:13], gap=10) + _grow(stopped_s, stopped, turns[13:], t0=2_000.0, gap=10)
+    assert not [e for e in quiet if e.kind in ("compaction", "skipped")]
