@@ -464,12 +464,11 @@ class Compactor:
         s, cfg = self.session, self.cfg
         view = build_view(s)
         tokens = s.counter.calibrated(view.total_tokens)
-        cands = self._candidates(view, trig, lim)
+        cands = self._candidates(view, trig, lim, stop_at_target=not trig.cold)
         reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.aim()]
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
         if trig.cold:  # nothing extra to re-write: the plan that removes most, if it is a batch worth a summary
-            big = sorted([p for p in self._candidates(view, trig, lim, stop_at_target=False)
-                          if p.tokens_removed >= lim.min_batch], key=lambda x: -x.tokens_removed)
+            big = sorted([p for p in cands if p.tokens_removed >= lim.min_batch], key=lambda x: -x.tokens_removed)
             low = LEVEL_ORDER.index(trig.fallback) if trig.fallback else -1
             order = big or [p for p in order if LEVEL_ORDER.index(p.level) <= low]  # else what the triggers allow
         if cfg.economics.cache_aware and not cold:
