@@ -27,11 +27,11 @@ from typing import Any
 
 import anthropic
 
-from cachecompact.bench.harness import rewrite_cost
-from cachecompact.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
-from cachecompact.emulator.responders import Reply
-from cachecompact.middleware import wrap
-from cachecompact.pricing import get_model
+from cachecompact.adapters.middleware import wrap
+from cachecompact.base.pricing import get_model
+from cachecompact.tools.bench.harness import rewrite_cost
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.tools.emulator.responders import Reply
 
 MODEL = "claude-sonnet-4-6"
 SYSTEM = "You are a careful coding agent. Read the files you are asked about and report their facts. " * 20
@@ -115,7 +115,7 @@ def run(strategy: str, window: int = 60_000, turns: int = 80) -> AgentResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cachecompact.strategies import strategy_names
+    from cachecompact.compaction.catalog import strategy_names
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=int, default=60_000)

@@ -31,8 +31,8 @@ import httpx2
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import publish  # noqa: E402
-from cachecompact.httpserver import MAX_BODY  # noqa: E402
+from cachecompact.adapters.httpserver import MAX_BODY  # noqa: E402
+from cachecompact.tools.bench.report import publish  # noqa: E402
 
 MODEL = "claude-sonnet-4-6"
 MB = 1 << 20
@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--write", help="update the bench_memory section of this markdown file")
     args = ap.parse_args()
     bodies = _bodies()
-    exe = [sys.executable, "-m", "cachecompact.cli"]
+    exe = [sys.executable, "-m", "cachecompact.tools.cli"]
     rows = []
 
     def start(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:

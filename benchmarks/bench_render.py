@@ -27,11 +27,11 @@ import sys
 import time
 from typing import Any
 
-from cachecompact.bench.report import publish
-from cachecompact.engine import CompactionEngine
-from cachecompact.extractive import block_texts
-from cachecompact.tokens import TokenCounter
-from cachecompact.traces import default_trace_dir, discover, load_trace, synthetic_trace
+from cachecompact.base.tokens import TokenCounter
+from cachecompact.compaction.summarize.extractive import block_texts
+from cachecompact.engine.core import CompactionEngine
+from cachecompact.tools.bench.report import publish
+from cachecompact.tools.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 
 def _retag(pair: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:

@@ -30,10 +30,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import publish  # noqa: E402
-from cachecompact.engine import CompactionEngine  # noqa: E402
+from cachecompact.engine.core import CompactionEngine  # noqa: E402
 from cachecompact.store import FileStore, Store, open_store  # noqa: E402
 from cachecompact.store.postgres import migrate  # noqa: E402
+from cachecompact.tools.bench.report import publish  # noqa: E402
 
 USAGE = {"input_tokens": 10, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 300,
          "output_tokens": 50}

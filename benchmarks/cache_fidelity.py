@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cachecompact.bench.fidelity import session_fidelity, summarize
-from cachecompact.bench.report import publish
-from cachecompact.traces import default_trace_dir, discover
+from cachecompact.tools.bench.fidelity import session_fidelity, summarize
+from cachecompact.tools.bench.report import publish
+from cachecompact.tools.traces import default_trace_dir, discover
 
 
 def main() -> int:

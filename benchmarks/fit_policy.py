@@ -4,7 +4,7 @@
 
 Most thresholds of the default policy are derived from prices and the window (docs/policy.md).
 Five describe the agent rather than the window and are fitted here, on the long traces of
-half A only (`cachecompact.bench.run.split_halves`), at both benchmark windows, by coordinate
+half A only (`cachecompact.tools.bench.run.split_halves`), at both benchmark windows, by coordinate
 search in this order:
 
 * ``keep_recent_tokens`` and ``key_max_chars``, jointly: how much of the newest tool output
@@ -34,12 +34,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from cachecompact.bench.harness import TraceResult, replay
-from cachecompact.bench.report import LONG_TURNS, publish
-from cachecompact.bench.run import load_corpus, split_halves
-from cachecompact.policy import Economics, LevelSettings, PolicyConfig, Triggers
-from cachecompact.strategies import CachecompactConfig, register
-from cachecompact.traces import Trace, default_trace_dir
+from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.policy import Economics, LevelSettings, PolicyConfig, Triggers
+from cachecompact.tools.bench.harness import TraceResult, replay
+from cachecompact.tools.bench.report import LONG_TURNS, publish
+from cachecompact.tools.bench.run import load_corpus, split_halves
+from cachecompact.tools.traces import Trace, default_trace_dir
 
 WINDOWS = (200_000, 50_000)
 RECALL_FLOOR = {200_000: 0.97, 50_000: 0.93}

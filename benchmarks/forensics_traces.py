@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachecompact.bench.report import publish  # noqa: E402
-from cachecompact.replay_forensics import summarize_logs  # noqa: E402
-from cachecompact.traces import default_trace_dir, discover  # noqa: E402
+from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.logs import summarize_logs  # noqa: E402
+from cachecompact.tools.traces import default_trace_dir, discover  # noqa: E402
 
 
 def main() -> int:

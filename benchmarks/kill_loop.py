@@ -35,8 +35,8 @@ import json, sys
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 from cachecompact import Session
-from cachecompact.errors import CacheCompactError
-from cachecompact.ledger import SkipRange
+from cachecompact.base.errors import CacheCompactError
+from cachecompact.history.ledger import SkipRange
 from tests.conftest import history
 root, seed = Path(sys.argv[1]), int(sys.argv[3])
 Session.create(None).sync(history(1))  # warm the tokenizer before saying ready
@@ -67,9 +67,9 @@ def main() -> int:
     ap.add_argument("--write", metavar="MD")
     args = ap.parse_args()
     from cachecompact import Session
-    from cachecompact.bench.report import publish
-    from cachecompact.errors import SessionNotFoundError
+    from cachecompact.base.errors import SessionNotFoundError
     from cachecompact.store import half_made
+    from cachecompact.tools.bench.report import publish
 
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="cachecompact-kill-"))

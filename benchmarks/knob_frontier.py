@@ -5,7 +5,7 @@
 The knob is ``recent_tokens`` (`wrap(recent_tokens=...)`, `--recent-tokens` on the proxy,
 `LevelSettings.keep_recent_tokens`): the newest tool output every level keeps verbatim, and
 what a collapse keeps after its summary. Each value runs as its own strategy, beside `none`,
-through the same bench (`cachecompact.bench.run.run_bench`: the real SDK against the emulator,
+through the same bench (`cachecompact.tools.bench.run.run_bench`: the real SDK against the emulator,
 each trace priced by its recorded model), on the default sample of the shared traces (four long
 traces per set; ``--full``: every trace). The table gives, per window and half, the adjusted cost
 against `none` and the evidence recall. The default is the cheapest value whose half-A recall
@@ -26,11 +26,11 @@ import math
 import sys
 import time
 
-from cachecompact.bench.report import LONG_TURNS, aggregate
-from cachecompact.bench.run import OWN_WINDOW, BenchResult, run_bench, window_label
-from cachecompact.policy import LevelSettings, PolicyConfig
-from cachecompact.strategies import CachecompactConfig, register
-from cachecompact.traces import default_trace_dir
+from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig
+from cachecompact.tools.bench.report import LONG_TURNS, aggregate
+from cachecompact.tools.bench.run import OWN_WINDOW, BenchResult, run_bench, window_label
+from cachecompact.tools.traces import default_trace_dir
 
 
 def floor(window: int) -> float:

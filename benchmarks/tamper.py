@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact import Session  # noqa: E402
-from cachecompact.bench.report import publish  # noqa: E402
-from cachecompact.cli import main as cli  # noqa: E402
-from cachecompact.ledger import ReplaceWithSummary, SkipRange  # noqa: E402
+from cachecompact.history.ledger import ReplaceWithSummary, SkipRange  # noqa: E402
+from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.cli import main as cli  # noqa: E402
 from tests.conftest import SYSTEM, TOOLS, history  # noqa: E402
 
 LOGS = ("transcript.jsonl", "ledger.jsonl", "requests.jsonl")

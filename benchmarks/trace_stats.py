@@ -10,7 +10,7 @@ import math
 import statistics
 import sys
 
-from cachecompact.traces import default_trace_dir, discover, load_trace
+from cachecompact.tools.traces import default_trace_dir, discover, load_trace
 
 
 def main() -> int:

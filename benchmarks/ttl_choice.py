@@ -25,14 +25,14 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cachecompact.cache_sim import CacheSimulator, SimBlock, SimRequest
-from cachecompact.gaps import GapMeter
-from cachecompact.policy import choose_ttls
-from cachecompact.pricing import model_prices
-from cachecompact.replay_forensics import RecordedSession, rebuild_calls
-from cachecompact.tokens import TokenCounter
-from cachecompact.traces import discover
-from cachecompact.traces.claude_code import load_claude_code
+from cachecompact.base.pricing import model_prices
+from cachecompact.base.tokens import TokenCounter
+from cachecompact.cache.simulator import CacheSimulator, SimBlock, SimRequest
+from cachecompact.compaction.gaps import GapMeter
+from cachecompact.compaction.policy import choose_ttls
+from cachecompact.tools.logs import RecordedSession, rebuild_calls
+from cachecompact.tools.traces import discover
+from cachecompact.tools.traces.claude_code import load_claude_code
 
 MODES = ("5m", "1h", "chosen")
 

@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .compactor import Compactor
-    from .errors import (
+    from .adapters.middleware import CompactionMiddleware, scratchpad_handler, wrap, wrapped_sessions
+    from .base.errors import (
         CacheCompactError,
         ConfigError,
         ContextFullError,
@@ -39,86 +39,86 @@ if TYPE_CHECKING:
         UnknownModelError,
         UnknownStrategyError,
     )
-    from .events import Event
-    from .forensics import Finding, Forensics
-    from .ledger import LedgerEntry, ReplaceWithSummary, SkipRange
-    from .middleware import CompactionMiddleware, scratchpad_handler, wrap, wrapped_sessions
-    from .policy import Economics, LevelSettings, PolicyConfig, Safety, Triggers
-    from .quality import RegressionReport, compaction_regression_suite
-    from .render import BlockInfo, BlockLocation, Divergence, RenderResult
-    from .scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
-    from .session import Session
+    from .base.events import Event
+    from .base.tokens import TokenCounter
+    from .cache.forensics import Finding, Forensics
+    from .compaction.cache_aware import Compactor
+    from .compaction.catalog import get_strategy, register, strategy_names
+    from .compaction.policy import Economics, LevelSettings, PolicyConfig, Safety, Triggers
+    from .compaction.quality import RegressionReport, compaction_regression_suite
+    from .compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
+    from .compaction.strategy import Strategy, StrategyConfig, StrategyContext, TurnReport
+    from .compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, Summarizer
+    from .history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
+    from .history.render import BlockInfo, BlockLocation, Divergence, RenderResult
+    from .history.session import Session
     from .store import FileStore, SessionStore, Store, open_store
-    from .strategies import get_strategy, register, strategy_names
-    from .strategy import Strategy, StrategyConfig, StrategyContext, TurnReport
-    from .summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
-    from .tokens import TokenCounter
 
 _EXPORTS = {
-    "Compactor": "compactor",
-    "CacheCompactError": "errors",
-    "ConfigError": "errors",
-    "ContextFullError": "errors",
-    "EditOverlapError": "errors",
-    "EditSplitsToolPairError": "errors",
-    "EditTouchesPrefixError": "errors",
-    "HistoryRewrittenError": "errors",
-    "ImmutablePrefixError": "errors",
-    "InvalidEditError": "errors",
-    "InvalidSessionIdError": "errors",
-    "LedgerCorruptError": "errors",
-    "MalformedMessageError": "errors",
-    "PolicyConfigError": "errors",
-    "ScratchpadRefError": "errors",
-    "SessionExistsError": "errors",
-    "SessionLockedError": "errors",
-    "SessionNotFoundError": "errors",
-    "StoreConflictError": "errors",
-    "StoreError": "errors",
-    "SummaryRejected": "errors",
-    "TokenizerError": "errors",
-    "TraceFormatError": "errors",
-    "UnknownModelError": "errors",
-    "UnknownStrategyError": "errors",
-    "Event": "events",
-    "Finding": "forensics",
-    "Forensics": "forensics",
-    "LedgerEntry": "ledger",
-    "ReplaceWithSummary": "ledger",
-    "SkipRange": "ledger",
-    "CompactionMiddleware": "middleware",
-    "scratchpad_handler": "middleware",
-    "wrap": "middleware",
-    "wrapped_sessions": "middleware",
-    "Economics": "policy",
-    "LevelSettings": "policy",
-    "PolicyConfig": "policy",
-    "Safety": "policy",
-    "Triggers": "policy",
-    "RegressionReport": "quality",
-    "compaction_regression_suite": "quality",
-    "BlockInfo": "render",
-    "BlockLocation": "render",
-    "Divergence": "render",
-    "RenderResult": "render",
-    "READ_SCRATCHPAD_TOOL": "scratchpad",
-    "Scratchpad": "scratchpad",
-    "Session": "session",
+    "Compactor": "compaction.cache_aware",
+    "CacheCompactError": "base.errors",
+    "ConfigError": "base.errors",
+    "ContextFullError": "base.errors",
+    "EditOverlapError": "base.errors",
+    "EditSplitsToolPairError": "base.errors",
+    "EditTouchesPrefixError": "base.errors",
+    "HistoryRewrittenError": "base.errors",
+    "ImmutablePrefixError": "base.errors",
+    "InvalidEditError": "base.errors",
+    "InvalidSessionIdError": "base.errors",
+    "LedgerCorruptError": "base.errors",
+    "MalformedMessageError": "base.errors",
+    "PolicyConfigError": "base.errors",
+    "ScratchpadRefError": "base.errors",
+    "SessionExistsError": "base.errors",
+    "SessionLockedError": "base.errors",
+    "SessionNotFoundError": "base.errors",
+    "StoreConflictError": "base.errors",
+    "StoreError": "base.errors",
+    "SummaryRejected": "base.errors",
+    "TokenizerError": "base.errors",
+    "TraceFormatError": "base.errors",
+    "UnknownModelError": "base.errors",
+    "UnknownStrategyError": "base.errors",
+    "Event": "base.events",
+    "Finding": "cache.forensics",
+    "Forensics": "cache.forensics",
+    "LedgerEntry": "history.ledger",
+    "ReplaceWithSummary": "history.ledger",
+    "SkipRange": "history.ledger",
+    "CompactionMiddleware": "adapters.middleware",
+    "scratchpad_handler": "adapters.middleware",
+    "wrap": "adapters.middleware",
+    "wrapped_sessions": "adapters.middleware",
+    "Economics": "compaction.policy",
+    "LevelSettings": "compaction.policy",
+    "PolicyConfig": "compaction.policy",
+    "Safety": "compaction.policy",
+    "Triggers": "compaction.policy",
+    "RegressionReport": "compaction.quality",
+    "compaction_regression_suite": "compaction.quality",
+    "BlockInfo": "history.render",
+    "BlockLocation": "history.render",
+    "Divergence": "history.render",
+    "RenderResult": "history.render",
+    "READ_SCRATCHPAD_TOOL": "compaction.scratchpad",
+    "Scratchpad": "compaction.scratchpad",
+    "Session": "history.session",
     "FileStore": "store",
     "SessionStore": "store",
     "Store": "store",
     "open_store": "store",
-    "get_strategy": "strategies",
-    "register": "strategies",
-    "strategy_names": "strategies",
-    "Strategy": "strategy",
-    "StrategyConfig": "strategy",
-    "StrategyContext": "strategy",
-    "TurnReport": "strategy",
-    "ExtractiveSummarizer": "summarize",
-    "LLMSummarizer": "summarize",
-    "Summarizer": "summarize",
-    "TokenCounter": "tokens",
+    "get_strategy": "compaction.catalog",
+    "register": "compaction.catalog",
+    "strategy_names": "compaction.catalog",
+    "Strategy": "compaction.strategy",
+    "StrategyConfig": "compaction.strategy",
+    "StrategyContext": "compaction.strategy",
+    "TurnReport": "compaction.strategy",
+    "ExtractiveSummarizer": "compaction.summarize.llm",
+    "LLMSummarizer": "compaction.summarize.llm",
+    "Summarizer": "compaction.summarize.llm",
+    "TokenCounter": "base.tokens",
 }
 
 

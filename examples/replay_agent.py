@@ -19,9 +19,9 @@ import tempfile
 import anthropic
 
 import cachecompact
-from cachecompact.emulator import CLOCK_HEADER, Emulator, ReplayResponder, SummarizingResponder
-from cachecompact.report import session_report
-from cachecompact.traces import default_trace_dir, discover, load_trace, synthetic_trace
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ReplayResponder, SummarizingResponder
+from cachecompact.tools.report import session_report
+from cachecompact.tools.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 
 def main() -> int:

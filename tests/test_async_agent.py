@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from cachecompact.strategies import strategy_names
+from cachecompact.compaction.catalog import strategy_names
 
 from .conftest import load_benchmark
 

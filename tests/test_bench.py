@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from cachecompact.bench.harness import replay
-from cachecompact.bench.oracle import oracle_cost
-from cachecompact.bench.recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
-from cachecompact.bench.run import load_corpus, split_halves
-from cachecompact.bench.tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
-from cachecompact.cli import main
-from cachecompact.emulator import ReplayResponder
-from cachecompact.identifiers import digest, identifiers
-from cachecompact.pricing import get_model
-from cachecompact.strategies import strategy_names
-from cachecompact.traces import Trace, synthetic_trace
+from cachecompact.base.identifiers import digest, identifiers
+from cachecompact.base.pricing import get_model
+from cachecompact.compaction.catalog import strategy_names
+from cachecompact.tools.bench.harness import replay
+from cachecompact.tools.bench.oracle import oracle_cost
+from cachecompact.tools.bench.recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
+from cachecompact.tools.bench.run import load_corpus, split_halves
+from cachecompact.tools.bench.tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
+from cachecompact.tools.cli import main
+from cachecompact.tools.emulator import ReplayResponder
+from cachecompact.tools.traces import Trace, synthetic_trace
 
 MODEL = "claude-sonnet-4-6"
 
@@ -214,9 +214,9 @@ def test_synthetic_corpus_is_chosen_explicitly() -> None:
 
 def test_cheaper_than_ours_is_paired_over_the_traces_both_finished() -> None:
     # a peer that fails the expensive trace looks cheaper in totals; paired, it is not
-    from cachecompact.bench.harness import TraceResult
-    from cachecompact.bench.report import aggregate, cheaper_than_ours, dominated_by
-    from cachecompact.bench.run import BenchResult
+    from cachecompact.tools.bench.harness import TraceResult
+    from cachecompact.tools.bench.report import aggregate, cheaper_than_ours, dominated_by
+    from cachecompact.tools.bench.run import BenchResult
 
     def res(trace: str, strategy: str, cost: float, recall: float, done: bool = True) -> TraceResult:
         return TraceResult(trace=trace, strategy=strategy, window=50_000, turns=60, completed=done,
@@ -246,7 +246,7 @@ def test_every_error_crosses_a_process_pool_intact() -> None:
     import inspect
     import pickle
 
-    from cachecompact import errors
+    from cachecompact.base import errors
 
     made = 0
     for _, cls in inspect.getmembers(errors, inspect.isclass):
@@ -303,9 +303,9 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
 def test_each_trace_is_priced_by_its_recorded_model_and_runs_at_its_own_window() -> None:
     from msgspec.structs import replace
 
-    from cachecompact.bench.report import aggregate
-    from cachecompact.bench.run import OWN_WINDOW, run_bench, trace_model
-    from cachecompact.traces import synthetic_trace
+    from cachecompact.tools.bench.report import aggregate
+    from cachecompact.tools.bench.run import OWN_WINDOW, run_bench, trace_model
+    from cachecompact.tools.traces import synthetic_trace
 
     t = synthetic_trace(0)
     assert trace_model(t) == "claude-sonnet-4-6"  # nothing recorded: the fallback

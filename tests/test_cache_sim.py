@@ -9,10 +9,10 @@ import pytest
 import xxhash
 
 from cachecompact import Session
-from cachecompact.cache_sim import CacheSimulator, SimBlock, SimRequest, positions, request_from_body
-from cachecompact.errors import MalformedMessageError
-from cachecompact.pricing import ModelInfo, get_model, override, register
-from cachecompact.tokens import TokenCounter
+from cachecompact.base.errors import MalformedMessageError
+from cachecompact.base.pricing import ModelInfo, get_model, override, register
+from cachecompact.base.tokens import TokenCounter
+from cachecompact.cache.simulator import CacheSimulator, SimBlock, SimRequest, positions, request_from_body
 
 from .conftest import SYSTEM, TOOLS, history
 
@@ -196,7 +196,7 @@ def test_pricing_costs_and_overrides() -> None:
 def test_the_price_table_covers_the_current_models_with_every_field() -> None:
     from dataclasses import fields
 
-    from cachecompact.pricing import FAMILIES, known_models
+    from cachecompact.base.pricing import FAMILIES, known_models
 
     for name in known_models():
         m = get_model(name)
@@ -254,7 +254,7 @@ def test_sonnet_5_5_reads_at_the_price_of_the_day() -> None:
 def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from cachecompact.pricing import model_prices
+    from cachecompact.base.pricing import model_prices
 
     with caplog.at_level(logging.WARNING, "cachecompact"):
         a = model_prices("claude-sonnet-6-20270101")
@@ -269,8 +269,8 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
     assert "using claude-haiku-4-5 prices" in caplog.text
     # the runtime: any name is priced (the default model's prices for one of no known family), and
     # the window of such a name is assumed 200k, not the default model's, said once
-    from cachecompact.engine import _model_window
-    from cachecompact.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, priced
+    from cachecompact.base.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, priced
+    from cachecompact.engine.core import _model_window
 
     assert priced("my-local-model").input == get_model(DEFAULT_PRICE_MODEL).input
     assert priced("").name == get_model(DEFAULT_PRICE_MODEL).name
@@ -283,8 +283,8 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
 
 def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> None:
     """The simulator reproduces Anthropic's billed read share on real sessions (see cache-model.md)."""
-    from cachecompact.bench.fidelity import session_fidelity, summarize
-    from cachecompact.traces import discover
+    from cachecompact.tools.bench.fidelity import session_fidelity, summarize
+    from cachecompact.tools.traces import discover
 
     results = [r for f in discover([shared_traces / "claude-code"])[:4] if (r := session_fidelity(f))]
     s = summarize(results)
@@ -293,7 +293,7 @@ def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> Non
 
 
 def test_fit_line_recovers_a_known_line() -> None:
-    from cachecompact.replay_forensics import fit_line
+    from cachecompact.tools.logs import fit_line
 
     xs = [float(x) for x in range(10)]
     a, b = fit_line(xs, [5000 + 1.3 * x for x in xs])

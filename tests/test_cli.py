@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cachecompact import ReplaceWithSummary, Session, SkipRange
-from cachecompact.cli import main
+from cachecompact.tools.cli import main
 
 from .conftest import SYSTEM, TOOLS, history
 
@@ -95,7 +95,7 @@ def test_store_list_takes_the_store_as_the_other_commands_do(tmp_path: Path,
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    from cachecompact.errors import SessionNotFoundError
+    from cachecompact.base.errors import SessionNotFoundError
 
     with pytest.raises(SessionNotFoundError):
         main(["ledger", "show", str(tmp_path / "nope"), "--debug"])
@@ -176,7 +176,7 @@ def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
     import anthropic
 
-    from cachecompact.httpserver import spawn_cli_server
+    from cachecompact.adapters.httpserver import spawn_cli_server
 
     log = tmp_path / "req.jsonl"
     proc, url = spawn_cli_server(["serve", "--port", "0", "--log", str(log)])
@@ -209,11 +209,12 @@ def test_start_up_loads_only_what_a_command_uses() -> None:
     import subprocess
     import sys
 
-    from cachecompact import cli, session
+    from cachecompact.history import session
+    from cachecompact.tools import cli
 
     assert (cli.DEFAULT_MODEL, cli.DEFAULT_MAX_TOKENS) == (session.DEFAULT_MODEL, session.DEFAULT_MAX_TOKENS)
-    probe = ("import sys, cachecompact, cachecompact.cli\n"
-             "try:\n    cachecompact.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+    probe = ("import sys, cachecompact, cachecompact.tools.cli\n"
+             "try:\n    cachecompact.tools.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
              "mods = [m for m in sys.modules if m.startswith('cachecompact')]\n"
              "print(len(mods), 'anthropic' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

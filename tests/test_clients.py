@@ -16,9 +16,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from cachecompact.emulator import Emulator, ScriptedResponder, SummarizingResponder
-from cachecompact.emulator.responders import Reply
-from cachecompact.proxy import Proxy, ProxyConfig
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.tools.emulator.responders import Reply
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_MODULES = Path(os.environ.get("CACHECOMPACT_NODE_MODULES", ROOT / ".ci" / "node" / "node_modules"))

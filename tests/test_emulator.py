@@ -11,8 +11,8 @@ import anthropic
 import httpx2
 import pytest
 
-from cachecompact.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, Reply, ScriptedResponder
-from cachecompact.traces import discover, load_trace, synthetic_trace
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, Reply, ScriptedResponder
+from cachecompact.tools.traces import discover, load_trace, synthetic_trace
 
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}

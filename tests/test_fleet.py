@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from cachecompact import Session
-from cachecompact.httpserver import spawn_cli_server
-from cachecompact.protocol import CLOCK_HEADER, SESSION_HEADER
+from cachecompact.adapters.httpserver import spawn_cli_server
+from cachecompact.base.headers import CLOCK_HEADER, SESSION_HEADER
 from cachecompact.store import open_store
 
 pytest.importorskip("psycopg", reason="the postgres extra is not installed")

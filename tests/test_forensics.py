@@ -11,13 +11,13 @@ from typing import Any
 import anthropic
 import pytest
 
-from cachecompact.cache_sim import request_from_body
-from cachecompact.cli import main
-from cachecompact.emulator import CLOCK_HEADER, Emulator
-from cachecompact.forensics import Finding, Forensics, snapshot_from_sim
-from cachecompact.pricing import model_prices
-from cachecompact.summarize import LLMSummarizer, SummaryRequest
-from cachecompact.tokens import TokenCounter
+from cachecompact.base.pricing import model_prices
+from cachecompact.base.tokens import TokenCounter
+from cachecompact.cache.forensics import Finding, Forensics, snapshot_from_sim
+from cachecompact.cache.simulator import request_from_body
+from cachecompact.compaction.summarize.llm import LLMSummarizer, SummaryRequest
+from cachecompact.tools.cli import main
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachecompact.emulator import Emulator
-from cachecompact.httpserver import MAX_BODY
+from cachecompact.adapters.httpserver import MAX_BODY
+from cachecompact.tools.emulator import Emulator
 
 HOSTILE = Path(__file__).parent / "hostile"
 MODEL = "claude-sonnet-4-6"
@@ -176,7 +176,7 @@ def test_hostile_bodies_get_4xx_on_every_server(server: str, tmp_path: Path) -> 
     mode forwards what it cannot parse unchanged, so the upstream's 400 comes back)."""
     from contextlib import ExitStack
 
-    from cachecompact.proxy import Proxy, ProxyConfig
+    from cachecompact.adapters.proxy import Proxy, ProxyConfig
 
     with ExitStack() as stack:
         emu = stack.enter_context(Emulator())

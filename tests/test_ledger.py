@@ -16,7 +16,7 @@ from cachecompact import (
     Session,
     SkipRange,
 )
-from cachecompact.ledger import GENESIS_HASH, entry_hash, widen_to_pairs
+from cachecompact.history.ledger import GENESIS_HASH, entry_hash, widen_to_pairs
 
 from .conftest import SYSTEM, TOOLS, history, turn
 

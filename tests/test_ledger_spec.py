@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from cachecompact.cli import main as cli
+from cachecompact.tools.cli import main as cli
 
 from .conftest import load_benchmark
 from .spec_verifier import verify as spec_verify

@@ -10,10 +10,9 @@ import anthropic
 import pytest
 
 from cachecompact import Session
-from cachecompact.emulator import Emulator
-from cachecompact.emulator.validation import validate_request
-from cachecompact.keylines import key_lines
-from cachecompact.levels import (
+from cachecompact.base.keylines import key_lines
+from cachecompact.base.pricing import DEFAULT_SUMMARY_MODEL
+from cachecompact.compaction.levels import (
     build_view,
     propose_entry_summary,
     propose_full,
@@ -24,11 +23,10 @@ from cachecompact.levels import (
     results_since,
     rule_summary,
 )
-from cachecompact.levels.micro import DEFAULT_WRITE_TOOLS
-from cachecompact.levels.view import ResultInfo
-from cachecompact.pricing import DEFAULT_SUMMARY_MODEL
-from cachecompact.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
-from cachecompact.summarize import (
+from cachecompact.compaction.levels.l1_micro import DEFAULT_WRITE_TOOLS
+from cachecompact.compaction.levels.view import ResultInfo
+from cachecompact.compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
+from cachecompact.compaction.summarize.llm import (
     ExtractiveSummarizer,
     LLMSummarizer,
     Summary,
@@ -39,6 +37,8 @@ from cachecompact.summarize import (
     open_issues_of,
     parse_summary,
 )
+from cachecompact.tools.emulator import Emulator
+from cachecompact.tools.emulator.validation import validate_request
 
 from .conftest import history
 
@@ -154,7 +154,7 @@ def test_key_lines_see_through_a_line_number_gutter() -> None:
 def test_focus_is_only_what_calls_after_the_result_used() -> None:
     # the result's own call and a parallel call beside it name compute_1 and compute_2; only a
     # call answered later (compute_3) makes a line of the result part of the working set
-    from cachecompact.levels.view import LaterIdentifiers
+    from cachecompact.compaction.levels.view import LaterIdentifiers
     body = "\n".join(f"    y{k} = compute_{k}(state)" for k in range(1, 4))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL},
                                   {"role": "assistant", "content": [
@@ -385,8 +385,8 @@ def test_a_summary_keeps_the_scratchpad_references_of_what_it_replaces() -> None
     """An L3/L4 summary lists every scratchpad reference its range showed, with the call that
     produced the output, and carries an earlier summary's list on: otherwise externalized output
     becomes unreachable the moment its placeholder is summarised away."""
-    from cachecompact.strategy import summarize_range
-    from cachecompact.summarize import STORED_HEADER, stored_outputs
+    from cachecompact.compaction.strategy import summarize_range
+    from cachecompact.compaction.summarize.llm import STORED_HEADER, stored_outputs
 
     ref_a, ref_b = "sp_" + "a" * 32, "sp_" + "b" * 32
     msgs = history(6)
@@ -413,7 +413,7 @@ def test_a_summary_keeps_verbatim_the_lines_naming_what_the_agent_used_since() -
     """`working_lines`: of the summarised results, the lines naming an identifier a later call or
     text used, most recently used first within the budget, in transcript order; lines naming
     nothing the agent used are left to the summary."""
-    from cachecompact.levels.working_set import working_lines
+    from cachecompact.compaction.levels.working_set import working_lines
 
     listing = "\n".join(["config_loader.py: def load_config(path):", "unrelated_helper.py: def spare():",
                          "MAX_RETRIES = 7", "a plain line of prose"])
@@ -428,8 +428,8 @@ def test_a_summary_keeps_verbatim_the_lines_naming_what_the_agent_used_since() -
     assert working_lines(s, 1, 2, len("MAX_RETRIES = 7") + 1) == ["MAX_RETRIES = 7"]
     assert working_lines(s, 1, 2, 0) == []
     # the compactor's summaries carry them under their header
-    from cachecompact.levels.working_set import WORKING_SET_HEADER
-    from cachecompact.strategy import summarize_range
+    from cachecompact.compaction.levels.working_set import WORKING_SET_HEADER
+    from cachecompact.compaction.strategy import summarize_range
 
     edit, _ = summarize_range(s, 1, 6, ExtractiveSummarizer(), reason="test",
                               verbatim=working_lines(s, 1, 6, 1_000))

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from cachecompact import Session
-from cachecompact.bench.tasks import make_task, run_task
-from cachecompact.compactor import Compactor
-from cachecompact.levels import build_view, propose_micro
-from cachecompact.lookback import BUDGET_STEPS, LookbackMeter
-from cachecompact.policy import LevelSettings, PolicyConfig
-from cachecompact.strategies import CachecompactConfig, register
+from cachecompact.compaction.cache_aware import Compactor
+from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.levels import build_view, propose_micro
+from cachecompact.compaction.lookback import BUDGET_STEPS, LookbackMeter
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig
+from cachecompact.tools.bench.tasks import make_task, run_task
 
 from .test_levels import GOAL, tool_turn
 from .test_policy import _grow, cfg

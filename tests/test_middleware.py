@@ -18,8 +18,13 @@ from aiohttp import web
 
 import cachecompact
 from cachecompact import Session
-from cachecompact.cli import main as cli_main
-from cachecompact.emulator import (
+from cachecompact.adapters.httpserver import ServerThread
+from cachecompact.adapters.middleware import SESSION_HEADER, CompactionMiddleware, scratchpad_handler, wrap
+from cachecompact.base.errors import ConfigError, ContextFullError, PolicyConfigError, UnknownStrategyError
+from cachecompact.base.events import Event
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig
+from cachecompact.tools.cli import main as cli_main
+from cachecompact.tools.emulator import (
     CLOCK_HEADER,
     Emulator,
     FaultConfig,
@@ -27,13 +32,8 @@ from cachecompact.emulator import (
     ScriptedResponder,
     SummarizingResponder,
 )
-from cachecompact.emulator.responders import Reply
-from cachecompact.errors import ConfigError, ContextFullError, PolicyConfigError, UnknownStrategyError
-from cachecompact.events import Event
-from cachecompact.httpserver import ServerThread
-from cachecompact.middleware import SESSION_HEADER, CompactionMiddleware, scratchpad_handler, wrap
-from cachecompact.policy import LevelSettings, PolicyConfig
-from cachecompact.traces import Trace, synthetic_trace
+from cachecompact.tools.emulator.responders import Reply
+from cachecompact.tools.traces import Trace, synthetic_trace
 
 from .conftest import history
 
@@ -127,7 +127,7 @@ def test_sync_client_compacts_and_records(tmp_path: Path, stream: bool) -> None:
     reads = sum(r["usage"]["cache_read_input_tokens"] for r in sent)
     assert reads / sum(r["total_input_tokens"] for r in sent) > 0.5
     # the report's total is what the emulator billed (agent requests and summaries)
-    from cachecompact.report import session_data
+    from cachecompact.tools.report import session_data
 
     assert session_data(s)["cost"]["total_usd"] == pytest.approx(billed, rel=1e-6)
 
@@ -392,7 +392,7 @@ def test_wrap_refuses_misconfiguration_when_called(tmp_path: Path) -> None:
         wrap(c, store="mysql://x")
     with pytest.raises(ConfigError):
         wrap(c, summarizer="magic")  # type: ignore[arg-type]
-    with pytest.raises(cachecompact.errors.InvalidSessionIdError):
+    with pytest.raises(cachecompact.base.errors.InvalidSessionIdError):
         wrap(c, session_id="../etc")
     with pytest.raises(ConfigError, match="scratchpad_tool must be True or False"):
         wrap(c, scratchpad_tool="yes")  # type: ignore[arg-type]
@@ -627,7 +627,7 @@ def test_a_model_id_not_in_the_price_table_is_refused_with_the_nearest_ids(emu: 
     """``claude-sonnet-4.6`` was priced as Sonnet 5.5 (a third off) with one warning; ``claude-opus-6``
     as Opus 5.5. wrap() now refuses them before anything is sent, naming the nearest ids; a
     dated id of a table entry is fine; ``pricing=`` prices an unlisted model on purpose."""
-    from cachecompact.errors import UnknownModelError
+    from cachecompact.base.errors import UnknownModelError
 
     client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None)
     for bad, near in (("claude-sonnet-4.6", "claude-sonnet-4-6"), ("claude-opus-6", "claude-opus-4-6")):
@@ -637,7 +637,7 @@ def test_a_model_id_not_in_the_price_table_is_refused_with_the_nearest_ids(emu: 
     client.messages.create(model="claude-sonnet-4-6-20261001", max_tokens=10, messages=history(1))
     priced = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None,
                   pricing={"claude-lab-1": {"input": 3, "output": 15, "context_window": 200_000}})
-    from cachecompact.pricing import get_model
+    from cachecompact.base.pricing import get_model
 
     assert get_model("claude-lab-1").read == pytest.approx(0.3) and priced is not None
     with pytest.raises(ConfigError, match="input and output"):

@@ -12,12 +12,12 @@ import anthropic
 import pytest
 
 from cachecompact import ContextFullError, ReplaceWithSummary, Session
-from cachecompact.compactor import Compactor
-from cachecompact.emulator import Emulator
-from cachecompact.emulator.validation import validate_request
-from cachecompact.events import Event
-from cachecompact.levels import Proposal
-from cachecompact.policy import (
+from cachecompact.base.events import Event
+from cachecompact.base.pricing import get_model
+from cachecompact.compaction.cache_aware import Compactor
+from cachecompact.compaction.catalog import get_strategy
+from cachecompact.compaction.levels import Proposal
+from cachecompact.compaction.policy import (
     Economics,
     LevelSettings,
     PolicyConfig,
@@ -29,12 +29,12 @@ from cachecompact.policy import (
     evaluate,
     limits,
 )
-from cachecompact.pricing import get_model
-from cachecompact.quality import compaction_regression_suite
-from cachecompact.strategies import get_strategy
-from cachecompact.strategy import StrategyContext
-from cachecompact.summarize import LLMSummarizer, Summary, SummaryRejected, SummaryRequest, SummaryResult
-from cachecompact.traces import discover, load_trace, synthetic_trace
+from cachecompact.compaction.quality import compaction_regression_suite
+from cachecompact.compaction.strategy import StrategyContext
+from cachecompact.compaction.summarize.llm import LLMSummarizer, Summary, SummaryRejected, SummaryRequest, SummaryResult
+from cachecompact.tools.emulator import Emulator
+from cachecompact.tools.emulator.validation import validate_request
+from cachecompact.tools.traces import discover, load_trace, synthetic_trace
 
 from .test_levels import GOAL, tool_turn
 
@@ -228,8 +228,8 @@ def test_the_ttl_follows_the_sessions_gaps_and_who_speaks_next() -> None:
     """A session whose turns end in a person's reply minutes later gets the 1-hour TTL once the
     context is big beside what each turn writes; one answered within seconds keeps 5 minutes.
     The TTL in force decides what counts as a cold cache."""
-    from cachecompact.gaps import GapMeter
-    from cachecompact.policy import choose_ttls
+    from cachecompact.compaction.gaps import GapMeter
+    from cachecompact.compaction.policy import choose_ttls
 
     price = get_model(MODEL)
     slow, fast = GapMeter(), GapMeter()
@@ -367,7 +367,7 @@ def test_no_level_proposes_an_edit_of_the_immutable_prefix(level: str) -> None:
     for k in range(1, 10):
         msgs += tool_turn(k, "bash", f"later {k} " * 1500)
     s.sync(msgs)
-    from cachecompact.levels import build_view
+    from cachecompact.compaction.levels import build_view
 
     p = c._propose(level, build_view(s), limits(c.cfg, 30_000, 1000))
     assert not p.empty
@@ -401,8 +401,8 @@ def test_reactive_fits_the_request_or_says_it_cannot() -> None:
 
 
 def test_seed_pipeline_runs_every_layer() -> None:
-    from cachecompact.events import EventBus
-    from cachecompact.summarize import ExtractiveSummarizer
+    from cachecompact.base.events import EventBus
+    from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
 
     s = Session.create(None, prefix_messages=3)
     sp = get_strategy("seed-pipeline").build(StrategyContext(s, ExtractiveSummarizer(), EventBus(), 44_000))
@@ -537,7 +537,7 @@ def test_a_clear_rewrites_only_what_follows_the_part_already_compacted(mark: boo
 
 
 def test_the_planner_marks_the_compacted_part() -> None:
-    from cachecompact.render import plan_breakpoints
+    from cachecompact.history.render import plan_breakpoints
 
     n = 60
     cacheable, chain, pos = [True] * n, [bytes([k]) for k in range(n)], list(range(n))
@@ -553,8 +553,8 @@ def test_the_planner_marks_the_compacted_part() -> None:
 def test_a_summary_repeats_a_long_task_by_its_head() -> None:
     """A pasted spec as the task: a summary repeats its first GOAL_WORDS words and points at the
     first message (kept by the immutable prefix) instead of growing past what it replaces."""
-    from cachecompact.extractive import GOAL_WORDS, goal_head
-    from cachecompact.summarize import ExtractiveSummarizer, SummaryRequest
+    from cachecompact.compaction.summarize.extractive import GOAL_WORDS, goal_head
+    from cachecompact.compaction.summarize.llm import ExtractiveSummarizer, SummaryRequest
 
     goal = " ".join(f"requirement{k}" for k in range(5000))
     head = goal_head(goal)
@@ -609,7 +609,7 @@ def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path
     assert len(notes) == 1 and notes[0] in first
     assert notes[0].tokens_after < notes[0].tokens_before and "--uncompacted" in notes[0].reason
     assert caplog.text.count("first_compaction") == 1
-    from cachecompact.transcript import canonical_message
+    from cachecompact.history.transcript import canonical_message
 
     whole = [canonical_message(m) for m in s.render(uncompacted=True, breakpoints=False).body["messages"]]
     assert whole == [canonical_message(m) for m in s.messages()]

@@ -18,9 +18,7 @@ import anthropic
 import pytest
 
 from cachecompact import Session, wrap
-from cachecompact.cli import main
-from cachecompact.emulator import Emulator
-from cachecompact.errors import (
+from cachecompact.base.errors import (
     ConfigError,
     HistoryRewrittenError,
     ScratchpadRefError,
@@ -29,8 +27,10 @@ from cachecompact.errors import (
     StoreConflictError,
     StoreError,
 )
-from cachecompact.ledger import SkipRange
+from cachecompact.history.ledger import SkipRange
 from cachecompact.store import FileStore, Store, open_store
+from cachecompact.tools.cli import main
+from cachecompact.tools.emulator import Emulator
 
 from .conftest import fresh_database, history
 
@@ -254,7 +254,7 @@ def test_wrap_with_a_database_url_fails_open_when_the_database_goes_away(pg_url:
 def test_a_held_session_lock_times_out_and_odd_ids_lock_too(pg_url: str, sid: str) -> None:
     """A writer that holds a session lock too long is reported (`SessionLockedError`), as with
     the file store, never waited on forever; ids that name Python attributes lock like any other."""
-    from cachecompact.errors import SessionLockedError
+    from cachecompact.base.errors import SessionLockedError
     from cachecompact.store.postgres import PostgresStore
 
     sid = f"{sid}{uuid.uuid4().hex[:6]}" if sid == "plain-id" else sid
@@ -304,7 +304,7 @@ def test_two_writers_keep_their_own_mark_in_both_stores(store: Store) -> None:
 
 
 def test_a_failed_copy_leaves_no_half_made_session_and_delete_removes_one(store: Store, tmp_path: Path) -> None:
-    from cachecompact.store.transfer import copy_session
+    from cachecompact.history.transfer import copy_session
 
     sid = _sid("copy")
     files = FileStore(tmp_path / "src")

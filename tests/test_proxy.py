@@ -18,11 +18,11 @@ import httpx2
 import pytest
 from aiohttp import web
 
-from cachecompact.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
-from cachecompact.errors import ConfigError
-from cachecompact.httpserver import ServerThread
-from cachecompact.proxy import Proxy, ProxyConfig, session_hint
-from cachecompact.proxy.observe import ObservedSession
+from cachecompact.adapters.httpserver import ServerThread
+from cachecompact.adapters.proxy import Proxy, ProxyConfig, session_hint
+from cachecompact.adapters.proxy.observe import ObservedSession
+from cachecompact.base.errors import ConfigError
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
 
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}
@@ -290,7 +290,7 @@ def test_compact_mode_runs_the_strategy_and_keeps_unknown_fields(tmp_path: Path)
 
     def reader(body: dict[str, Any]) -> Any:
         # numbered by its own count: a compaction shortens what it is shown
-        from cachecompact.emulator.responders import Reply
+        from cachecompact.tools.emulator.responders import Reply
         n = next(calls)
         return Reply([{"type": "tool_use", "id": f"toolu_{n:04d}", "name": "read", "input": {"path": f"f{n}.py"}}],
                      "tool_use")
@@ -367,8 +367,8 @@ def test_a_request_without_credentials_never_summarises_on_the_operators_key(
     summarizer must not, so a caller without a key gets an offline summary and no upstream call."""
     import threading
 
-    from cachecompact.proxy.app import _UpstreamSummarizer
-    from cachecompact.summarize import SummaryRequest
+    from cachecompact.adapters.proxy.app import _UpstreamSummarizer
+    from cachecompact.compaction.summarize.llm import SummaryRequest
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-OPERATOR")
     rec = _Recorder()
@@ -412,7 +412,7 @@ def test_compact_mode_retries_after_prompt_too_long_even_when_the_error_is_compr
 
 
 def test_an_evicted_sessions_id_is_never_given_to_another_conversation() -> None:
-    from cachecompact.proxy.observe import Observer
+    from cachecompact.adapters.proxy.observe import Observer
 
     obs = Observer(max_sessions=3)
     usage = {"input_tokens": 10, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0, "output_tokens": 1}
@@ -572,7 +572,7 @@ def test_keep_bodies_keeps_what_the_client_sent_in_compact_mode(tmp_path: Path) 
 
 
 def test_the_auth_token_help_says_when_it_is_needed(capsys: pytest.CaptureFixture[str]) -> None:
-    from cachecompact.cli import main
+    from cachecompact.tools.cli import main
 
     with pytest.raises(SystemExit):
         main(["proxy", "--help"])

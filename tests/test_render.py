@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachecompact import ImmutablePrefixError, InvalidEditError, ReplaceWithSummary, Session, SkipRange
-from cachecompact.cachemodel import LOOKBACK
-from cachecompact.emulator.validation import count_breakpoints, validate_request
-from cachecompact.render import RenderResult
+from cachecompact.cache.model import LOOKBACK
+from cachecompact.history.render import RenderResult
+from cachecompact.tools.emulator.validation import count_breakpoints, validate_request
 
 from .conftest import SYSTEM, TOOLS, history, turn
 

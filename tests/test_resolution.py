@@ -1,4 +1,4 @@
-"""One conversation is one session (`cachecompact.resolution`, acted on by the registry and the
+"""One conversation is one session (`cachecompact.engine.resolution`, acted on by the registry and the
 proxy's observer): never mixed with another, never stale, never split, and a changed system
 prompt reported. Every case goes through the real SDK into the emulator, and what the emulator
 received is compared, message by message, with what the caller sent."""
@@ -18,14 +18,14 @@ import pytest
 
 import cachecompact
 from cachecompact import Session
-from cachecompact.emulator import Emulator, ScriptedResponder
-from cachecompact.emulator.responders import Reply
-from cachecompact.events import Event
-from cachecompact.middleware import SESSION_HEADER
-from cachecompact.proxy import Proxy, ProxyConfig
-from cachecompact.resolution import RequestHistory, decide
+from cachecompact.adapters.middleware import SESSION_HEADER
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.base.events import Event
+from cachecompact.engine.resolution import RequestHistory, decide
+from cachecompact.history.transcript import message_hash
 from cachecompact.store import open_store
-from cachecompact.transcript import message_hash
+from cachecompact.tools.emulator import Emulator, ScriptedResponder
+from cachecompact.tools.emulator.responders import Reply
 
 MODEL = "claude-sonnet-4-6"
 SYSTEM = "You are a careful agent. " * 300  # over the minimum cacheable length
@@ -333,7 +333,7 @@ def test_a_timestamp_in_the_system_prompt_is_reported_in_wrap(tmp_path: Path, ca
     sids = store.list()
     linked = [Session.open(store, s, readonly=True).link for s in sids]
     assert sum(lk is None for lk in linked) == 1  # one conversation: every other segment is linked
-    from cachecompact.report import conversation_data, conversation_segments, session_report
+    from cachecompact.tools.report import conversation_data, conversation_segments, session_report
     root = next(s for s, lk in zip(sids, linked, strict=True) if lk is None)
     for sid in (root, sids[-1]):  # from the first session or the last one: the whole conversation
         data = conversation_data(conversation_segments(store, sid))

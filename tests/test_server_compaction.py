@@ -12,10 +12,10 @@ import anthropic
 import pytest
 
 import cachecompact
-from cachecompact.emulator import Emulator, ScriptedResponder
-from cachecompact.emulator.responders import Reply
-from cachecompact.pricing import get_model
-from cachecompact.strategies.body import MASKED, AnthropicCompactConfig
+from cachecompact.base.pricing import get_model
+from cachecompact.compaction.peers.body import MASKED, AnthropicCompactConfig
+from cachecompact.tools.emulator import Emulator, ScriptedResponder
+from cachecompact.tools.emulator.responders import Reply
 
 MODEL = "claude-sonnet-4-6"
 BETA = ["compact-2026-01-12"]

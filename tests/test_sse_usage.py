@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachecompact.engine import SSEUsage
+from cachecompact.engine.core import SSEUsage
 
 EVENTS = [
     {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 10, "cache_read_input_tokens": 3},
@@ -99,7 +99,7 @@ def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() 
     import gzip
     import random
 
-    from cachecompact.proxy.app import _Tap
+    from cachecompact.adapters.proxy.app import _Tap
 
     rng = random.Random(1)
     filler = [{"type": "content_block_delta", "index": 0,

@@ -141,7 +141,7 @@ def test_tampered_entry_names_the_line(tmp_path: Path) -> None:
 def test_forged_transcript_message_with_recomputed_hash_is_detected(tmp_path: Path) -> None:
     import xxhash
 
-    from cachecompact.wire import canonical_bytes
+    from cachecompact.base.wire import canonical_bytes
 
     s = Session.create(tmp_path / "s")
     s.sync(history(3))
@@ -301,7 +301,7 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     import anthropic
 
     from cachecompact import scratchpad_handler, wrap
-    from cachecompact.scratchpad import Scratchpad
+    from cachecompact.compaction.scratchpad import Scratchpad
 
     root = tmp_path / "store"
     store = FileStore(root)

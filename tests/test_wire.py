@@ -7,8 +7,8 @@ from anthropic.types import Message as SDKMessage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachecompact.errors import MalformedMessageError
-from cachecompact.wire import (
+from cachecompact.base.errors import MalformedMessageError
+from cachecompact.base.wire import (
     TextBlock,
     ToolResultBlock,
     UnknownBlock,

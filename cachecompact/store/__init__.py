@@ -11,7 +11,7 @@ import importlib
 import os
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from .contract import LOGS, LogName, SessionStore, Store, TornTail, check_session_id
 from .files import EVENTS, FileSessionStore, FileStore, half_made
 

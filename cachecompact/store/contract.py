@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..errors import InvalidSessionIdError, ScratchpadRefError
+from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
 __all__ = ["LOGS", "REF_RE", "LogName", "SessionStore", "Store", "TornTail", "check_ref", "check_session_id"]
 

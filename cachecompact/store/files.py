@@ -33,15 +33,15 @@ from typing import Any
 
 import msgspec
 
-from ..errors import (
+from ..base.errors import (
     InvalidSessionIdError,
     SessionExistsError,
     SessionNotFoundError,
     StoreConflictError,
     StoreError,
 )
-from ..safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
-from ..wire import canonical_bytes
+from ..base.safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
+from ..base.wire import canonical_bytes
 from .contract import LogName, TornTail, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 

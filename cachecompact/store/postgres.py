@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from ..errors import (
+from ..base.errors import (
     ConfigError,
     LedgerCorruptError,
     SessionExistsError,
@@ -41,7 +41,7 @@ from ..errors import (
     StoreConflictError,
     StoreError,
 )
-from ..wire import canonical_bytes
+from ..base.wire import canonical_bytes
 from .contract import LOGS, LogName, TornTail, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 

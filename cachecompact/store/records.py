@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import LedgerCorruptError
-from ..wire import canonical_bytes
+from ..base.errors import LedgerCorruptError
+from ..base.wire import canonical_bytes
 
 __all__ = ["FORMAT", "GENESIS", "VERSION", "decode_record", "record_hash", "seal", "transcript_chain"]
 

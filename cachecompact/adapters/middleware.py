@@ -1,0 +1,381 @@
+"""One line around the client you already use: ``client = cachecompact.wrap(anthropic.Anthropic())``.
+
+The SDK runs middleware inside its retry loop, once per HTTP attempt. For each
+``POST /v1/messages`` this middleware:
+
+1. finds the session (`SessionRegistry`): an explicit id (``session_id=`` or the
+   ``x-cachecompact-session`` header), else the opening of the conversation and the longest
+   stored transcript its history extends; sessions persist in the store (a directory by
+   default, or ``postgresql://...``);
+2. syncs the transcript with the agent's full history and runs the strategy;
+3. renders and sends the compacted request (a shallow copy of the SDK's request options
+   with the new body: the caller's request is never mutated and never deep-copied);
+4. records usage from the decoded response (parsed, or teed from the SSE stream without
+   consuming it) and runs the cache forensics on it.
+
+Retried attempts of one request reuse the first attempt's prepared body (same request
+fingerprint), so nothing is appended twice. A 400 "prompt is too long" triggers reactive
+compaction and one retry; if it still cannot fit, `ContextFullError` (an `anthropic.APIError`).
+Any internal error, a store failure included, fails open: the original request is sent and
+a ``failure`` event is recorded. Misconfiguration is refused when the middleware is built.
+Only the SDK's public names are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+import anthropic
+import httpx2
+from anthropic import APIRequest, APIResponse, AsyncAPIResponse, AsyncCallNext, CallNext, Middleware
+
+from ..base.errors import ConfigError, ContextFullError
+from ..base.events import Event
+from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
+from ..base.pricing import DEFAULT_SUMMARY_MODEL
+from ..compaction.policy import PolicyConfig
+from ..compaction.strategy import Strategy, StrategyConfig
+from ..compaction.summarize.llm import LLMSummarizer, Summarizer
+from ..engine.core import (
+    STILL_TOO_LONG,
+    CompactionEngine,
+    Prepared,
+    SSEUsage,
+    SummarizerFactory,
+    clock_from,
+    json_or_none,
+    too_long,
+    with_betas,
+)
+from ..history.session import Session
+from ..store import Store
+
+__all__ = ["SESSION_HEADER", "CompactionMiddleware", "scratchpad_handler", "summarizer_factory", "wrap",
+           "wrapped_sessions"]
+
+DEFAULT_STORE = ".cachecompact/sessions"  # where wrap() keeps sessions unless told otherwise
+
+log = logging.getLogger("cachecompact")
+
+ClientT = TypeVar("ClientT", anthropic.Anthropic, anthropic.AsyncAnthropic)
+
+
+def _with_body(request: APIRequest, body: dict[str, Any], betas: tuple[str, ...] = ()) -> APIRequest:
+    """``request`` with a new body (and the strategy's beta headers): a shallow copy of its
+    options (``request.copy`` would deep-copy the caller's whole history first, only to throw
+    it away)."""
+    opts = request.options.model_copy()
+    opts.json_data = body
+    if isinstance(opts.headers, dict):
+        opts.headers = dict(opts.headers)
+    if betas:
+        hdrs = dict(opts.headers) if isinstance(opts.headers, dict) else {}
+        hdrs["anthropic-beta"] = with_betas(hdrs.get("anthropic-beta"), betas)
+        opts.headers = hdrs
+    return APIRequest(options=opts, cast_to=request.cast_to, stream=request.stream, stream_cls=request.stream_cls,
+                      retries_taken=request.retries_taken)
+
+
+class CompactionMiddleware(Middleware):
+    """Cache-aware compaction for every ``messages.create`` / ``messages.stream`` call: the SDK
+    adapter of `CompactionEngine` (see there for the arguments)."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store | None = DEFAULT_STORE,
+        *,
+        session_id: str | None = None,
+        strategy: str | StrategyConfig = "cachecompact",
+        config: PolicyConfig | None = None,
+        window_tokens: int | None = None,
+        summarizer: Summarizer | SummarizerFactory | None = None,
+        prefix_messages: int | None = None,
+        scratchpad_tool: bool = False,
+        diagnostics: bool = False,
+        ttl: Literal["5m", "1h"] | None = None,
+        prefix_ttl: Literal["5m", "1h"] | None = None,
+        on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
+        clock: Callable[[], float] = time.time,
+        store_dir: str | os.PathLike[str] | None = None,
+        strict_models: bool = False,
+        recent_tokens: int | None = None,
+    ) -> None:
+        if store_dir is not None and store != DEFAULT_STORE:
+            raise ConfigError("give store= or store_dir= (its older name), not both")
+        self.engine = CompactionEngine(
+            store_dir if store_dir is not None else store, session_id=session_id, strategy=strategy, config=config,
+            window_tokens=window_tokens, summarizer=summarizer, prefix_messages=prefix_messages,
+            scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
+            on_event=on_event, clock=clock, strict_models=strict_models, recent_tokens=recent_tokens)
+        self.events = self.engine.events
+        self.window_tokens = self.engine.window_tokens
+
+    @property
+    def overhead_s(self) -> float:
+        return self.engine.overhead_s
+
+    def sessions(self) -> list[Session]:
+        """The sessions this middleware has in memory."""
+        return self.engine.sessions()
+
+    def strategies(self) -> list[Strategy]:
+        return self.engine.strategies()
+
+    def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
+        return self.engine.read_scratchpad(tool_input)
+
+    @staticmethod
+    def _applies(request: APIRequest) -> bool:
+        url = request.url.split("?", 1)[0]
+        headers = request.headers if isinstance(request.headers, dict) else {}
+        return (request.method.lower() == "post" and url == "/v1/messages" and isinstance(request.json, dict)
+                and INTERNAL_HEADER not in headers)
+
+    def _prepare(self, request: APIRequest) -> Prepared | None:
+        headers = request.headers if isinstance(request.headers, dict) else {}
+        explicit = headers.get(SESSION_HEADER)
+        body = request.json
+        assert isinstance(body, dict)
+        return self.engine.prepare_or_fail_open(
+            body, explicit=explicit if isinstance(explicit, str) else None,
+            now=clock_from(headers, CLOCK_HEADER, self.engine.clock), retry=bool(request.retries_taken))
+
+    def _reactive(self, p: Prepared, info: tuple[int, int, int], request: httpx2.Request) -> dict[str, Any]:
+        body = self.engine.reactive(p, info)
+        if body is None:
+            n, limit, _ = info
+            reserved = info[2] or p.max_tokens
+            raise ContextFullError(f"context is full: the prompt has {n} tokens and the request reserves {reserved} "
+                                   f"output tokens (its max_tokens) within the API's {limit}-token limit (it would "
+                                   f"take a window of at least {n + reserved}), and compaction cannot remove enough; "
+                                   "lower max_tokens or start a new session", request)
+        return body
+
+    def _record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
+                cache_miss_reason: dict[str, Any] | None, stream: bool) -> None:
+        self.engine.record(p, usage, message_id, cache_miss_reason, stream)
+
+    # -- sync client --------------------------------------------------------------------------------
+
+    def handle(self, request: APIRequest, call_next: CallNext) -> APIResponse[Any]:
+        if not self._applies(request):
+            return call_next(request)
+        p = self._prepare(request)
+        if p is None:
+            return call_next(request)
+        resp = call_next(_with_body(request, p.body, p.betas))
+        if resp.status_code == 400:
+            info = too_long(json_or_none(resp.read()))
+            if info is not None:
+                body = self._reactive(p, info, resp.http_response.request)
+                resp.close()
+                resp = call_next(_with_body(request, body, p.betas))
+                if resp.status_code == 400 and too_long(json_or_none(resp.read())):
+                    raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
+        if resp.status_code == 200:
+            if request.stream:
+                resp.http_response = _tapped(resp.http_response, _UsageTap(
+                    resp.http_response, lambda u, i, d: self._record(p, u, i, d, True)))
+            else:
+                msg = resp.parse()
+                self._record(p, _usage_dict(msg.usage), getattr(msg, "id", None), _diag(msg), False)
+        return resp
+
+    # -- async client ---------------------------------------------------------------------------------
+
+    async def handle_async(self, request: APIRequest, call_next: AsyncCallNext) -> AsyncAPIResponse[Any]:
+        if not self._applies(request):
+            return await call_next(request)
+        p = await asyncio.to_thread(self._prepare, request)
+        if p is None:
+            return await call_next(request)
+        resp = await call_next(_with_body(request, p.body, p.betas))
+        if resp.status_code == 400:
+            info = too_long(json_or_none(await resp.read()))
+            if info is not None:
+                body = await asyncio.to_thread(self._reactive, p, info, resp.http_response.request)
+                await resp.close()
+                resp = await call_next(_with_body(request, body, p.betas))
+                if resp.status_code == 400 and too_long(json_or_none(await resp.read())):
+                    raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
+        if resp.status_code == 200:
+            if request.stream:
+                resp.http_response = _tapped(resp.http_response, _AsyncUsageTap(
+                    resp.http_response, lambda u, i, d: self._record(p, u, i, d, True)))
+            else:
+                msg = await resp.parse()
+                await asyncio.to_thread(self._record, p, _usage_dict(msg.usage), getattr(msg, "id", None),
+                                        _diag(msg), False)
+        return resp
+
+
+def _usage_dict(usage: Any) -> dict[str, Any]:
+    if usage is None:
+        return {}
+    out: dict[str, Any] = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else dict(usage)
+    return out
+
+
+def _diag(msg: Any) -> dict[str, Any] | None:
+    d = getattr(msg, "diagnostics", None)
+    reason = getattr(d, "cache_miss_reason", None) if d is not None else None
+    return reason.model_dump() if reason is not None and hasattr(reason, "model_dump") else None
+
+
+# -- streaming usage, read from the decoded body --------------------------------------------------------
+
+def _tapped(original: httpx2.Response, stream: httpx2.SyncByteStream | httpx2.AsyncByteStream) -> httpx2.Response:
+    """A response standing in for ``original`` whose body is ``stream`` (already decoded), the
+    way the SDK's own middlewares splice streams: the encoding headers no longer apply."""
+    headers = original.headers.copy()
+    for h in ("content-encoding", "content-length"):
+        if h in headers:
+            del headers[h]
+    return httpx2.Response(status_code=original.status_code, headers=headers, stream=stream,
+                           request=original.request)
+
+
+class _UsageTap(httpx2.SyncByteStream):
+    """The caller's stream, decoded, passed through unchanged while usage is read from it."""
+
+    def __init__(self, original: httpx2.Response, done: Callable[..., None]) -> None:
+        self.original = original
+        self.parser = SSEUsage(done)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.original.iter_bytes():
+            self.parser.feed(chunk)
+            yield chunk
+        self.parser.finish()
+
+    def close(self) -> None:
+        self.parser.finish()
+        self.original.close()
+
+
+class _AsyncUsageTap(httpx2.AsyncByteStream):
+    def __init__(self, original: httpx2.Response, done: Callable[..., None]) -> None:
+        self.original = original
+        self.parser = SSEUsage(done)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.original.aiter_bytes():
+            self.parser.feed(chunk)
+            yield chunk
+        self.parser.finish()
+
+    async def aclose(self) -> None:
+        self.parser.finish()
+        await self.original.aclose()
+
+
+# -- wrap ------------------------------------------------------------------------------------------------
+
+def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
+                        model: str | None) -> SummarizerFactory:
+    """Summaries through a plain client like the caller's (without this middleware)."""
+    if isinstance(client, anthropic.AsyncAnthropic):
+        sync = anthropic.Anthropic(api_key=client.api_key, auth_token=client.auth_token, base_url=str(client.base_url),
+                                   timeout=client.timeout, max_retries=client.max_retries)
+    else:
+        sync = client
+
+    def make(strategy_model: str | None, mode: str) -> Summarizer:
+        chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
+        return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"})
+    return make
+
+
+def wrap(
+    client: ClientT,
+    *,
+    store: str | os.PathLike[str] | Store | None = DEFAULT_STORE,
+    session_id: str | None = None,
+    strategy: str | StrategyConfig = "cachecompact",
+    config: PolicyConfig | None = None,
+    window_tokens: int | None = None,
+    summarizer: Summarizer | Literal["auto"] | None = "auto",
+    summarizer_model: str | None = None,
+    scratchpad_tool: bool = False,
+    prefix_messages: int | None = None,
+    diagnostics: bool = False,
+    ttl: Literal["5m", "1h"] | None = None,
+    prefix_ttl: Literal["5m", "1h"] | None = None,
+    on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
+    clock: Callable[[], float] = time.time,
+    store_dir: str | os.PathLike[str] | None = None,
+    pricing: Mapping[str, Mapping[str, Any]] | None = None,
+    recent_tokens: int | None = None,
+) -> ClientT:
+    """``client.with_middleware(CompactionMiddleware(...))``, validated now.
+
+    Every request's model must be an id of the price table (or a dated id of one): another name
+    (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
+    is sent. ``recent_tokens`` is the one knob for cost against recall: the newest tool output
+    kept verbatim (default 50,000 tokens; less is cheaper and forgets sooner, docs/policy.md).
+    ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
+    purpose ($ per MTok; `pricing.custom` says what else may be given).
+
+    ``summarizer="auto"`` summarises through a client like this one (without the middleware),
+    with the strategy's summary model (``claude-haiku-5-5`` for ``cachecompact``) unless
+    ``summarizer_model`` is given; ``None`` uses the offline extractive summarizer.
+    ``scratchpad_tool=True`` adds the ``read_scratchpad`` tool to new sessions: shortened tool
+    output then stays readable (answer its calls with `scratchpad_handler`).
+    """
+    if not isinstance(client, (anthropic.Anthropic, anthropic.AsyncAnthropic)):
+        raise ConfigError(f"wrap() takes an anthropic.Anthropic or AsyncAnthropic client, got {type(client).__name__}")
+    if any(isinstance(m, CompactionMiddleware) for m in client.middleware):
+        raise ConfigError("this client is already wrapped with cachecompact.wrap(); wrap the original client once")
+    from ..base.pricing import custom, get_model, register
+
+    if pricing is not None:
+        if not isinstance(pricing, Mapping):
+            raise ConfigError(f"pricing must map model ids to their prices, got {type(pricing).__name__}")
+        for name, prices in pricing.items():
+            register(custom(str(name), prices))
+    if summarizer_model is not None:
+        if summarizer != "auto":
+            raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")
+
+        # checked now, not at the first summary: an id of no known family, or a bare family name
+        # ("haiku") that prices fine but that the API would refuse
+        if not isinstance(summarizer_model, str) or "claude-" not in summarizer_model.lower():
+            raise ConfigError(f"summarizer_model={summarizer_model!r} is not a Claude model id (for example "
+                              "'claude-haiku-5-5')")
+        get_model(summarizer_model)
+    summ: Summarizer | SummarizerFactory | None
+    if summarizer == "auto":
+        summ = summarizer_factory(client, summarizer_model)
+    elif summarizer is None or isinstance(summarizer, Summarizer):
+        summ = summarizer
+    else:
+        raise ConfigError(f"summarizer must be 'auto', None or a Summarizer, got {summarizer!r}")
+    mw = CompactionMiddleware(store, session_id=session_id, strategy=strategy, config=config,
+                              window_tokens=window_tokens, summarizer=summ, prefix_messages=prefix_messages,
+                              scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
+                              on_event=on_event, clock=clock, store_dir=store_dir, strict_models=True,
+                              recent_tokens=recent_tokens)
+    return client.with_middleware(mw)
+
+
+def _middleware_of(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> CompactionMiddleware:
+    for m in client.middleware:
+        if isinstance(m, CompactionMiddleware):
+            return m
+    raise ConfigError("this client is not wrapped with cachecompact.wrap()")
+
+
+def wrapped_sessions(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> list[Session]:
+    """The sessions a wrapped client has in memory (for reports, verification and tests)."""
+    return _middleware_of(client).sessions()
+
+
+def scratchpad_handler(client: anthropic.Anthropic | anthropic.AsyncAnthropic
+                       ) -> Callable[[dict[str, Any]], tuple[str, bool]]:
+    """For the agent loop: answers ``read_scratchpad`` tool calls of a wrapped client's sessions."""
+    return _middleware_of(client).read_scratchpad

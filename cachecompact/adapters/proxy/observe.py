@@ -1,0 +1,300 @@
+"""What the proxy knows about each session: its requests, their usage, cost and cache findings.
+
+`Observer` is fed one request at a time, after its response. In ``observe`` mode it builds
+the request's block hash chain itself and runs the forensics engine (`cachecompact.cache.forensics`,
+the one implementation); in ``compact`` mode the `CompactionEngine` has already done that and
+hands over its finding. Either way the dashboard and the JSON API read the same records.
+
+Bodies are not kept unless asked (``keep_bodies``): a record holds hashes, sizes, breakpoint
+locations, usage, cost, timing and, for a miss, excerpts of at most 200 characters around the
+first divergence. The previous body of each session stays in memory only, to cut those
+excerpts from. Memory is bounded: at most ``max_sessions`` sessions (least recently used
+out) and ``max_records`` records per session (totals keep counting).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import xxhash
+
+from ...base.errors import CacheCompactError, InvalidSessionIdError, MalformedMessageError, UnknownModelError
+from ...base.headers import SESSION_HEADER
+from ...base.pricing import priced
+from ...base.tokens import TokenCounter
+from ...cache.forensics import Finding, Forensics, snapshot_from_sim
+from ...cache.simulator import request_from_body
+from ...engine.resolution import RequestHistory, decide, family_key, family_order, in_family, new_id
+from ...store import Store, check_session_id
+
+__all__ = ["ObservedSession", "Observer", "session_hint"]
+
+log = logging.getLogger("cachecompact")
+
+
+def session_hint(headers: Mapping[str, str], body: Any) -> str | None:
+    """The session a request names: the ``x-cachecompact-session`` header, else the client's own
+    session metadata (Claude Code sends ``metadata.user_id``, a JSON string with ``session_id``).
+    Raises `InvalidSessionIdError` for a header that could name a path."""
+    h = headers.get(SESSION_HEADER)
+    if h is not None:
+        return check_session_id(h, SESSION_HEADER)
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    uid = meta.get("user_id") if isinstance(meta, dict) else None
+    if isinstance(uid, str) and uid.startswith("{"):
+        try:
+            sid = json.loads(uid).get("session_id")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(sid, str):
+            try:
+                return check_session_id("cc-" + sid[:100], "metadata.user_id.session_id")
+            except InvalidSessionIdError:
+                return None
+    return None
+
+
+@dataclass(eq=False)
+class ObservedSession:
+    sid: str
+    name: str  # the base name (a hint) or the family key of the opening message
+    mode: str
+    head: bytes = b""  # tools + system (`resolution.head_key`)
+    hashes: list[bytes] = field(default_factory=list)  # identities of the last request's messages
+    link: dict[str, Any] | None = None  # the session this one continues (`resolution.Decision`)
+    forensics: Forensics = field(default_factory=lambda: Forensics(priced))
+    memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
+    records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    cost_usd: float = 0.0
+    wasted_usd: float = 0.0
+    read: int = 0
+    total_in: int = 0
+    misses: dict[str, int] = field(default_factory=dict)
+    api_agree: int = 0
+    api_conclusive: int = 0
+    errors: int = 0
+    rewrites: int = 0
+    rewrite_usd: float = 0.0
+    last_time: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stored: Any = None  # the session in the proxy's store, once opened
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
+                "cost_usd": round(self.cost_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
+                "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
+                "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
+                "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
+                "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
+                "compaction_rewrite_usd": round(self.rewrite_usd, 6), "link": self.link}
+
+    @property
+    def identities(self) -> list[bytes]:
+        return self.hashes
+
+
+class Observer:
+    """The proxy's session records (thread-safe); optionally persisted as events in a `Store`."""
+
+    def __init__(self, *, store: Store | None = None, keep_bodies: bool = False, max_sessions: int = 256,
+                 max_records: int = 2000) -> None:
+        self.store = store
+        self.keep_bodies = keep_bodies
+        self.max_sessions = max_sessions
+        self.max_records = max_records
+        self.counter = TokenCounter()
+        self._sessions: OrderedDict[str, ObservedSession] = OrderedDict()
+        self._lock = threading.Lock()
+        # the ids given out per family: an evicted session's id is never handed to another conversation
+        self._issued: OrderedDict[str, set[str]] = OrderedDict()
+        self.version = 0  # bumped on every record: the dashboard polls it
+
+    # -- reading (the dashboard and the API) -----------------------------------------------------
+
+    def sessions(self) -> list[ObservedSession]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def get(self, sid: str) -> ObservedSession | None:
+        with self._lock:
+            return self._sessions.get(sid)
+
+    # -- sessions ----------------------------------------------------------------------------------
+
+    def _remember(self, s: ObservedSession) -> ObservedSession:
+        self._sessions[s.sid] = s
+        self._sessions.move_to_end(s.sid)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return s
+
+    def _resolve(self, hint: str | None, req: RequestHistory, mode: str) -> ObservedSession:
+        """The session this request continues, by the one rule (`resolution.decide`, the same as
+        `wrap()` and compact mode use), among the sessions in memory of its family. These
+        records hold no immutable prefix, so a changed system prompt continues the session (and
+        is reported there as prefix churn). A new one (a segment after a rewrite, another agent
+        under the name) starts from the forensics of the session it continues, so its first
+        request is compared with the request before it and classified."""
+        with self._lock:
+            named = hint is not None
+            base = hint if hint is not None else family_key(req.ids[0])
+            members = sorted((x for x in self._sessions.values() if in_family(x.sid, base)),
+                             key=lambda x: family_order(x.sid))
+            d = decide(req, members, named=named, fixed_head=False)
+            if d.kind == "continue":
+                assert d.target is not None
+                s = self._sessions[d.target]
+                self._sessions.move_to_end(s.sid)
+            else:
+                taken = {x.sid for x in members} | set(self._issued.get(base, ()))
+                sid = new_id(base, d.kind, named, taken)
+                parent = self._sessions.get(d.target) if d.target is not None else None
+                link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
+                s = ObservedSession(sid, base, mode, link=link)
+                if parent is not None and d.kind == "segment":
+                    s.forensics, s.memo = parent.forensics.fork(), parent.memo
+                self._issue(base, sid)
+                self._remember(s)
+            s.hashes, s.head = req.ids, req.head  # under the lock: the next request decides on these
+            return s
+
+    def _issue(self, base: str, sid: str) -> None:
+        """Remember that ``sid`` was given out, so an evicted session's id never goes to another
+        conversation (bounded; a name forgotten here is long gone from memory too). Under ``_lock``."""
+        self._issued.setdefault(base, set()).add(sid)
+        self._issued.move_to_end(base)
+        while len(self._issued) > 16 * self.max_sessions:
+            self._issued.popitem(last=False)
+
+    def session_for_engine(self, sid: str, link: dict[str, Any] | None = None) -> ObservedSession:
+        """The record of a session the compaction engine named (compact mode)."""
+        with self._lock:
+            s = self._sessions.get(sid)
+            return s if s is not None else self._remember(ObservedSession(sid, sid.split(".")[0], "compact",
+                                                                          link=link))
+
+    # -- recording ----------------------------------------------------------------------------------
+
+    def observe(self, raw: bytes, headers: Mapping[str, str], *, status: int, usage: dict[str, Any] | None,
+                message_id: str | None, cache_miss_reason: dict[str, Any] | None, now: float,
+                timing: dict[str, float], stream: bool) -> dict[str, Any] | None:
+        """Analyse one forwarded request (observe mode). Never raises: a body we cannot read is
+        counted and skipped."""
+        try:
+            body = msgspec.json.decode(raw)  # about twice as fast as json.loads, per request
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+                return None
+            hint = session_hint(headers, body)
+            history = RequestHistory.of_bytes(raw, body)
+            hashes = history.ids
+            s = self._resolve(hint, history, "observe")
+        except (ValueError, MalformedMessageError, InvalidSessionIdError, TypeError, RecursionError) as err:
+            log.debug("cachecompact proxy: request not analysed: %s", str(err)[:200])
+            return None
+        with s.lock:
+            kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
+            if status != 200 or not usage:
+                s.errors += 1
+                return self._add(s, {"time": now, "status": status, "stream": stream, **timing, **kept})
+            try:
+                req = request_from_body(body, now, self.counter, s.memo, keys=hashes)
+                snap = snapshot_from_sim(req, body)  # keeps this body until the next request's excerpts
+                finding = s.forensics.observe(snap, usage, cache_miss_reason)
+                if len(s.memo) > 20_000:
+                    s.memo.clear()
+            except (MalformedMessageError, UnknownModelError, CacheCompactError, ValueError) as err:
+                log.debug("cachecompact proxy: request not analysed: %s", err)
+                s.errors += 1
+                return self._add(s, {"time": now, "status": status, "stream": stream, "error": str(err)[:200],
+                                     **timing, **kept})
+            rec = {"time": now, "status": status, "stream": stream, "model": req.model, "message_id": message_id,
+                   "blocks": len(req.blocks), "est_tokens": snap.total,
+                   "chain_head": snap.chain[-1].hex() if len(snap.chain) else None,
+                   "breakpoints": [req.blocks[k].where for k, _ in snap.breakpoints],
+                   "bytes": len(raw), **timing, **kept}
+            return self._finish(s, rec, usage, finding)
+
+    def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
+             status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
+             link: dict[str, Any] | None = None, raw: bytes | None = None) -> dict[str, Any]:
+        """Record a request the compaction engine prepared and analysed (compact mode); ``raw``
+        is the body the client sent, kept when ``keep_bodies`` is on."""
+        s = self.session_for_engine(sid, link)
+        with s.lock:
+            if compactions is not None:
+                s.compactions = compactions
+            rec = {"time": now, "status": status, "stream": stream, "model": model, **timing}
+            if raw is not None and self.keep_bodies and self.store is not None:
+                rec["body_ref"] = self._put_body(s, raw)
+            if status != 200 or not usage or finding is None:
+                s.errors += int(status != 200)
+                return self._add(s, rec)
+            return self._finish(s, rec, usage, finding)
+
+    def _finish(self, s: ObservedSession, rec: dict[str, Any], usage: dict[str, Any], f: Finding) -> dict[str, Any]:
+        cost = priced(str(rec.get("model") or "")).cost(usage)
+        read = int(usage.get("cache_read_input_tokens") or 0)
+        total = read + int(usage.get("cache_creation_input_tokens") or 0) + int(usage.get("input_tokens") or 0)
+        s.cost_usd += cost
+        s.read += read
+        s.total_in += total
+        if f.cls == "prefix_churn" and f.explained_by is not None:
+            s.rewrites += 1  # our own compaction: a deliberate re-write, not waste
+            s.rewrite_usd += f.wasted_usd
+        elif f.cls != "read_as_expected":
+            s.misses[f.cls] = s.misses.get(f.cls, 0) + 1
+            s.wasted_usd += f.wasted_usd
+        if f.agrees is not None:
+            s.api_conclusive += 1
+            s.api_agree += int(f.agrees)
+        rec.update({"usage": {k: usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                                         "cache_creation_input_tokens", "output_tokens")},
+                    "cost_usd": round(cost, 8), "finding": f.to_dict()})
+        return self._add(s, rec)
+
+    def _add(self, s: ObservedSession, rec: dict[str, Any]) -> dict[str, Any]:
+        rec["i"] = s.requests
+        s.requests += 1
+        s.last_time = float(rec.get("time") or time.time())
+        s.records.append(rec)
+        with self._lock:
+            self.version += 1
+        if self.store is not None:
+            self._persist(s, rec)
+        return rec
+
+    def _stored(self, s: ObservedSession) -> Any:
+        """The session's stored counterpart, opened or created on first use."""
+        if s.stored is None:
+            assert self.store is not None
+            s.stored = (self.store.open(s.sid) if self.store.exists(s.sid)
+                        else self.store.create(s.sid, {"session_id": s.sid, "observed": True, "name": s.name,
+                                                       "mode": s.mode}))
+        return s.stored
+
+    def _persist(self, s: ObservedSession, rec: dict[str, Any]) -> None:
+        try:
+            self._stored(s).append_event({"kind": "observation", **rec})
+        except (OSError, CacheCompactError) as err:
+            log.warning("cachecompact proxy: could not store a record of %s: %s", s.sid, err)
+
+    def _put_body(self, s: ObservedSession, raw: bytes) -> str | None:
+        ref = "body_" + xxhash.xxh3_128_hexdigest(raw)
+        try:
+            self._stored(s).put_blob(ref, raw)
+            return ref
+        except (OSError, CacheCompactError) as err:
+            log.warning("cachecompact proxy: could not keep a request body of %s: %s", s.sid, err)
+            return None
+
+

@@ -1,0 +1,421 @@
+"""Cache forensics: for every request, what it should have read from the cache, what it read,
+and, when it read less, why and what that cost.
+
+One engine behind the middleware's monitor, `cachecompact report`, the proxy and
+`cachecompact forensics` on recorded logs. Each request is a `Snapshot` (its block chain,
+cumulative tokens, lookback positions, breakpoints and cache-relevant parameters); the
+engine compares it with the previous request of the same session and classifies:
+
+* ``read_as_expected`` — it read (about) everything the previous request cached;
+* ``prefix_churn`` — a block before the cached end changed (actionable unless a ledger edit
+  of ours explains it): the first divergent block is named (``tools[i]``, ``system[j]`` at a
+  character offset, ``messages[k].content[b]``) with before/after excerpts, and tool
+  reordering, a changed system prompt and an edited earlier message are told apart;
+* ``invalidation`` — the model, ``tool_choice``, thinking, effort, speed or the presence of
+  images changed (the documented invalidation table);
+* ``below_minimum`` — the prompt is shorter than the model's minimum cacheable length;
+* ``ttl_expiry`` — the idle gap exceeded the TTL in force (taken from the request's markers);
+* ``lookback_miss`` — the cached end sat 20 or more positions behind every breakpoint;
+* ``provider_suspected`` — nothing changed, nothing expired, the entry was reachable, and
+  still nothing (or less) was read.
+
+The dollars of a finding are the tokens that were written (or sent uncached) although they
+could have been read, priced at the difference. Where the API sent
+``diagnostics.cache_miss_reason`` it is kept next to the finding and agreement is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..base.pricing import ModelInfo
+from ..base.wire import canonical_bytes
+from ..history.render import RenderResult, first_mismatch
+from .model import LOOKBACK, TTL_SECONDS, chain_step, next_position
+from .simulator import SimRequest
+
+__all__ = [
+    "ACTIONABLE",
+    "CLASSES",
+    "Finding",
+    "Forensics",
+    "SessionSummary",
+    "Snapshot",
+    "params_key",
+    "snapshot_from_render",
+    "snapshot_from_sim",
+]
+
+CLASSES = ("read_as_expected", "prefix_churn", "invalidation", "below_minimum", "ttl_expiry", "lookback_miss",
+           "provider_suspected")
+ACTIONABLE = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
+_TOLERANCE = 0.05  # a read within 5% (and 32 tokens) of the expected one is as expected
+EXCERPT = 200
+
+# which API diagnostics reason each finding corresponds to (None: the API sees no divergence)
+_API_FOR = {"invalidation:model": "model_changed", "invalidation:params": "unavailable",
+            "prefix_churn:tools": "tools_changed", "prefix_churn:system": "system_changed",
+            "prefix_churn:messages": "messages_changed"}
+
+
+def params_key(body: dict[str, Any], has_image: bool) -> dict[str, Any]:
+    """The request parameters whose change invalidates the messages cache (or more)."""
+    return {"tool_choice": body.get("tool_choice"), "thinking": body.get("thinking"),
+            "effort": (body.get("output_config") or {}).get("effort") if isinstance(body.get("output_config"), dict)
+            else None, "speed": body.get("speed"), "images": has_image}
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One request as the cache sees it. Sequences may be views shared with later requests."""
+
+    time: float
+    model: str
+    params: dict[str, Any]
+    chain: Sequence[bytes]
+    cum: Sequence[int]
+    pos: Sequence[int]
+    breakpoints: list[tuple[int, str]]  # (block index, ttl)
+    locate: Callable[[int], str]  # block index -> "tools[2]", "system[0]", "messages[5].content[1]"
+    text_of: Callable[[int], str] | None = None  # block text for excerpts (None: bodies not available)
+    tool_keys: Sequence[bytes] = ()  # per tool definition, to tell reordering from editing
+    explain: Callable[[int, int], int | None] | None = None  # (block k, entries before) -> our explaining edit
+    n_entries: int = 0  # ledger entries applied in this request (ours)
+
+    @property
+    def total(self) -> int:
+        return self.cum[-1] if len(self.cum) else 0
+
+
+@dataclass(slots=True)
+class Finding:
+    request: int
+    cls: str
+    time: float
+    read: int  # tokens read (API's count)
+    expected: int  # tokens the previous request left cached that this one should have read (API units)
+    wasted_tokens: int
+    wasted_usd: float
+    actionable: bool = False
+    location: str | None = None
+    offset: int | None = None
+    before: str | None = None
+    after: str | None = None
+    detail: str = ""
+    explained_by: int | None = None
+    api_reason: str | None = None
+    agrees: bool | None = None
+    idle_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        # every field is a plain value: a flat copy, not `asdict`'s recursive deep copy (per request)
+        return {name: getattr(self, name) for name in _FINDING_FIELDS}
+
+
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
+@dataclass(slots=True)
+class SessionSummary:
+    requests: int = 0
+    misses: dict[str, int] = field(default_factory=dict)
+    wasted_usd: dict[str, float] = field(default_factory=dict)
+    api_conclusive: int = 0
+    api_agree: int = 0
+
+    def add(self, f: Finding) -> None:
+        self.requests += 1
+        if f.cls != "read_as_expected":
+            self.misses[f.cls] = self.misses.get(f.cls, 0) + 1
+            self.wasted_usd[f.cls] = self.wasted_usd.get(f.cls, 0.0) + f.wasted_usd
+        if f.agrees is not None:
+            self.api_conclusive += 1
+            self.api_agree += int(f.agrees)
+
+
+@dataclass(slots=True)
+class _Entry:
+    index: int
+    tokens: int
+    expires: float
+    ttl: str
+
+
+def _excerpt(text: str, at: int) -> str:
+    start = max(0, at - EXCERPT // 4)
+    return text[start: start + EXCERPT]
+
+
+def _diff_offset(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Forensics:
+    """Per-session analysis: call `observe` for each request in order."""
+
+    def __init__(self, prices: Callable[[str], ModelInfo]) -> None:
+        self.prices = prices
+        self.prev: Snapshot | None = None
+        self.entries: dict[bytes, _Entry] = {}  # what this session's requests wrote, by chain value
+        self.n = 0
+        self.summary = SessionSummary()
+
+    def fork(self) -> Forensics:
+        """A continuation for a new segment of the session (a rewrite, or another agent under the
+        same name): it compares its first request with this one's last, then goes its own way."""
+        f = Forensics(self.prices)
+        f.prev, f.entries, f.n = self.prev, dict(self.entries), self.n
+        return f
+
+    def observe(self, snap: Snapshot, usage: dict[str, Any], cache_miss_reason: dict[str, Any] | None = None
+                ) -> Finding:
+        price = self.prices(snap.model)
+        read = int(usage.get("cache_read_input_tokens") or 0)
+        total_api = read + int(usage.get("cache_creation_input_tokens") or 0) + int(usage.get("input_tokens") or 0)
+        ratio = total_api / snap.total if snap.total and total_api else 1.0
+        prev = self.prev
+        ideal = self._ideal(snap) if prev is not None else 0
+        expected = round(ideal * ratio)
+        lost = max(0, expected - read)
+        f = Finding(self.n, "read_as_expected", snap.time, read, expected, 0, 0.0,
+                    idle_s=(snap.time - prev.time) if prev is not None else None)
+        if prev is not None and lost > max(32, _TOLERANCE * expected):
+            self._classify(f, snap, prev, ideal, ratio, lost, price)
+        if cache_miss_reason is not None:
+            self._agree(f, cache_miss_reason)
+        self._update(snap, read, ratio)
+        self.prev = snap
+        self.n += 1
+        self.summary.add(f)
+        return f
+
+    # -- what the previous requests left cached -----------------------------------------------------
+
+    def _ideal(self, snap: Snapshot) -> int:
+        """Tokens an unchanged, prompt extension of the previous request would have read: its
+        highest write (raw estimate units)."""
+        prev = self.prev
+        assert prev is not None
+        best = 0
+        for k, _ in prev.breakpoints:
+            e = self.entries.get(prev.chain[k])
+            if e is not None:
+                best = max(best, e.tokens)
+        return best
+
+    def _update(self, snap: Snapshot, read: int, ratio: float) -> None:
+        minimum = self.prices(snap.model).min_cacheable
+        now = snap.time
+        for k, ttl in snap.breakpoints:  # a read refreshes what it read; a write adds an entry
+            tokens = snap.cum[k]
+            if tokens * ratio >= minimum:
+                self.entries[snap.chain[k]] = _Entry(k, tokens, now + TTL_SECONDS.get(ttl, 300.0), ttl)
+        if len(self.entries) > 64:  # keep the newest entries only
+            for key in sorted(self.entries, key=lambda c: self.entries[c].expires)[: len(self.entries) - 64]:
+                del self.entries[key]
+
+    # -- classification -------------------------------------------------------------------------------
+
+    def _classify(self, f: Finding, snap: Snapshot, prev: Snapshot, ideal: int, ratio: float, lost: int,
+                  price: ModelInfo) -> None:
+        # a lost token is written again at the price of the TTL this request writes with
+        writes_1h = bool(snap.breakpoints) and snap.breakpoints[-1][1] == "1h"
+        per_token = max(0.0, (price.write_1h if writes_1h else price.write_5m) - price.read) / 1e6
+        f.wasted_tokens = lost
+        f.wasted_usd = lost * per_token
+        top = max((k for k, _ in prev.breakpoints if prev.chain[k] in self.entries), default=None)
+        # 1. the model or a cache-relevant parameter changed
+        if snap.model != prev.model or snap.params != prev.params:
+            f.cls = "invalidation"
+            f.actionable = True
+            what = ["model"] if snap.model != prev.model else [k for k in snap.params if
+                                                                snap.params[k] != prev.params.get(k)]
+            f.detail = f"{', '.join(what)} changed ({_show(prev, snap, what)})"
+            f.location = "model" if "model" in what else "params"
+            return
+        # 2. a block before the cached end changed
+        n = min(len(prev.chain), len(snap.chain))
+        k = first_mismatch(prev.chain, snap.chain, n)
+        if k is None and top is not None and top >= len(snap.chain):
+            k = len(snap.chain)  # the request is shorter than what was cached: messages removed
+        if k is not None and top is not None and k <= top:
+            self._churn(f, snap, prev, k, ratio, per_token, ideal)
+            return
+        # 3. too short to be cached at all
+        if snap.total * ratio < price.min_cacheable:
+            f.cls, f.detail = "below_minimum", (f"{round(snap.total * ratio)} tokens < the model's minimum cacheable "
+                                                f"{price.min_cacheable}")
+            return
+        # 4. the entry expired; with mixed TTLs (a 1h prefix, 5m after it) the shorter ones may
+        # expire alone, and then what the longer ones still hold is all a read can find
+        ttl = max((TTL_SECONDS.get(t, 300.0) for _, t in prev.breakpoints), default=300.0)
+        gap = snap.time - prev.time
+        if gap > ttl:
+            f.cls, f.detail = "ttl_expiry", f"idle {gap:.0f} s > TTL {ttl:.0f} s"
+            return
+        alive = [(e.tokens, e.ttl) for k, _ in prev.breakpoints
+                 if (e := self.entries.get(prev.chain[k])) is not None and e.expires >= snap.time]
+        kept, kept_ttl = max(alive, default=(0, ""))
+        if kept < ideal and f.read + max(32, _TOLERANCE * f.expected) >= round(kept * ratio):
+            short = min((TTL_SECONDS.get(t, 300.0) for _, t in prev.breakpoints), default=300.0)
+            f.cls = "ttl_expiry"
+            f.detail = (f"idle {gap:.0f} s > TTL {short:.0f} s of the later breakpoints; the {kept_ttl} entry "
+                        f"({round(kept * ratio)} tokens) was read")
+            return
+        # 5. the cached end lay outside every breakpoint's lookback
+        if top is not None and top < len(snap.pos) and not any(
+                b >= top and snap.pos[b] - snap.pos[top] < LOOKBACK for b, _ in snap.breakpoints):
+            f.cls, f.actionable = "lookback_miss", True
+            f.location = snap.locate(top)
+            near = min((snap.pos[b] - snap.pos[top] for b, _ in snap.breakpoints if b >= top), default=None)
+            f.detail = (f"the previous cached end ({f.location}) is {near} positions behind the nearest breakpoint "
+                        f"(a read looks back {LOOKBACK})" if near is not None else
+                        f"no breakpoint at or after the previous cached end ({f.location})")
+            return
+        f.cls = "provider_suspected"
+        f.detail = (f"nothing changed, idle {gap:.0f} s within TTL {ttl:.0f} s, entry within the lookback, yet "
+                    f"{f.read} of {f.expected} expected tokens were read")
+
+    def _churn(self, f: Finding, snap: Snapshot, prev: Snapshot, k: int, ratio: float, per_token: float,
+               ideal: int) -> None:
+        f.cls = "prefix_churn"
+        before_k = snap.cum[k - 1] if k > 0 and k - 1 < len(snap.cum) else 0
+        f.wasted_tokens = min(f.wasted_tokens, max(0, round((ideal - before_k) * ratio)))
+        f.wasted_usd = f.wasted_tokens * per_token
+        if k >= len(snap.chain):
+            f.location = prev.locate(k) if k < len(prev.chain) else "messages"
+            f.detail = f"the request is shorter than the cached prefix: {f.location} and later were removed"
+        else:
+            f.location = snap.locate(k)
+            f.detail = self._what_changed(snap, prev, k)
+            if snap.text_of is not None and prev.text_of is not None and k < len(prev.chain):
+                a, b = prev.text_of(k), snap.text_of(k)
+                off = _diff_offset(a, b)
+                f.offset, f.before, f.after = off, _excerpt(a, off), _excerpt(b, off)
+        f.explained_by = (snap.explain(k, prev.n_entries) if snap.explain is not None and k < len(snap.chain)
+                          else None)
+        f.actionable = f.explained_by is None
+        if f.explained_by is not None:
+            f.detail += f" (explained by ledger entry #{f.explained_by})"
+
+    @staticmethod
+    def _what_changed(snap: Snapshot, prev: Snapshot, k: int) -> str:
+        loc = snap.locate(k)
+        if loc.startswith("tools"):
+            a, b = list(prev.tool_keys), list(snap.tool_keys)
+            if a and b and sorted(a) == sorted(b):
+                return "tool definitions reordered (same tools, different order)"
+            if len(a) != len(b):
+                return f"tools added or removed ({len(a)} -> {len(b)} definitions) at {loc}"
+            return f"tool definition {loc} changed (description or schema differs between requests)"
+        if loc.startswith("system"):
+            return f"system prompt block {loc} changed (e.g. a timestamp or per-request id in the system prompt)"
+        return f"earlier message block {loc} was edited, reordered or removed instead of appended to"
+
+    @staticmethod
+    def _agree(f: Finding, reason: dict[str, Any]) -> None:
+        kind = reason.get("type") if isinstance(reason, dict) else None
+        f.api_reason = kind if isinstance(kind, str) else None
+        if f.api_reason in (None, "previous_message_not_found"):
+            return
+        if f.cls == "invalidation":
+            mine = _API_FOR["invalidation:model" if f.location == "model" else "invalidation:params"]
+        elif f.cls == "prefix_churn":
+            sect = (f.location or "messages").split("[", 1)[0]
+            mine = _API_FOR.get(f"prefix_churn:{sect}", "messages_changed")
+        else:
+            mine = None  # the API compares structure only: no divergence to report
+        if f.api_reason == "unavailable" and mine != "unavailable":
+            return  # inconclusive
+        f.agrees = mine == f.api_reason
+
+
+def _show(prev: Snapshot, snap: Snapshot, what: list[str]) -> str:
+    parts = []
+    for w in what[:3]:
+        a = prev.model if w == "model" else prev.params.get(w)
+        b = snap.model if w == "model" else snap.params.get(w)
+        parts.append(f"{w}: {canonical_bytes(a).decode()[:60]} -> {canonical_bytes(b).decode()[:60]}")
+    return "; ".join(parts)
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+
+def snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
+    """A snapshot of a request cachecompact rendered (no copy of its arrays)."""
+    bps = list(zip(r.breakpoints, r.breakpoint_ttls or ["5m"] * len(r.breakpoints), strict=True))
+    head = r.head_blocks
+    tools = [r.block(k).key for k in range(min(head, r.n_tools))]
+
+    def explain(k: int, since: int) -> int | None:
+        e = r.explain(r.location(k), since)
+        return e.seq if e is not None else None
+
+    return Snapshot(time=time, model=model, params=params, chain=r.block_hashes, cum=r.cumulative_tokens,
+                    pos=r.positions, breakpoints=bps, locate=lambda k: r.location(k).path, text_of=r.block_text,
+                    tool_keys=tools, explain=explain, n_entries=r.n_entries)
+
+
+def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image: bool = False,
+                      keep_text: bool = True) -> Snapshot:
+    """A snapshot of any request body (the proxy, recorded logs), from the simulator's blocks."""
+    chain: list[bytes] = []
+    cum: list[int] = []
+    pos: list[int] = []
+    h, c, p, prev = b"", 0, -1, ""
+    for b in req.blocks:
+        h = chain_step(h, b.key)
+        c += b.tokens
+        p = next_position(p, prev, b.kind)
+        prev = b.kind
+        chain.append(h)
+        cum.append(c)
+        pos.append(p)
+    blocks = req.blocks
+    bps = [(k, b.ttl) for k, b in enumerate(blocks) if b.ttl is not None]
+    if req.auto_ttl is not None:
+        k = len(blocks) - 1
+        while k >= 0 and not blocks[k].cacheable:
+            k -= 1
+        if k >= 0 and all(k != x for x, _ in bps):
+            bps = sorted([*bps, (k, req.auto_ttl)])
+    text_of = None
+    if keep_text and body is not None:
+        def text_of(k: int) -> str:
+            return _block_text(body, blocks[k].where)
+    return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, has_image), chain=chain, cum=cum,
+                    pos=pos, breakpoints=bps, locate=lambda k: blocks[k].where if k < len(blocks) else "end",
+                    text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]])
+
+
+def _block_text(body: dict[str, Any], where: str) -> str:
+    """The text of the block at a path like ``messages[3].content[1]`` (JSON for non-text)."""
+    import re
+
+    m = re.match(r"^(tools|system|messages)\[(\d+)\](?:\.content\[(\d+)\])?$", where)
+    if not m:
+        return ""
+    sect, i = m.group(1), int(m.group(2))
+    try:
+        if sect == "tools":
+            return canonical_bytes(body["tools"][i]).decode()
+        if sect == "system":
+            s = body["system"]
+            return s if isinstance(s, str) else str(s[i].get("text", ""))
+        content = body["messages"][i]["content"]
+        if isinstance(content, str):
+            return content
+        blk = content[int(m.group(3) or 0)]
+        if blk.get("type") == "text":
+            return str(blk.get("text", ""))
+        if blk.get("type") == "tool_result" and isinstance(blk.get("content"), str):
+            return str(blk["content"])
+        return canonical_bytes({k: v for k, v in blk.items() if k != "cache_control"}).decode()
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""

@@ -1,0 +1,86 @@
+"""The one model of what the prompt cache sees: blocks, their keys, positions and cacheability.
+
+The renderer (which places breakpoints for the client) and the billing simulator (which
+plays the server) both build on these definitions, so they cannot drift apart:
+
+* a **block** is a tool definition, a system text block, or a content block of a message;
+  its **key** is xxh3-128 of its canonical JSON without ``cache_control`` and without
+  top-level null fields (an SDK model dump's ``citations: null`` renders no tokens);
+* a **position** is what the 20-block lookback counts: a run of consecutive ``tool_use``
+  blocks, or of ``tool_result`` blocks, is one position; every other block is one;
+* thinking blocks and empty text blocks cannot carry ``cache_control``;
+* a prefix shorter than the model's minimum cacheable length is not cached (no error);
+* the **chain** value at block k is ``xxh3_128(chain[k-1] || key[k])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import xxhash
+
+from ..base.wire import canonical_bytes
+
+__all__ = [
+    "LOOKBACK",
+    "MAX_BREAKPOINTS",
+    "NOT_CACHEABLE",
+    "RUN_KINDS",
+    "TTL_SECONDS",
+    "block_key",
+    "chain_step",
+    "is_cacheable",
+    "next_position",
+    "positions",
+    "strip_for_key",
+    "tool_key",
+]
+
+LOOKBACK = 20  # positions a breakpoint's read checks, itself included
+MAX_BREAKPOINTS = 4
+TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+RUN_KINDS = frozenset({"tool_use", "tool_result"})
+NOT_CACHEABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def strip_for_key(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a block dict the cache keys on: no marker, no top-level nulls."""
+    return {k: v for k, v in d.items() if k != "cache_control" and v is not None}
+
+
+def block_key(d: Mapping[str, Any], raw: bytes | None = None) -> bytes:
+    """Key of a content block given as a dict already stripped of markers (``raw``: its canonical bytes)."""
+    return xxhash.xxh3_128_digest(raw if raw is not None else canonical_bytes(strip_for_key(d)))
+
+
+def tool_key(tool: Mapping[str, Any]) -> tuple[dict[str, Any], bytes, bytes]:
+    """A tool definition without its marker, its canonical bytes, and its key."""
+    d = {k: v for k, v in tool.items() if k != "cache_control"}
+    raw = canonical_bytes(d)
+    return d, raw, xxhash.xxh3_128_digest(raw)
+
+
+def chain_step(prev: bytes, key: bytes) -> bytes:
+    return xxhash.xxh3_128_digest(prev + key)
+
+
+def is_cacheable(kind: str, d: Mapping[str, Any]) -> bool:
+    """Whether a block of this kind may carry ``cache_control``."""
+    return kind not in NOT_CACHEABLE and not (kind == "text" and not d.get("text"))
+
+
+def next_position(prev_pos: int, prev_kind: str, kind: str) -> int:
+    """Lookback position of a block given the previous block's position and kind."""
+    return prev_pos if (kind in RUN_KINDS and kind == prev_kind) else prev_pos + 1
+
+
+def positions(kinds: Iterable[str]) -> list[int]:
+    """Lookback position per block."""
+    out: list[int] = []
+    p, prev = -1, ""
+    for k in kinds:
+        p = next_position(p, prev, k)
+        prev = k
+        out.append(p)
+    return out

@@ -1,0 +1,697 @@
+"""The default strategy (``cachecompact``): the policy run each turn, its edits appended to the ledger.
+
+Per turn, with the session synced to the agent's history and before the request renders:
+
+1. **L2 on entry** shortens big new tool results; they were never sent, so it breaks nothing.
+2. **Triggers** (`policy.evaluate`) set the highest level allowed; they need only the
+   render's running totals, so a quiet turn costs time proportional to the new messages.
+3. **Candidates** from L1 up to that level; each proposal passes `_guard`, the one check that
+   no edit touches the immutable prefix. The first that reaches the target is used.
+4. **Cache economics** decide whether an edit that changes bytes already sent pays now,
+   unless the window forces it.
+5. The edits are appended (L3/L4 summarise first). A proposal the ledger refuses is a
+   planning bug: it is logged and dropped and the next candidate is tried; it is not a
+   failure. A summarizer failure counts toward the breaker. When the request still does
+   not fit, L5 runs, even with the breaker open; `ContextFullError` is raised only when
+   not even L5 can make it fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+import xxhash
+
+from ..base.errors import ContextFullError, InvalidEditError, SummaryRejected
+from ..base.events import Event
+from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
+from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, canonical_bytes, content_blocks, tool_result_ids
+from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
+from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
+from .levels import (
+    Proposal,
+    View,
+    build_view,
+    propose_entry_summary,
+    propose_full,
+    propose_micro,
+    propose_tool_summary,
+    propose_truncate,
+    propose_turn_collapse,
+    results_since,
+)
+from .levels.l2_tool_summary import ON_ENTRY
+from .levels.working_set import working_lines
+from .lookback import LookbackMeter
+from .policy import (
+    LEVEL_ORDER,
+    Limits,
+    PolicyConfig,
+    Trigger,
+    choose_ttls,
+    economics,
+    evaluate,
+    limits,
+)
+from .scratchpad import READ_SCRATCHPAD_TOOL
+from .strategy import StrategyContext, TurnReport, summarize_range
+from .summarize.llm import ExtractiveSummarizer
+
+__all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
+
+log = logging.getLogger("cachecompact")
+
+GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
+REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
+REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
+
+
+class Compactor:
+    """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
+
+    renders = True
+
+    def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
+        self.ctx = ctx
+        self.session = ctx.session
+        self.cfg = config or PolicyConfig()
+        self.summarizer = ctx.summarizer
+        self.events = ctx.events
+        self.scratchpad = ctx.scratchpad if ctx.scratchpad_tool else None
+        # L2 never shortens a write (its result says what changed) nor a scratchpad read: that output
+        # is already the stored original, and shortening it again would hand the agent a new
+        # reference to the same text, a loop
+        lv = self.cfg.levels
+        self._l2_exempt = lv.exempt_tools | lv.write_tools | {READ_SCRATCHPAD_TOOL["name"]}
+        self.steps = 0
+        self.last_compact_step = 0
+        self.failures = 0
+        self.tripped = False
+        self.last_request_at: float | None = None
+        self._seen = 0
+        self._pending: str | None = None
+        self.summary_cost = 0.0
+        self._calls: dict[bytes, deque[tuple[float, bytes]]] = {}
+        self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
+        self._last_tokens: int | None = None  # the request size after the previous turn's compaction
+        self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
+        self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars,
+                                       self.cfg.levels.min_clear_tokens)
+        self._recent_divisor = 1  # the lookback meter's step in force (1: the configured recent budget)
+        self._recent_entry = False  # new results are shortened by the learnt budget too
+        # the cache TTL: what this turn's request is rendered with (the engine reads both), and
+        # the gaps it is chosen from
+        fixed = self.cfg.economics.ttl
+        self.ttl: str | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
+        self.prefix_ttl: str | None = self.ttl
+        self.gaps = GapMeter()
+        self._first = True  # the session's first request: a compaction of it is said out loud, once
+        self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
+
+    @property
+    def _ttl_s(self) -> float:
+        """How long the last request's entries after the prefix live."""
+        if self.cfg.economics.ttl == "auto":
+            return self._sent[1] if self._sent is not None else SHORT_TTL_S
+        return LONG_TTL_S if self.cfg.economics.ttl == "1h" else self.cfg.economics.cache_ttl_s
+
+    @classmethod
+    def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
+        """A compactor with an extractive summarizer and its own event bus (tests, scripts)."""
+        from ..base.events import EventBus
+
+        ctx = StrategyContext(session=session, summarizer=kw.pop("summarizer", None) or ExtractiveSummarizer(),
+                              events=kw.pop("events", None) or EventBus(),
+                              window_tokens=(config or PolicyConfig()).window_tokens or UNKNOWN_MODEL_WINDOW, **kw)
+        return cls(ctx, config)
+
+    def resume(self) -> None:
+        """Pick up a reopened session: count its steps and when it was last compacted."""
+        t = self.session.transcript
+        self._seen = len(t)
+        asst = [i for i in range(len(t)) if t[i].role == "assistant"]
+        self.steps = len(asst)
+        done = [e for e in self.session.ledger.entries if not e.reason.startswith(ON_ENTRY)]
+        if done:
+            at = done[-1].transcript_len
+            self.last_compact_step = sum(1 for i in asst if i < at)
+
+    # -- state that travels with the session (replicas sharing a store) ------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything the next decision depends on besides the session itself, as JSON. Stored
+        with each request record, so a replica that picks the session up next decides exactly
+        as this one would have."""
+        recent = self.last_request_at
+        return {"steps": self.steps, "last_compact_step": self.last_compact_step, "failures": self.failures,
+                "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
+                "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
+                "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
+                "recent_divisor": self._recent_divisor, "recent_entry": self._recent_entry,
+                "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
+                "sent": list(self._sent) if self._sent is not None else None,
+                "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
+                          if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
+
+    def load_state(self, st: dict[str, Any]) -> None:
+        """Continue from `state` recorded by another process (unknown or bad fields are ignored)."""
+        try:
+            self.steps, self.last_compact_step = int(st["steps"]), int(st["last_compact_step"])
+            self.failures, self.tripped = int(st["failures"]), bool(st["tripped"])
+            self.last_request_at = st["last_request_at"]
+            self._seen = min(int(st["seen"]), len(self.session.transcript))
+            self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
+            self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
+            self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
+            self._recent_divisor = int(st.get("recent_divisor", 1))
+            self._recent_entry = bool(st.get("recent_entry", False))
+            self.gaps = GapMeter.from_state(st.get("gaps"))
+            self._first = False
+            sent = st.get("sent")
+            self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
+            self.session.counter.calibration = float(st["calibration"])
+            self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
+                           for k, v in st["calls"].items()}
+        except (KeyError, TypeError, ValueError) as err:
+            log.warning("cachecompact: ignoring a stored compactor state: %s", err)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _emit(self, kind: str, **kw: Any) -> Event:
+        return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
+
+    def _observe_new(self, now: float, report: TurnReport) -> int:
+        """Count steps since the last turn and watch for repeated calls; the first new index."""
+        t = self.session.transcript
+        start, self._seen = self._seen, len(t)
+        last_reply = None
+        for i in range(start, len(t)):
+            if t[i].role == "assistant":
+                self.steps += 1
+                last_reply = i
+            elif i > 0 and tool_result_ids(t[i]):
+                self._track_results(i, now, report)
+        if last_reply is not None and self.last_request_at is not None:
+            called = any(isinstance(b, ToolUseBlock) for b in content_blocks(t[last_reply]))
+            self.gaps.observe(now - self.last_request_at, after_tool_call=called)
+        return start
+
+    def _track_results(self, i: int, now: float, report: TurnReport) -> None:
+        """A burst of more than `REPEAT_CALLS` identical calls with identical results within
+        `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
+        answer again and again is not."""
+        t = self.session.transcript
+        if len(self._calls) > 64:  # forget calls older than the window: the map stays small
+            self._calls = {k: v for k, v in self._calls.items() if v and now - v[-1][0] <= REPEAT_WINDOW_S}
+        calls = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)}
+        for b in content_blocks(t[i]):
+            if not isinstance(b, ToolResultBlock) or b.tool_use_id not in calls:
+                continue
+            use = calls[b.tool_use_id]
+            key = call_key(use)
+            result = xxhash.xxh3_128_digest(canonical_bytes(b.content if b.content is not None else ""))
+            seen = self._calls.setdefault(key, deque(maxlen=16))
+            while seen and now - seen[0][0] > REPEAT_WINDOW_S:
+                seen.popleft()
+            seen.append((now, result))
+            same = sum(1 for _, r in seen if r == result)
+            if same == REPEAT_CALLS + 1:
+                report.events.append(self._emit(
+                    "repeated_tool_calls", reason=f"{same} identical {use.name} calls with identical results within "
+                                                  f"{REPEAT_WINDOW_S:.0f}s: the model may have lost what it needed",
+                    detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
+
+    def _limits(self, max_tokens: int, model: str) -> Limits:
+        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
+        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
+        window = self.cfg.window_tokens or self.ctx.window_tokens
+        price = priced(model)
+        ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
+        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
+        share = self.cfg.levels.lookback_miss_share
+        if share <= 0:
+            return lim
+        self._lookback.observe(self.session)
+        div = self._lookback.divisor(lim.configured_recent, share)
+        if div == 1:
+            return lim
+        return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=lim.configured_recent // div,
+                      entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1,
+                      write_over_read=ratio)
+
+    def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
+        """An event when the lookback meter shrinks the recent budget, gives the configured one
+        back, or starts or stops shortening new results by it (by step, not by tokens: the
+        configured budget moves with the calibration at small windows)."""
+        div = lim.configured_recent // lim.keep_recent if 0 < lim.keep_recent < lim.configured_recent else 1
+        entry = lim.entry_recent < lim.configured_recent
+        if (div, entry) == (self._recent_divisor, self._recent_entry):
+            return
+        before, self._recent_divisor, self._recent_entry = self._recent_divisor, div, entry
+        # the counts the decision went by: at the new budget, or (when it grew back) at the old one
+        judged = lim.configured_recent // max(div, before) if lim.configured_recent else 0
+        far, lost = self._lookback.far_and_lost(judged)
+        what = (f"{lim.keep_recent} tokens, 1/{div} of the configured {lim.configured_recent}" if div > 1
+                else f"back to the configured {lim.configured_recent}")
+        arrival = f"; new results over {lim.big_result} tokens are shortened on arrival" if entry else ""
+        report.events.append(self._emit(
+            "recent_budget", reason=f"recent budget {what}{arrival}: of the agent's {far} look-backs farther than "
+                                    f"{judged} tokens, {lost} reached a line no placeholder keeps",
+            detail={"divisor_before": before, "divisor": div, "recent_tokens": lim.keep_recent,
+                    "shorten_on_arrival": entry, "judged_at": judged, "far_lookbacks": far, "lost": lost}))
+
+    def _now_tokens(self) -> int:
+        return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
+
+    # -- levels --------------------------------------------------------------------------------
+
+    def _propose(self, level: str, view: View, lim: Limits) -> Proposal:
+        lv, ctr = self.cfg.levels, self.session.counter
+        target_raw = int(lim.aim() / max(ctr.calibration, 1e-9))
+        if level == "L1":
+            return propose_micro(view, keep_recent=lv.keep_recent_results, write_tools=lv.write_tools,
+                                 exempt_tools=lv.exempt_tools, min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
+                                 keep_recent_tokens=lim.keep_recent,
+                                 key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars, counter=ctr)
+        if level == "L2":
+            return propose_tool_summary(view, self.scratchpad, ctr, old_min_tokens=lim.old_result,
+                                        preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
+                                        keep_recent=lv.keep_recent_results,
+                                        keep_recent_tokens=lim.keep_recent,
+                                        exempt_tools=self._l2_exempt)
+        if level == "L3":
+            return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=lv.keep_rounds_l3,
+                                         summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
+                                         keep_tokens=int(lim.collapse_keep / max(ctr.calibration, 1e-9)))
+        if level == "L4":
+            return propose_full(view, keep_rounds=lv.keep_rounds_l4, summary_tokens=lv.summary_tokens)
+        return propose_truncate(view, target_tokens=target_raw)
+
+    def _guard(self, p: Proposal) -> Proposal:
+        """The one check every proposal passes: nothing may touch the immutable prefix."""
+        pe = self.session.prefix_end
+        if pe is None:
+            return Proposal(p.level, p.reason)
+        bad = [e for e in p.edits if e.start < pe]
+        if p.summarize is not None and p.summarize[0] < pe:
+            bad.append(ReplaceWithSummary(p.summarize[0], p.summarize[1], "-", "summary range"))
+        if not bad:
+            return p
+        for e in bad:
+            self._planning_bug(p.level, f"{p.level} proposed an edit of messages {e.start}..{e.end}, inside the "
+                                        f"immutable prefix (messages 0..{pe - 1}); dropped")
+        keep = [e for e in p.edits if e.start >= pe]
+        summarize = p.summarize if p.summarize is None or p.summarize[0] >= pe else None
+        return replace(p, edits=keep, summarize=summarize) if (keep or summarize) else Proposal(p.level, p.reason)
+
+    def _planning_bug(self, level: str, why: str) -> None:
+        log.error("cachecompact: planning bug: %s", why)
+        self._emit("refused", level=level, reason=f"planning bug: {why}")
+
+    def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
+        """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
+        edits: list[SkipRange | ReplaceWithSummary] = list(p.edits)
+        cost = 0.0
+        if p.summarize is not None:
+            start, end = p.summarize
+            # as many characters of verbatim lines as the summary has tokens: at most as big again
+            keep = working_lines(self.session, start, end, 4 * self.cfg.levels.summary_tokens)
+            edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
+                                        body=body, cache_warm=not cold, verbatim=keep)
+            cost = res.cost_usd
+            before, after = self.session.edit_effect(edit)
+            if after >= before:  # checked before appending: the ledger never keeps a useless summary
+                raise SummaryRejected(f"no reduction: the summary ({after} tokens) is not smaller than the range "
+                                      f"({before} tokens)", cost)
+            edits.append(edit)
+        return [self.session.edit(x, level=p.level) for x in edits], cost
+
+    # -- the turn --------------------------------------------------------------------------------
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> TurnReport:
+        """Decide and apply this turn's compaction; raises `ContextFullError` when nothing fits."""
+        report = TurnReport(0, 0)
+        since = self._observe_new(now, report)
+        s = self.session
+        if not self.cfg.economics.mark_compacted:
+            s.stable_before = None  # also one restored from requests recorded with the mark on
+        if s.prefix_end is None or not len(s):
+            return report
+        lim = self._limits(max_tokens, model)
+        self._note_recent_budget(lim, report)
+        tokens0 = self._now_tokens()
+        report.tokens_before = report.tokens_after = tokens0
+        lv = self.cfg.levels
+        # L2 on entry: results never sent yet, so shortening them breaks nothing
+        new = results_since(s, since)
+        if new:
+            p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
+                                                   turn_tokens=lim.entry_recent, preview_chars=lv.preview_chars,
+                                                   key_chars=lv.key_max_chars,
+                                                   exempt_tools=self._l2_exempt))
+            if p2.edits:
+                entries = self._apply_or_refuse(p2, True, None)
+                if entries:
+                    report.entries += entries
+                    report.events.append(self._emit("externalized", level="L2", reason=p2.reason,
+                                                    tokens_before=tokens0, tokens_after=self._now_tokens(),
+                                                    entries=[e.seq for e in entries]))
+        r = s.render(breakpoints=False)
+        tokens = s.counter.calibrated(r.raw_tokens)
+        if self._last_tokens is not None and tokens > self._last_tokens:
+            self._growth.append(tokens - self._last_tokens)
+        cold = self.last_request_at is not None and now - self.last_request_at > self._ttl_s
+        old = max(0, s.counter.calibrated(r.tool_tokens) - lim.keep_recent)
+        trig = evaluate(lim, tokens=tokens, old_tool_tokens=old)
+        if trig.max_level == "L2" and not cold and self._deferred_old is not None \
+                and old < self._deferred_old + lim.min_batch // 4:
+            trig = Trigger(None, "deferred before; not enough new old output since")  # no view every turn
+        if trig.max_level is None and cold and self._pending:
+            trig = Trigger(self._pending, "cache is cold: applying the deferred compaction at no re-write cost")
+        if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
+            trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
+                                 "costs no extra write", cold=True, fallback=trig.max_level)
+        if trig.max_level is not None:
+            if self.tripped:
+                report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "
+                                                f"{self.cfg.safety.failure_limit} consecutive failures",
+                                                tokens_before=tokens, tokens_after=tokens))
+            else:
+                body = None
+                if model and self._wants_body():
+                    body = s.render(model=model, max_tokens=max_tokens or 1, **(params or {})).body
+                before = tokens
+                tokens = self._compact(trig, cold, body, report, model, lim)
+                # deferred, or nothing worth clearing: look again once a quarter batch more old output
+                # has accrued, not every turn (each look builds a view of the whole session)
+                self._deferred_old = old if (self._pending or tokens >= before) else None
+        report.tokens_after = self._ensure_fits(tokens, lim, report)
+        self._last_tokens = report.tokens_after
+        self._choose_ttl(model, report.tokens_after, edited=bool(report.entries), cold=cold)
+        if self._first:
+            self._first = False
+            if report.entries:
+                report.events.append(self._first_notice(report))
+        return report
+
+    def _first_notice(self, report: TurnReport) -> Event:
+        """What the first request changed in the history the caller brought, and how to get it
+        back: a user who wraps a long session sees it cut once, and must be told."""
+        levels = sorted({e.level for e in report.entries if e.level})
+        spans = ", ".join(f"messages[{e.start}]" if e.start == e.end else f"messages[{e.start}..{e.end}]"
+                          for e in report.entries[:6]) + \
+            (", ..." if len(report.entries) > 6 else "")
+        where = self.session.path
+        back = (f"`cachecompact render {where} --uncompacted` prints it whole" if where is not None else
+                "Session.render(uncompacted=True) renders it whole")
+        return self._emit(
+            "first_compaction", level=levels[-1] if levels else None,
+            reason=f"the first request of this session compacted the history it brought: {len(report.entries)} "
+                   f"edit(s) ({', '.join(levels)}) of {spans}, {report.tokens_before:,} -> {report.tokens_after:,} "
+                   f"tokens; the transcript keeps every original: {back}; wrap(..., strategy='none') sends "
+                   "histories unchanged",
+            tokens_before=report.tokens_before, tokens_after=report.tokens_after,
+            entries=[e.seq for e in report.entries])
+
+    def _choose_ttl(self, model: str, tokens: int, *, edited: bool, cold: bool) -> None:
+        """This request's TTLs, when the policy chooses them (``Economics.ttl="auto"``): what it
+        writes is what the previous request did not leave in the cache (nothing after a cold gap,
+        the prefix after an edit), priced by the model at this prompt size; the chance of a gap
+        between the two TTLs comes from the session's own gaps (`GapMeter`)."""
+        if self.cfg.economics.ttl != "auto":
+            return
+        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
+        if self._sent is None or cold:
+            read = 0
+        elif edited:
+            read = min(prefix, self._sent[0])
+        else:
+            read = min(self._sent[0], tokens)
+        prefix_written = max(0, prefix - read)
+        choice = choose_ttls(priced(model), p_between=self.gaps.between(), prefix_tokens=prefix, total_tokens=tokens,
+                             prefix_written=prefix_written, rest_written=max(0, tokens - max(read, prefix)))
+        # "5m" is rendered as the API's default (no ttl key), as without a choice
+        self.prefix_ttl = "1h" if choice.prefix == "1h" else None
+        self.ttl = "1h" if choice.rest == "1h" else None
+        self._sent = (tokens, LONG_TTL_S if choice.rest == "1h" else SHORT_TTL_S)
+
+    def _wants_body(self) -> bool:
+        """Only a prefix-reusing summarizer needs the agent's own request."""
+        return getattr(self.summarizer, "mode", "forced-tool") in ("auto", "prefix-reuse")
+
+    def _candidates(self, view: View, trig: Trigger, lim: Limits, stop_at_target: bool = True) -> list[Proposal]:
+        """Guarded proposals from L1 up to the trigger's level; stop at the first that reaches the
+        target (unless ``stop_at_target`` is False)."""
+        tokens = self.session.counter.calibrated(view.total_tokens)
+        out: list[Proposal] = []
+        top = LEVEL_ORDER.index(trig.max_level or "L1")
+        for level in LEVEL_ORDER[: top + 1]:
+            p = self._guard(self._propose(level, view, lim))
+            if p.empty:
+                continue
+            out.append(p)
+            if stop_at_target and tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.aim():
+                break
+        return out
+
+    def _compact(self, trig: Trigger, cold: bool, body: dict[str, Any] | None, report: TurnReport, model: str,
+                 lim: Limits) -> int:
+        s, cfg = self.session, self.cfg
+        view = build_view(s)
+        tokens = s.counter.calibrated(view.total_tokens)
+        cands = self._candidates(view, trig, lim, stop_at_target=not trig.cold)
+        reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.aim()]
+        order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
+        if trig.cold:  # nothing extra to re-write: the plan that removes most, if it is a batch worth a summary
+            big = sorted([p for p in cands if p.tokens_removed >= lim.min_batch], key=lambda x: -x.tokens_removed)
+            low = LEVEL_ORDER.index(trig.fallback) if trig.fallback else -1
+            order = big or [p for p in order if LEVEL_ORDER.index(p.level) <= low]  # else what the triggers allow
+        if cfg.economics.cache_aware and not cold:
+            paying = [q for p in order for q in self._no_thrash(p, view, lim, model)]
+            if not paying and cands and cands[-1].level != trig.max_level:
+                # the levels tried first thrash: the higher ones the trigger allows may not
+                more = self._candidates(view, trig, lim, stop_at_target=False)[len(cands):]
+                paying = [q for p in more for q in self._no_thrash(p, view, lim, model)]
+            order = paying or order  # when nothing pays back and the window forces it, the old order
+        for p in order:
+            if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
+                price = priced(model)
+                est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
+                               if p.summarize else 0.0)
+                econ = economics(cfg, price, removed=p.tokens_removed,
+                                 suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
+                                 steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m")
+                small = not cold and p.tokens_removed < lim.min_batch
+                if small or not econ.pays:
+                    self._pending = p.level
+                    why = (f"removes {p.tokens_removed} < {lim.min_batch} tokens" if small else
+                           f"re-write ${econ.rewrite_cost:.4f} + summary ${econ.summary_cost:.4f} > saving "
+                           f"${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
+                    report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
+                                                    tokens_before=tokens, tokens_after=tokens,
+                                                    detail={"net_usd": econ.net}))
+                    return tokens
+            t0 = time.perf_counter()
+            try:
+                entries, cost = self._apply(p, cold, body)
+            except InvalidEditError as err:  # the ledger refused the plan: a bug in planning, not a failure
+                self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
+                continue
+            except Exception as err:  # summarizer errors, invalid summaries, API errors count for the breaker
+                cost = getattr(err, "cost_usd", 0.0)
+                self.summary_cost += cost
+                self._fail(p.level, f"{type(err).__name__}: {err}", tokens, cost, report)
+                if self.tripped:
+                    return tokens
+                continue
+            self.summary_cost += cost
+            after = self._now_tokens()
+            report.entries += entries
+            if after >= tokens:
+                self._fail(p.level, "no reduction", tokens, cost, report)
+                continue
+            if p.summarize:
+                self.failures = 0  # the breaker counts summaries: an L1/L2 success says nothing about them
+            self._mark_compacted(p)
+            self.last_compact_step = self.steps
+            self._pending = None
+            report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",
+                                            tokens_before=tokens, tokens_after=after, cost_usd=cost,
+                                            duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
+            return after
+        return tokens
+
+    def _pays_back(self, p: Proposal, view: View, lim: Limits, model: str) -> bool:
+        """The no-thrash rule (docs/policy.md, "No thrash"): an edit re-writes what it keeps after
+        its edit point (``kept``) at w - r more than reading it, and saves ``removed`` reads a
+        turn, so it pays back after kept * (w/r - 1) / removed turns. The context grows back to
+        ``critical`` (where the window forces the next compaction) after (critical - after) / g
+        turns, g the session's typical growth. An edit whose cycle ends before it has paid back
+        thrashes: the next one re-writes again before this one's saving has covered it."""
+        if p.break_at is None or p.tokens_removed <= 0:
+            return True  # nothing sent is changed: no re-write
+        ctr = self.session.counter
+        removed = ctr.calibrated(p.tokens_removed)
+        kept = max(0, ctr.calibrated(view.suffix_tokens(self._rewrite_from(p.break_at))) - removed)
+        after = ctr.calibrated(view.total_tokens) - removed
+        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
+        g = max(1, growth, lim.limit // 100)
+        premium = max(0.0, priced(model).write_over_read(self.ttl or "5m") - 1)
+        return (lim.critical - after) / g >= kept * premium / max(1, removed)
+
+    def _no_thrash(self, p: Proposal, view: View, lim: Limits, model: str) -> list[Proposal]:
+        """``p`` if it pays back (`_pays_back`); else, for a summary level, the same level keeping
+        fewer rounds, the most that pays back; else nothing (the next candidate is tried)."""
+        if self._pays_back(p, view, lim, model):
+            return [p]
+        if p.level not in ("L3", "L4"):
+            return []
+        lv, ctr = self.cfg.levels, self.session.counter
+        rounds = lv.keep_rounds_l4 if p.level == "L4" else lv.keep_rounds_l3
+        while rounds > 0:
+            rounds -= 1
+            if p.level == "L4":
+                q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
+            else:
+                q = propose_turn_collapse(view, target_tokens=int(lim.aim() / max(ctr.calibration, 1e-9)),
+                                          keep_rounds=rounds, summary_tokens=lv.summary_tokens,
+                                          min_batch_tokens=lim.min_batch, keep_tokens=0)
+            q = self._guard(q)
+            if not q.empty and self._pays_back(q, view, lim, model):
+                return [replace(q, reason=f"{q.reason}; {rounds} round(s) kept, not "
+                                          f"{lv.keep_rounds_l4 if p.level == 'L4' else lv.keep_rounds_l3}: the cycle "
+                                          "must pay back its re-write")]
+        return []
+
+    def _rewrite_from(self, break_at: int) -> int:
+        """The first message an edit at ``break_at`` makes the next request write again: after the
+        marked compacted part if the edit starts behind it (that entry is still read), else
+        after the immutable prefix (the only other entry before the edit that a read reaches)."""
+        pe, mark = self.session.prefix_end or 0, self.session.stable_before
+        return mark if mark is not None and pe <= mark <= break_at else pe
+
+    def _mark_compacted(self, p: Proposal) -> None:
+        """After clearing old results, nothing before the last one cleared changes until the
+        next clear, which starts after it: mark that point for the breakpoint planner (the
+        session keeps it in each request record). A summary or cut starts at the prefix, so
+        the next one re-writes from there anyway."""
+        cleared = self.cfg.economics.mark_compacted and p.level in ("L1", "L2") and p.summarize is None
+        self.session.stable_before = max(e.end for e in p.edits) + 1 if cleared and p.edits else None
+
+    def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str, drop_summary: bool = False) -> int:
+        """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
+
+        It cuts to as far below the soft threshold as the window is above it, so one cache
+        re-write buys many turns instead of the next critical turn coming two turns later."""
+        target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
+        p = self._guard(propose_truncate(build_view(self.session), target_tokens=int(
+            target / max(self.session.counter.calibration, 1e-9)), drop_summary=drop_summary))
+        if p.empty:
+            return tokens
+        try:
+            entries, _ = self._apply(p, True, None)
+        except InvalidEditError as err:
+            self._planning_bug("L5", f"the ledger refused L5's edit: {err}")
+            return tokens
+        after = self._now_tokens()
+        report.entries += entries
+        self._mark_compacted(p)
+        report.events.append(self._emit("compaction", level="L5", reason=why, tokens_before=tokens, tokens_after=after,
+                                        entries=[e.seq for e in entries]))
+        return after
+
+    def _ensure_fits(self, tokens: int, lim: Limits, report: TurnReport) -> int:
+        """Past the critical threshold, L5 until the request fits, and if the newest round beside a
+        leading summary still does not (the prefix fills most of the window), L5 again with the
+        summary dropped; `ContextFullError` if even that cannot fit."""
+        if tokens < lim.critical:
+            return tokens
+        tokens = self._truncate(tokens, lim, report, "over the critical threshold after the other levels")
+        if tokens > lim.limit:
+            tokens = self._truncate(tokens, lim, report, "still over the window: the leading summary dropped too "
+                                    "(the task stays in the immutable prefix)", drop_summary=True)
+        if tokens > lim.limit:
+            report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
+                                            tokens_before=tokens, tokens_after=tokens))
+            raise ContextFullError(
+                f"context is full: {tokens} estimated input tokens remain after dropping every older round, and the "
+                f"request reserves {lim.max_tokens} output tokens (the client's max_tokens) plus "
+                f"{lim.window - lim.limit - max(0, lim.max_tokens)} for estimate error in a {lim.window}-token "
+                f"window; use a window of at least {lim.window_for(tokens)}, lower max_tokens, or start a new session")
+        return tokens
+
+    def _apply_or_refuse(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> list[LedgerEntry]:
+        try:
+            entries, _ = self._apply(p, cold, body)
+            return entries
+        except InvalidEditError as err:
+            self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
+            return []
+
+    def _fail(self, level: str, why: str, tokens: int, cost: float, report: TurnReport) -> None:
+        self.failures += 1
+        report.events.append(self._emit("failure", level=level, reason=why, tokens_before=tokens,
+                                        tokens_after=tokens, cost_usd=cost,
+                                        detail={"consecutive_failures": self.failures}))
+        if self.failures >= self.cfg.safety.failure_limit and not self.tripped:
+            self.tripped = True
+            report.events.append(self._emit("breaker_open", reason=f"{self.failures} consecutive compaction "
+                                            "failures: summaries are stopped for this session (L1, L2 and L5 go on)"))
+
+    # -- after the call, and prompt-too-long -------------------------------------------------------
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+        """Record the request time (for TTL reasoning) and calibrate token estimates."""
+        self.last_request_at = now
+        if usage:
+            total = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                          "cache_read_input_tokens"))
+            est = self.session.render(breakpoints=False).raw_tokens
+            self.session.counter.observe(est, total)
+
+    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+        """After a prompt-too-long error: L4 (unless the breaker is open), then L5, until the
+        request fits with a 5% margin. Returns False when nothing more can be removed."""
+        s = self.session
+        raw = s.render(breakpoints=False).raw_tokens
+        if raw > 0:
+            s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)
+        goal = int((limit - max_tokens) * 0.95)
+        lim = self._limits(max_tokens, model)
+        changed = False
+        for level in ("L4", "L5"):
+            view = build_view(s)
+            tokens = s.counter.calibrated(view.total_tokens)
+            if tokens <= goal:
+                return changed
+            if level == "L4":
+                if self.tripped:
+                    continue
+                p = self._guard(self._propose("L4", view, lim))
+            else:
+                p = self._guard(propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9))))
+            if p.empty:
+                continue
+            try:
+                entries, cost = self._apply(p, True, None)
+            except InvalidEditError as err:
+                self._planning_bug(level, f"the ledger refused {level}'s edit: {err}")
+                continue
+            except Exception as err:  # the breaker counts it; L5 is next
+                self._fail(level, f"reactive {type(err).__name__}: {err}", tokens, getattr(err, "cost_usd", 0.0),
+                           TurnReport(tokens, tokens))
+                continue
+            self.summary_cost += cost
+            changed = True
+            self._emit("compaction", level=level, reason=f"prompt too long ({reported_tokens} > {limit})",
+                       tokens_before=tokens, tokens_after=self._now_tokens(), cost_usd=cost,
+                       entries=[e.seq for e in entries])
+        return changed and self._now_tokens() <= goal
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

@@ -1,0 +1,91 @@
+"""One registry of compaction strategies, ours and the peers', used by `wrap`, the proxy, the
+benchmark and the CLI alike.
+
+A strategy is registered by name with its config: ``register("my-strategy", MyConfig())``.
+The config is a frozen dataclass with ``prefix_messages``, ``summary_model``,
+``summary_mode`` and ``build(ctx) -> Strategy``; the `Strategy` protocol is the extension
+point (see `base`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import replace
+from typing import Any
+
+from ..base.errors import UnknownStrategyError
+from .default import CachecompactConfig
+from .policy import Economics, PolicyConfig
+from .strategy import LedgerStrategy, Strategy, StrategyConfig, StrategyContext, TurnReport, summarize_range, task_goal
+
+__all__ = [
+    "CachecompactConfig",
+    "LedgerStrategy",
+    "Strategy",
+    "StrategyConfig",
+    "StrategyContext",
+    "TurnReport",
+    "get_strategy",
+    "register",
+    "strategy_names",
+    "summarize_range",
+    "task_goal",
+    "with_policy",
+]
+
+# name -> (config class, keyword arguments), in the order strategy_names() lists them
+_PEERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "none": ("NoneConfig", {}),
+    "window-20": ("WindowConfig", {"messages": 20}),
+    "seed-pipeline": ("SeedPipelineConfig", {}),
+    "anthropic-clear": ("AnthropicClearConfig", {}),
+    "anthropic-clear-atleast": ("AnthropicClearConfig", {"clear_at_least_fraction": 0.125}),
+    "anthropic-compact": ("AnthropicCompactConfig", {}),
+    "masking": ("MaskingConfig", {}),
+    "openhands": ("OpenHandsConfig", {}),
+    "claude-code": ("ClaudeCodeConfig", {}),
+}
+
+
+_LOCK = threading.Lock()
+_REGISTRY: dict[str, Any] = {
+    "cachecompact": CachecompactConfig(),
+    "cachecompact-no-econ": CachecompactConfig(policy=PolicyConfig(economics=Economics(cache_aware=False))),
+    **dict.fromkeys(_PEERS),  # None until first asked for
+}
+_ALIASES = {"default": "cachecompact"}
+
+
+def register(name: str, config: StrategyConfig) -> None:
+    """Add or replace a strategy under ``name``."""
+    if not callable(getattr(config, "build", None)):
+        raise TypeError(f"strategy {name!r}: the config needs a build(ctx) method")
+    with _LOCK:
+        _REGISTRY[name] = config
+
+
+def get_strategy(name: str) -> StrategyConfig:
+    """The registered config for ``name``; `UnknownStrategyError` lists the known names."""
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
+        raise UnknownStrategyError(f"unknown strategy {name!r}; known: {', '.join(strategy_names())}")
+    cfg = _REGISTRY[key]
+    if cfg is None:  # a peer not built yet
+        cls, kwargs = _PEERS[key]
+        cfg = getattr(importlib.import_module(f"{__package__}.peers"), cls)(**kwargs)
+        with _LOCK:
+            _REGISTRY[key] = cfg
+    out: StrategyConfig = cfg
+    return out
+
+
+def strategy_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def with_policy(config: StrategyConfig, policy: PolicyConfig | None) -> StrategyConfig:
+    """``config`` with its policy replaced, when it has one (the cachecompact strategies)."""
+    if policy is not None and isinstance(config, CachecompactConfig):
+        return replace(config, policy=policy)
+    return config

@@ -1,0 +1,29 @@
+"""The ``cachecompact`` strategy: the cache-aware `Compactor` with a `PolicyConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..base.pricing import DEFAULT_SUMMARY_MODEL
+from .cache_aware import Compactor
+from .policy import PolicyConfig
+from .strategy import Strategy, StrategyContext
+
+__all__ = ["CachecompactConfig"]
+
+
+@dataclass(frozen=True)
+class CachecompactConfig:
+    """Settings of the default strategy; ``policy`` holds every threshold (docs/policy.md)."""
+
+    name: ClassVar[str] = "cachecompact"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    prefix_messages: int = 3
+    summary_model: str | None = DEFAULT_SUMMARY_MODEL
+    summary_mode: str = "auto"
+
+    def build(self, ctx: StrategyContext) -> Strategy:
+        c = Compactor(ctx, self.policy)
+        c.resume()
+        return c

@@ -1,0 +1,128 @@
+"""L2 tool summary: big tool output is shortened to a rule-based summary and a verbatim preview.
+
+Applied when a result *enters* the transcript (before it was ever sent, so no cached byte
+changes), for a result over the per-result budget, or when one message's results exceed
+the per-turn budget (largest first). It can also be applied to old big results when tool
+output dominates the context; then it breaks the cache like any edit.
+
+Where the rest of the output can be had again depends on the agent: when its requests carry
+the ``read_scratchpad`` tool (``wrap(client, scratchpad_tool=True)``), the full output is
+kept in the scratchpad and the placeholder names its reference; otherwise the placeholder
+says to run the tool again (or re-read the file), and never mentions a tool the agent lacks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Container, Sequence
+
+from ...base.keylines import key_lines
+from ...base.tokens import TokenCounter
+from ...history.ledger import ReplaceWithSummary
+from ..scratchpad import Scratchpad
+from .view import LaterIdentifiers, Proposal, ResultInfo, View, older_results
+
+__all__ = ["ON_ENTRY", "externalized_text", "propose_entry_summary", "propose_tool_summary", "rule_summary"]
+
+_GREP_HIT = re.compile(r"^(?:\./)?([^\s:]+):\d+[:-]", re.M)
+_PYTEST = re.compile(r"=+ (.*(?:passed|failed|error).*?) in [\d.]+s", re.I)
+
+
+def _command(r: ResultInfo) -> str:
+    for key in ("command", "cmd", "pattern", "path", "file_path", "query"):
+        v = r.input.get(key)
+        if isinstance(v, str):
+            return v
+    return ""
+
+
+def rule_summary(r: ResultInfo) -> str:
+    """A one-line, tool-aware description of the output (no model call)."""
+    text, name, cmd = r.text, r.name.lower(), _command(r)
+    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    if "grep" in name or "search" in name or re.match(r"\s*(grep|rg|ag|git grep)\b", cmd):
+        hits = _GREP_HIT.findall(text)
+        if hits:
+            return f"grep: {len(hits)} matches in {len(set(hits))} files"
+        return f"search: {lines} lines of matches"
+    if name in ("read", "read_file", "view", "cat") or re.match(r"\s*(cat|sed -n|head|tail|nl)\b", cmd):
+        return f"file contents: {lines} lines of {cmd or 'the file'}"
+    if re.match(r"\s*(ls|find|tree)\b", cmd) or name in ("glob", "ls", "list_files"):
+        return f"listing: {lines} entries"
+    m = _PYTEST.search(text)
+    if m:
+        return f"test run: {m.group(1).strip()}"
+    return f"{r.name} output: {lines} lines, {len(text)} characters"
+
+
+def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0,
+                      focus: Container[str] = frozenset()) -> str:
+    """The tool result the model sees instead of the full output: a rule-based summary, the first
+    lines (``preview_chars``), and the key lines after them (``key_chars``), all verbatim."""
+    preview = r.text[:preview_chars]
+    cut = preview.rfind("\n") + 1 if "\n" in preview and len(r.text) > preview_chars else len(preview)
+    preview = preview[:cut]  # whole lines only
+    more = len(r.text) - len(preview)
+    keep = key_lines(r.text[len(preview):], key_chars, focus=focus) if more > 0 and key_chars > 0 else []
+    if ref is not None:
+        how = (f"the full output is in the scratchpad as {ref}; call read_scratchpad(ref=\"{ref}\", offset, limit) "
+               "to read it")
+    else:
+        how = "run the tool again (or re-read the file) if you need the rest"
+    return (f"[cachecompact: {r.name} output shortened to save context ({len(r.text)} characters, ~{r.tokens} tokens); "
+            f"{how}. {rule_summary(r)}]\nFirst {len(preview)} characters:\n{preview}"
+            + (f"\n[... {more} more characters not shown" + ("; their key lines:]\n" + "\n".join(keep) if keep
+                                                              else "]") if more > 0 else ""))
+
+
+ON_ENTRY = "L2 on entry"  # the ledger reason of entry-time edits (they are not compactions of old context)
+
+
+def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter,
+           preview_chars: int, key_chars: int, p: Proposal, tag: str,
+           later: LaterIdentifiers | None = None) -> None:
+    for r in sorted(chosen, key=lambda x: (x.message, x.block)):
+        ref = scratchpad.put(r.text) if scratchpad is not None else None
+        text = externalized_text(r, ref, preview_chars, key_chars,
+                                 later.after(r.message) if later is not None else frozenset())
+        p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"{tag}: {rule_summary(r)}",
+                                          tool_use_id=r.tool_use_id))
+        p.tokens_removed += max(0, r.tokens - counter.count_text(text))
+
+
+def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter, *,
+                          big_tokens: int, turn_tokens: int, preview_chars: int, key_chars: int = 0,
+                          exempt_tools: frozenset[str] = frozenset()) -> Proposal:
+    """L2 on entry: new results over ``big_tokens``, then per message the largest ones until the
+    message's results fit ``turn_tokens``. Free: nothing of them was ever sent."""
+    fresh = [r for r in new if not r.edited and r.name not in exempt_tools]
+    preview_tokens = preview_chars // 4
+    chosen = [r for r in fresh if r.tokens > max(big_tokens, 2 * preview_tokens)]
+    for msg in sorted({r.message for r in fresh}):
+        rest = [r for r in fresh if r.message == msg and r not in chosen]
+        total = sum(r.tokens for r in rest) + sum(min(r.tokens, preview_tokens) for r in chosen if r.message == msg)
+        for r in sorted(rest, key=lambda x: -x.tokens):
+            if total <= turn_tokens:
+                break
+            if r.tokens > 2 * preview_tokens:
+                chosen.append(r)
+                total -= r.tokens - preview_tokens
+    p = Proposal("L2", f"shorten {len(chosen)} large new tool result(s)")
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, ON_ENTRY)
+    return p
+
+
+def propose_tool_summary(view: View, scratchpad: Scratchpad | None, counter: TokenCounter, *, old_min_tokens: int,
+                         preview_chars: int, key_chars: int = 0, keep_recent: int = 0, keep_recent_tokens: int = 0,
+                         exempt_tools: frozenset[str] = frozenset()) -> Proposal:
+    """L2 on old results: visible, unedited results after the immutable prefix of at least
+    ``old_min_tokens``, except the most recent ones (``keep_recent`` of them, and those within
+    the newest ``keep_recent_tokens`` of tool output). Breaks the cache."""
+    old = older_results(view, keep_recent, keep_recent_tokens)
+    chosen = [r for r in old if not r.edited and r.tokens >= max(old_min_tokens, 2 * preview_chars // 4)
+              and r.name not in exempt_tools]
+    p = Proposal("L2", f"shorten {len(chosen)} large old tool result(s)")
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, "L2", LaterIdentifiers(view))
+    if p.edits:
+        p.break_at = min(e.start for e in p.edits)
+    return p

@@ -1,0 +1,127 @@
+"""Content-addressed storage for tool output taken out of the context (L2), readable again.
+
+A reference is ``sp_`` + the first 32 hex digits of the sha256 of the UTF-8 content; in a
+folder the file is ``DIR/<ref>.txt`` (mode 0600). References are checked against that exact
+pattern before anything is looked up, so ``../../etc/passwd`` or any id that would leave the
+folder is refused with `ScratchpadRefError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..base.errors import ScratchpadRefError
+from ..base.safefs import atomic_replace, ensure_dir
+from ..store import SessionStore
+from ..store.contract import REF_RE, check_ref
+
+if TYPE_CHECKING:
+    from ..history.session import Session
+
+__all__ = ["READ_SCRATCHPAD_TOOL", "REF_RE", "Scratchpad", "ScratchpadRefError"]
+
+MAX_READ = 20_000
+
+READ_SCRATCHPAD_TOOL: dict[str, Any] = {
+    "name": "read_scratchpad",
+    "description": ("Read back tool output that was moved out of the conversation to save context. "
+                    "Pass the reference shown in the shortened result (sp_...) and optionally a character "
+                    "offset and limit to page through long output."),
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "ref": {"type": "string", "description": "The scratchpad reference, e.g. sp_0123..."},
+            "offset": {"type": "integer", "minimum": 0, "description": "Character offset to start at."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_READ,
+                      "description": f"Characters to return (at most {MAX_READ})."},
+        },
+        "required": ["ref"],
+    },
+}
+
+
+class Scratchpad:
+    """Externalized outputs, keyed by content hash (writing twice is a no-op).
+
+    Backed by a session's store (a persisted session keeps them with its records: the
+    session directory's ``scratchpad/`` folder, or the database) or by a folder; an
+    in-memory session gets a private temporary folder (mode 0700) made on first use, so
+    nothing lands in the working directory.
+    """
+
+    def __init__(self, where: str | os.PathLike[str] | SessionStore | None = None) -> None:
+        self._store = where if isinstance(where, SessionStore) else None
+        self._path = Path(where) if isinstance(where, (str, os.PathLike)) else None
+
+    @property
+    def path(self) -> Path:
+        """The folder the content lives in (file-backed scratchpads only)."""
+        if self._store is not None:
+            loc = Path(self._store.location) / "scratchpad"
+            return loc
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="cachecompact-scratchpad-"))
+            # an in-memory session's folder lives as long as its scratchpad (or the process)
+            weakref.finalize(self, shutil.rmtree, self._path, ignore_errors=True)
+        return self._path
+
+    @classmethod
+    def for_session(cls, session: Session | None) -> Scratchpad:
+        """The scratchpad of ``session``: its store when persisted, else a temporary folder."""
+        return cls(session.store if session is not None and session.store is not None else None)
+
+    @staticmethod
+    def ref_for(text: str) -> str:
+        return "sp_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    def put(self, text: str) -> str:
+        """Store ``text`` (atomically, fsynced, private); return its reference."""
+        ref = self.ref_for(text)
+        data = text.encode("utf-8")
+        if self._store is not None:
+            self._store.put_blob(ref, data)
+            return ref
+        folder = self.path
+        ensure_dir(folder)
+        final = folder / f"{ref}.txt"
+        if not final.is_file():
+            atomic_replace(final, data)
+        return ref
+
+    def _get(self, ref: str) -> str:
+        ref = check_ref(ref)
+        if self._store is not None:
+            data = self._store.get_blob(ref)
+        else:
+            p = self.path / f"{ref}.txt"
+            data = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+        if data is None:
+            raise ScratchpadRefError(f"unknown scratchpad reference {ref!r}")
+        return data.decode("utf-8")
+
+    def read(self, ref: str, offset: int = 0, limit: int = MAX_READ) -> str:
+        """``limit`` characters from ``offset``; raises `ScratchpadRefError` for unknown refs."""
+        check_ref(ref)
+        if not isinstance(offset, int) or offset < 0 or not isinstance(limit, int) or limit < 1:
+            raise ScratchpadRefError("offset must be >= 0 and limit >= 1")
+        return self._get(ref)[offset: offset + min(limit, MAX_READ)]
+
+    def handle_tool_call(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
+        """Run a ``read_scratchpad`` call: (tool_result content, is_error)."""
+        try:
+            ref = tool_input.get("ref")
+            offset = int(tool_input.get("offset", 0))
+            limit = int(tool_input.get("limit", MAX_READ))
+            chunk = self.read(str(ref), offset, limit)
+            total = len(self._get(str(ref)))
+        except (ScratchpadRefError, TypeError, ValueError) as err:
+            return f"read_scratchpad error: {err}", True
+        end = offset + len(chunk)
+        more = f"\n[... {total - end} more characters; call again with offset={end}]" if end < total else ""
+        return chunk + more, False

@@ -1,0 +1,181 @@
+"""The extension point: a `Strategy` decides one session's compaction, a `StrategyConfig` builds it.
+
+A strategy is called by the middleware (or the proxy) around every request of its session:
+
+* `before_request` runs with the session synced to the agent's history, before the request
+  is rendered; it may append ledger edits (through `Session.edit`) and returns a `TurnReport`;
+* `after_response` gets the request time and the usage the API reported;
+* `reactive` runs after a prompt-too-long error and returns whether it freed enough;
+* `shape` has the last word on the request body. Strategies that compact through the ledger
+  render the body from transcript + ledger (``renders = True``) and leave it as is; peers
+  that edit the caller's body directly (a sliding window, server-side clearing) set
+  ``renders = False`` and rewrite it here.
+
+Every summarizing strategy summarises a range with `summarize_range`, so the same range gets
+the same input whoever asks; only the decisions differ. Each strategy has its own frozen
+config class with a ``build(ctx)`` method, in the manner of the OpenHands condensers, and is
+registered by name in `cachecompact.compaction.catalog`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from ..base.events import Event, EventBus
+from ..base.wire import TextBlock, content_blocks
+from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
+from ..history.session import Session
+from .levels.working_set import WORKING_SET_HEADER
+from .scratchpad import Scratchpad
+from .summarize.llm import (
+    STORED_HEADER,
+    Summarizer,
+    SummaryRequest,
+    SummaryResult,
+    format_summary,
+    open_issues_of,
+    stored_outputs,
+)
+
+__all__ = [
+    "LedgerStrategy",
+    "Strategy",
+    "StrategyConfig",
+    "StrategyContext",
+    "TurnReport",
+    "summarize_range",
+    "task_goal",
+]
+
+
+@dataclass(slots=True)
+class TurnReport:
+    tokens_before: int
+    tokens_after: int
+    events: list[Event] = field(default_factory=list)
+    entries: list[LedgerEntry] = field(default_factory=list)
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    renders: bool
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> TurnReport: ...
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None: ...
+
+    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool: ...
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class StrategyContext:
+    """What a strategy is built with."""
+
+    session: Session
+    summarizer: Summarizer
+    events: EventBus
+    window_tokens: int  # the context window the strategy must respect
+    scratchpad: Scratchpad | None = None
+    scratchpad_tool: bool = False  # the agent's requests carry the read_scratchpad tool
+
+
+class StrategyConfig(Protocol):
+    """A strategy's settings; frozen, with defaults, registered by name."""
+
+    name: ClassVar[str]
+    prefix_messages: int  # immutable prefix size in messages for sessions it manages
+    summary_model: str | None  # model its summaries use (None: the agent's own model)
+    summary_mode: str  # "auto" | "forced-tool" | "prefix-reuse" (see LLMSummarizer)
+
+    def build(self, ctx: StrategyContext) -> Strategy: ...
+
+
+def task_goal(session: Session) -> str:
+    """The task goal every summary must keep: the text of the first user message."""
+    if not len(session):
+        return ""
+    blocks = content_blocks(session.transcript[0])
+    return "\n".join(b.text for b in blocks if isinstance(b, TextBlock) and b.text).strip()
+
+
+def summarize_range(session: Session, start: int, end: int, summarizer: Summarizer, *, reason: str,
+                    body: dict[str, Any] | None = None, cache_warm: bool = False,
+                    verbatim: Sequence[str] = ()) -> tuple[ReplaceWithSummary, SummaryResult]:
+    """Summarise transcript messages ``start..end`` as they render now.
+
+    The one range summarizer: the input is the rendered view of the range, the task goal and
+    the open issues of a summary starting at ``start`` that the new one replaces. ``verbatim``:
+    lines the caller keeps beside the summary, word for word (the compactor's working set,
+    `levels.working_set`); the summarizer never sees or changes them.
+    """
+    r = session.render(breakpoints=False)
+    msgs = r.messages_in(start, end)
+    prev = next((e for e in session.ledger.effective() if e.kind == "summary" and e.start == start
+                 and e.tool_use_id is None), None)
+    req = SummaryRequest(messages=msgs, goal=task_goal(session),
+                         previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
+                         range=(start, end), body=body, cache_warm=cache_warm)
+    res = summarizer.summarize(req)
+    text = format_summary(res.summary)
+    stored = stored_outputs(msgs)
+    if stored:
+        text += f"\n{STORED_HEADER}\n" + "\n".join(f"- {x}" for x in stored)
+    if verbatim:
+        text += f"\n{WORKING_SET_HEADER}\n" + "\n".join(verbatim)
+    return ReplaceWithSummary(start, end, text, reason), res
+
+
+class LedgerStrategy:
+    """Plumbing for strategies that compact through the session's ledger."""
+
+    renders = True
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+        self.session = ctx.session
+        self.summarizer = ctx.summarizer
+        self.events = ctx.events
+        self.summary_cost = 0.0
+        self.last_request_at: float | None = None
+
+    def _emit(self, kind: str, **kw: Any) -> Event:
+        return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
+
+    def _tokens(self) -> int:
+        return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
+
+    def _summarize(self, start: int, end: int, level: str, reason: str, *, body: dict[str, Any] | None = None,
+                   cache_warm: bool = False) -> list[int]:
+        """Summarise (widened to whole tool pairs) and append, or record a failure event: the
+        peers' simple failure handling."""
+        span = widen_to_pairs(self.session.transcript, start, end)
+        if span is None or span[1] < span[0] or span[0] < (self.session.prefix_end or 0):
+            return []
+        start, end = span
+        before = self._tokens()
+        t0 = time.perf_counter()
+        try:
+            edit, res = summarize_range(self.session, start, end, self.summarizer, reason=reason, body=body,
+                                        cache_warm=cache_warm)
+            entry = self.session.edit(edit, level=level)
+        except Exception as err:  # a peer's summarizer or edit failed: count it and go on
+            self._emit("failure", level=level, reason=f"{type(err).__name__}: {err}",
+                       cost_usd=getattr(err, "cost_usd", 0.0))
+            self.summary_cost += getattr(err, "cost_usd", 0.0)
+            return []
+        self.summary_cost += res.cost_usd
+        self._emit("compaction", level=level, reason=reason, tokens_before=before, tokens_after=self._tokens(),
+                   cost_usd=res.cost_usd, duration_s=time.perf_counter() - t0, entries=[entry.seq])
+        return [entry.seq]
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+        self.last_request_at = now
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body

@@ -1,0 +1,603 @@
+"""The transport-independent core of `wrap()` and the proxy's compact mode.
+
+`CompactionEngine` takes a Messages API request body (a dict), finds its session, runs the
+strategy and returns the body to send; after the response it records usage and runs the
+cache forensics. The SDK middleware (`middleware.py`) and the proxy (`proxy/`) are thin
+adapters around it, so sessions, ledger, policy and forensics exist once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
+from pathlib import Path
+from typing import Any, Literal
+
+from ..base.errors import (
+    CacheCompactError,
+    ConfigError,
+    ContextFullError,
+    InvalidSessionIdError,
+    MalformedMessageError,
+    PolicyConfigError,
+    UnknownModelError,
+)
+from ..base.events import Event, EventBus
+from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
+from ..base.safefs import ensure_dir
+from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
+from ..cache.simulator import request_from_body
+from ..compaction.catalog import get_strategy, with_policy
+from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
+from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
+from ..compaction.strategy import Strategy, StrategyConfig, StrategyContext
+from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
+from ..history.render import RenderResult
+from ..history.session import Session
+from ..store import Store, check_session_id, open_store
+from .resolution import RequestHistory, head_key
+from .sessions import Live, SessionRegistry
+
+__all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long",
+           "with_betas"]
+
+log = logging.getLogger("cachecompact")
+
+SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
+STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request made ready to send, and what is needed to record its response."""
+
+    live: Live
+    body: dict[str, Any]
+    render: RenderResult
+    snapshot: Callable[[], Snapshot]
+    now: float
+    model: str
+    max_tokens: int
+    params: dict[str, Any]
+    fingerprint: bytes
+    betas: tuple[str, ...] = ()  # beta headers the strategy's body needs (added to anthropic-beta)
+
+
+def too_long(payload: Any) -> tuple[int, int, int] | None:
+    """(prompt tokens, limit, max_tokens) from a prompt-too-long 400 body, else None."""
+    try:
+        msg = payload["error"]["message"]
+    except (TypeError, KeyError):
+        return None
+    if not isinstance(msg, str):
+        return None
+    m = re.search(r"prompt is too long: (\d+) tokens > (\d+) maximum", msg)
+    if m:
+        return int(m.group(1)), int(m.group(2)), 0
+    m = re.search(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)", msg)
+    if m:
+        return int(m.group(1)), int(m.group(3)), int(m.group(2))
+    return None
+
+
+def with_betas(value: str | None, betas: tuple[str, ...]) -> str | None:
+    """An ``anthropic-beta`` header value with ``betas`` added (each once)."""
+    have = [b.strip() for b in (value or "").split(",") if b.strip()]
+    merged = have + [b for b in betas if b not in have]
+    return ",".join(merged) if merged else value
+
+
+def json_or_none(raw: bytes) -> Any:
+    """The JSON value of ``raw``, or None for anything that is not JSON this process can hold
+    (nesting deeper than the interpreter's stack, an integer of thousands of digits): the
+    caller's bytes then go on unchanged and the upstream's own error handling applies."""
+    try:
+        return json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
+        return None
+
+
+def open_writable_store(store: str | os.PathLike[str] | Store | None) -> Store | None:
+    """Open the store now, so a misconfiguration fails when the adapter is built."""
+    if store is None:
+        return None
+    s = open_store(store)
+    root = getattr(s, "root", None)
+    if isinstance(root, Path):
+        try:
+            ensure_dir(root)
+            probe = root / f".probe-{os.getpid()}-{threading.get_ident()}"
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+        except (OSError, CacheCompactError) as err:
+            raise ConfigError(f"store {root} is not a writable directory: {err}") from None
+    return s
+
+
+class CompactionEngine:
+    """Sessions, strategy and forensics for request bodies; thread-safe."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
+        *,
+        session_id: str | None = None,
+        strategy: str | StrategyConfig = "cachecompact",
+        config: PolicyConfig | None = None,
+        window_tokens: int | None = None,
+        summarizer: Summarizer | SummarizerFactory | None = None,
+        prefix_messages: int | None = None,
+        scratchpad_tool: bool = False,
+        diagnostics: bool = False,
+        ttl: Literal["5m", "1h"] | None = None,
+        prefix_ttl: Literal["5m", "1h"] | None = None,
+        on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
+        clock: Callable[[], float] = time.time,
+        strict_models: bool = False,
+        recent_tokens: int | None = None,
+    ) -> None:
+        if session_id is not None:
+            check_session_id(session_id, "session_id")
+        for name, v in (("ttl", ttl), ("prefix_ttl", prefix_ttl)):
+            if v not in (None, "5m", "1h"):
+                raise ConfigError(f"{name} must be '5m', '1h' or None, got {v!r}")
+        if prefix_ttl == "5m" and ttl == "1h":  # the prefix's breakpoint comes first in every request
+            raise ConfigError("ttl='1h' with prefix_ttl='5m' puts a 1-hour breakpoint after a 5-minute one, which "
+                              "the API refuses; use prefix_ttl='1h' (or leave it unset)")
+        if window_tokens is not None and (not isinstance(window_tokens, int) or isinstance(window_tokens, bool)
+                                          or window_tokens < MIN_WINDOW_TOKENS):
+            raise PolicyConfigError(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, "
+                                    f"got {window_tokens!r}")
+        if prefix_messages is not None and (not isinstance(prefix_messages, int) or prefix_messages < 0):
+            raise ConfigError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
+        for name, flag in (("scratchpad_tool", scratchpad_tool), ("diagnostics", diagnostics)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
+        hooks = on_event if isinstance(on_event, list) else ([] if on_event is None else [on_event])
+        if not all(callable(h) for h in hooks) or not callable(clock):
+            raise ConfigError(f"on_event must be a callable or a list of callables and clock a callable, got "
+                              f"on_event={on_event!r}, clock={clock!r}")
+        cfg = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        if not callable(getattr(cfg, "build", None)):
+            raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
+        self.strategy_config: StrategyConfig = with_policy(cfg, config)
+        pol = getattr(self.strategy_config, "policy", None)
+        if recent_tokens is not None:
+            if not isinstance(recent_tokens, int) or isinstance(recent_tokens, bool) or recent_tokens < 0:
+                raise ConfigError(f"recent_tokens must be a non-negative integer of tokens, got {recent_tokens!r}")
+            if not isinstance(pol, PolicyConfig):
+                raise ConfigError(f"recent_tokens sets the cachecompact policy's recent budget; strategy "
+                                  f"{getattr(cfg, 'name', cfg)!r} has no such policy")
+            # the cost-versus-recall knob (docs/policy.md, "The one knob")
+            pol = dc_replace(pol, levels=dc_replace(pol.levels, keep_recent_tokens=recent_tokens))
+            self.strategy_config = with_policy(self.strategy_config, pol)
+        if ttl is not None and isinstance(pol, PolicyConfig) and pol.economics.ttl == "auto":
+            # the caller fixed the TTL: the policy prices its decisions with that one
+            self.strategy_config = with_policy(self.strategy_config, dc_replace(
+                pol, economics=dc_replace(pol.economics, ttl=ttl)))
+        self.config = config or PolicyConfig()
+        self.window_tokens = window_tokens or self.config.window_tokens
+        self.store: Store | None = open_writable_store(store)
+        self.session_id = session_id
+        self._summarizer = summarizer
+        self.prefix_messages = prefix_messages
+        self.scratchpad_tool = scratchpad_tool
+        self.diagnostics = diagnostics
+        self.ttl, self.prefix_ttl = ttl, prefix_ttl
+        self.events = EventBus(hooks)
+        self.events.subscribe(self._persist_event)
+        self.clock = clock
+        # refuse a request whose model the price table does not list (wrap(); the proxy, which
+        # serves clients it does not configure, prices such a request as the default model)
+        self.strict_models = strict_models
+        self.overhead_s = 0.0  # time spent preparing requests and recording usage
+        self.registry = SessionRegistry(self.store, create=self._create, open_=self._open)
+        self._last_prepared: dict[bytes, Prepared] = {}
+        self._lock = threading.Lock()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def sessions(self) -> list[Session]:
+        """The sessions this engine has in memory."""
+        return [x.session for x in self.registry.sessions()]
+
+    def strategies(self) -> list[Strategy]:
+        return [x.strategy for x in self.registry.sessions()]
+
+    def _summarizer_for(self, model: str | None) -> Summarizer:
+        s = self._summarizer
+        if s is None:
+            return ExtractiveSummarizer()
+        if isinstance(s, Summarizer):
+            return s
+        cfg = self.strategy_config
+        return s(cfg.summary_model or model, cfg.summary_mode)
+
+    def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
+        model = str(body.get("model") or "")
+        own = _model_window(model)
+        window = self.window_tokens or own
+        if window > own and (model, window) not in _LARGER_WARNED:
+            _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
+            log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
+                        "will refuse requests before compaction starts", window, model or "the model", own)
+        ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
+                              window_tokens=window, scratchpad=Scratchpad.for_session(session),
+                              scratchpad_tool=self.scratchpad_tool)
+        live = Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head)
+        live.extra["forensics"] = Forensics(priced)
+        live.extra["scratchpad"] = ctx.scratchpad  # the one the levels write to (an in-memory session's folder)
+        return live
+
+    def _create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
+        tools = list(body.get("tools") or [])
+        if self.scratchpad_tool:
+            tools.append(READ_SCRATCHPAD_TOOL)
+        model = str(body.get("model") or "")
+        ratio = priced(model).token_ratio if model else 1.0
+        prefix = self.prefix_messages if self.prefix_messages is not None else self.strategy_config.prefix_messages
+        session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
+                                 prefix_messages=prefix, token_ratio=ratio, link=link)
+        return self._live(session, body, head_key(body.get("tools"), body.get("system")))
+
+    def _open(self, sid: str) -> Live:
+        assert self.store is not None
+        session = Session.open(self.store, sid)
+        tools = session.tools_param
+        if self.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
+            tools = tools[:-1]
+        body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
+                "system": session.system_param}
+        return self._live(session, body, head_key(tools or None, session.system_param))
+
+    # -- preparing a request ---------------------------------------------------------------------
+
+    def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
+                raw: bytes | None = None) -> Prepared:
+        """The session, strategy and render for ``body``; raises for bad input.
+
+        ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
+        (same fingerprint), so nothing is appended twice. ``raw`` is the body as the client sent
+        it, when the adapter has the bytes (the proxy): identities are then looked up by them.
+        """
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise MalformedMessageError("messages", "must be a non-empty list")
+        _check_caller_fields(body)
+        if self.strict_models and isinstance(body.get("model"), str):
+            get_model(body["model"])  # UnknownModelError names the nearest ids and how to price it
+        if explicit is not None:
+            check_session_id(explicit, "session id")
+        else:
+            explicit = self.session_id
+        params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
+        # every message's identity, once per request
+        req = RequestHistory.of_bytes(raw, body) if raw is not None else RequestHistory.of(body)
+        fp = req.fingerprint(explicit, params)  # the whole request: a retry is exactly the same body
+        with self._lock:
+            again = self._last_prepared.get(fp) if retry else None
+        if again is not None:
+            return again  # a retried attempt: nothing new to record
+        resolved = self.registry.resolve(body, explicit, req)
+        live = resolved.live
+        d = resolved.decision
+        if d.kind != "continue":
+            log.log(logging.INFO if d.target is not None else logging.DEBUG,
+                    "cachecompact: session %s starts (%s%s)", live.sid, d.reason,
+                    f", continuing {d.target} from messages[{d.at}]" if d.target is not None else "")
+        with live.lock:
+            self._catch_up(live)
+            model = str(params.pop("model", ""))
+            max_tokens = int(params.pop("max_tokens", 0) or 0)
+            if self.diagnostics:
+                params["diagnostics"] = {"previous_message_id": live.extra.get("last_message_id")}
+            live.strategy.before_request(now, model, max_tokens, params=params)
+            ttl, prefix_ttl = self._ttls(live)
+            r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
+            if live.strategy.renders:
+                out = r.body
+
+                def snap() -> Snapshot:
+                    return snapshot_from_render(r, time=now, model=model, params=params_key(out, False))
+            else:
+                whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
+                                         **{k: body[k] for k in ("system", "tools") if k in body},
+                                         "messages": messages}
+                out = live.strategy.shape(whole)
+                memo = live.extra.setdefault("sim_memo", {})
+                t = live.session.transcript
+                same = out.get("messages") is messages and len(messages) == len(t)
+
+                def snap() -> Snapshot:
+                    if len(memo) > 50_000:
+                        memo.clear()
+                    keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
+                    sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
+                    return snapshot_from_sim(sim, out, keep_text=False)
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, tuple(getattr(live.strategy, "betas", ())))
+        with self._lock:
+            self._last_prepared = {fp: p}
+        return p
+
+    @staticmethod
+    def _catch_up(live: Live) -> None:
+        """Another process (a replica on the same store) recorded requests of this session since
+        we last did: continue from the strategy state stored with the newest one."""
+        s = live.session
+        if s.requests_recorded == live.extra.get("requests_seen", 0):
+            return
+        st = (s.last_request or {}).get("strategy_state")
+        load = getattr(live.strategy, "load_state", None)
+        if isinstance(st, dict) and callable(load):
+            load(st)
+        live.extra["requests_seen"] = s.requests_recorded
+
+    def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
+                             retry: bool = False, raw: bytes | None = None) -> Prepared | None:
+        """`prepare`, or None (send the original request) on anything but `ContextFullError`."""
+        t0 = time.perf_counter()
+        try:
+            return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+        except (ContextFullError, UnknownModelError):
+            raise  # cannot fit at all, even after L5, or a model nobody priced: say so clearly
+        except (MalformedMessageError, InvalidSessionIdError) as err:
+            log.warning("cachecompact: request passed through unchanged: %s", err)
+            return None
+        except Exception as err:  # fail open: the user's request still goes out
+            log.exception("cachecompact: compaction failed; sending the original request")
+            self.events.emit(Event("failure", self.session_id or "-", reason=f"compaction: {type(err).__name__}: "
+                                                                           f"{err}"))
+            return None
+        finally:
+            self.overhead_s += time.perf_counter() - t0
+
+    # -- after the response --------------------------------------------------------------------
+
+    def record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
+               cache_miss_reason: dict[str, Any] | None, stream: bool) -> Finding | None:
+        """Usage and forensics of one response; never raises."""
+        t0 = time.perf_counter()
+        try:
+            live = p.live
+            with live.lock:
+                live.strategy.after_response(p.now, usage)
+                live.extra["last_message_id"] = message_id or live.extra.get("last_message_id")
+                cost = priced(p.model).cost(usage)
+                snap = p.snapshot()
+                finding: Finding = live.extra["forensics"].observe(snap, usage, cache_miss_reason)
+                self._report(live, finding)
+                rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
+                       "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
+                       "sent_tokens": snap.total, "finding": finding.to_dict()}
+                state = getattr(live.strategy, "state", None)
+                if callable(state):
+                    rec["strategy_state"] = state()
+                if live.strategy.renders:
+                    live.session.record_request(p.render, rec)
+                    live.extra["requests_seen"] = live.session.requests_recorded
+                return finding
+        except Exception:  # recording must never break the caller's response
+            log.exception("cachecompact: could not record usage")
+            return None
+        finally:
+            self.overhead_s += time.perf_counter() - t0
+
+    def _report(self, live: Live, f: Finding) -> None:
+        if f.cls == "read_as_expected":
+            return
+        level = (logging.DEBUG if f.explained_by is not None or f.cls == "below_minimum" else
+                 logging.INFO if f.cls == "ttl_expiry" else logging.WARNING)
+        self.events.emit(Event("cache_miss", live.session.session_id, reason=f"{f.cls}: {f.detail}",
+                               cost_usd=f.wasted_usd, detail=f.to_dict()), level=level)
+
+    def _persist_event(self, ev: Event) -> None:
+        live = self.registry.get(ev.session_id)
+        if live is not None and live.session.store is not None:
+            try:
+                live.session.log_event(ev.to_dict())
+            except (OSError, CacheCompactError):
+                log.exception("cachecompact: could not persist an event")
+
+    def _ttls(self, live: Live) -> tuple[str | None, str | None]:
+        """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
+        strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
+        never follows a 5-minute one."""
+        ttl = self.ttl or getattr(live.strategy, "ttl", None)
+        prefix = self.prefix_ttl or getattr(live.strategy, "prefix_ttl", None)
+        if ttl == "1h" and prefix == "5m":
+            prefix = "1h"
+        return ttl, prefix
+
+    def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
+        """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""
+        n, limit, out = info
+        live = p.live
+        with live.lock:
+            if not live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens):
+                return None
+            ttl, prefix_ttl = self._ttls(live)
+            r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=ttl, prefix_ttl=prefix_ttl,
+                                    **p.params)
+            p.render = r
+            p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
+            return p.body
+
+    # -- the read_scratchpad tool ---------------------------------------------------------------------
+
+    def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
+        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
+        this process has loaded first, then the stored sessions that hold the reference
+        (`Store` docs: ``blob_owners``), skipping broken ones: after a restart the agent's
+        pending call must still find what an earlier process kept."""
+        ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
+        loaded = self.registry.sessions()
+        for live in loaded:
+            sp = live.extra.get("scratchpad") or Scratchpad.for_session(live.session)
+            text, is_error = sp.handle_tool_call(tool_input)
+            if not is_error or not str(ref).startswith("sp_"):
+                return text, is_error
+        if self.store is not None and isinstance(ref, str) and REF_RE.match(ref):
+            seen = {live.session.session_id for live in loaded}
+            try:
+                owners = (self.store.blob_owners(ref) if hasattr(self.store, "blob_owners")
+                          else self.store.list())  # a store without the fast path: every session is asked
+            except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
+                return f"read_scratchpad error: the session store cannot be read: {err}", True
+            for sid in owners:
+                if sid in seen:
+                    continue
+                try:
+                    text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
+                except (CacheCompactError, OSError):  # a broken or just-deleted session: the next copy may serve
+                    continue
+                if not is_error:
+                    return text, is_error
+        return Scratchpad(None).handle_tool_call(tool_input)
+
+
+def _check_caller_fields(body: dict[str, Any]) -> None:
+    """Fields of the caller's request that rendering would otherwise turn valid: a ``max_tokens``
+    that is not an integer, and ``cache_control`` markers the API refuses (more than 4, or an
+    unknown TTL; the renderer places its own). Such a request goes out as the caller sent it
+    (`MalformedMessageError`: fail open), so the caller gets the API's own answer. Markers are
+    looked for where clients put them (system, tools, the newest messages): a whole-history
+    walk would cost more per turn than the identities do, and a marker further back is dropped
+    as every caller marker is."""
+    mt = body.get("max_tokens")
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
+        raise MalformedMessageError("max_tokens", f"must be an integer, got {type(mt).__name__}")
+    marks = 0
+    msgs = body.get("messages")
+    parts: list[Any] = [body.get("system"), body.get("tools"), msgs[-4:] if isinstance(msgs, list) else msgs]
+    while parts:
+        x = parts.pop()
+        if isinstance(x, list):
+            parts.extend(x)
+        elif isinstance(x, dict):
+            cc = x.get("cache_control")
+            if cc is not None:
+                marks += 1
+                if not isinstance(cc, dict) or cc.get("ttl", "5m") not in ("5m", "1h"):
+                    raise MalformedMessageError("cache_control", f"{str(cc)[:60]} is not a breakpoint the API takes")
+            parts.extend(v for k, v in x.items() if k in ("content", "messages"))
+    if marks > 4:
+        raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
+
+
+_UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once each
+_LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
+
+
+def _model_window(model: str) -> int:
+    """The model's context window from the price table (its family's for a newer id); for a name
+    of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
+    try:
+        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
+    except UnknownModelError:
+        if model not in _UNKNOWN_WARNED:
+            _UNKNOWN_WARNED.add(model)
+            log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
+                        "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
+        return UNKNOWN_MODEL_WINDOW
+
+
+def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], float]) -> float:
+    """Request time from a clock header (finite unix seconds), else ``default()``."""
+    v = headers.get(header)
+    try:
+        t = float(v) if isinstance(v, str) else default()
+    except ValueError:
+        return default()
+    return t if t == t and abs(t) != float("inf") else default()
+
+
+class SSEUsage:
+    """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
+
+    def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
+        self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
+        self._tail = b""  # its last 3 bytes: where a separator that ends in the next chunk may begin
+        self.usage: dict[str, Any] = {}
+        self.message_id: str | None = None
+        self.diag: dict[str, Any] | None = None
+        self.done = done
+        self.reported = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Parse the complete frames in ``chunk`` (plus what was left over); a frame that names no
+        ``message_*`` event is skipped without being split into lines. Linear in the input however
+        it is split: while no frame ends, chunks are only collected."""
+        if self._pending:
+            # does a frame end in this chunk? (its separator may begin in the bytes before it)
+            probe = self._tail + chunk[:3]
+            if b"\n\n" not in chunk and b"\r\n\r\n" not in chunk and b"\n\n" not in probe \
+                    and b"\r\n\r\n" not in probe:
+                self._pending.append(chunk)
+                self._tail = probe[-3:] if len(chunk) < 3 else chunk[-3:]
+                return
+            buf = b"".join(self._pending) + chunk
+            self._pending = []
+        else:
+            buf = chunk
+        pos = 0
+        lf = buf.find(b"\n\n")
+        crlf = buf.find(b"\r\n\r\n")
+        while lf >= 0 or crlf >= 0:
+            if crlf >= 0 and (lf < 0 or crlf < lf):
+                cut, nxt = crlf, crlf + 4
+            else:
+                cut, nxt = lf, lf + 2
+            self._frame(buf, pos, cut)
+            pos = nxt
+            if lf >= 0 and lf < pos:
+                lf = buf.find(b"\n\n", pos)
+            if crlf >= 0 and crlf < pos:
+                crlf = buf.find(b"\r\n\r\n", pos)
+        if pos < len(buf):
+            self._pending = [buf[pos:]]
+            self._tail = buf[-3:]
+
+    def _frame(self, buf: bytes, start: int, end: int) -> None:
+        if buf.find(b'"message_', start, end) >= 0:
+            for line in buf[start:end].splitlines():
+                if line.startswith(b"data:"):
+                    self._event(line[5:].strip())
+
+    def _event(self, data: bytes) -> None:
+        if b'"message_start"' not in data and b'"message_delta"' not in data and b'"message_stop"' not in data:
+            return  # content deltas: most of the stream, nothing to keep
+        try:
+            d = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if not isinstance(d, dict):
+            return
+        kind = d.get("type")
+        if kind == "message_start":
+            msg = d.get("message") or {}
+            self.message_id = msg.get("id")
+            self.usage.update({k: v for k, v in (msg.get("usage") or {}).items() if v is not None})
+            reason = (msg.get("diagnostics") or {}).get("cache_miss_reason")
+            self.diag = reason if isinstance(reason, dict) else None
+        elif kind == "message_delta":
+            self.usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self.finish()
+
+    def finish(self) -> None:
+        """The stream ended: a last frame without its closing blank line counts too."""
+        if self._pending:
+            tail = b"".join(self._pending)
+            self._pending = []
+            self._frame(tail, 0, len(tail))
+        if not self.reported and self.usage:
+            self.reported = True
+            self.done(dict(self.usage), self.message_id, self.diag)

@@ -1,0 +1,586 @@
+"""Session: one agent conversation = transcript + ledger + renderer, optionally persisted.
+
+Every mutation (``sync``, ``edit``, ``record_request``) runs under the store's lock as: read
+what other writers appended, validate, compare-and-append, then update memory. A failed
+validation writes nothing. Loading verifies every chain (transcript content, ledger entries,
+request records) and the immutable prefix, and raises `LedgerCorruptError` naming the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..base.errors import (
+    ImmutablePrefixError,
+    InvalidEditError,
+    LedgerCorruptError,
+    MalformedMessageError,
+    StoreConflictError,
+    StoreError,
+)
+from ..base.tokens import TokenCounter
+from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
+from ..store import FileSessionStore, SessionStore, Store, TornTail
+from ..store.records import GENESIS, record_hash, seal
+from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
+from .render import Renderer, RenderResult
+from .transcript import MessageRecord, Transcript, immutable_prefix_end
+
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
+
+log = logging.getLogger("cachecompact")
+
+DEFAULT_MODEL = "claude-sonnet-4-6"
+DEFAULT_MAX_TOKENS = 4096
+_CONFLICT_RETRIES = 5
+
+Target = str | os.PathLike[str] | SessionStore | None
+
+
+META_KEYS = frozenset({"session_id", "system", "tools", "prefix_messages", "prefix_end", "prefix_hash", "tokenizer",
+                       "token_ratio"})
+OPTIONAL_META_KEYS = frozenset({"link"})  # the session this one continues (docs/ledger-format.md)
+
+
+def _link(value: Any) -> dict[str, Any] | None:
+    """The stored ``link`` field, checked: an object naming a session, or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("session"), str):
+        raise TypeError(f"link must be an object with a session id, got {value!r}"[:200])
+    return value
+
+
+class Session:
+    """An append-only conversation whose compaction is recorded as ledger edits.
+
+    Create with `Session.create(path, ...)` (a session directory), `Session.create(None, ...)`
+    (in memory) or `Session.create(store, session_id=...)` (any `Store`); reopen with
+    `Session.open(path)` or `Session.open(store, session_id)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        system: Any,
+        tools: Sequence[Any] | None,
+        prefix_messages: int,
+        session_id: str,
+        store: SessionStore | None,
+        tokenizer: str = "cl100k_base",
+        prefix_hash: str | None = None,
+        token_ratio: float = 1.0,
+        link: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(prefix_messages, int) or isinstance(prefix_messages, bool) or prefix_messages < 0:
+            raise ValueError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
+        self.session_id = session_id
+        self.prefix_messages = prefix_messages
+        self.store = store
+        self.system_param = plain(system) if system is not None else None
+        self.tools_param = [plain(t) for t in tools] if tools else []
+        self._system = system_from_param(self.system_param)
+        self._tools: list[ToolDef] = [tool_from_dict(t, i) for i, t in enumerate(self.tools_param)]
+        self.transcript = Transcript()
+        self.ledger = Ledger()
+        self.counter = TokenCounter(tokenizer, calibration=token_ratio)
+        self.token_ratio = token_ratio
+        # the session this one continues: {"session", "reason", "at"} (a segment after a rewrite or
+        # a changed system prompt, another agent under the same name), fixed at creation
+        self.link = link
+        self._prefix_hash = prefix_hash
+        self.torn: list[TornTail] = []
+        self._chain: list[str] = [GENESIS]  # transcript chain value after 0, 1, ..., n messages
+        self._requests = 0
+        self._requests_head = GENESIS
+        self._request_hashes: list[str] = [GENESIS]  # request chain value after 0, 1, ... records
+        self.last_request: dict[str, Any] | None = None
+        # breakpoints of the previous request sent (block index, chain value): an input of the
+        # breakpoint planner, persisted in the request log so a reopened session plans the same
+        self.previous_breakpoints: list[tuple[int, bytes]] = []
+        # transcript messages before this index will not be edited next (set by the policy, kept
+        # in each request record): the planner marks their end, so the next edit re-writes only
+        # what follows
+        self.stable_before: int | None = None
+        self.renderer = Renderer(
+            self.transcript, self.ledger, self._tools, self._system, self.counter,
+            prefix_end=lambda: self.prefix_end, expected_prefix_hash=lambda: self._prefix_hash,
+        )
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        target: Target | Store,
+        *,
+        system: Any = None,
+        tools: Sequence[Any] | None = None,
+        prefix_messages: int = 3,
+        session_id: str | None = None,
+        tokenizer: str = "cl100k_base",
+        token_ratio: float = 1.0,
+        lock_timeout: float = 10.0,
+        link: dict[str, Any] | None = None,
+    ) -> Session:
+        """Start a session: ``None`` keeps it in memory, a path makes a new session directory
+        there, a `Store` creates ``session_id`` in it. Creation is atomic. ``link`` names the
+        session this one continues (`Session.link`)."""
+        sid = session_id or uuid.uuid4().hex
+        sess = cls(system=system, tools=tools, prefix_messages=prefix_messages, session_id=sid, store=None,
+                   tokenizer=tokenizer, token_ratio=token_ratio, link=link)
+        if sess.prefix_end is not None:  # prefix_messages=0: the prefix is complete before any message
+            sess._prefix_hash = sess.renderer.prefix_hash()
+        if target is None:
+            return sess
+        if isinstance(target, Store):
+            sess.store = target.create(sid, sess._meta())
+        elif isinstance(target, SessionStore):
+            raise TypeError("Session.create takes a path or a Store; open an existing SessionStore with Session.open")
+        else:
+            sess.store = FileSessionStore.create(target, sess._meta(), lock_timeout)
+        return sess
+
+    @classmethod
+    def open(cls, target: str | os.PathLike[str] | SessionStore | Store, session_id: str | None = None, *,
+             readonly: bool = False, lock_timeout: float = 10.0) -> Session:
+        """Load a persisted session, verifying every chain and the immutable prefix.
+
+        ``readonly`` never writes (not even the prefix hash of a session whose prefix just
+        completed); a missing prefix hash is then an error.
+        """
+        if isinstance(target, Store):
+            if session_id is None:
+                raise TypeError("Session.open(store, session_id): the session id is required")
+            store: SessionStore = target.open(session_id)
+        elif isinstance(target, SessionStore):
+            store = target
+        else:
+            store = FileSessionStore.open(target, lock_timeout)
+        meta = store.read_meta()
+        where = f"{store.location} (session metadata)"
+        keys = set(meta) - {"format", "version"} - (OPTIONAL_META_KEYS & set(meta))
+        if keys != META_KEYS:
+            odd = sorted(keys ^ META_KEYS)
+            raise StoreError(f"{where}: fields {', '.join(odd)} are unknown or missing (expected exactly "
+                             f"{', '.join(sorted(META_KEYS))})")
+        try:
+            sess = cls(
+                system=meta.get("system"), tools=meta.get("tools") or [],
+                prefix_messages=meta["prefix_messages"], session_id=str(meta["session_id"]), store=store,
+                tokenizer=str(meta.get("tokenizer", "cl100k_base")), prefix_hash=meta.get("prefix_hash"),
+                token_ratio=float(meta.get("token_ratio", 1.0)), link=_link(meta.get("link")),
+            )
+        except (KeyError, TypeError, ValueError, MalformedMessageError) as err:
+            raise StoreError(f"{where}: invalid field: {err}") from None
+        # a read-only open writes nothing, not even a lock file: stores that can lock for reading
+        # alone (the file store) offer `read_lock`, an optional extra to the contract
+        lock = getattr(store, "read_lock", store.lock) if readonly else store.lock
+        with lock():
+            sess._refresh()
+            sess._check_meta(meta, readonly)
+        for torn in sess.torn:
+            log.warning("%s", torn)
+        return sess
+
+    def _meta(self) -> dict[str, Any]:
+        meta = {
+            "session_id": self.session_id,
+            "system": self.system_param,
+            "tools": self.tools_param,
+            "prefix_messages": self.prefix_messages,
+            "prefix_end": self.prefix_end,
+            "prefix_hash": self._prefix_hash,
+            "tokenizer": self.counter.encoding_name,
+            "token_ratio": self.token_ratio,
+        }
+        if self.link is not None:
+            meta["link"] = self.link
+        return meta
+
+    def meta_digest(self) -> str:
+        """sha256 of the metadata that never changes after creation (id, system, tools, prefix
+        size, tokenizer). Every request record commits to it, so an edited ``session.json`` is
+        detected like an edited log line."""
+        fixed = {k: v for k, v in self._meta().items() if k not in ("prefix_end", "prefix_hash")}
+        return hashlib.sha256(canonical_bytes(fixed)).hexdigest()
+
+    def _check_meta(self, meta: dict[str, Any], readonly: bool) -> None:
+        """The stored prefix fields must match what the transcript gives; fill them in once."""
+        assert self.store is not None
+        where = f"{self.store.location} (session metadata)"
+        pe = self.prefix_end
+        stored_pe = meta.get("prefix_end")
+        if pe is not None:
+            if stored_pe is not None and stored_pe != pe:
+                raise StoreError(f"{where}: field prefix_end is {stored_pe!r}, but the transcript puts the end of the "
+                                 f"immutable prefix at {pe}")
+            actual = self.renderer.prefix_hash()
+            if self._prefix_hash is None:
+                if readonly or stored_pe is not None:
+                    raise StoreError(f"{where}: field prefix_hash is missing or null, but the prefix is complete "
+                                     f"(prefix_end {pe})")
+                self._prefix_hash = actual
+                self.store.write_meta(self._meta())
+            elif actual != self._prefix_hash:
+                raise ImmutablePrefixError(f"{where}: field prefix_hash {self._prefix_hash} does not match the "
+                                           f"tools, system and first {pe} messages ({actual})")
+        elif stored_pe is not None or self._prefix_hash is not None:
+            raise StoreError(f"{where}: fields prefix_end/prefix_hash are set ({stored_pe!r}), but the transcript "
+                             f"has only {len(self)} messages")
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        """The session directory for a file-backed session, else None."""
+        return self.store.path if isinstance(self.store, FileSessionStore) else None
+
+    @property
+    def prefix_end(self) -> int | None:
+        """Index of the first editable message, or None while the prefix is still forming."""
+        return immutable_prefix_end(self.transcript, self.prefix_messages)
+
+    @property
+    def prefix_hash(self) -> str | None:
+        return self._prefix_hash
+
+    @property
+    def transcript_head(self) -> str:
+        """sha256 chain value over every message so far (64 zeros when empty)."""
+        return self._chain[-1]
+
+    def chain_at(self, n: int) -> str:
+        """Transcript chain value after the first ``n`` messages."""
+        return self._chain[n]
+
+    @property
+    def head(self) -> str:
+        """``T:L:R:sha256``: lengths of transcript, ledger and request log, and a hash over the prefix
+        hash and the three chain heads. An earlier head can be checked with `extends`."""
+        return self._head_at(len(self.transcript), len(self.ledger), self._requests)
+
+    def _head_at(self, t: int, e: int, r: int) -> str:
+        lh = self.ledger.entries[e - 1].hash if e else GENESIS_HASH
+        digest = hashlib.sha256(f"{self._prefix_hash}|{self._chain[t]}|{lh}|{self._request_hashes[r]}".encode())
+        return f"{t}:{e}:{r}:{digest.hexdigest()}"
+
+    def extends(self, head: str) -> bool:
+        """Whether the stored state is ``head`` (an earlier `head`) plus appends: nothing it
+        covered was changed, removed or rolled back."""
+        try:
+            t, e, r, _ = head.split(":")
+            ti, ei, ri = int(t), int(e), int(r)
+        except ValueError:
+            return False
+        if not (0 <= ti <= len(self.transcript) and 0 <= ei <= len(self.ledger) and 0 <= ri <= self._requests):
+            return False
+        return self._head_at(ti, ei, ri) == head
+
+    def __len__(self) -> int:
+        return len(self.transcript)
+
+    @property
+    def requests_recorded(self) -> int:
+        """Request records stored so far (by any writer, as of the last refresh)."""
+        return self._requests
+
+    # -- reading what is stored -------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Apply records other writers appended since we last looked. Caller holds the lock."""
+        if self.store is None:
+            return
+        self.torn = []
+        loaders = (("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
+                   ("requests", self._load_request_line))
+        batch = getattr(self.store, "read_new_logs", None)  # one round trip for every log, where offered
+        got = batch(tuple(n for n, _ in loaders)) if callable(batch) else None
+        for name, loader in loaders:
+            if got is not None:
+                lines = got[name]
+            else:
+                lines, torn = self.store.read_new(name)  # type: ignore[arg-type]
+                if torn:
+                    self.torn.append(torn)
+            where = self.store.where(name)  # type: ignore[arg-type]
+            for line_no, rec in lines:
+                loader(where, line_no, rec)
+
+    def _load_transcript_line(self, path: str, line_no: int, rec: Any) -> None:
+        if not isinstance(rec, dict) or set(rec) != {"c", "h", "i", "m"}:
+            raise LedgerCorruptError(path, line_no, "expected an object with keys c, h, i, m")
+        if rec["i"] != len(self.transcript):
+            raise LedgerCorruptError(path, line_no, f"index {rec['i']!r}, expected {len(self.transcript)}")
+        if not isinstance(rec["m"], dict):
+            raise LedgerCorruptError(path, line_no, "field m is not a message object")
+        try:
+            records = self.transcript.prepare_new([rec["m"]], prev=self._chain[-1])
+        except MalformedMessageError as err:
+            raise LedgerCorruptError(path, line_no, str(err)) from None
+        r = records[0]
+        if r.hash.hex() != rec["h"]:
+            raise LedgerCorruptError(path, line_no, "message does not match its hash (field h)")
+        if r.chain != rec["c"]:
+            raise LedgerCorruptError(path, line_no, "message does not match its chain value c (content changed, or "
+                                                    "an earlier line was removed or reordered)")
+        self.transcript.commit(records)
+        self._chain.append(r.chain)
+
+    def _load_ledger_line(self, path: str, line_no: int, rec: Any) -> None:
+        try:
+            entry = msgspec.convert(rec, LedgerEntry)
+        except msgspec.ValidationError as err:
+            raise LedgerCorruptError(path, line_no, f"not a ledger entry: {err}") from None
+        if entry_hash(rec) != entry.hash:
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} does not match its hash")
+        if entry.seq != len(self.ledger):
+            raise LedgerCorruptError(path, line_no, f"seq {entry.seq}, expected {len(self.ledger)}")
+        if entry.prev_hash != self.ledger.head_hash:
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} prev_hash breaks the chain")
+        if entry.transcript_len > len(self.transcript):
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} refers to transcript length "
+                                                    f"{entry.transcript_len}, only {len(self.transcript)} stored")
+        if entry.transcript_head != self._chain[entry.transcript_len]:
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} was made on a different transcript "
+                                                    f"(transcript_head does not match message {entry.transcript_len})")
+        try:
+            check_edit(entry.edit, self.transcript, self.prefix_end, self.ledger.entries, entry.transcript_len)
+        except InvalidEditError as err:
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} does not replay: {err}") from None
+        self.ledger.append(entry)
+
+    def _load_request_line(self, path: str, line_no: int, rec: Any) -> None:
+        if not isinstance(rec, dict):
+            raise LedgerCorruptError(path, line_no, "not a request record object")
+        if record_hash(rec) != rec.get("hash"):
+            raise LedgerCorruptError(path, line_no, "request record does not match its hash")
+        if rec.get("seq") != self._requests or rec.get("prev_hash") != self._requests_head:
+            raise LedgerCorruptError(path, line_no, f"request record seq {rec.get('seq')!r} breaks the chain "
+                                                    f"(expected #{self._requests})")
+        if "meta" in rec and rec["meta"] != self.meta_digest():
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was made for other session metadata "
+                                                    "(session.json was changed: id, system, tools, prefix size or "
+                                                    "tokenizer)")
+        tl, el = rec.get("transcript_len"), rec.get("ledger_len")
+        if not isinstance(tl, int) or not 0 <= tl <= len(self.transcript) or \
+                rec.get("transcript_head") != self._chain[tl]:
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was sent with transcript length "
+                                                    f"{tl!r}; the stored transcript is shorter or differs there")
+        if not isinstance(el, int) or not 0 <= el <= len(self.ledger) or \
+                rec.get("ledger_head") != (self.ledger.entries[el - 1].hash if el else GENESIS_HASH):
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} was sent with {el!r} ledger entries; "
+                                                    "the stored ledger is shorter or differs there")
+        self._requests += 1
+        self._requests_head = rec["hash"]
+        self._request_hashes.append(rec["hash"])
+        self.last_request = rec
+        bps = rec.get("breakpoints")
+        if isinstance(bps, list):
+            self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
+        mark = rec.get("stable_before")
+        self.stable_before = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark >= 0 else None
+
+    # -- mutation ----------------------------------------------------------------------------
+
+    def sync(self, messages: Sequence[Any], *, identities: Sequence[bytes] | None = None) -> list[int]:
+        """Record the agent's full history; append only the new tail. Returns the new indices.
+
+        Every stored message is compared with the caller's by identity (`Transcript.prepare`):
+        `HistoryRewrittenError` names the first that differs, `MalformedMessageError` reports
+        invalid input, and in both cases nothing is written. ``identities`` are the messages'
+        identities when the caller computed them already.
+        """
+        return self._append_with(lambda: self.transcript.prepare(messages, identities=identities,
+                                                                 prev=self._chain[-1]))
+
+    def append(self, messages: Sequence[Any]) -> list[int]:
+        """Append messages after the current end (no comparison with earlier history)."""
+        items = list(messages)
+        return self._append_with(lambda: self.transcript.prepare_new(items, prev=self._chain[-1]))
+
+    def _append_with(self, prepare: Any) -> list[int]:
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                records: list[MessageRecord] = prepare()
+                if not records:
+                    return []
+                try:
+                    self._persist("transcript", [{"c": r.chain, "h": r.hash.hex(), "i": r.index, "m": r.raw}
+                                                 for r in records], records[0].index)
+                except StoreConflictError:
+                    continue  # another writer appended first: catch up and validate again
+                self.transcript.commit(records)
+                self._chain.extend(r.chain for r in records)
+                self._record_prefix_if_complete()
+                return [r.index for r in records]
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not append after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def _persist(self, log_name: str, records: list[dict[str, Any]], at: int) -> None:
+        if self.store is not None:
+            self.store.append(log_name, records, at)  # type: ignore[arg-type]
+
+    def _record_prefix_if_complete(self) -> None:
+        """Compute and store the prefix hash the first time the prefix is complete."""
+        if self._prefix_hash is not None or self.prefix_end is None:
+            return
+        self._prefix_hash = self.renderer.prefix_hash()
+        if self.store is not None:
+            self.store.write_meta(self._meta())
+
+    def edit(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
+        """Validate and append one ledger edit. Raises a typed `InvalidEditError`; writes nothing then."""
+        if not isinstance(edit, (SkipRange, ReplaceWithSummary)):
+            raise InvalidEditError(f"expected SkipRange or ReplaceWithSummary, got {type(edit).__name__}")
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
+                n = len(self.transcript)
+                draft = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                               tokens_before=0, tokens_after=0, created_at=created_at)
+                before, after = self.renderer.edit_tokens(draft)
+                entry = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                               tokens_before=before, tokens_after=after, created_at=draft.created_at)
+                try:
+                    self._persist("ledger", [msgspec.to_builtins(entry)], entry.seq)
+                except StoreConflictError:
+                    continue
+                self.ledger.append(entry)
+                return entry
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not append an edit after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def edit_effect(self, edit: Edit) -> tuple[int, int]:
+        """Estimated tokens ``edit``'s range occupies now and would after it (nothing is written)."""
+        check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
+        n = len(self.transcript)
+        draft = self.ledger.make_entry(edit, level="manual", transcript_len=n, transcript_head=self._chain[n],
+                                       tokens_before=0, tokens_after=0)
+        return self.renderer.edit_tokens(draft)
+
+    def record_request(self, render: RenderResult, fields: dict[str, Any]) -> dict[str, Any]:
+        """Append a sealed record of a request that was sent from ``render`` and answered.
+
+        It commits to the transcript and ledger state the request was rendered from, and
+        carries the request's breakpoints and compacted-part mark, which guide the next
+        render's breakpoint plan.
+        """
+        t_len = self._render_transcript_len(render)
+        base = {**fields, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
+                "ledger_len": render.n_entries,
+                "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
+                "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
+        if self.stable_before is not None:
+            base["stable_before"] = self.stable_before
+        if getattr(self.store, "atomic_append", False):
+            # a store whose append is an atomic compare-and-append by itself (PostgreSQL's unique
+            # key) needs no lock for one record: try at the known position; only when another
+            # writer got there first, catch up under the lock (below)
+            rec = seal(base, self._requests, self._requests_head)
+            with contextlib.suppress(StoreConflictError):
+                self._persist("requests", [rec], self._requests)
+                return self._recorded(rec, render)
+        for _ in range(_CONFLICT_RETRIES):
+            with self._locked():
+                rec = seal(base, self._requests, self._requests_head)
+                try:
+                    self._persist("requests", [rec], self._requests)
+                except StoreConflictError:
+                    continue
+                return self._recorded(rec, render)
+        raise StoreError(f"{self.store.location if self.store else 'session'}: could not record a request after "
+                         f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def _recorded(self, rec: dict[str, Any], render: RenderResult) -> dict[str, Any]:
+        self._requests += 1
+        self._requests_head = rec["hash"]
+        self._request_hashes.append(rec["hash"])
+        self.last_request = rec
+        self.previous_breakpoints = render.breakpoint_chain
+        mark = rec.get("stable_before")  # ours, even if catching up on another writer replaced it
+        self.stable_before = mark if isinstance(mark, int) else None
+        return rec
+
+    def _render_transcript_len(self, render: RenderResult) -> int:
+        """How many transcript messages ``render`` was made from (its last rendered source + 1)."""
+        n = render.transcript_len
+        return n if n is not None and 0 <= n <= len(self.transcript) else len(self.transcript)
+
+    def note_sent(self, render: RenderResult) -> None:
+        """Use ``render``'s breakpoints for the next plan without recording a request (in-memory use)."""
+        self.previous_breakpoints = render.breakpoint_chain
+
+    def log_event(self, event: dict[str, Any]) -> None:
+        """Append to the informational event log (not chained); no-op in memory."""
+        if self.store is not None:
+            self.store.append_event(event)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store lock and catch up with other writers first (no-op in memory)."""
+        if self.store is None:
+            yield
+            return
+        with self.store.lock():
+            self._refresh()
+            yield
+
+    def refresh(self) -> None:
+        """Catch up with records other processes or replicas appended."""
+        with self._locked():
+            pass
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def render(
+        self,
+        model: str = DEFAULT_MODEL,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        *,
+        at_entry: int | None = None,
+        transcript_len: int | None = None,
+        breakpoints: bool = True,
+        ttl: str | None = None,
+        prefix_ttl: str | None = None,
+        uncompacted: bool = False,
+        **params: Any,
+    ) -> RenderResult:
+        """The request body for ``POST /v1/messages``; extra ``params`` pass through unchanged.
+
+        ``at_entry=K`` replays the request as it was right after ledger entry K was made;
+        ``uncompacted=True`` renders the whole transcript with no ledger entry applied (what the
+        caller sent, every original back).
+        """
+        upto = None
+        if uncompacted:
+            if at_entry is not None:
+                raise ValueError("give at_entry or uncompacted, not both")
+            upto = 0
+            transcript_len = len(self.transcript) if transcript_len is None else transcript_len
+        if at_entry is not None:
+            if not 0 <= at_entry < len(self.ledger):
+                raise IndexError(f"ledger has {len(self.ledger)} entries; no entry {at_entry}")
+            upto = at_entry + 1
+            if transcript_len is None:
+                transcript_len = self.ledger.entries[at_entry].transcript_len
+        if transcript_len is not None and not 0 <= transcript_len <= len(self.transcript):
+            raise IndexError(f"transcript has {len(self.transcript)} messages; cannot render {transcript_len}")
+        live = upto is None and transcript_len is None
+        return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
+                                    previous=self.previous_breakpoints if live else (),
+                                    stable_before=self.stable_before if live else None, ttl=ttl,
+                                    prefix_ttl=prefix_ttl, model=model, max_tokens=max_tokens, **params)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The full, uncompacted history as plain dicts."""
+        return [message_to_dict(m) for m in self.transcript.messages]

@@ -1,0 +1,178 @@
+"""Replay a trace through the real SDK, wrapped with a strategy, against the in-process emulator.
+
+The agent loop sends the full history each turn at the trace's recorded times (the
+emulator's simulated clock, so idle gaps expire caches as they did); the emulator answers
+with the recorded assistant messages; the recorded tool results are appended. Every
+strategy, ours and the peers', comes from the one registry and runs in the same
+`CompactionMiddleware`; summaries go to the emulator's summarizing model. Everything is
+measured from the emulator's request log: usage, cost, context size, cache hits; the recall
+probe adds evidence recall, name recall and the re-read turns lost evidence would cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import anthropic
+
+from ...adapters.middleware import CompactionMiddleware, summarizer_factory
+from ...base.errors import ContextFullError
+from ...base.headers import CLOCK_HEADER
+from ...base.pricing import ModelInfo, get_model
+from ...compaction.catalog import get_strategy
+from ..emulator import Emulator, ReplayResponder, SummarizingResponder
+from ..traces import Trace
+from .recall import RecallProbe, reread_cost
+
+__all__ = ["MAX_TOKENS", "TraceResult", "replay", "rewrite_cost"]
+
+MAX_TOKENS = 4096
+
+
+@dataclass
+class TraceResult:
+    trace: str
+    strategy: str
+    window: int
+    turns: int
+    completed: bool
+    failure: str | None = None
+    window_key: int = -1  # the bench's window this run stands for (0: the model's own), -1: ``window``
+    model: str = ""  # the prices it was billed at
+    cost_usd: float = 0.0  # agent requests + summarizer calls
+    summary_cost_usd: float = 0.0
+    adjusted_cost_usd: float = 0.0  # cost + one re-read turn per tool result whose evidence was lost
+    rereads: int = 0
+    hit_rate: float = 0.0
+    rewrite_usd: float = 0.0  # writing again what the previous request had cached (see `rewrite_cost`)
+    cache_breaks: int = 0
+    peak_tokens: int = 0
+    mean_tokens: float = 0.0
+    compactions: dict[str, int] = field(default_factory=dict)
+    overhead_ms_per_turn: float = 0.0
+    evidence_recall: float = 1.0
+    name_recall: float = 1.0
+    references: int = 0
+    cost_series: list[float] = field(default_factory=list)  # cumulative $ after each request
+    token_series: list[int] = field(default_factory=list)  # input tokens of each request
+    event_turns: list[tuple[int, str]] = field(default_factory=list)  # (request index, level)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _breaks(rates: list[float], window: int = 10, ratio: float = 0.8) -> int:
+    n = 0
+    for i in range(1, len(rates)):
+        base = statistics.fmean(rates[max(0, i - window): i])
+        if rates[i] < ratio * base:
+            n += 1
+    return n
+
+
+def rewrite_cost(log: list[dict[str, Any]], price: ModelInfo) -> float:
+    """Dollars an agent's requests (the emulator's log, in order) spent writing again what the
+    previous request had cached: each request's cache writes beyond what it added since the
+    previous one, at its own write prices. Idle expiries count too; the bench replays recorded
+    gaps, so a strategy's TTL choice shows here as well as its edits."""
+    out, prev = 0.0, None
+    for r in log:
+        u = r["usage"]
+        total = r["total_input_tokens"]
+        written = int(u.get("cache_creation_input_tokens") or 0)
+        if prev is not None and written:
+            again = max(0, written - max(0, total - prev))
+            cc = u.get("cache_creation") or {}
+            w1h = min(written, int(cc.get("ephemeral_1h_input_tokens") or 0))
+            p = price.at(total)
+            out += again * (w1h * p.write_1h + (written - w1h) * p.write_5m) / written / 1e6
+        prev = total
+    return out
+
+
+def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000) -> TraceResult:
+    """Run one trace under one strategy; never raises for a failing trace (see ``failure``)."""
+    get_strategy(strategy)  # an unknown name is an error, not a failed trace
+    price = get_model(model)
+    t_start = time.perf_counter()
+    probe = RecallProbe(ReplayResponder(trace.messages))
+    res = TraceResult(trace=trace.name, strategy=strategy, window=window, turns=trace.turns, completed=True,
+                      model=price.name)
+    with Emulator(SummarizingResponder(probe), context_window=window) as emu:
+        raw = anthropic.Anthropic(base_url=emu.url, api_key="bench", max_retries=0)
+        mw = CompactionMiddleware(None, strategy=strategy, window_tokens=window,
+                                  summarizer=summarizer_factory(raw, None))
+        client = raw.with_middleware(mw)
+        history = [trace.messages[0]]
+        i = 1
+        ledger_sizes: list[int] = []  # ledger entries after each request: when compactions happened
+        try:
+            while i < len(trace.messages):
+                kw: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "messages": history,
+                                      "extra_headers": {CLOCK_HEADER: repr(trace.timestamps[i - 1] or float(i))}}
+                if trace.system:
+                    kw["system"] = trace.system
+                if trace.tools:
+                    kw["tools"] = trace.tools
+                reply = client.messages.create(**kw)
+                ledger_sizes.append(sum(len(s.ledger) for s in mw.sessions()))
+                history.append({"role": "assistant",
+                                "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+                i += 1
+                if i < len(trace.messages):
+                    history.append(trace.messages[i])
+                    i += 1
+        except anthropic.BadRequestError as err:
+            res.completed, res.failure = False, f"API 400: {str(err.message)[:160]}"
+        except ContextFullError as err:
+            res.completed, res.failure = False, f"context full: {str(err)[:160]}"
+        except Exception as err:  # a strategy bug is a failed trace, reported, not a crashed benchmark
+            res.completed, res.failure = False, f"{type(err).__name__}: {err}"[:200]
+        log = list(emu.requests)
+    agent = [r for r in log if r.get("status") == 200 and not r.get("internal")]
+    internal = [r for r in log if r.get("status") == 200 and r.get("internal")]
+    res.summary_cost_usd = sum(r["cost_usd"] for r in internal)  # what the emulator billed the summarizer
+    total = 0.0
+    rates = []
+    for r in agent:
+        total += r["cost_usd"]
+        res.cost_series.append(total)
+        res.token_series.append(r["total_input_tokens"])
+        u = r["usage"]
+        t = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+        rates.append(u["cache_read_input_tokens"] / t if t else 0.0)
+    res.cost_usd = total + res.summary_cost_usd
+    res.rereads = len(probe.rereads)
+    extra = sum(reread_cost(price, res.token_series[k] if k < len(res.token_series) else 0, tokens)
+                for k, tokens in probe.rereads)
+    res.adjusted_cost_usd = res.cost_usd + extra
+    reads = sum(r["usage"]["cache_read_input_tokens"] for r in agent)
+    res.hit_rate = reads / max(1, sum(r["total_input_tokens"] for r in agent))
+    res.rewrite_usd = rewrite_cost(agent, price)
+    res.cache_breaks = _breaks(rates)
+    res.peak_tokens = max(res.token_series, default=0)
+    res.mean_tokens = statistics.fmean(res.token_series) if res.token_series else 0.0
+    res.evidence_recall, res.name_recall, res.references = probe.recall, probe.name_recall, probe.references
+    res.overhead_ms_per_turn = 1000 * mw.overhead_s / max(1, len(agent))
+    for ev in mw.events.history:
+        if ev.kind in ("compaction", "externalized") and ev.level:
+            res.compactions[ev.level] = res.compactions.get(ev.level, 0) + 1
+    levels = [e.level for s in mw.sessions() for e in s.ledger.entries]
+    prev_n = 0
+    for k, n in enumerate(ledger_sizes):
+        for lvl in sorted(set(levels[prev_n:n])):
+            res.event_turns.append((k, lvl))
+        prev_n = n
+    prev = 0
+    for k, r in enumerate(agent):  # server-side clearing (the anthropic-clear peers)
+        c = r.get("cleared_tool_uses", 0)
+        if c > prev:
+            res.compactions["server-clear"] = res.compactions.get("server-clear", 0) + 1
+            res.event_turns.append((k, "server-clear"))
+        prev = c
+    res.wall_s = time.perf_counter() - t_start
+    return res

@@ -1,0 +1,208 @@
+"""What compaction hid from the agent, measured on the requests actually sent.
+
+For each request the emulator answers, the probe looks at the recorded reply the replay is
+about to return and the identifiers its tool calls use (paths, symbols, ids, numbers).
+
+* **Evidence recall.** An identifier the call uses that earlier appeared in a tool result is
+  a *reference*; its *evidence* is the earlier tool-result lines that contain it. It is
+  recalled only when at least one of those lines is still visible verbatim in the request (in
+  the original result, a preview or a summary). A line that is nothing but the identifier must
+  appear as a whole line; a name in a digest or a file list of a summary does not count.
+* **Name recall** (second column): the identifier appears anywhere in the request.
+* **Re-reads.** When a reference's evidence is not visible, a real agent would re-run the
+  tool that produced the most recent evidence. The first time that happens for a given tool
+  result, the probe charges one re-read turn (see `reread_cost`); the adjusted cost adds it.
+
+Evidence is computed from the trace alone, once per trace, so every strategy is measured
+against the same lines.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from ...base.identifiers import identifiers_in_input
+from ...base.pricing import ModelInfo
+from ...base.wire import canonical_bytes
+from ..emulator.responders import ReplayResponder, Reply
+
+__all__ = ["REREAD_OUTPUT_TOKENS", "Evidence", "RecallProbe", "evidence_table", "request_text", "reread_cost"]
+
+REREAD_OUTPUT_TOKENS = 150  # the tool call of a re-read turn
+MAX_EVIDENCE_LINE = 400  # longer lines are cut at this many characters for matching
+
+
+def _texts(obj: Any, out: list[str]) -> None:
+    if isinstance(obj, str):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            if k not in ("type", "cache_control", "id", "tool_use_id", "signature"):
+                _texts(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _texts(v, out)
+
+
+def request_text(body: dict[str, Any]) -> str:
+    """All the text a request shows the model: system, messages (tool inputs as JSON)."""
+    out: list[str] = []
+    _texts(body.get("system"), out)
+    for m in body.get("messages") or []:
+        for b in m.get("content") if isinstance(m.get("content"), list) else [m.get("content")]:
+            if isinstance(b, dict) and b.get("type") == "tool_use":
+                out.append(canonical_bytes(b.get("input", {})).decode())
+            else:
+                _texts(b, out)
+    return "\n".join(out)
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    c = block.get("content")
+    if isinstance(c, str):
+        return c
+    out: list[str] = []
+    _texts(c, out)
+    return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One reference: an identifier, the lines that evidence it (newest first) and the tool result
+    (trace message index) a re-read would re-run, with that result's size in characters."""
+
+    identifier: str
+    lines: tuple[str, ...]
+    source: int
+    source_tokens: int
+
+
+def evidence_table(messages: Sequence[dict[str, Any]]) -> dict[int, list[Evidence]]:
+    """For each assistant message index of the trace, the references its tool calls make."""
+    return _evidence_cached(canonical_bytes(list(messages)))
+
+
+@lru_cache(maxsize=8)
+def _evidence_cached(raw: bytes) -> dict[int, list[Evidence]]:
+    import msgspec
+
+    from ...base.tokens import TokenCounter
+
+    counter = TokenCounter()
+    messages: list[dict[str, Any]] = msgspec.json.decode(raw)
+    # every tool-result line of the trace, in order, with the message it came from
+    text_parts: list[str] = []
+    starts: list[int] = []  # offset of each line in `blob`
+    line_msg: list[int] = []
+    sizes: dict[int, int] = {}
+    offset = 0
+    msg_end: dict[int, int] = {}  # message index -> blob offset after its lines
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if m.get("role") == "user" and isinstance(content, list):
+            for b in content:
+                if isinstance(b, dict) and b.get("type") == "tool_result":
+                    t = _result_text(b)
+                    sizes[i] = sizes.get(i, 0) + counter.count_text(t)
+                    for line in t.split("\n"):
+                        text_parts.append(line)
+                        starts.append(offset)
+                        line_msg.append(i)
+                        offset += len(line) + 1
+        msg_end[i] = offset
+    blob = "\n".join(text_parts)
+    table: dict[int, list[Evidence]] = {}
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if m.get("role") != "assistant" or not isinstance(content, list):
+            continue
+        inputs = [b.get("input", {}) for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+        idents = identifiers_in_input(inputs)
+        if not idents:
+            continue
+        limit = msg_end.get(i - 1, 0)  # only results the agent had seen before this call
+        refs: list[Evidence] = []
+        for x in idents:
+            lines: dict[str, None] = {}
+            src = -1
+            pos = blob.rfind(x, 0, limit)
+            while pos >= 0 and len(lines) < 64:
+                k = bisect.bisect_right(starts, pos) - 1
+                line = text_parts[k].strip()[:MAX_EVIDENCE_LINE]
+                if line:
+                    lines.setdefault(line, None)
+                    if src < 0:
+                        src = line_msg[k]
+                pos = blob.rfind(x, 0, starts[k]) if starts[k] > 0 else -1
+            if lines:
+                refs.append(Evidence(x, tuple(lines), src, sizes.get(src, 0)))
+        if refs:
+            table[i] = refs
+    return table
+
+
+def reread_cost(price: ModelInfo, context_tokens: int, evidence_tokens: int) -> float:
+    """One re-read turn: the request's context read from cache, the re-run tool output written,
+    and about `REREAD_OUTPUT_TOKENS` output tokens for the call."""
+    return (context_tokens * price.read + evidence_tokens * price.write_5m
+            + REREAD_OUTPUT_TOKENS * price.output) / 1e6
+
+
+@dataclass
+class RecallProbe:
+    """A responder wrapping `ReplayResponder`: answers the same, measures recall on the way."""
+
+    inner: ReplayResponder
+    references: int = 0
+    recalled: int = 0  # by evidence
+    named: int = 0  # by name
+    # (agent request ordinal, tokens of the tool result to re-run): one re-read turn each
+    rereads: list[tuple[int, int]] = field(default_factory=list)
+    per_request: list[tuple[int, int]] = field(default_factory=list)
+    _charged: set[int] = field(default_factory=set)
+    _table: dict[int, list[Evidence]] | None = None
+
+    def respond(self, body: dict[str, Any]) -> Reply:
+        reply = self.inner.respond(body)
+        if self._table is None:
+            self._table = evidence_table(self.inner.messages)
+        refs = self._table.get(self.inner.cursor - 1, [])
+        if not refs:
+            self.per_request.append((0, 0))
+            return reply
+        sent = "\n" + request_text(body) + "\n"
+        ok = 0
+        for ev in refs:
+            self.references += 1
+            self.named += ev.identifier in sent
+            if _visible(ev, sent):
+                ok += 1
+                continue
+            if ev.source not in self._charged:
+                self._charged.add(ev.source)
+                self.rereads.append((len(self.per_request), ev.source_tokens))
+        self.recalled += ok
+        self.per_request.append((len(refs), ok))
+        return reply
+
+    @property
+    def recall(self) -> float:
+        return self.recalled / self.references if self.references else 1.0
+
+    @property
+    def name_recall(self) -> float:
+        return self.named / self.references if self.references else 1.0
+
+
+def _visible(ev: Evidence, sent: str) -> bool:
+    for line in ev.lines:
+        if line == ev.identifier:
+            if f"\n{line}\n" in sent:
+                return True
+        elif line in sent:
+            return True
+    return False

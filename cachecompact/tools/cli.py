@@ -1,0 +1,660 @@
+"""The ``cachecompact`` command line.
+
+Every command checks its arguments before it starts work; every error is one line on stderr
+(``cachecompact: error: ...``, exit 2) unless ``--debug`` asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+# Nothing heavy at import: `cachecompact --help` and argument errors answer before the SDK and
+# the engine load; each command imports what it uses.
+if TYPE_CHECKING:
+    from ..history.session import Session
+
+DEFAULT_STORE = ".cachecompact/sessions"  # wrap()'s default store
+DEFAULT_MODEL = "claude-sonnet-4-6"  # the same as session.DEFAULT_MODEL (a test keeps them equal)
+DEFAULT_MAX_TOKENS = 4096
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """A bad command line: reported in one line, exit 2."""
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:{'>' if i < 2 else '<'}{w}}}" for i, w in enumerate(widths))
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+def ledger_table(sess: Session) -> str:
+    rows = [[str(e.seq), e.level, e.kind, f"{e.start}..{e.end}", f"{e.tokens_before}->{e.tokens_after}",
+             str(e.transcript_len), e.created_at[:19], (e.reason or "")[:60]] for e in sess.ledger.entries]
+    return _table(rows, ["seq", "level", "kind", "range", "tokens", "at_len", "created", "reason"])
+
+
+def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
+    """The session named on the command line: a directory, or an id in ``--store``."""
+    from ..history.session import Session
+
+    if getattr(args, "store", None):
+        from ..store import open_store
+
+        return Session.open(open_store(args.store), args.target, readonly=readonly)
+    target = Path(args.target)
+    default = Path(DEFAULT_STORE) / args.target
+    if not target.exists() and "/" not in args.target and default.is_dir():
+        target = default  # a bare id: the session in wrap()'s default store
+    return Session.open(target, readonly=readonly)
+
+
+def cmd_ledger_show(args: argparse.Namespace) -> int:
+    sess = _open(args)
+    if not sess.ledger.entries:
+        print(f"{args.target}: no ledger entries ({len(sess)} transcript messages)")
+        return 0
+    print(ledger_table(sess))
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every chain, the prefix and the replay of every entry are valid. Never writes,
+    unless ``--repair`` sets a torn tail aside."""
+    from ..base.errors import (
+        ImmutablePrefixError,
+        LedgerCorruptError,
+        MalformedMessageError,
+        SessionLockedError,
+        SessionNotFoundError,
+        StoreError,
+    )
+    from .emulator.validation import validate_request
+
+    try:
+        sess = _open(args, readonly=True)
+    except (SessionNotFoundError, SessionLockedError):
+        raise  # not a verdict on the session: exit 2 with the message
+    except (LedgerCorruptError, ImmutablePrefixError, StoreError) as err:
+        print(f"INVALID {err}", file=sys.stderr)
+        if args.repair:
+            print("--repair mends only a torn last line of a log (a crash mid-append), which it sets aside; it "
+                  "cannot mend a changed, removed or reordered record, which is what this is", file=sys.stderr)
+        return 1
+    for torn in sess.torn:
+        if args.repair and sess.store is not None:
+            with sess.store.lock():
+                sess.store.repair(torn.log)  # type: ignore[arg-type]
+            print(f"repaired: {torn} (set aside)", file=sys.stderr)
+        else:
+            print(f"warning: {torn}; `--repair` sets it aside", file=sys.stderr)
+    if args.head and not sess.extends(args.head):
+        print(f"INVALID {sess.store.location if sess.store else args.target}: the stored state does not extend "
+              f"head {args.head} (entries it covered were changed, removed or rolled back)", file=sys.stderr)
+        return 1
+    where = sess.store.where("ledger") if sess.store is not None else "ledger"
+    for e in sess.ledger.entries:
+        try:
+            validate_request(sess.render(at_entry=e.seq).body)
+        except MalformedMessageError as err:
+            print(f"INVALID {where}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}", file=sys.stderr)
+            return 1
+    print(f"ok: {len(sess)} messages, {len(sess.ledger)} ledger entries, prefix {sess.prefix_hash}\n"
+          f"head {sess.head}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    sess = _open(args)
+    if args.at_entry is not None and not 0 <= args.at_entry < len(sess.ledger):
+        raise UsageError(f"--at-entry {args.at_entry}: the session has ledger entries 0..{len(sess.ledger) - 1}"
+                         if sess.ledger.entries else f"--at-entry {args.at_entry}: the session has no ledger entries")
+    if args.at_entry is not None and args.uncompacted:
+        raise UsageError("--at-entry and --uncompacted exclude each other")
+    result = sess.render(model=args.model, max_tokens=args.max_tokens, at_entry=args.at_entry,
+                         uncompacted=args.uncompacted)
+    if args.pretty:
+        print(json.dumps(result.body, indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.buffer.write(result.to_json() + b"\n")
+    print(f"# {result.tokens} estimated tokens, {result.n_blocks} blocks, breakpoints at {result.breakpoints}, "
+          f"prefix {result.prefix_hash}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build a session from a real trace (or a synthetic one), add two edits, show the effect."""
+    from ..history.ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
+    from ..history.session import Session
+    from .traces import default_trace_dir, discover, load_trace, synthetic_trace
+
+    if args.trace:
+        trace = load_trace(args.trace)
+    else:
+        tdir = default_trace_dir()
+        files = discover([tdir / "claude-code"]) if tdir and (tdir / "claude-code").is_dir() else []
+        trace = load_trace(files[0]) if files else synthetic_trace(0)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="cachecompact-demo-")) / "session"
+    sess = Session.create(out, system=trace.system, tools=trace.tools)
+    sess.sync(trace.messages)
+    before = sess.render()
+    print(f"trace {trace.name} ({trace.format}): {len(sess)} messages, ~{before.tokens} tokens, "
+          f"prefix ends at message {sess.prefix_end}, prefix hash {sess.prefix_hash}")
+    pe = sess.prefix_end or 0
+    results = [i for i in range(pe, len(sess)) if sess.transcript.is_tool_result_message(i)]
+    if len(results) > 6:
+        # clear one old tool result in place, then summarise an older stretch that contains it
+        sess.edit(SkipRange(results[2], results[2], "demo: old tool output"), level="L1")
+        span = widen_to_pairs(sess.transcript, pe, results[len(results) // 3])
+        if span:
+            sess.edit(ReplaceWithSummary(span[0], span[1], f"Demo summary of messages {span[0]}-{span[1]}.",
+                                         "demo: collapse early exploration"), level="L3")
+    after = sess.render()
+    print(f"after {len(sess.ledger)} edit(s): ~{after.tokens} tokens "
+          f"({100 * (1 - after.tokens / max(before.tokens, 1)):.0f}% smaller)")
+    div = after.first_divergence(before)
+    print(f"cache: {div}" if div else "cache: no divergence")
+    print(ledger_table(sess))
+    print(f"\nsession stored in {out}\n  cachecompact ledger verify {out}\n  cachecompact render {out} --pretty")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the emulator until interrupted."""
+    from .emulator import Emulator, FaultConfig, ReplayResponder, ScriptedResponder, SummarizingResponder
+    from .traces import load_trace
+
+    inner = ReplayResponder(load_trace(args.trace).messages) if args.trace else ScriptedResponder()
+    faults = FaultConfig(rate=args.fault_rate, seed=args.seed, slow_rate=args.slow_rate)
+    emu = Emulator(SummarizingResponder(inner), faults=faults, log=args.log, host=args.host, port=args.port,
+                   gzip=args.gzip)
+
+    def ready(url: str) -> None:
+        print(f"cachecompact emulator listening on {url}  (anthropic.Anthropic(base_url={url!r}, "
+              f"api_key='test')); Ctrl-C to stop", flush=True)
+
+    try:
+        emu.serve_forever(ready)
+    except OSError as err:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Per-session cache report: hit rate over time, breaks and causes, cost, compactions."""
+    from .report import plot_session, session_data, session_report
+
+    sess = _open(args)
+    print(session_report(sess), flush=True)  # the text first: a failing plot must not lose it
+    if args.plot:
+        try:
+            plot_session(session_data(sess), Path(args.plot))
+        except (OSError, RuntimeError, ValueError) as err:
+            print(f"cachecompact: error: the plot was not written: {_one_line(err)}", file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Replay traces and run the tasks under every strategy; print tables; write results, report, plots."""
+    import shlex
+
+    from .bench.report import text_report, write_outputs
+    from .bench.run import DEFAULT_WINDOWS, run_bench, window_label
+
+    logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
+    res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window or DEFAULT_WINDOWS,
+                    workers=args.workers, progress=not args.json, synthetic=args.synthetic,
+                    tasks=not args.no_tasks, traces=not args.tasks, full=args.full)
+    command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
+    files = write_outputs(res, Path(args.out), command)
+    if args.json:
+        print((Path(args.out) / "results.json").read_text())
+        return 0
+    print(f"\n{res.corpus}: {len(res.traces)} traces, {len(res.tasks)} task runs, priced as {res.model}, windows "
+          f"{', '.join(window_label(w) for w in res.windows)}, {res.wall_s:.0f} s\n")
+    for s in res.skipped:
+        print(f"skipped {s['file']}: {s['reason']}")
+    print(text_report(res))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """Run the proxy until interrupted."""
+    from ..adapters.proxy import Proxy, ProxyConfig
+
+    token = args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
+    cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
+                      keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
+                      window_tokens=args.window,
+                      engine_options={} if args.recent_tokens is None else {"recent_tokens": args.recent_tokens})
+    cfg.check()
+    proxy = Proxy(cfg)
+
+    def ready(url: str) -> None:
+        shown = url.replace("0.0.0.0", "<this machine's address>").replace("[::]", "<this machine's address>")
+        print(f"cachecompact proxy ({cfg.mode}) listening on {url} -> {cfg.upstream}\n"
+              f"  clients: ANTHROPIC_BASE_URL={shown}\n  dashboard: {shown}/ui"
+              + ("?token=..." if token else "")
+              + ("" if cfg.store else "\n  (no --store: sessions are kept in memory only)"), flush=True)
+
+    try:
+        proxy.serve_forever(ready)
+    except OSError as err:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    return 0
+
+
+def cmd_forensics(args: argparse.Namespace) -> int:
+    """Cache forensics of recorded Claude Code logs: misses per class and what they cost."""
+    from .logs import summarize_logs
+    from .traces import discover
+
+    _must_exist(args.paths)
+    files = discover(list(args.paths))
+    if not files:
+        raise UsageError(f"no trace files found in {' '.join(args.paths)}")
+    done, skipped, totals = summarize_logs(files)
+    if args.json:
+        print(json.dumps({"logs": [{"name": r.name, "calls": r.calls, "misses": r.misses, "wasted_usd": r.wasted,
+                                    "findings": [f.to_dict() for f in r.findings
+                                                 if f.cls != "read_as_expected"]} for r in done],
+                          "skipped": skipped, "totals": totals}, indent=1))
+        return 0 if done else 1
+    for r in done:
+        print(f"{r.name}: {r.calls} calls, " + (", ".join(f"{k} {v} (${r.wasted[k]:.2f})" for k, v in
+                                                          sorted(r.misses.items())) or "no misses"))
+        if args.verbose:
+            for f in r.findings:
+                if f.cls != "read_as_expected":
+                    print(f"  call {f.request}: {f.cls} at {f.location or '-'}: {f.detail[:140]} "
+                          f"(${f.wasted_usd:.4f})")
+    for s in skipped:
+        print(f"skipped {s['file']}: {s['reason']}")
+    print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
+          f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own)")
+    rows = [[k, str(v), f"${totals['wasted_usd'][k]:.2f}"] for k, v in totals["misses"].items()]
+    print(_table(rows, ["class", "misses", "wasted"]))
+    print(f"explained by a class: {totals['explained']}; unexplained (provider suspected): {totals['unexplained']}")
+    return 0 if done else 1
+
+
+def cmd_store_migrate(args: argparse.Namespace) -> int:
+    """Create or upgrade the PostgreSQL schema (never done implicitly)."""
+    from ..store import is_database_url
+
+    if not is_database_url(args.url):
+        raise UsageError(f"store migrate takes a postgresql:// URL, got {args.url!r} (a folder needs no migration)")
+    try:
+        from ..store.postgres import migrate
+    except ImportError as err:
+        raise UsageError(str(err)) from None
+    before, after = migrate(args.url)
+    print(f"schema version {before} -> {after}" if before != after else f"schema is current (version {after})")
+    return 0
+
+
+def cmd_store_list(args: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    if args.url and args.store_url and args.url != args.store_url:
+        raise UsageError(f"two stores given: {args.url!r} and --store {args.store_url!r}")
+    url = args.url or args.store_url or DEFAULT_STORE
+    if "://" not in url and not Path(url).is_dir():
+        raise UsageError(f"{url}: no such store folder (or give a postgresql:// URL)")
+    store = open_store(url)
+    for sid in store.list(args.prefix):
+        print(sid)
+    store.close()
+    return 0
+
+
+def cmd_store_export(args: argparse.Namespace) -> int:
+    """A session from any store as a session directory (verifiable with the stdlib verifier)."""
+    from ..history.transfer import copy_session
+    from ..store import FileSessionStore, open_store
+
+    src_store = open_store(args.url)
+    dst = FileSessionStore.create(args.dir, {})
+    try:
+        copy_session(src_store.open(args.session), dst=dst)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(args.dir, ignore_errors=True)  # nothing half-written is left behind
+        raise
+    meta = src_store.open(args.session).read_meta()
+    dst.write_meta({k: v for k, v in meta.items() if k not in ("format", "version")})
+    src_store.close()
+    print(f"exported {args.session} to {args.dir}")
+    return 0
+
+
+def cmd_store_import(args: argparse.Namespace) -> int:
+    from ..history.transfer import copy_session
+    from ..store import FileSessionStore, open_store
+
+    src = FileSessionStore.open(args.dir)
+    dst_store = open_store(args.url)
+    made = copy_session(src, dst_store)
+    dst_store.close()
+    print(f"imported {args.dir} into {dst_store.url} as session {made.session_id}")
+    return 0
+
+
+# -- argument checks: each names the option and the rule ------------------------------------------
+
+
+def _int_in(name: str, lo: int, hi: int | None = None) -> Any:
+    def parse(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {v!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            rule = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {n}")
+        return n
+    return parse
+
+
+def _bench_window(v: str) -> int:
+    """``own`` (each trace at its model's own window, 0) or a window of 8,000 to 10,000,000 tokens."""
+    if v.strip().lower() == "own":
+        return 0
+    n: int = _int_in("--window", 8_000, 10_000_000)(v)
+    return n
+
+
+def _fraction(name: str) -> Any:
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
+        if not 0.0 <= x <= 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1, got {v}")
+        return x
+    return parse
+
+
+def _existing_file(name: str) -> Any:
+    def parse(v: str) -> str:
+        if not Path(v).is_file():
+            raise argparse.ArgumentTypeError(f"{name} {v}: no such file")
+        return v
+    return parse
+
+
+def _writable_dir(p: Path, what: str) -> None:
+    """Create ``p`` (a folder for outputs) now, so a bad path fails before the work, not after."""
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".cachecompact-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"{what} {p}: not a writable folder ({err.strerror or err})") from None
+
+
+def _writable_file(p: Path, what: str) -> None:
+    parent = p.parent
+    if p.is_dir():
+        raise UsageError(f"{what} {p}: is a folder")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"{what} {p}: the folder {parent} does not exist or is not writable")
+
+
+def _must_exist(paths: list[str]) -> None:
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"no such file or folder: {', '.join(missing)}")
+
+
+def _load_model_prices(path: str) -> None:
+    """Register the models a ``--model-prices`` file prices (`pricing.custom`)."""
+    from ..base.pricing import custom, register
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model-prices {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--model-prices {path}: expected an object mapping model ids to prices")
+    for name, prices in data.items():
+        register(custom(str(name), prices))
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Checks that need the file system or the registries, run before any work."""
+    if getattr(args, "model_prices", None):
+        _load_model_prices(args.model_prices)
+    if args.command == "render":
+        from ..base.pricing import get_model
+
+        get_model(args.model)  # an unlisted id: one line naming the nearest ones
+    if args.command == "bench":
+        from ..base.pricing import get_model
+        from ..compaction.catalog import get_strategy
+
+        for name in args.strategy or []:
+            get_strategy(name)
+        if args.model is not None:
+            get_model(args.model)
+        if args.tasks and args.no_tasks:
+            raise UsageError("--tasks and --no-tasks exclude each other")
+        _must_exist(args.paths)
+        _writable_dir(Path(args.out), "--out")
+    if getattr(args, "plot", None):
+        _writable_file(Path(args.plot), "--plot")
+    if getattr(args, "log", None):
+        _writable_file(Path(args.log), "--log")
+    if args.command == "proxy":
+        from ..adapters.proxy import ProxyConfig
+        from ..compaction.catalog import get_strategy
+
+        get_strategy(args.strategy)
+        ProxyConfig(upstream=args.upstream, host=args.host, mode=args.mode, store=args.store,
+                    keep_bodies=args.keep_bodies, strategy=args.strategy,
+                    auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()
+        if args.store:
+            from ..engine.core import open_writable_store
+
+            st = open_writable_store(args.store)  # a bad store fails now, not on every request
+            if st is not None:
+                st.close()
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as `UsageError`, so they print as one line like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        import re
+
+        # "argument --port: --port must be ..." -> "--port must be ..."
+        m = re.match(r"argument (\S+): (\1 .*)$", message)
+        raise UsageError(m.group(2) if m else message)
+
+
+def _session_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="SESSION",
+                   help="a session directory, or a session id (in --store, else in .cachecompact/sessions)")
+    p.add_argument("--store", metavar="URL", help="the store holding SESSION: a folder or postgresql://...")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    p = _Parser(prog="cachecompact", description=__doc__.splitlines()[0], parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    led = sub.add_parser("ledger", help="inspect a session's ledger", parents=[common])
+    lsub = led.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
+    show = lsub.add_parser("show", help="print a table of the edits", parents=[common])
+    _session_args(show)
+    show.set_defaults(func=cmd_ledger_show)
+    ver = lsub.add_parser("verify", parents=[common],
+                          help="check every chain, the prefix and the replay; never writes; exit 1 when invalid")
+    _session_args(ver)
+    ver.add_argument("--repair", action="store_true", help="set a torn last line aside (a crash mid-append; the only "
+                                                           "write verify makes); a changed record cannot be mended")
+    ver.add_argument("--head", metavar="HEAD", help="a head printed earlier: fail if the store no longer extends it")
+    ver.set_defaults(func=cmd_ledger_verify)
+    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
+    _session_args(ren)
+    ren.add_argument("--at-entry", type=_int_in("--at-entry", 0), default=None, metavar="K")
+    ren.add_argument("--uncompacted", action="store_true",
+                     help="the whole transcript with no ledger entry applied: every original, as the caller sent it")
+    ren.add_argument("--model", default=DEFAULT_MODEL, help="an id of the price table (or priced by --model-prices)")
+    ren.add_argument("--model-prices", metavar="JSON",
+                     help="a file pricing unlisted models: {id: {input, output, ...}}")
+    ren.add_argument("--max-tokens", type=_int_in("--max-tokens", 1), default=DEFAULT_MAX_TOKENS)
+    ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
+    ren.set_defaults(func=cmd_render)
+    srv = sub.add_parser("serve", help="run the local Messages API emulator", parents=[common])
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=_int_in("--port", 0, 65535), default=8765)
+    srv.add_argument("--trace", type=_existing_file("--trace"), help="replay the assistant messages of this trace")
+    srv.add_argument("--fault-rate", type=_fraction("--fault-rate"), default=0.0,
+                     help="share of requests answered 429/529/500")
+    srv.add_argument("--slow-rate", type=_fraction("--slow-rate"), default=0.0, help="share of requests delayed")
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--log", help="append one JSON line per request here (created 0600)")
+    srv.add_argument("--gzip", action="store_true", help="gzip responses for clients that accept it, as the API does")
+    srv.set_defaults(func=cmd_serve)
+    bench = sub.add_parser("bench", help="replay traces and run tasks under each strategy; compare cost and recall",
+                           parents=[common])
+    bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
+    bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
+    bench.add_argument("--model", default=None,
+                       help="price every trace as this model (an id of the price table; default: each trace's "
+                            "recorded model, claude-sonnet-4-6 for a non-Claude one)")
+    bench.add_argument("--model-prices", metavar="JSON",
+                       help="a file pricing unlisted models: {id: {input, output, ...}} ($ per MTok)")
+    bench.add_argument("--window", type=_bench_window, nargs="+", action="extend", metavar="N",
+                       help="context windows in tokens, or 'own' for each trace's model's own window "
+                            "(repeatable; default: own 200000 50000)")
+    bench.add_argument("--full", action="store_true",
+                       help="every trace of the shared corpus (default: a sample of each set, a few minutes)")
+    bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")
+    bench.add_argument("--no-tasks", action="store_true", help="skip the closed-loop task suite")
+    bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    bench.add_argument("--workers", type=_int_in("--workers", 1, 64), default=None,
+                       help="processes (default: up to 2)")
+    bench.add_argument("--json", action="store_true", help="print results.json instead of the table")
+    bench.add_argument("--synthetic", type=_int_in("--synthetic", 1, 10_000), metavar="N",
+                       help="run N synthetic traces instead of files")
+    bench.set_defaults(func=cmd_bench)
+    rep = sub.add_parser("report", help="cache health report of a session", parents=[common])
+    _session_args(rep)
+    rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
+    rep.set_defaults(func=cmd_report)
+    demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger",
+                          parents=[common])
+    demo.add_argument("--trace", type=_existing_file("--trace"),
+                      help="a trace file (default: the first shared Claude Code trace, else synthetic)")
+    demo.add_argument("--out", help="session directory to create (default: a temporary one)")
+    demo.set_defaults(func=cmd_demo)
+    px = sub.add_parser("proxy", help="an Anthropic-compatible proxy with cache forensics, compaction and a dashboard",
+                        parents=[common])
+    px.add_argument("--upstream", default="https://api.anthropic.com", help="where requests go (default: the API)")
+    px.add_argument("--host", default="127.0.0.1", help="beyond loopback needs --auth-token")
+    px.add_argument("--port", type=_int_in("--port", 0, 65535), default=8787)
+    px.add_argument("--mode", choices=["observe", "compact"], default="observe",
+                    help="observe: never change a byte; compact: run the strategy on each session")
+    px.add_argument("--store", metavar="DIR|URL", help="persist sessions and records (a folder or postgresql://...)")
+    px.add_argument("--keep-bodies", action="store_true", help="also keep request bodies (needs --store)")
+    px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
+                                         "needed only when listening beyond loopback")
+    px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
+    px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
+                    help="compact mode: the newest N tokens of tool output always kept verbatim, the cost-versus-"
+                         "recall knob (default 50000; docs/policy.md)")
+    px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
+                    help="compact mode: the context window (default: the model's)")
+    px.set_defaults(func=cmd_proxy)
+    fo = sub.add_parser("forensics", help="why recorded Claude Code sessions missed the cache, and what it cost",
+                        parents=[common])
+    fo.add_argument("paths", nargs="+", help="Claude Code JSONL logs or folders")
+    fo.add_argument("--json", action="store_true", help="print every finding as JSON")
+    fo.add_argument("-v", "--verbose", action="store_true", help="list every miss")
+    fo.set_defaults(func=cmd_forensics)
+    st = sub.add_parser("store", help="manage a session store (PostgreSQL schema, export, import)", parents=[common])
+    ssub = st.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
+    mig = ssub.add_parser("migrate", help="create or upgrade the PostgreSQL schema", parents=[common])
+    mig.add_argument("url", metavar="URL")
+    mig.set_defaults(func=cmd_store_migrate)
+    ls = ssub.add_parser("list", help="list the sessions of a store", parents=[common])
+    ls.add_argument("url", metavar="URL", nargs="?",
+                    help=f"a folder or postgresql://... (default: --store, else {DEFAULT_STORE})")
+    ls.add_argument("--store", metavar="URL", dest="store_url", help="the same as URL, as the other commands take it")
+    ls.add_argument("--prefix", default="")
+    ls.set_defaults(func=cmd_store_list)
+    ex = ssub.add_parser("export", help="write one session as a session directory", parents=[common])
+    ex.add_argument("url", metavar="URL")
+    ex.add_argument("session", metavar="SESSION")
+    ex.add_argument("dir", metavar="DIR", help="the session directory to create")
+    ex.set_defaults(func=cmd_store_export)
+    im = ssub.add_parser("import", help="load a session directory into a store", parents=[common])
+    im.add_argument("dir", metavar="DIR")
+    im.add_argument("url", metavar="URL")
+    im.set_defaults(func=cmd_store_import)
+    for extra in _EXTRA_COMMANDS:
+        extra(sub, common)
+    return p
+
+
+_EXTRA_COMMANDS: list[Any] = []  # (sub, common) -> None: commands defined in other modules (proxy, store)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    debug = "--debug" in argv
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        _check(args)
+        return int(args.func(args))
+    except BrokenPipeError:  # pragma: no cover - e.g. `| head`
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        if debug:
+            raise
+        from ..base.errors import CacheCompactError
+
+        if isinstance(err, (UsageError, CacheCompactError, OSError)):
+            print(f"cachecompact: error: {_one_line(err)}", file=sys.stderr)
+            return 2
+        # a bug: still one line, with how to see more
+        print(f"cachecompact: error: internal error {type(err).__name__}: {_one_line(err)} (rerun with --debug "
+              "for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return " ".join(text.split())[:500]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The per-session cache report (``cachecompact report``): requests, misses and their causes,
+what they cost, compactions, and everything that went wrong.
+
+The total is what was billed: the agent's requests plus cachecompact's own summary calls
+(failed ones included). Data comes from the session's request log (each record carries the
+forensics `Finding`) and its event log.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..base.errors import CacheCompactError
+from ..history.session import Session
+from ..store import Store
+
+__all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
+
+_COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
+            "repeated_tool_calls", "recent_budget")
+
+
+def session_data(session: Session) -> dict[str, Any]:
+    """Everything the report shows, as plain data (the dashboard's API serves the same)."""
+    store = session.store
+    requests = _requests(session)
+    events = store.read_events() if store is not None else []
+    usage_cost = sum(float(r.get("cost_usd") or 0.0) for r in requests)
+    summary_cost = sum(float(e.get("cost_usd") or 0.0) for e in events
+                       if e.get("kind") in ("compaction", "failure") and e.get("level") in ("L3", "L4", "seed", None))
+    reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in requests)
+    total_in = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens",
+                                                              "cache_creation_input_tokens", "input_tokens"))
+                   for r in requests)
+    kinds = Counter(str(e.get("kind")) for e in events)
+    misses: Counter[str] = Counter()
+    wasted: dict[str, float] = {}
+    rewrites, rewrite_usd = 0, 0.0  # misses our own ledger edits caused: paid on purpose, not waste
+    for r in requests:
+        f = r.get("finding") or {}
+        if f.get("cls") == "prefix_churn" and f.get("explained_by") is not None:
+            rewrites += 1
+            rewrite_usd += float(f.get("wasted_usd") or 0.0)
+        elif f.get("cls") and f["cls"] != "read_as_expected":
+            misses[f["cls"]] += 1
+            wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
+    return {
+        "session_id": session.session_id, "location": store.location if store is not None else None,
+        "messages": len(session), "ledger_entries": len(session.ledger), "prefix_hash": session.prefix_hash,
+        "head": session.head, "requests": requests, "events": events,
+        "cost": {"requests_usd": usage_cost, "summaries_usd": summary_cost, "total_usd": usage_cost + summary_cost},
+        "hit_rate": reads / total_in if total_in else 0.0,
+        "counts": {k: kinds.get(k, 0) for k in _COUNTED},
+        "misses": dict(misses), "wasted_usd": wasted,
+        "compaction_rewrites": {"requests": rewrites, "usd": rewrite_usd},
+        "compactions": [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
+                         "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": e.reason}
+                        for e in session.ledger.entries],
+    }
+
+
+def conversation_segments(store: Store, session_id: str) -> list[Session]:
+    """Every session of ``session_id``'s conversation, oldest first: the first one and each
+    session linked to it (`Session.link`: segments after a rewrite or a changed system prompt,
+    another agent under the same name), opened read-only."""
+    def root_of(sid: str) -> str:
+        seen = {sid}
+        while True:
+            link = Session.open(store, sid, readonly=True).link
+            if link is None or link["session"] in seen or not store.exists(link["session"]):
+                return sid
+            sid = link["session"]
+            seen.add(sid)
+
+    root = root_of(session_id)
+    out: list[Session] = []
+    for sid in store.list(root.split(".")[0]):
+        if sid == root or root_of(sid) == root:
+            out.append(Session.open(store, sid, readonly=True))
+    return out
+
+
+def _store_of(sess: Session) -> Store | None:
+    """The store holding ``sess``: its conversation's other sessions are there."""
+    from ..store import FileSessionStore, FileStore
+
+    st = sess.store
+    if isinstance(st, FileSessionStore):  # a directory opened by path is in a store only under its own id
+        return FileStore(st.path.parent) if st.path.name == sess.session_id else None
+    owner = getattr(st, "store", None)
+    return owner if isinstance(owner, Store) else None
+
+
+def conversation_data(segments: list[Session]) -> dict[str, Any]:
+    """`session_data` over a conversation's segments: requests in time order, totals summed."""
+    parts = [session_data(s) for s in segments]
+    d = dict(parts[0])
+    d["requests"] = sorted((r for p in parts for r in p["requests"]), key=lambda r: float(r.get("time") or 0.0))
+    d["events"] = [e for p in parts for e in p["events"]]
+    d["cost"] = {k: sum(p["cost"][k] for p in parts) for k in parts[0]["cost"]}
+    reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in d["requests"])
+    total = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens", "cache_creation_input_tokens",
+                                                          "input_tokens")) for r in d["requests"])
+    d["hit_rate"] = reads / total if total else 0.0
+    d["counts"] = {k: sum(p["counts"][k] for p in parts) for k in _COUNTED}
+    d["misses"] = dict(sum((Counter(p["misses"]) for p in parts), Counter()))
+    d["wasted_usd"] = {k: sum(p["wasted_usd"].get(k, 0.0) for p in parts) for k in d["misses"]}
+    d["compaction_rewrites"] = {k: sum(p["compaction_rewrites"][k] for p in parts) for k in ("requests", "usd")}
+    d["segments"] = [{"session_id": s.session_id, "link": s.link, "messages": len(s),
+                      "requests": s.requests_recorded} for s in segments]
+    return d
+
+
+def _requests(session: Session) -> list[dict[str, Any]]:
+    if session.store is None:
+        return []
+    return [rec for _, rec in session.store.read_all("requests") if isinstance(rec, dict)]
+
+
+def session_report(target: Session | str | os.PathLike[str] | Store, session_id: str | None = None,
+                   plot: str | os.PathLike[str] | None = None) -> str:
+    """The text report of one session; with ``plot`` also a PNG (the ``[plot]`` extra)."""
+    if isinstance(target, Session):
+        sess = target
+    elif isinstance(target, Store):
+        sess = Session.open(target, session_id, readonly=True)
+    else:
+        sess = Session.open(target, readonly=True)
+    store = target if isinstance(target, Store) else _store_of(sess)
+    try:
+        segments = conversation_segments(store, sess.session_id) if store is not None else [sess]
+    except (CacheCompactError, OSError):  # the rest of the store unreadable: this session alone
+        segments = [sess]
+    d = conversation_data(segments) if len(segments) > 1 else session_data(sess)
+    lines = [f"session {d['session_id']}  ({d['location']})",
+             f"transcript: {d['messages']} messages; ledger: {d['ledger_entries']} edits; prefix {d['prefix_hash']}",
+             f"head: {d['head']}"]
+    if len(segments) > 1:
+        lines.append(f"one conversation in {len(segments)} sessions: " + ", ".join(
+            s.session_id + (f" ({s.link['reason']}, from {s.link['session']} at messages[{s.link.get('at', 0)}])"
+                            if s.link else "") for s in segments))
+    reqs = d["requests"]
+    c = d["cost"]
+    lines.append(f"requests: {len(reqs)}; cost ${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries "
+                 f"${c['summaries_usd']:.4f}); overall hit rate {d['hit_rate']:.3f}")
+    counts = {k: v for k, v in d["counts"].items() if v}
+    if counts:
+        lines.append("events: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if d["misses"]:
+        lines.append("cache misses: " + ", ".join(f"{k} {v} (${d['wasted_usd'][k]:.4f} wasted)"
+                                                  for k, v in sorted(d["misses"].items())))
+    cr = d["compaction_rewrites"]
+    if cr["requests"]:
+        lines.append(f"cache re-writes caused by our compactions (deliberate, each paid for by what it saves): "
+                     f"{cr['requests']} (${cr['usd']:.4f})")
+    if reqs:
+        lines += ["", "   #  read   write  input      cost  finding"]
+        for i, r in enumerate(reqs):
+            u = r["usage"]
+            f = r.get("finding") or {}
+            note = "" if f.get("cls") in (None, "read_as_expected") else (
+                f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
+                + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
+            lines.append(f"{i:4d} {int(u.get('cache_read_input_tokens') or 0):6d} "
+                         f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
+                         f"${float(r.get('cost_usd') or 0):.5f}  {note}")
+    trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",
+                                                           "deferred", "recent_budget")]
+    if trouble:
+        lines += ["", "failures, deferrals, the breaker and the recent budget:"]
+        for e in trouble[-40:]:
+            lines.append(f"  {e.get('kind')} {e.get('level') or ''} {str(e.get('reason'))[:110]}")
+    if d["compactions"]:
+        lines += ["", "compactions:"]
+        for e in d["compactions"]:
+            lines.append(f"  #{e['seq']} {e['level']} {e['kind']} {e['start']}..{e['end']} "
+                         f"{e['tokens_before']}->{e['tokens_after']} {e['reason'][:70]}")
+    text = "\n".join(lines)
+    if plot is not None and reqs:
+        plot_session(d, Path(plot))
+        text += f"\n\nplot written to {plot}"
+    return text
+
+
+def plot_session(d: dict[str, Any], out: Path) -> None:
+    """Input tokens per request (read / written / uncached) with misses marked, and cumulative cost."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:  # the optional [plot] extra
+        raise RuntimeError("plotting needs matplotlib: pip install 'cachecompact[plot]'") from err
+    reqs = d["requests"]
+    xs = list(range(len(reqs)))
+    read = [int(r["usage"].get("cache_read_input_tokens") or 0) for r in reqs]
+    write = [int(r["usage"].get("cache_creation_input_tokens") or 0) for r in reqs]
+    inp = [int(r["usage"].get("input_tokens") or 0) for r in reqs]
+    fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    ax[0].bar(xs, read, label="read", color="#4c9f70")
+    ax[0].bar(xs, write, bottom=read, label="written", color="#e07a5f")
+    ax[0].bar(xs, inp, bottom=[a + b for a, b in zip(read, write, strict=True)], label="uncached", color="#999")
+    miss = [i for i, r in enumerate(reqs) if (r.get("finding") or {}).get("cls") not in (None, "read_as_expected")]
+    ax[0].scatter(miss, [read[i] + write[i] + inp[i] for i in miss], color="red", marker="v", label="miss", zorder=3)
+    ax[0].set_ylabel("input tokens")
+    ax[0].legend()
+    cum, c = [], 0.0
+    for r in reqs:
+        c += float(r.get("cost_usd") or 0.0)
+        cum.append(c)
+    ax[1].plot(xs, cum, label="cumulative cost ($)")
+    ax[1].set_xlabel("request")
+    ax[1].set_ylabel("$")
+    ax[1].legend()
+    fig.suptitle(f"session {str(d['session_id'])[:24]}")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

@@ -1,0 +1,67 @@
+"""The in-memory form every loader produces: Anthropic messages plus what was recorded."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from ...base.errors import TraceFormatError
+
+__all__ = ["Trace", "TraceFormatError", "parse_time"]
+
+
+class Trace(msgspec.Struct, kw_only=True):
+    """One agent session in Messages API form.
+
+    ``timestamps[i]`` is when message i happened (unix seconds) or None when unknown;
+    ``usage[i]`` is the usage the real API reported for assistant message i, if recorded.
+    """
+
+    name: str
+    source: str
+    format: str
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    timestamps: list[float | None] = []
+    usage: list[dict[str, Any] | None] = []
+    model: str | None = None
+    notes: list[str] = []
+    # message indices where the recording agent compacted its own context: requests made at or
+    # after such an index did not carry the full history shown in ``messages``
+    compactions: list[int] = []
+    # per message: the model that produced it, when recorded (assistant messages of real logs)
+    models: list[str | None] = []
+    # the recording agent's own compaction records (Claude Code's compact_boundary and
+    # microcompact_boundary): kind, index (the first message after it), trigger, and
+    # pre_tokens / tool_ids / tokens_saved as logged
+    boundaries: list[dict[str, Any]] = []
+    # sub-agent conversations the session ran (Claude Code's Agent tool), each a trace of its own
+    subagents: list[Trace] = []
+
+    @property
+    def turns(self) -> int:
+        """Assistant messages, i.e. model calls."""
+        return sum(1 for m in self.messages if m["role"] == "assistant")
+
+    def recorded_usage(self) -> list[tuple[str | None, dict[str, Any]]]:
+        """(model, usage) of every recorded call, the sub-agents' included."""
+        out = [(self.models[i] if i < len(self.models) and self.models[i] else self.model, u)
+               for i, u in enumerate(self.usage) if u]
+        for s in self.subagents:
+            out += s.recorded_usage()
+        return out
+
+
+def parse_time(value: Any) -> float | None:
+    """ISO-8601 strings and unix numbers to unix seconds; anything else to None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
