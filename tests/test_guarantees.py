@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -134,9 +137,6 @@ def test_the_first_request_after_a_restart_reads_the_cache_like_an_uninterrupted
 
 # -- the code's own rules -----------------------------------------------------------------------------------
 
-TOOLS_LAYER = ("tools", "adapters.proxy", "adapters.httpserver")
-
-
 def _modules() -> list[tuple[str, ast.Module]]:
     out = []
     for p in sorted(PKG.rglob("*.py")):
@@ -161,26 +161,56 @@ def _imports(mod: str, tree: ast.Module) -> list[str]:
     return names
 
 
-def test_the_runtime_never_imports_the_emulator_the_bench_or_the_proxy() -> None:
-    bad = []
-    for mod, tree in _modules():
-        if mod.startswith(TOOLS_LAYER) or mod == "__init__":
-            continue
-        for name in _imports(mod, tree):
-            if name.startswith(tuple(f"cachecompact.{t}" for t in TOOLS_LAYER)):
-                bad.append(f"{mod} imports {name}")
-    assert not bad, bad
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's contracts from ``root``'s pyproject.toml, over the package found in ``root``."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(exe), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
-def test_the_emulator_never_imports_the_product() -> None:
-    # the shared neutral modules (the cache model, prices, wire format, files), and the extractive
-    # summarizer the summarizing responder writes its summaries with
-    allowed = tuple(f"cachecompact.{m}" for m in ("base", "cache.simulator", "cache.model", "adapters.httpserver",
-                                                   "tools.emulator", "tools.traces", "compaction.summarize.extractive"))
-    bad = [f"{mod} imports {name}" for mod, tree in _modules() if mod.startswith("tools.emulator")
-           for name in _imports(mod, tree)
-           if name.startswith("cachecompact.") and not name.startswith(allowed)]
-    assert not bad, bad
+def test_each_folder_is_a_layer() -> None:
+    """The contracts in pyproject.toml: the layers in order, the emulator apart, no old alias used inside."""
+    out = _lint_imports(PKG.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 kept, 0 broken" in out.stdout
+
+
+@pytest.mark.parametrize(("module", "bad_import", "message"), [
+    ("base/wire.py", "from ..tools import cli", "cachecompact.base is not allowed to import cachecompact.tools"),
+    ("cache/simulator.py", "from ..history import ledger",
+     "cachecompact.cache is not allowed to import cachecompact.history"),
+    ("tools/emulator/core.py", "from ...engine import core", "cachecompact.tools.emulator is not allowed to import "
+                                                               "cachecompact.engine"),
+    ("engine/sessions.py", "from .. import strategies", "cachecompact.engine is not allowed to import "
+                                                         "cachecompact.strategies"),
+])
+def test_a_bad_import_fails_the_rules(tmp_path: Path, module: str, bad_import: str, message: str) -> None:
+    """The rules are live: the same tree with one deliberate bad import fails them, naming it."""
+    shutil.copytree(PKG, tmp_path / "cachecompact", ignore=shutil.ignore_patterns("__pycache__", "static"))
+    shutil.copy(PKG.parent / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "cachecompact" / module
+    target.write_text(target.read_text() + f"\n{bad_import}  # deliberate\n")
+    out = _lint_imports(tmp_path)
+    assert out.returncode != 0
+    assert message in " ".join(out.stdout.split()), out.stdout
+
+
+@pytest.mark.parametrize(("old", "new", "name"), [
+    ("cachecompact.emulator", "cachecompact.tools.emulator", "Emulator"),
+    ("cachecompact.report", "cachecompact.tools.report", "session_report"),
+    ("cachecompact.strategies", "cachecompact.compaction.catalog", "register"),
+    ("cachecompact.strategies", "cachecompact.compaction.peers", "OpenHandsConfig"),
+])
+def test_the_documented_old_paths_work_for_one_release(old: str, new: str, name: str) -> None:
+    """Code written against 0.3 keeps importing the same objects, and is told where they went."""
+    import importlib
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to"):
+        alias = importlib.import_module(old)
+    assert getattr(alias, name) is getattr(importlib.import_module(new), name)
+    assert name in alias.__all__
 
 
 def test_only_the_sdks_public_names() -> None:

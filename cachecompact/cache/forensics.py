@@ -32,8 +32,7 @@ from typing import Any
 
 from ..base.pricing import ModelInfo
 from ..base.wire import canonical_bytes
-from ..history.render import RenderResult, first_mismatch
-from .model import LOOKBACK, TTL_SECONDS, chain_step, next_position
+from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position
 from .simulator import SimRequest
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "SessionSummary",
     "Snapshot",
     "params_key",
-    "snapshot_from_render",
     "snapshot_from_sim",
 ]
 
@@ -346,21 +344,6 @@ def _show(prev: Snapshot, snap: Snapshot, what: list[str]) -> str:
 
 
 # -- snapshots ------------------------------------------------------------------------------------
-
-def snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
-    """A snapshot of a request cachecompact rendered (no copy of its arrays)."""
-    bps = list(zip(r.breakpoints, r.breakpoint_ttls or ["5m"] * len(r.breakpoints), strict=True))
-    head = r.head_blocks
-    tools = [r.block(k).key for k in range(min(head, r.n_tools))]
-
-    def explain(k: int, since: int) -> int | None:
-        e = r.explain(r.location(k), since)
-        return e.seq if e is not None else None
-
-    return Snapshot(time=time, model=model, params=params, chain=r.block_hashes, cum=r.cumulative_tokens,
-                    pos=r.positions, breakpoints=bps, locate=lambda k: r.location(k).path, text_of=r.block_text,
-                    tool_keys=tools, explain=explain, n_entries=r.n_entries)
-
 
 def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image: bool = False,
                       keep_text: bool = True) -> Snapshot:

@@ -15,7 +15,7 @@ plays the server) both build on these definitions, so they cannot drift apart:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import xxhash
@@ -30,6 +30,7 @@ __all__ = [
     "TTL_SECONDS",
     "block_key",
     "chain_step",
+    "first_mismatch",
     "is_cacheable",
     "next_position",
     "positions",
@@ -84,3 +85,17 @@ def positions(kinds: Iterable[str]) -> list[int]:
         prev = k
         out.append(p)
     return out
+
+
+def first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | None:
+    """First index below ``n`` where two chains differ, by bisection (chains are monotone)."""
+    if n == 0 or a[n - 1] == b[n - 1]:
+        return None  # chained: equal at n-1 means equal everywhere before
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -32,7 +32,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
 from ..base.safefs import ensure_dir
-from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_render, snapshot_from_sim
+from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.catalog import get_strategy, with_policy
 from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
@@ -52,6 +52,22 @@ log = logging.getLogger("cachecompact")
 
 SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
 STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+
+
+def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
+    """A snapshot of a request cachecompact rendered (no copy of its arrays), for forensics: the
+    engine adapts the render, so the cache layer never reads the history layer."""
+    bps = list(zip(r.breakpoints, r.breakpoint_ttls or ["5m"] * len(r.breakpoints), strict=True))
+    head = r.head_blocks
+    tools = [r.block(k).key for k in range(min(head, r.n_tools))]
+
+    def explain(k: int, since: int) -> int | None:
+        e = r.explain(r.location(k), since)
+        return e.seq if e is not None else None
+
+    return Snapshot(time=time, model=model, params=params, chain=r.block_hashes, cum=r.cumulative_tokens,
+                    pos=r.positions, breakpoints=bps, locate=lambda k: r.location(k).path, text_of=r.block_text,
+                    tool_keys=tools, explain=explain, n_entries=r.n_entries)
 
 
 @dataclass(slots=True)
@@ -306,7 +322,7 @@ class CompactionEngine:
                 out = r.body
 
                 def snap() -> Snapshot:
-                    return snapshot_from_render(r, time=now, model=model, params=params_key(out, False))
+                    return _snapshot_from_render(r, time=now, model=model, params=params_key(out, False))
             else:
                 whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
                                          **{k: body[k] for k in ("system", "tools") if k in body},

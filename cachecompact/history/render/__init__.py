@@ -7,10 +7,11 @@ Three parts: `blocks` (every rendered block built once and shared by identity), 
 without ``cache_control`` (see `cachemodel`).
 """
 
+from ...cache.model import first_mismatch
 from .blocks import RenderedBlock, RenderedMessage, cleared_placeholder, summary_text
 from .breakpoints import plan_breakpoints
 from .renderer import EMPTY_PREFIX_HASH, Renderer
-from .result import BlockInfo, BlockLocation, Divergence, RenderResult, first_mismatch
+from .result import BlockInfo, BlockLocation, Divergence, RenderResult
 
 __all__ = [
     "EMPTY_PREFIX_HASH",

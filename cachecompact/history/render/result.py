@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...base.wire import canonical_bytes
+from ...cache.model import first_mismatch
 from ..ledger import LedgerEntry
 from .chain import ChainArrays
 
@@ -293,17 +294,3 @@ class _KindView(_View):
         if isinstance(k, slice):
             return [b.kind for b in self._items[: self._n][k]]
         return super().__getitem__(k).kind
-
-
-def first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | None:
-    """First index below ``n`` where two chains differ, by bisection (chains are monotone)."""
-    if n == 0 or a[n - 1] == b[n - 1]:
-        return None  # chained: equal at n-1 means equal everywhere before
-    lo, hi = 0, n - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] == b[mid]:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
