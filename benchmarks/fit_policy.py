@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
 from cachecompact.compaction.policy import Economics, LevelSettings, PolicyConfig, Triggers
 from cachecompact.tools.bench.harness import TraceResult, replay
 from cachecompact.tools.bench.report import LONG_TURNS, publish
@@ -67,7 +67,7 @@ def _run(args: tuple[Trace, dict[str, Any], int]) -> tuple[str, int, TraceResult
     if not params:
         return "none", window, replay(trace, "none", window=window)
     name = "fit-" + "-".join(str(v) for v in params.values())
-    register(name, CachecompactConfig(policy=_policy(params)))  # in the worker process that runs it
+    register_strategy(name, CachecompactConfig(policy=_policy(params)))  # in the worker process that runs it
     return name, window, replay(trace, name, window=window)
 
 

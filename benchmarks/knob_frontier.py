@@ -26,7 +26,7 @@ import math
 import sys
 import time
 
-from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
 from cachecompact.compaction.policy import LevelSettings, PolicyConfig
 from cachecompact.tools.bench.report import LONG_TURNS, aggregate
 from cachecompact.tools.bench.run import OWN_WINDOW, BenchResult, run_bench, window_label
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     names = []
     for k in args.recent:
         name = f"cachecompact-recent-{k // 1000}k"
-        register(name, CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(keep_recent_tokens=k))))
+        register_strategy(name, CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(keep_recent_tokens=k))))
         names.append(name)
     t0 = time.time()
     res = run_bench((), ["none", *names], windows=windows, tasks=False, full=args.full, progress=True)

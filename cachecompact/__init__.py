@@ -1,6 +1,9 @@
 """cachecompact: cache-aware context compaction for agents on the Anthropic Messages API.
 
-Public names only; everything else lives in modules behind them.
+`__all__` is the public surface: the names a user of `wrap()`, the proxy or the ledger needs.
+Everything else lives in its folder's modules and their `__all__` (docs/api.md). The other
+names below still resolve here for one release (the 0.3 surface, `Compactor` and `register`
+among them), so code written against 0.3 keeps working.
 """
 
 # Every public name is loaded from its module when first used (PEP 562): ``import cachecompact``
@@ -12,49 +15,59 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    # the names of __all__, and (``X as X``) the 0.3 names that still resolve here
     from .adapters.middleware import CompactionMiddleware, scratchpad_handler, wrap, wrapped_sessions
     from .base.errors import (
         CacheCompactError,
         ConfigError,
         ContextFullError,
-        EditOverlapError,
-        EditSplitsToolPairError,
-        EditTouchesPrefixError,
+        EditOverlapError as EditOverlapError,
+        EditSplitsToolPairError as EditSplitsToolPairError,
+        EditTouchesPrefixError as EditTouchesPrefixError,
         HistoryRewrittenError,
-        ImmutablePrefixError,
-        InvalidEditError,
-        InvalidSessionIdError,
-        LedgerCorruptError,
-        MalformedMessageError,
-        PolicyConfigError,
-        ScratchpadRefError,
-        SessionExistsError,
+        ImmutablePrefixError as ImmutablePrefixError,
+        InvalidEditError as InvalidEditError,
+        InvalidSessionIdError as InvalidSessionIdError,
+        LedgerCorruptError as LedgerCorruptError,
+        MalformedMessageError as MalformedMessageError,
+        PolicyConfigError as PolicyConfigError,
+        ScratchpadRefError as ScratchpadRefError,
+        SessionExistsError as SessionExistsError,
         SessionLockedError,
-        SessionNotFoundError,
-        StoreConflictError,
-        StoreError,
-        SummaryRejected,
-        TokenizerError,
-        TraceFormatError,
-        UnknownModelError,
-        UnknownStrategyError,
+        SessionNotFoundError as SessionNotFoundError,
+        StoreConflictError as StoreConflictError,
+        StoreError as StoreError,
+        SummaryRejected as SummaryRejected,
+        TokenizerError as TokenizerError,
+        TraceFormatError as TraceFormatError,
+        UnknownModelError as UnknownModelError,
+        UnknownStrategyError as UnknownStrategyError,
     )
     from .base.events import Event
-    from .base.tokens import TokenCounter
+    from .base.tokens import TokenCounter as TokenCounter
     from .cache.forensics import Finding, Forensics
-    from .compaction.cache_aware import Compactor
-    from .compaction.catalog import get_strategy, register, strategy_names
+    from .compaction.cache_aware import CacheAwareCompactor, Compactor as Compactor
+    from .compaction.catalog import get_strategy, register as register, register_strategy, strategy_names
     from .compaction.policy import Economics, LevelSettings, PolicyConfig, Safety, Triggers
-    from .compaction.quality import RegressionReport, compaction_regression_suite
-    from .compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
+    from .compaction.quality import (
+        RegressionReport as RegressionReport,
+        compaction_regression_suite as compaction_regression_suite,
+    )
+    from .compaction.scratchpad import READ_SCRATCHPAD_TOOL as READ_SCRATCHPAD_TOOL, Scratchpad as Scratchpad
     from .compaction.strategy import Strategy, StrategyConfig, StrategyContext, TurnReport
     from .compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, Summarizer
     from .history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
-    from .history.render import BlockInfo, BlockLocation, Divergence, RenderResult
+    from .history.render import (
+        BlockInfo as BlockInfo,
+        BlockLocation as BlockLocation,
+        Divergence as Divergence,
+        RenderResult,
+    )
     from .history.session import Session
     from .store import FileStore, SessionStore, Store, open_store
 
 _EXPORTS = {
+    "CacheAwareCompactor": "compaction.cache_aware",
     "Compactor": "compaction.cache_aware",
     "CacheCompactError": "base.errors",
     "ConfigError": "base.errors",
@@ -110,6 +123,7 @@ _EXPORTS = {
     "open_store": "store",
     "get_strategy": "compaction.catalog",
     "register": "compaction.catalog",
+    "register_strategy": "compaction.catalog",
     "strategy_names": "compaction.catalog",
     "Strategy": "compaction.strategy",
     "StrategyConfig": "compaction.strategy",
@@ -144,66 +158,39 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "READ_SCRATCHPAD_TOOL",
-    "BlockInfo",
-    "BlockLocation",
+    "CacheAwareCompactor",
     "CacheCompactError",
     "CompactionMiddleware",
-    "Compactor",
     "ConfigError",
     "ContextFullError",
-    "Divergence",
     "Economics",
-    "EditOverlapError",
-    "EditSplitsToolPairError",
-    "EditTouchesPrefixError",
     "Event",
     "ExtractiveSummarizer",
     "FileStore",
     "Finding",
     "Forensics",
     "HistoryRewrittenError",
-    "ImmutablePrefixError",
-    "InvalidEditError",
-    "InvalidSessionIdError",
     "LLMSummarizer",
-    "LedgerCorruptError",
     "LedgerEntry",
     "LevelSettings",
-    "MalformedMessageError",
     "PolicyConfig",
-    "PolicyConfigError",
-    "RegressionReport",
     "RenderResult",
     "ReplaceWithSummary",
     "Safety",
-    "Scratchpad",
-    "ScratchpadRefError",
     "Session",
-    "SessionExistsError",
     "SessionLockedError",
-    "SessionNotFoundError",
     "SessionStore",
     "SkipRange",
     "Store",
-    "StoreConflictError",
-    "StoreError",
     "Strategy",
     "StrategyConfig",
     "StrategyContext",
     "Summarizer",
-    "SummaryRejected",
-    "TokenCounter",
-    "TokenizerError",
-    "TraceFormatError",
     "Triggers",
     "TurnReport",
-    "UnknownModelError",
-    "UnknownStrategyError",
-    "compaction_regression_suite",
     "get_strategy",
     "open_store",
-    "register",
+    "register_strategy",
     "scratchpad_handler",
     "strategy_names",
     "wrap",

@@ -10,11 +10,11 @@ from __future__ import annotations
 import warnings
 
 from .compaction.catalog import *  # noqa: F403
-from .compaction.catalog import __all__ as _catalog_names
+from .compaction.catalog import __all__ as _catalog_names, register
 from .compaction.peers import *  # noqa: F403  (the peers' config classes were read from here too)
 from .compaction.peers import __all__ as _peer_names
 
-__all__ = [*_catalog_names, *_peer_names]
+__all__ = [*_catalog_names, *_peer_names, "register"]
 
 warnings.warn("cachecompact.strategies moved to cachecompact.compaction.catalog; the old path goes in 0.5",
               DeprecationWarning, stacklevel=2)

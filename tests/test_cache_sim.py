@@ -10,7 +10,7 @@ import xxhash
 
 from cachecompact import Session
 from cachecompact.base.errors import MalformedMessageError
-from cachecompact.base.pricing import ModelInfo, get_model, override, register
+from cachecompact.base.pricing import ModelInfo, get_model, override, register_model
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.cache.simulator import CacheSimulator, SimBlock, SimRequest, positions, request_from_body
 
@@ -181,7 +181,7 @@ def test_pricing_costs_and_overrides() -> None:
     assert m.cost(usage) == pytest.approx(3 + 0.5 * 3.75 + 0.5 * 6 + 0.3 + 15)
     assert get_model("claude-3-5-haiku-latest").name == "claude-haiku-3-5"
     assert get_model("claude-fable-5-1").read == 0.25
-    register(ModelInfo("my-proxy-model", 1, 1.25, 2, 0.1, 5, 100, 50_000, 1000, "sonnet", 1.0, True, "mine"))
+    register_model(ModelInfo("my-proxy-model", 1, 1.25, 2, 0.1, 5, 100, 50_000, 1000, "sonnet", 1.0, True, "mine"))
     assert get_model("my-proxy-model").context_window == 50_000
     override("my-proxy-model", read=0.05)
     assert get_model("my-proxy-model").read == 0.05

@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cachecompact.adapters.httpserver import MAX_BODY
 from cachecompact.tools.emulator import Emulator

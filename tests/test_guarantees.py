@@ -17,8 +17,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cachecompact import Session
 from cachecompact.adapters.middleware import wrap
@@ -173,7 +172,7 @@ def test_each_folder_is_a_layer() -> None:
     """The contracts in pyproject.toml: the layers in order, the emulator apart, no old alias used inside."""
     out = _lint_imports(PKG.parent)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 kept, 0 broken" in out.stdout
+    assert "4 kept, 0 broken" in out.stdout
 
 
 @pytest.mark.parametrize(("module", "bad_import", "message"), [
@@ -211,6 +210,34 @@ def test_the_documented_old_paths_work_for_one_release(old: str, new: str, name:
         alias = importlib.import_module(old)
     assert getattr(alias, name) is getattr(importlib.import_module(new), name)
     assert name in alias.__all__
+
+
+def test_observe_mode_does_not_load_the_compaction_runtime() -> None:
+    """A proxy in observe mode forwards and analyses; the compactor, the engine and the session
+    machinery load only in compact mode (the static half is the "observe" contract)."""
+    probe = ("import sys\n"
+             "from cachecompact.adapters.proxy.app import ProxyConfig, make_app\n"
+             "make_app(ProxyConfig(upstream='http://127.0.0.1:9', mode=sys.argv[1]))\n"
+             "print(' '.join(sorted(m for m in sys.modules if m.startswith(('cachecompact.compaction', "
+             "'cachecompact.engine.core', 'cachecompact.history.session')))))\n")
+    observe = subprocess.run([sys.executable, "-c", probe, "observe"], capture_output=True, text=True, timeout=120)
+    compact = subprocess.run([sys.executable, "-c", probe, "compact"], capture_output=True, text=True, timeout=120)
+    assert observe.returncode == 0 and compact.returncode == 0, observe.stderr + compact.stderr
+    assert observe.stdout.split() == []
+    assert {"cachecompact.engine.core", "cachecompact.compaction.cache_aware"} <= set(compact.stdout.split())
+
+
+def test_the_top_level_is_the_public_surface() -> None:
+    """About 35 names a user needs, each resolving; the 0.3 names still resolve, to the same objects."""
+    import cachecompact
+
+    assert len(cachecompact.__all__) <= 40
+    for name in cachecompact.__all__:
+        assert getattr(cachecompact, name) is not None, name
+    assert cachecompact.Compactor is cachecompact.CacheAwareCompactor
+    assert cachecompact.register is cachecompact.register_strategy
+    from cachecompact.base.errors import TokenizerError
+    assert cachecompact.TokenizerError is TokenizerError
 
 
 def test_only_the_sdks_public_names() -> None:

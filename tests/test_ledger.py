@@ -146,9 +146,7 @@ def _doc_verifier() -> Any:
 
 
 def test_the_documented_verifier_accepts_sessions_and_catches_tampering(tmp_path: Path) -> None:
-    from cachecompact import ReplaceWithSummary as Summary
-    from cachecompact import Session
-    from cachecompact import SkipRange as Skip
+    from cachecompact import ReplaceWithSummary as Summary, Session, SkipRange as Skip
 
     from .conftest import SYSTEM, TOOLS
 

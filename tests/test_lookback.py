@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cachecompact import Session
-from cachecompact.compaction.cache_aware import Compactor
-from cachecompact.compaction.catalog import CachecompactConfig, register
+from cachecompact.compaction.cache_aware import CacheAwareCompactor
+from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
 from cachecompact.compaction.levels import build_view, propose_micro
 from cachecompact.compaction.lookback import BUDGET_STEPS, LookbackMeter
 from cachecompact.compaction.policy import LevelSettings, PolicyConfig
@@ -163,7 +163,7 @@ def test_the_meter_is_derived_from_the_transcript_alone(tmp_path: Path) -> None:
 def test_a_lookup_agent_at_a_small_window_pays_less_with_the_meter() -> None:
     """Through the SDK and the emulator: the closed-loop task's facts are settings and signatures,
     which placeholders keep, so the learnt budget passes with no re-read for less."""
-    register("cachecompact-no-lookback", CachecompactConfig(policy=PolicyConfig(
+    register_strategy("cachecompact-no-lookback", CachecompactConfig(policy=PolicyConfig(
         levels=replace(LevelSettings(), lookback_miss_share=0.0))))
     # task 2: on task 1 the no-thrash rule's shorter collapses leave the meter nothing to gain
     off = run_task(make_task(2), "cachecompact-no-lookback", window=50_000)
@@ -175,7 +175,7 @@ def test_a_lookup_agent_at_a_small_window_pays_less_with_the_meter() -> None:
 def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -> None:
     msgs = _agent("setting", turns=40)
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s, cfg(24_000))
+    c = CacheAwareCompactor.for_session(s, cfg(24_000))
     events = []
     for k, i in enumerate(range(1, len(msgs), 2)):
         s.counter.calibration = 1.10 + 0.01 * (k % 3)  # as reported usage would move it
@@ -193,7 +193,7 @@ def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -
     assert "back to the configured" in back[0].reason
     # L3's kept tail keeps the configured budget
     s2 = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s2, cfg(24_000))
+    c = CacheAwareCompactor.for_session(s2, cfg(24_000))
     _grow(s2, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
     lim = c._limits(1000, "claude-sonnet-4-6")
     assert lim.keep_recent == lim.configured_recent // BUDGET_STEPS[0]

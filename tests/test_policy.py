@@ -14,7 +14,7 @@ import pytest
 from cachecompact import ContextFullError, ReplaceWithSummary, Session
 from cachecompact.base.events import Event
 from cachecompact.base.pricing import get_model
-from cachecompact.compaction.cache_aware import Compactor
+from cachecompact.compaction.cache_aware import CacheAwareCompactor
 from cachecompact.compaction.catalog import get_strategy
 from cachecompact.compaction.levels import Proposal
 from cachecompact.compaction.policy import (
@@ -163,7 +163,7 @@ def cfg(window: int, **kw: Any) -> PolicyConfig:
                         safety=Safety(**groups["safety"]))
 
 
-def _grow(s: Session, c: Compactor, turns: list[list[dict[str, Any]]], t0: float = 0.0, gap: float = 10.0,
+def _grow(s: Session, c: CacheAwareCompactor, turns: list[list[dict[str, Any]]], t0: float = 0.0, gap: float = 10.0,
           max_tokens: int = 1000) -> list[Event]:
     events: list[Event] = []
     msgs = s.messages() or [{"role": "user", "content": GOAL}]
@@ -186,7 +186,7 @@ def test_a_model_the_price_table_does_not_know_is_compacted_as_the_default_one(t
     ledgers = []
     for model in (MODEL, "claude-nova-9"):
         s = Session.create(tmp_path / model, prefix_messages=3)
-        c = Compactor.for_session(s, cfg(40_000, keep_recent_tokens=4_000))
+        c = CacheAwareCompactor.for_session(s, cfg(40_000, keep_recent_tokens=4_000))
         msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
         for k, t in enumerate(turns):
             msgs = msgs + t
@@ -199,7 +199,7 @@ def test_a_model_the_price_table_does_not_know_is_compacted_as_the_default_one(t
 
 def test_l2_on_entry_and_cheapest_level_and_prefix_untouched(tmp_path: Path) -> None:
     s = Session.create(tmp_path / "s", prefix_messages=3)
-    c = Compactor.for_session(s, cfg(40_000, min_batch_fraction=0.0, keep_recent_tokens=4_000))
+    c = CacheAwareCompactor.for_session(s, cfg(40_000, min_batch_fraction=0.0, keep_recent_tokens=4_000))
     turns = [tool_turn(k, "read_file", f"line {k} " * 400) for k in range(30)]
     turns.insert(5, tool_turn(99, "bash", "x " * 40_000, {"command": "cat big.log"}))
     events = _grow(s, c, turns)
@@ -214,7 +214,7 @@ def test_l2_on_entry_and_cheapest_level_and_prefix_untouched(tmp_path: Path) -> 
 def test_economics_defers_then_cold_cache_applies_it() -> None:
     s = Session.create(None, prefix_messages=1)
     # removes little relative to the suffix, early in the session: not worth a warm re-write
-    c = Compactor.for_session(s, cfg(30_000, min_batch_fraction=0.0, max_remaining_turns=5, ttl="5m",
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, min_batch_fraction=0.0, max_remaining_turns=5, ttl="5m",
                                      keep_recent_tokens=0, keep_recent_results=5, preview_chars=20_000))
     turns = [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(8)]
     events = _grow(s, c, turns[:7], gap=5)
@@ -253,7 +253,7 @@ def test_the_ttl_follows_the_sessions_gaps_and_who_speaks_next() -> None:
                                       - (price.write_1h - price.write_5m) * 3_000 / 1e6)
 
     s = Session.create(None, prefix_messages=1)
-    comp = Compactor.for_session(s, cfg(200_000))
+    comp = CacheAwareCompactor.for_session(s, cfg(200_000))
     turns = [[*tool_turn(k, "read_file", f"v{k} " * 3000), {"role": "assistant", "content": f"done {k}"}]
              for k in range(12)]
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
@@ -286,8 +286,9 @@ class Bloat:
 
 def test_breaker_opens_after_three_failures_and_l5_keeps_the_agent_going() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s, cfg(30_000, keep_recent_results=50, min_batch_fraction=0.0, cache_aware=False),
-                              summarizer=Boom())
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, keep_recent_results=50, min_batch_fraction=0.0,
+                                                cache_aware=False),
+                                        summarizer=Boom())
     turns = [tool_turn(k, "write_file", f"w{k} " * 300) for k in range(80)]  # writes: L1 cannot help
     seen: list[Event] = []
     c.events.subscribe(seen.append)
@@ -301,7 +302,7 @@ def test_breaker_opens_after_three_failures_and_l5_keeps_the_agent_going() -> No
 
 def test_context_full_only_when_even_l5_cannot_fit() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s, cfg(30_000))
+    c = CacheAwareCompactor.for_session(s, cfg(30_000))
     with pytest.raises(ContextFullError, match="start a new session") as err:
         _grow(s, c, [tool_turn(0, "write_file", "w " * 40_000)])  # one round bigger than the window
     assert isinstance(err.value, anthropic.APIError)
@@ -317,7 +318,7 @@ def test_context_full_only_when_even_l5_cannot_fit() -> None:
 
 def test_no_reduction_counts_as_a_failure() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s, cfg(30_000, keep_recent_results=50, cache_aware=False), summarizer=Bloat())
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, keep_recent_results=50, cache_aware=False), summarizer=Bloat())
     seen: list[Event] = []
     c.events.subscribe(seen.append)
     _grow(s, c, [tool_turn(k, "write_file", f"w{k} " * 300) for k in range(60)])
@@ -325,7 +326,7 @@ def test_no_reduction_counts_as_a_failure() -> None:
     assert not any(e.kind == "summary" for e in s.ledger.entries)  # nothing useless was written
 
 
-class Planner(Compactor):
+class Planner(CacheAwareCompactor):
     """A compactor whose levels plan badly, to test the guard and the ledger's refusal."""
 
     bad: str = "prefix"
@@ -362,7 +363,7 @@ def test_no_level_proposes_an_edit_of_the_immutable_prefix(level: str) -> None:
     """The first tool result sits inside the prefix (first 3 messages): it is big and old, so
     every level would like it; none may propose it."""
     s = Session.create(None, prefix_messages=3)
-    c = Compactor.for_session(s, cfg(30_000, keep_recent_tokens=0, keep_recent_results=1))
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, keep_recent_tokens=0, keep_recent_results=1))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}, *tool_turn(0, "bash", "first " * 3000)]
     for k in range(1, 10):
         msgs += tool_turn(k, "bash", f"later {k} " * 1500)
@@ -376,7 +377,7 @@ def test_no_level_proposes_an_edit_of_the_immutable_prefix(level: str) -> None:
 
 def test_repeated_calls_with_identical_results_are_a_burst() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s)
+    c = CacheAwareCompactor.for_session(s)
     same = {"command": "pytest -x"}
     rerun = _grow(s, c, [tool_turn(k, "bash", f"{k} passed", same) for k in range(5)], gap=5)
     assert not any(e.kind == "repeated_tool_calls" for e in rerun)  # re-running a test: results differ
@@ -386,7 +387,7 @@ def test_repeated_calls_with_identical_results_are_a_burst() -> None:
 
 def test_reactive_fits_the_request_or_says_it_cannot() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s)
+    c = CacheAwareCompactor.for_session(s)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
     for k in range(40):
         msgs += tool_turn(k, "read_file", f"v{k} " * 700)
@@ -397,7 +398,7 @@ def test_reactive_fits_the_request_or_says_it_cannot() -> None:
     validate_request(s.render(model=MODEL, max_tokens=10).body)
     tiny = Session.create(None, prefix_messages=1)
     tiny.sync([{"role": "user", "content": GOAL * 200}])
-    assert not Compactor.for_session(tiny).reactive(10_000, limit=100, now=0.0, model=MODEL)
+    assert not CacheAwareCompactor.for_session(tiny).reactive(10_000, limit=100, now=0.0, model=MODEL)
 
 
 def test_seed_pipeline_runs_every_layer() -> None:
@@ -435,9 +436,9 @@ def test_regression_suite_alerts_past_five_points() -> None:
     assert not asyncio.run(compaction_regression_suite(fine, [1, 2])).alert
 
 
-def _replay_under_default(trace: Any, client: anthropic.Anthropic, config: PolicyConfig) -> Compactor:
+def _replay_under_default(trace: Any, client: anthropic.Anthropic, config: PolicyConfig) -> CacheAwareCompactor:
     s = Session.create(None, system=trace.system, tools=trace.tools)
-    c = Compactor.for_session(s, config, summarizer=LLMSummarizer(client))
+    c = CacheAwareCompactor.for_session(s, config, summarizer=LLMSummarizer(client))
     msgs, i = trace.messages, 1
     hist = [msgs[0]]
     prefix_hash = None
@@ -486,10 +487,10 @@ def test_synthetic_replay_under_a_small_window() -> None:
 
 def test_resume_recounts_steps_and_last_compaction(tmp_path: Path) -> None:
     s = Session.create(tmp_path / "s", prefix_messages=1)
-    c = Compactor.for_session(s, cfg(30_000, cache_aware=False, keep_recent_tokens=0, preview_chars=20_000))
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, cache_aware=False, keep_recent_tokens=0, preview_chars=20_000))
     _grow(s, c, [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(12)])
     assert len(s.ledger) > 0 and 0 < c.last_compact_step <= c.steps
-    again = Compactor.for_session(Session.open(tmp_path / "s"))
+    again = CacheAwareCompactor.for_session(Session.open(tmp_path / "s"))
     again.resume()
     assert again.steps == c.steps == 12
     assert again.last_compact_step == c.last_compact_step
@@ -507,7 +508,8 @@ def test_a_clear_rewrites_only_what_follows_the_part_already_compacted(mark: boo
     after it, so its request (billed by the emulator, through the real SDK) reads everything up
     to that mark from cache and writes only what follows. Without the mark it writes it all."""
     s = Session.create(None, prefix_messages=1)
-    c = Compactor.for_session(s, cfg(200_000, cache_aware=False, mark_compacted=mark, keep_recent_tokens=8_000,
+    c = CacheAwareCompactor.for_session(s, cfg(200_000, cache_aware=False, mark_compacted=mark,
+                                               keep_recent_tokens=8_000,
                                      min_batch_fraction=0.0, keep_recent_results=1))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
     if not mark:
@@ -593,7 +595,7 @@ def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path
     import logging
 
     s = Session.create(tmp_path / "s", prefix_messages=1)
-    comp = Compactor.for_session(s, cfg(30_000))
+    comp = CacheAwareCompactor.for_session(s, cfg(30_000))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
     for k in range(14):
         msgs += tool_turn(k, "read_file", f"x{k} " * 1500)
@@ -622,7 +624,7 @@ def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent() -
     goes too: the agent keeps its task (in the prefix) and the newest round, and the request
     is sent instead of raising `ContextFullError`."""
     s = Session.create(None, prefix_messages=3)
-    c = Compactor.for_session(s, cfg(30_000))
+    c = CacheAwareCompactor.for_session(s, cfg(30_000))
     spec = "\n".join(f"spec line {k} " + "x " * 20 for k in range(900))
     msgs: list[dict[str, Any]] = [
         {"role": "user", "content": GOAL},
@@ -651,8 +653,8 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
     left alone."""
     turns = [tool_turn(k, "read_file", f"line {k} " * 600) for k in range(14)]  # below every trigger
     warm_s, cold_s = Session.create(None, prefix_messages=1), Session.create(None, prefix_messages=1)
-    warm = Compactor.for_session(warm_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
-    cold = Compactor.for_session(cold_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    warm = CacheAwareCompactor.for_session(warm_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    cold = CacheAwareCompactor.for_session(cold_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
     assert not [e for e in _grow(warm_s, warm, turns, gap=10) if e.kind == "compaction"]
     events = _grow(cold_s, cold, turns[:13], gap=10) + _grow(cold_s, cold, turns[13:], t0=2_000.0, gap=10)
     collapses = [e for e in events if e.kind == "compaction"]
@@ -661,7 +663,7 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
     assert cold_s.render(breakpoints=False).raw_tokens < 0.7 * warm_s.render(breakpoints=False).raw_tokens
     # with summaries stopped (the breaker open) a cold turn is no reason to speak: no cut, no event
     stopped_s = Session.create(None, prefix_messages=1)
-    stopped = Compactor.for_session(stopped_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    stopped = CacheAwareCompactor.for_session(stopped_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
     stopped.tripped = True
     quiet = _grow(stopped_s, stopped, turns[:13], gap=10) + _grow(stopped_s, stopped, turns[13:], t0=2_000.0, gap=10)
     assert not [e for e in quiet if e.kind in ("compaction", "skipped")]

@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cachecompact import ImmutablePrefixError, InvalidEditError, ReplaceWithSummary, Session, SkipRange
 from cachecompact.cache.model import LOOKBACK

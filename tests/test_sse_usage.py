@@ -7,10 +7,9 @@ import json
 import re
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from cachecompact.engine.core import SSEUsage
+from cachecompact.base.http import SSEUsage
 
 EVENTS = [
     {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 10, "cache_read_input_tokens": 3},

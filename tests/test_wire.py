@@ -4,8 +4,7 @@ from typing import Any
 
 import pytest
 from anthropic.types import Message as SDKMessage
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from cachecompact.base.errors import MalformedMessageError
 from cachecompact.base.wire import (

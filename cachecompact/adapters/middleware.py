@@ -37,21 +37,12 @@ from anthropic import APIRequest, APIResponse, AsyncAPIResponse, AsyncCallNext, 
 from ..base.errors import ConfigError, ContextFullError
 from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
+from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
-from ..engine.core import (
-    STILL_TOO_LONG,
-    CompactionEngine,
-    Prepared,
-    SSEUsage,
-    SummarizerFactory,
-    clock_from,
-    json_or_none,
-    too_long,
-    with_betas,
-)
+from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, SummarizerFactory
 from ..history.session import Session
 from ..store import Store
 
@@ -331,13 +322,13 @@ def wrap(
         raise ConfigError(f"wrap() takes an anthropic.Anthropic or AsyncAnthropic client, got {type(client).__name__}")
     if any(isinstance(m, CompactionMiddleware) for m in client.middleware):
         raise ConfigError("this client is already wrapped with cachecompact.wrap(); wrap the original client once")
-    from ..base.pricing import custom, get_model, register
+    from ..base.pricing import custom, get_model, register_model
 
     if pricing is not None:
         if not isinstance(pricing, Mapping):
             raise ConfigError(f"pricing must map model ids to their prices, got {type(pricing).__name__}")
         for name, prices in pricing.items():
-            register(custom(str(name), prices))
+            register_model(custom(str(name), prices))
     if summarizer_model is not None:
         if summarizer != "auto":
             raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")

@@ -187,7 +187,7 @@ class UnknownStrategyError(ConfigError, KeyError):
 
 
 class UnknownModelError(CacheCompactError, KeyError):
-    """No pricing entry for this model id and no family to fall back on; `register` one."""
+    """No pricing entry for this model id and no family to fall back on; `register_model` one."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown model"

@@ -4,7 +4,7 @@ Prices are dollars per million tokens. Every entry names its source. Model ids w
 suffix (``claude-sonnet-4-20250514``) resolve to the same entry. `model_prices` is what the
 runtime uses: a model missing from the table gets its family's newest entry (one warning per
 id), so a new model id never disables compaction. Every value can be overridden with
-`register` or `override`.
+`register_model` or `override`.
 
 Tokenizers: from Opus 4.7 on (Sonnet 5.x, Fable and Mythos 5.x included) Claude uses a
 tokenizer that counts about 30% more tokens for the same text [TC]. `ModelInfo.token_ratio`
@@ -27,7 +27,7 @@ from typing import Any
 from .errors import ConfigError, UnknownModelError
 
 __all__ = ["DEFAULT_PRICE_MODEL", "DEFAULT_SUMMARY_MODEL", "FAMILIES", "UNKNOWN_MODEL_WINDOW", "ModelInfo", "get_model",
-           "known_models", "model_prices", "override", "priced", "register"]
+           "known_models", "model_prices", "override", "priced", "register_model"]
 
 log = logging.getLogger("cachecompact")
 
@@ -229,7 +229,7 @@ def get_model(model: str) -> ModelInfo:
         raise UnknownModelError(f"unknown model {str(model)[:80]!r}: not an id of the price table"
                                 + (f"; nearest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(_TABLE))}")
                                 + "; to price it on purpose give its prices (wrap(pricing={id: {'input': ..., "
-                                  "'output': ...}}), --model-prices FILE, or cachecompact.base.pricing.register)")
+                                  "'output': ...}}), --model-prices FILE, or cachecompact.base.pricing.register_model)")
     return info
 
 
@@ -273,7 +273,7 @@ def model_prices(model: str, default: str | None = None) -> ModelInfo:
         with _LOCK:
             if name not in _WARNED:
                 _WARNED.add(name)
-                log.warning("cachecompact: model %r is not in the price table; using %s prices (register() an "
+                log.warning("cachecompact: model %r is not in the price table; using %s prices (register_model() an "
                             "entry to fix this)", model, base.name)
         return replace(base, name=name)
 
@@ -288,7 +288,7 @@ def priced(model: str) -> ModelInfo:
     return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
 
 
-def register(info: ModelInfo, *aliases: str) -> None:
+def register_model(info: ModelInfo, *aliases: str) -> None:
     """Add or replace a model entry (user overrides take effect everywhere)."""
     with _LOCK:
         _TABLE[_canonical(info.name)] = info
@@ -299,7 +299,7 @@ def register(info: ModelInfo, *aliases: str) -> None:
 def override(model: str, **changes: Any) -> ModelInfo:
     """Change some fields of an existing entry, e.g. ``override("claude-sonnet-4-6", read=0.25)``."""
     info = replace(get_model(model), **changes)
-    register(info)
+    register_model(info)
     return info
 
 

@@ -61,7 +61,7 @@ from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize.llm import ExtractiveSummarizer
 
-__all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "Compactor"]
+__all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
 
 log = logging.getLogger("cachecompact")
 
@@ -70,7 +70,7 @@ REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identica
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
 
 
-class Compactor:
+class CacheAwareCompactor:
     """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
 
     renders = True
@@ -120,7 +120,7 @@ class Compactor:
         return LONG_TTL_S if self.cfg.economics.ttl == "1h" else self.cfg.economics.cache_ttl_s
 
     @classmethod
-    def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> Compactor:
+    def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> CacheAwareCompactor:
         """A compactor with an extractive summarizer and its own event bus (tests, scripts)."""
         from ..base.events import EventBus
 
@@ -695,3 +695,7 @@ class Compactor:
 
     def shape(self, body: dict[str, Any]) -> dict[str, Any]:
         return body
+
+
+#: The 0.3 name of `CacheAwareCompactor`, kept for one release.
+Compactor = CacheAwareCompactor

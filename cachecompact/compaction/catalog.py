@@ -1,7 +1,7 @@
 """One registry of compaction strategies, ours and the peers', used by `wrap`, the proxy, the
 benchmark and the CLI alike.
 
-A strategy is registered by name with its config: ``register("my-strategy", MyConfig())``.
+A strategy is registered by name with its config: ``register_strategy("my-strategy", MyConfig())``.
 The config is a frozen dataclass with ``prefix_messages``, ``summary_model``,
 ``summary_mode`` and ``build(ctx) -> Strategy``; the `Strategy` protocol is the extension
 point (see `base`).
@@ -27,7 +27,7 @@ __all__ = [
     "StrategyContext",
     "TurnReport",
     "get_strategy",
-    "register",
+    "register_strategy",
     "strategy_names",
     "summarize_range",
     "task_goal",
@@ -57,7 +57,7 @@ _REGISTRY: dict[str, Any] = {
 _ALIASES = {"default": "cachecompact"}
 
 
-def register(name: str, config: StrategyConfig) -> None:
+def register_strategy(name: str, config: StrategyConfig) -> None:
     """Add or replace a strategy under ``name``."""
     if not callable(getattr(config, "build", None)):
         raise TypeError(f"strategy {name!r}: the config needs a build(ctx) method")
@@ -89,3 +89,7 @@ def with_policy(config: StrategyConfig, policy: PolicyConfig | None) -> Strategy
     if policy is not None and isinstance(config, CachecompactConfig):
         return replace(config, policy=policy)
     return config
+
+
+#: The 0.3 name of `register_strategy`, kept for one release.
+register = register_strategy

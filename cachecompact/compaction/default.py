@@ -1,4 +1,4 @@
-"""The ``cachecompact`` strategy: the cache-aware `Compactor` with a `PolicyConfig`."""
+"""The ``cachecompact`` strategy: the cache-aware `CacheAwareCompactor` with a `PolicyConfig`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..base.pricing import DEFAULT_SUMMARY_MODEL
-from .cache_aware import Compactor
+from .cache_aware import CacheAwareCompactor
 from .policy import PolicyConfig
 from .strategy import Strategy, StrategyContext
 
@@ -24,6 +24,6 @@ class CachecompactConfig:
     summary_mode: str = "auto"
 
     def build(self, ctx: StrategyContext) -> Strategy:
-        c = Compactor(ctx, self.policy)
+        c = CacheAwareCompactor(ctx, self.policy)
         c.resume()
         return c

@@ -2,7 +2,7 @@
 
 `compaction_regression_suite` runs the same tasks with and without compaction and reports
 the pass-rate delta, alerting past 5 points. (Repeated identical tool calls are counted by
-the `Compactor` itself: a ``repeated_tool_calls`` event once a session passes 2.)
+the `CacheAwareCompactor` itself: a ``repeated_tool_calls`` event once a session passes 2.)
 """
 
 from __future__ import annotations

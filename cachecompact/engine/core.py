@@ -8,16 +8,12 @@ adapters around it, so sessions, ledger, policy and forensics exist once.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from dataclasses import replace as dc_replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, replace as dc_replace
 from typing import Any, Literal
 
 from ..base.errors import (
@@ -31,7 +27,6 @@ from ..base.errors import (
 )
 from ..base.events import Event, EventBus
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
-from ..base.safefs import ensure_dir
 from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.catalog import get_strategy, with_policy
@@ -41,12 +36,11 @@ from ..compaction.strategy import Strategy, StrategyConfig, StrategyContext
 from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
-from ..store import Store, check_session_id, open_store
+from ..store import Store, check_session_id, open_writable_store
 from .resolution import RequestHistory, head_key
 from .sessions import Live, SessionRegistry
 
-__all__ = ["CompactionEngine", "Prepared", "SSEUsage", "SummarizerFactory", "json_or_none", "too_long",
-           "with_betas"]
+__all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "SummarizerFactory"]
 
 log = logging.getLogger("cachecompact")
 
@@ -84,58 +78,6 @@ class Prepared:
     params: dict[str, Any]
     fingerprint: bytes
     betas: tuple[str, ...] = ()  # beta headers the strategy's body needs (added to anthropic-beta)
-
-
-def too_long(payload: Any) -> tuple[int, int, int] | None:
-    """(prompt tokens, limit, max_tokens) from a prompt-too-long 400 body, else None."""
-    try:
-        msg = payload["error"]["message"]
-    except (TypeError, KeyError):
-        return None
-    if not isinstance(msg, str):
-        return None
-    m = re.search(r"prompt is too long: (\d+) tokens > (\d+) maximum", msg)
-    if m:
-        return int(m.group(1)), int(m.group(2)), 0
-    m = re.search(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)", msg)
-    if m:
-        return int(m.group(1)), int(m.group(3)), int(m.group(2))
-    return None
-
-
-def with_betas(value: str | None, betas: tuple[str, ...]) -> str | None:
-    """An ``anthropic-beta`` header value with ``betas`` added (each once)."""
-    have = [b.strip() for b in (value or "").split(",") if b.strip()]
-    merged = have + [b for b in betas if b not in have]
-    return ",".join(merged) if merged else value
-
-
-def json_or_none(raw: bytes) -> Any:
-    """The JSON value of ``raw``, or None for anything that is not JSON this process can hold
-    (nesting deeper than the interpreter's stack, an integer of thousands of digits): the
-    caller's bytes then go on unchanged and the upstream's own error handling applies."""
-    try:
-        return json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
-        return None
-
-
-def open_writable_store(store: str | os.PathLike[str] | Store | None) -> Store | None:
-    """Open the store now, so a misconfiguration fails when the adapter is built."""
-    if store is None:
-        return None
-    s = open_store(store)
-    root = getattr(s, "root", None)
-    if isinstance(root, Path):
-        try:
-            ensure_dir(root)
-            probe = root / f".probe-{os.getpid()}-{threading.get_ident()}"
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.close(fd)
-            os.unlink(probe)
-        except (OSError, CacheCompactError) as err:
-            raise ConfigError(f"store {root} is not a writable directory: {err}") from None
-    return s
 
 
 class CompactionEngine:
@@ -523,97 +465,3 @@ def _model_window(model: str) -> int:
             log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
                         "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
         return UNKNOWN_MODEL_WINDOW
-
-
-def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], float]) -> float:
-    """Request time from a clock header (finite unix seconds), else ``default()``."""
-    v = headers.get(header)
-    try:
-        t = float(v) if isinstance(v, str) else default()
-    except ValueError:
-        return default()
-    return t if t == t and abs(t) != float("inf") else default()
-
-
-class SSEUsage:
-    """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
-
-    def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
-        self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
-        self._tail = b""  # its last 3 bytes: where a separator that ends in the next chunk may begin
-        self.usage: dict[str, Any] = {}
-        self.message_id: str | None = None
-        self.diag: dict[str, Any] | None = None
-        self.done = done
-        self.reported = False
-
-    def feed(self, chunk: bytes) -> None:
-        """Parse the complete frames in ``chunk`` (plus what was left over); a frame that names no
-        ``message_*`` event is skipped without being split into lines. Linear in the input however
-        it is split: while no frame ends, chunks are only collected."""
-        if self._pending:
-            # does a frame end in this chunk? (its separator may begin in the bytes before it)
-            probe = self._tail + chunk[:3]
-            if b"\n\n" not in chunk and b"\r\n\r\n" not in chunk and b"\n\n" not in probe \
-                    and b"\r\n\r\n" not in probe:
-                self._pending.append(chunk)
-                self._tail = probe[-3:] if len(chunk) < 3 else chunk[-3:]
-                return
-            buf = b"".join(self._pending) + chunk
-            self._pending = []
-        else:
-            buf = chunk
-        pos = 0
-        lf = buf.find(b"\n\n")
-        crlf = buf.find(b"\r\n\r\n")
-        while lf >= 0 or crlf >= 0:
-            if crlf >= 0 and (lf < 0 or crlf < lf):
-                cut, nxt = crlf, crlf + 4
-            else:
-                cut, nxt = lf, lf + 2
-            self._frame(buf, pos, cut)
-            pos = nxt
-            if lf >= 0 and lf < pos:
-                lf = buf.find(b"\n\n", pos)
-            if crlf >= 0 and crlf < pos:
-                crlf = buf.find(b"\r\n\r\n", pos)
-        if pos < len(buf):
-            self._pending = [buf[pos:]]
-            self._tail = buf[-3:]
-
-    def _frame(self, buf: bytes, start: int, end: int) -> None:
-        if buf.find(b'"message_', start, end) >= 0:
-            for line in buf[start:end].splitlines():
-                if line.startswith(b"data:"):
-                    self._event(line[5:].strip())
-
-    def _event(self, data: bytes) -> None:
-        if b'"message_start"' not in data and b'"message_delta"' not in data and b'"message_stop"' not in data:
-            return  # content deltas: most of the stream, nothing to keep
-        try:
-            d = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return
-        if not isinstance(d, dict):
-            return
-        kind = d.get("type")
-        if kind == "message_start":
-            msg = d.get("message") or {}
-            self.message_id = msg.get("id")
-            self.usage.update({k: v for k, v in (msg.get("usage") or {}).items() if v is not None})
-            reason = (msg.get("diagnostics") or {}).get("cache_miss_reason")
-            self.diag = reason if isinstance(reason, dict) else None
-        elif kind == "message_delta":
-            self.usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
-        elif kind == "message_stop":
-            self.finish()
-
-    def finish(self) -> None:
-        """The stream ended: a last frame without its closing blank line counts too."""
-        if self._pending:
-            tail = b"".join(self._pending)
-            self._pending = []
-            self._frame(tail, 0, len(tail))
-        if not self.reported and self.usage:
-            self.reported = True
-            self.done(dict(self.usage), self.message_id, self.diag)

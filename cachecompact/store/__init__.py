@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from pathlib import Path
 
-from ..base.errors import ConfigError
+from ..base.errors import CacheCompactError, ConfigError
+from ..base.safefs import ensure_dir
 from .contract import LOGS, LogName, SessionStore, Store, TornTail, check_session_id
 from .files import EVENTS, FileSessionStore, FileStore, half_made
 
@@ -28,6 +30,7 @@ __all__ = [
     "half_made",
     "is_database_url",
     "open_store",
+    "open_writable_store",
 ]
 
 
@@ -52,3 +55,22 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
         raise ConfigError(f"store {spec.split('://', 1)[0]}://... is not supported; use a directory path or a "
                           "postgresql:// URL")
     return FileStore(Path(spec))
+
+
+def open_writable_store(spec: str | os.PathLike[str] | Store | None) -> Store | None:
+    """`open_store`, and a file store's directory proved writable now: an adapter is built with
+    it, so a misconfigured path fails when the adapter is made, not on its first request."""
+    if spec is None:
+        return None
+    store = open_store(spec)
+    if isinstance(store, FileStore):
+        root = store.root
+        try:
+            ensure_dir(root)
+            probe = root / f".probe-{os.getpid()}-{threading.get_ident()}"
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+        except (OSError, CacheCompactError) as err:
+            raise ConfigError(f"store {root} is not a writable directory: {err}") from None
+    return store

@@ -428,7 +428,7 @@ def _must_exist(paths: list[str]) -> None:
 
 def _load_model_prices(path: str) -> None:
     """Register the models a ``--model-prices`` file prices (`pricing.custom`)."""
-    from ..base.pricing import custom, register
+    from ..base.pricing import custom, register_model
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -437,7 +437,7 @@ def _load_model_prices(path: str) -> None:
     if not isinstance(data, dict):
         raise UsageError(f"--model-prices {path}: expected an object mapping model ids to prices")
     for name, prices in data.items():
-        register(custom(str(name), prices))
+        register_model(custom(str(name), prices))
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -473,7 +473,7 @@ def _check(args: argparse.Namespace) -> None:
                     keep_bodies=args.keep_bodies, strategy=args.strategy,
                     auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()
         if args.store:
-            from ..engine.core import open_writable_store
+            from ..store import open_writable_store
 
             st = open_writable_store(args.store)  # a bad store fails now, not on every request
             if st is not None:

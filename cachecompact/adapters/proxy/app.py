@@ -31,32 +31,25 @@ import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import resources
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from ...base.errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
+from ...base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
 from ...base.wire import bytes_as_is
-from ...compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
-from ...engine.core import (
-    CompactionEngine,
-    Prepared,
-    SSEUsage,
-    clock_from,
-    json_or_none,
-    open_writable_store,
-    too_long,
-    with_betas,
-)
-from ...store import Store
+from ...store import Store, open_writable_store
 from ..httpserver import ServerThread, api_error, api_errors, read_body, serve_forever
 from .observe import Observer, session_hint
 from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
+
+if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
+    from ...compaction.summarize.llm import SummaryRequest, SummaryResult
+    from ...engine.core import CompactionEngine, Prepared
 
 __all__ = ["Proxy", "ProxyConfig", "make_app"]
 
@@ -218,6 +211,8 @@ class _UpstreamSummarizer:
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         import anthropic
 
+        from ...compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer
+
         h: dict[str, str] = getattr(self.creds, "headers", {})
         key = h.get("x-api-key")
         bearer = h.get("authorization", "")
@@ -246,6 +241,8 @@ class ProxyState:
         self.creds = threading.local()
         self.engine: CompactionEngine | None = None
         if cfg.mode == "compact":
+            from ...engine.core import CompactionEngine
+
             creds = self.creds
             upstream = cfg.upstream
 
@@ -601,10 +598,6 @@ def _auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
                                   "header, or open /ui?token=... once", kind="authentication_error")
         return await handler(request)
     return check
-
-
-def static_file(name: str) -> bytes:
-    return resources.files("cachecompact.adapters.proxy").joinpath("static", name).read_bytes()
 
 
 class Proxy:

@@ -18,6 +18,7 @@ API:
 from __future__ import annotations
 
 import json
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -71,9 +72,12 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return top
 
 
-def add_routes(app: web.Application, state: ProxyState) -> None:
-    from .app import static_file
+def static_file(name: str) -> bytes:
+    """One of the dashboard's files shipped in the package (``static/``)."""
+    return resources.files(__package__ or "cachecompact.adapters.proxy").joinpath("static", name).read_bytes()
 
+
+def add_routes(app: web.Application, state: ProxyState) -> None:
     files = {name: static_file(name) for name in _STATIC}
 
     async def page(request: web.Request) -> web.Response:
