@@ -23,7 +23,7 @@ from cachecompact import (
     SkipRange,
     StoreError,
 )
-from cachecompact.store import FileStore, check_session_id
+from cachecompact.store import BlobOwners, FileStore, Store, check_session_id
 
 from .conftest import SYSTEM, TOOLS, history, turn
 
@@ -319,9 +319,19 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     client = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=root)
     out, is_error = scratchpad_handler(client)({"ref": ref, "limit": 50})
     assert not is_error and out.startswith("CONFIG_A = 1") and "FORGED" not in out
-    with monkeypatch.context() as m:  # a store written without the optional fast path: every session is asked
-        m.delattr(FileStore, "blob_owners")
-        assert scratchpad_handler(client)({"ref": ref, "limit": 50}) == (out, False)
+    class WithoutBlobOwners:  # a store written without the optional fast path: every session is asked
+        def __init__(self, inner: FileStore) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "blob_owners":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    plain = WithoutBlobOwners(FileStore(root))
+    assert isinstance(plain, Store) and not isinstance(plain, BlobOwners)
+    other = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=plain)
+    assert scratchpad_handler(other)({"ref": ref, "limit": 50}) == (out, False)
     with monkeypatch.context() as m:  # a store that cannot be read: an error result for the agent, not a crash
 
         def unreadable(self: FileStore, ref: str) -> list[str]:

@@ -41,7 +41,10 @@ from .summarize.llm import (
 )
 
 __all__ = [
+    "ChoosesTTL",
     "LedgerStrategy",
+    "NeedsBetas",
+    "StatefulStrategy",
     "Strategy",
     "StrategyConfig",
     "StrategyContext",
@@ -71,6 +74,36 @@ class Strategy(Protocol):
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool: ...
 
     def shape(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+# -- optional capabilities: a strategy without them still qualifies; the engine uses them where
+# a strategy has them (isinstance, so a type checker sees the contract)
+
+@runtime_checkable
+class StatefulStrategy(Protocol):
+    """A strategy whose next decision depends on more than the session: its `state` is stored
+    with each request record, and a replica (or a restarted process) that picks the session up
+    continues from it with `load_state`, deciding exactly as this one would have."""
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class NeedsBetas(Protocol):
+    """A strategy whose request body needs beta features (``anthropic-beta`` values the adapters add)."""
+
+    betas: tuple[str, ...]
+
+
+@runtime_checkable
+class ChoosesTTL(Protocol):
+    """A strategy that chooses its breakpoints' cache TTL (None: the API's default, 5 minutes):
+    the policy's per-request choice, or a peer's model of its client (Claude Code's 1 hour)."""
+
+    ttl: str | None
+    prefix_ttl: str | None
 
 
 @dataclass(slots=True)

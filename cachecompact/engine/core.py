@@ -32,11 +32,18 @@ from ..cache.simulator import request_from_body
 from ..compaction.catalog import get_strategy, with_policy
 from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
 from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
-from ..compaction.strategy import Strategy, StrategyConfig, StrategyContext
+from ..compaction.strategy import (
+    ChoosesTTL,
+    NeedsBetas,
+    StatefulStrategy,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
 from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
-from ..store import Store, check_session_id, open_writable_store
+from ..store import BlobOwners, Store, check_session_id, open_writable_store
 from .resolution import RequestHistory, head_key
 from .sessions import Live, SessionRegistry
 
@@ -190,10 +197,8 @@ class CompactionEngine:
         ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
                               scratchpad_tool=self.scratchpad_tool)
-        live = Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head)
-        live.extra["forensics"] = Forensics(priced)
-        live.extra["scratchpad"] = ctx.scratchpad  # the one the levels write to (an in-memory session's folder)
-        return live
+        return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
+                    forensics=Forensics(priced), scratchpad=ctx.scratchpad)
 
     def _create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         tools = list(body.get("tools") or [])
@@ -256,7 +261,7 @@ class CompactionEngine:
             model = str(params.pop("model", ""))
             max_tokens = int(params.pop("max_tokens", 0) or 0)
             if self.diagnostics:
-                params["diagnostics"] = {"previous_message_id": live.extra.get("last_message_id")}
+                params["diagnostics"] = {"previous_message_id": live.last_message_id}
             live.strategy.before_request(now, model, max_tokens, params=params)
             ttl, prefix_ttl = self._ttls(live)
             r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
@@ -270,9 +275,9 @@ class CompactionEngine:
                                          **{k: body[k] for k in ("system", "tools") if k in body},
                                          "messages": messages}
                 out = live.strategy.shape(whole)
-                memo = live.extra.setdefault("sim_memo", {})
+                memo = live.sim_memo
                 t = live.session.transcript
-                same = out.get("messages") is messages and len(messages) == len(t)
+                same = len(messages) == len(t) and out.get("messages") is messages
 
                 def snap() -> Snapshot:
                     if len(memo) > 50_000:
@@ -280,7 +285,8 @@ class CompactionEngine:
                     keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, tuple(getattr(live.strategy, "betas", ())))
+        betas = live.strategy.betas if isinstance(live.strategy, NeedsBetas) else ()
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, betas)
         with self._lock:
             self._last_prepared = {fp: p}
         return p
@@ -290,13 +296,12 @@ class CompactionEngine:
         """Another process (a replica on the same store) recorded requests of this session since
         we last did: continue from the strategy state stored with the newest one."""
         s = live.session
-        if s.requests_recorded == live.extra.get("requests_seen", 0):
+        if s.requests_recorded == live.requests_seen:
             return
         st = (s.last_request or {}).get("strategy_state")
-        load = getattr(live.strategy, "load_state", None)
-        if isinstance(st, dict) and callable(load):
-            load(st)
-        live.extra["requests_seen"] = s.requests_recorded
+        if isinstance(st, dict) and isinstance(live.strategy, StatefulStrategy):
+            live.strategy.load_state(st)
+        live.requests_seen = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
                              retry: bool = False, raw: bytes | None = None) -> Prepared | None:
@@ -327,20 +332,19 @@ class CompactionEngine:
             live = p.live
             with live.lock:
                 live.strategy.after_response(p.now, usage)
-                live.extra["last_message_id"] = message_id or live.extra.get("last_message_id")
+                live.last_message_id = message_id or live.last_message_id
                 cost = priced(p.model).cost(usage)
                 snap = p.snapshot()
-                finding: Finding = live.extra["forensics"].observe(snap, usage, cache_miss_reason)
+                finding: Finding = live.forensics.observe(snap, usage, cache_miss_reason)
                 self._report(live, finding)
                 rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
                        "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
                        "sent_tokens": snap.total, "finding": finding.to_dict()}
-                state = getattr(live.strategy, "state", None)
-                if callable(state):
-                    rec["strategy_state"] = state()
+                if isinstance(live.strategy, StatefulStrategy):
+                    rec["strategy_state"] = live.strategy.state()
                 if live.strategy.renders:
                     live.session.record_request(p.render, rec)
-                    live.extra["requests_seen"] = live.session.requests_recorded
+                    live.requests_seen = live.session.requests_recorded
                 return finding
         except Exception:  # recording must never break the caller's response
             log.exception("cachecompact: could not record usage")
@@ -368,8 +372,9 @@ class CompactionEngine:
         """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
         strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
         never follows a 5-minute one."""
-        ttl = self.ttl or getattr(live.strategy, "ttl", None)
-        prefix = self.prefix_ttl or getattr(live.strategy, "prefix_ttl", None)
+        chosen = live.strategy if isinstance(live.strategy, ChoosesTTL) else None
+        ttl = self.ttl or (chosen.ttl if chosen else None)
+        prefix = self.prefix_ttl or (chosen.prefix_ttl if chosen else None)
         if ttl == "1h" and prefix == "5m":
             prefix = "1h"
         return ttl, prefix
@@ -393,19 +398,19 @@ class CompactionEngine:
     def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
         """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
         this process has loaded first, then the stored sessions that hold the reference
-        (`Store` docs: ``blob_owners``), skipping broken ones: after a restart the agent's
+        (`store.BlobOwners`), skipping broken ones: after a restart the agent's
         pending call must still find what an earlier process kept."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
         loaded = self.registry.sessions()
         for live in loaded:
-            sp = live.extra.get("scratchpad") or Scratchpad.for_session(live.session)
+            sp = live.scratchpad or Scratchpad.for_session(live.session)
             text, is_error = sp.handle_tool_call(tool_input)
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error
         if self.store is not None and isinstance(ref, str) and REF_RE.match(ref):
             seen = {live.session.session_id for live in loaded}
             try:
-                owners = (self.store.blob_owners(ref) if hasattr(self.store, "blob_owners")
+                owners = (self.store.blob_owners(ref) if isinstance(self.store, BlobOwners)
                           else self.store.list())  # a store without the fast path: every session is asked
             except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
                 return f"read_scratchpad error: the session store cannot be read: {err}", True

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
+from ..cache.forensics import Forensics
+from ..cache.simulator import SimBlock
+from ..compaction.scratchpad import Scratchpad
+from ..compaction.strategy import Strategy
 from ..history.session import Session
 from ..store import Store, check_session_id
 from .resolution import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id
@@ -25,13 +29,19 @@ __all__ = ["Live", "Resolved", "SessionRegistry"]
 
 @dataclass(slots=True, eq=False)
 class Live:
-    """A session in memory with what its adapter keeps alongside it."""
+    """A session in memory with what the engine keeps beside it, each field typed and named (no
+    bag of keys): the engine writes them, and the registry only hands a new segment its
+    parent's forensics."""
 
     session: Session
-    strategy: Any
+    strategy: Strategy
     head: bytes  # `resolution.head_key` of the caller's tools and system the session was made for
+    forensics: Forensics  # compares each request with the one before it in this conversation
+    scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    extra: dict[str, Any] = field(default_factory=dict)
+    last_message_id: str | None = None  # the last response's id (the diagnostics' previous_message_id)
+    requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
+    sim_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = field(default_factory=dict)  # priced blocks
 
     @property
     def sid(self) -> str:
@@ -167,8 +177,8 @@ class SessionRegistry:
         else:
             raise SessionExistsError(f"could not find a free session id in the family of {base}")
         parent = self._live.get(d.target) if d.target is not None else None
-        if parent is not None and d.kind == "segment" and "forensics" in parent.extra:
-            live.extra["forensics"] = parent.extra["forensics"].fork()  # compared with the request before it
+        if parent is not None and d.kind == "segment":
+            live.forensics = parent.forensics.fork()  # compared with the request before it
         with live.lock:
             new = live.session.sync(body["messages"], identities=req.ids)
         self._remember(sid, live)

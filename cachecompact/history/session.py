@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,16 @@ from ..base.errors import (
 )
 from ..base.tokens import TokenCounter
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
-from ..store import FileSessionStore, SessionStore, Store, TornTail
+from ..store import (
+    AtomicAppends,
+    BatchReads,
+    FileSessionStore,
+    LogName,
+    SessionStore,
+    SharedReadLock,
+    Store,
+    TornTail,
+)
 from ..store.records import GENESIS, record_hash, seal
 from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
 from .render import Renderer, RenderResult
@@ -184,7 +193,7 @@ class Session:
             raise StoreError(f"{where}: invalid field: {err}") from None
         # a read-only open writes nothing, not even a lock file: stores that can lock for reading
         # alone (the file store) offer `read_lock`, an optional extra to the contract
-        lock = getattr(store, "read_lock", store.lock) if readonly else store.lock
+        lock = store.read_lock if readonly and isinstance(store, SharedReadLock) else store.lock
         with lock():
             sess._refresh()
             sess._check_meta(meta, readonly)
@@ -301,18 +310,19 @@ class Session:
         if self.store is None:
             return
         self.torn = []
-        loaders = (("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
-                   ("requests", self._load_request_line))
-        batch = getattr(self.store, "read_new_logs", None)  # one round trip for every log, where offered
-        got = batch(tuple(n for n, _ in loaders)) if callable(batch) else None
+        loaders: tuple[tuple[LogName, Callable[[str, int, Any], None]], ...] = (
+            ("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
+            ("requests", self._load_request_line))
+        # one round trip for every log, where the store offers it
+        got = self.store.read_new_logs(tuple(n for n, _ in loaders)) if isinstance(self.store, BatchReads) else None
         for name, loader in loaders:
             if got is not None:
                 lines = got[name]
             else:
-                lines, torn = self.store.read_new(name)  # type: ignore[arg-type]
+                lines, torn = self.store.read_new(name)
                 if torn:
                     self.torn.append(torn)
-            where = self.store.where(name)  # type: ignore[arg-type]
+            where = self.store.where(name)
             for line_no, rec in lines:
                 loader(where, line_no, rec)
 
@@ -482,7 +492,7 @@ class Session:
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
         if self.stable_before is not None:
             base["stable_before"] = self.stable_before
-        if getattr(self.store, "atomic_append", False):
+        if isinstance(self.store, AtomicAppends) and self.store.atomic_append:
             # a store whose append is an atomic compare-and-append by itself (PostgreSQL's unique
             # key) needs no lock for one record: try at the known position; only when another
             # writer got there first, catch up under the lock (below)

@@ -14,16 +14,31 @@ from pathlib import Path
 
 from ..base.errors import CacheCompactError, ConfigError
 from ..base.safefs import ensure_dir
-from .contract import LOGS, LogName, SessionStore, Store, TornTail, check_session_id
+from .contract import (
+    LOGS,
+    AtomicAppends,
+    BatchReads,
+    BlobOwners,
+    LogName,
+    SessionStore,
+    SharedReadLock,
+    Store,
+    TornTail,
+    check_session_id,
+)
 from .files import EVENTS, FileSessionStore, FileStore, half_made
 
 __all__ = [
     "EVENTS",
     "LOGS",
+    "AtomicAppends",
+    "BatchReads",
+    "BlobOwners",
     "FileSessionStore",
     "FileStore",
     "LogName",
     "SessionStore",
+    "SharedReadLock",
     "Store",
     "TornTail",
     "check_session_id",

@@ -20,7 +20,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
-__all__ = ["LOGS", "REF_RE", "LogName", "SessionStore", "Store", "TornTail", "check_ref", "check_session_id"]
+__all__ = ["LOGS", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore", "SharedReadLock",
+           "Store", "TornTail", "check_ref", "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
@@ -123,14 +124,44 @@ class SessionStore(Protocol):
         ...
 
 
+# -- optional capabilities: a store written without them still qualifies; the session and the
+# engine use them where a store has them (isinstance, so a type checker sees the contract)
+
+@runtime_checkable
+class SharedReadLock(Protocol):
+    """A session store with a shared lock that never creates the lock file: read-only opens
+    (``cachecompact report``, ``ledger verify``) take it instead of the exclusive `lock`."""
+
+    def read_lock(self) -> AbstractContextManager[None]: ...
+
+
+@runtime_checkable
+class BatchReads(Protocol):
+    """A session store that reads the new records of several logs in one round trip."""
+
+    def read_new_logs(self, logs: tuple[LogName, ...]) -> dict[LogName, list[tuple[int, Any]]]: ...
+
+
+@runtime_checkable
+class AtomicAppends(Protocol):
+    """A session store whose `append` of one record is a compare-and-append by itself
+    (PostgreSQL's unique key), so a request record needs no lock unless another writer won."""
+
+    atomic_append: bool
+
+
+@runtime_checkable
+class BlobOwners(Protocol):
+    """A store that finds the sessions holding scratchpad content ``ref`` (content-addressed, so
+    any copy serves): a restarted process answers a pending ``read_scratchpad`` call with it
+    instead of asking every session in turn."""
+
+    def blob_owners(self, ref: str) -> list[str]: ...
+
+
 @runtime_checkable
 class Store(Protocol):
-    """Many sessions by id.
-
-    Optional, outside the protocol so that a store written without it still qualifies:
-    ``blob_owners(ref) -> list[str]``, the sessions holding scratchpad content ``ref``
-    (content-addressed, so any copy serves). A restarted process answers a pending
-    ``read_scratchpad`` call with it instead of asking every session in turn."""
+    """Many sessions by id. Optional beside it: `BlobOwners`."""
 
     @property
     def url(self) -> str: ...

@@ -46,7 +46,8 @@ class ClaudeCodePolicy(LedgerStrategy):
     def __init__(self, ctx: StrategyContext, cfg: ClaudeCodeConfig | None = None) -> None:
         super().__init__(ctx)
         self.cfg = cfg or ClaudeCodeConfig()
-        self.ttl = self.cfg.ttl  # the engine renders this strategy's breakpoints with it
+        self.ttl: str | None = self.cfg.ttl  # the engine renders this strategy's breakpoints with it
+        self.prefix_ttl: str | None = None  # the same TTL for the prefix's breakpoint
         self.threshold = ctx.window_tokens - self.cfg.buffer_tokens
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
