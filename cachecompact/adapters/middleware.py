@@ -136,16 +136,13 @@ class CompactionMiddleware(Middleware):
             body, explicit=explicit if isinstance(explicit, str) else None,
             now=clock_from(headers, CLOCK_HEADER, self.engine.clock), retry=bool(request.retries_taken))
 
-    def _reactive(self, p: Prepared, info: tuple[int, int, int], request: httpx2.Request) -> dict[str, Any]:
-        body = self.engine.reactive(p, info)
-        if body is None:
-            n, limit, _ = info
-            reserved = info[2] or p.max_tokens
-            raise ContextFullError(f"context is full: the prompt has {n} tokens and the request reserves {reserved} "
-                                   f"output tokens (its max_tokens) within the API's {limit}-token limit (it would "
-                                   f"take a window of at least {n + reserved}), and compaction cannot remove enough; "
-                                   "lower max_tokens or start a new session", request)
-        return body
+    def _retry_body(self, p: Prepared, payload: Any, request: httpx2.Request) -> dict[str, Any] | None:
+        """The body to send again after a 400 (reactive compaction), or None if the 400 is not a
+        prompt-too-long error; `ContextFullError` when nothing more fits."""
+        retry = self.engine.after_too_long(p, payload)
+        if retry is not None and retry.body is None:
+            raise ContextFullError(retry.message, request)
+        return retry.body if retry is not None else None
 
     def _record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
                 cache_miss_reason: dict[str, Any] | None, stream: bool) -> None:
@@ -161,9 +158,8 @@ class CompactionMiddleware(Middleware):
             return call_next(request)
         resp = call_next(_with_body(request, p.body, p.betas))
         if resp.status_code == 400:
-            info = too_long(json_or_none(resp.read()))
-            if info is not None:
-                body = self._reactive(p, info, resp.http_response.request)
+            body = self._retry_body(p, json_or_none(resp.read()), resp.http_response.request)
+            if body is not None:
                 resp.close()
                 resp = call_next(_with_body(request, body, p.betas))
                 if resp.status_code == 400 and too_long(json_or_none(resp.read())):
@@ -187,9 +183,9 @@ class CompactionMiddleware(Middleware):
             return await call_next(request)
         resp = await call_next(_with_body(request, p.body, p.betas))
         if resp.status_code == 400:
-            info = too_long(json_or_none(await resp.read()))
-            if info is not None:
-                body = await asyncio.to_thread(self._reactive, p, info, resp.http_response.request)
+            payload = json_or_none(await resp.read())
+            body = await asyncio.to_thread(self._retry_body, p, payload, resp.http_response.request)
+            if body is not None:
                 await resp.close()
                 resp = await call_next(_with_body(request, body, p.betas))
                 if resp.status_code == 400 and too_long(json_or_none(await resp.read())):

@@ -26,6 +26,7 @@ from ..base.errors import (
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
+from ..base.http import too_long
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
 from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
@@ -47,7 +48,7 @@ from ..store import BlobOwners, Store, check_session_id, open_writable_store
 from .resolution import RequestHistory, head_key
 from .sessions import Live, SessionRegistry
 
-__all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "SummarizerFactory"]
+__all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "Retry", "SummarizerFactory"]
 
 log = logging.getLogger("cachecompact")
 
@@ -69,6 +70,16 @@ def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: d
     return Snapshot(time=time, model=model, params=params, chain=r.block_hashes, cum=r.cumulative_tokens,
                     pos=r.positions, breakpoints=bps, locate=lambda k: r.location(k).path, text_of=r.block_text,
                     tool_keys=tools, explain=explain, n_entries=r.n_entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """What an adapter does after the API refused a prepared request as too long
+    (`CompactionEngine.after_too_long`): send ``body`` once more, or, when it is None, answer
+    with ``message`` (the context is full)."""
+
+    body: dict[str, Any] | None
+    message: str
 
 
 @dataclass(slots=True)
@@ -378,6 +389,23 @@ class CompactionEngine:
         if ttl == "1h" and prefix == "5m":
             prefix = "1h"
         return ttl, prefix
+
+    def after_too_long(self, p: Prepared, payload: Any) -> Retry | None:
+        """The one reactive path of both adapters, for a 400 they got for ``p``: None when
+        ``payload`` (the 400's JSON) is not a prompt-too-long error; else reactive compaction,
+        and what to do: send `Retry.body` once more, or answer with `Retry.message`."""
+        info = too_long(payload)
+        if info is None:
+            return None
+        body = self.reactive(p, info)
+        if body is not None:
+            return Retry(body, "")
+        n, limit, out = info
+        reserved = out or p.max_tokens
+        return Retry(None, f"context is full: the prompt has {n} tokens and the request reserves {reserved} output "
+                           f"tokens (its max_tokens) within the API's {limit}-token limit (it would take a window "
+                           f"of at least {n + reserved}), and compaction cannot remove enough; lower max_tokens or "
+                           "start a new session")
 
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""

@@ -49,7 +49,7 @@ from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamRespo
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...compaction.summarize.llm import SummaryRequest, SummaryResult
-    from ...engine.core import CompactionEngine, Prepared
+    from ...engine.core import CompactionEngine, Prepared, Retry
 
 __all__ = ["Proxy", "ProxyConfig", "make_app"]
 
@@ -401,22 +401,21 @@ def make_app(cfg: ProxyConfig) -> web.Application:
         if prepared is not None and up.status == 400:
             try:  # until the response is relayed, every way out gives its connection back
                 head = await up.read()
-                info = too_long(json_or_none(_decoded(head, up.headers.get("content-encoding", ""))))
-                body = (await asyncio.get_running_loop().run_in_executor(state.compute, _reactive, state, prepared,
-                                                                         info, lower)
-                        if info is not None else None)
+                payload = json_or_none(_decoded(head, up.headers.get("content-encoding", "")))
+                retry = (await asyncio.get_running_loop().run_in_executor(state.compute, _after_too_long, state,
+                                                                          prepared, payload, lower)
+                         if too_long(payload) is not None else None)
             except UpstreamError as err:
                 up.release()
                 return _unavailable(cfg, err)
             except BaseException:
                 up.release()
                 raise
-            if info is not None:
+            if retry is not None:
                 up.release()
-                if body is None:
-                    return api_error(400, "context is full: the prompt is too long even after compaction; start a "
-                                          "new session", kind="invalid_request_error")
-                data = bytes_as_is(body)
+                if retry.body is None:
+                    return api_error(400, retry.message, kind="invalid_request_error")
+                data = bytes_as_is(retry.body)
                 head = b""
                 try:
                     up = await send(request, data, headers)
@@ -525,12 +524,12 @@ def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float)
         state.creds.headers = {}
 
 
-def _reactive(state: ProxyState, p: Prepared, info: tuple[int, int, int], headers: dict[str, str]
-              ) -> dict[str, Any] | None:
+def _after_too_long(state: ProxyState, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
+    """The engine's reactive path, with the caller's credentials for its summaries."""
     assert state.engine is not None
     state.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
     try:
-        return state.engine.reactive(p, info)
+        return state.engine.after_too_long(p, payload)
     finally:
         state.creds.headers = {}
 
