@@ -216,7 +216,7 @@ def test_observe_mode_does_not_load_the_compaction_runtime() -> None:
     """A proxy in observe mode forwards and analyses; the compactor, the engine and the session
     machinery load only in compact mode (the static half is the "observe" contract)."""
     probe = ("import sys\n"
-             "from cachecompact.adapters.proxy.app import ProxyConfig, make_app\n"
+             "from cachecompact.adapters.proxy import ProxyConfig, make_app\n"
              "make_app(ProxyConfig(upstream='http://127.0.0.1:9', mode=sys.argv[1]))\n"
              "print(' '.join(sorted(m for m in sys.modules if m.startswith(('cachecompact.compaction', "
              "'cachecompact.engine.core', 'cachecompact.history.session')))))\n")

@@ -98,7 +98,7 @@ def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() 
     import gzip
     import random
 
-    from cachecompact.adapters.proxy.app import _Tap
+    from cachecompact.adapters.proxy.tap import ResponseTap as _Tap
 
     rng = random.Random(1)
     filler = [{"type": "content_block_delta", "index": 0,

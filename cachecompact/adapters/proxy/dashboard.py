@@ -26,7 +26,7 @@ from aiohttp import web
 from ..httpserver import api_error
 
 if TYPE_CHECKING:
-    from .app import ProxyState
+    from .state import ProxyState
 
 __all__ = ["add_routes"]
 

@@ -1,0 +1,58 @@
+"""Who may open the dashboard and its API: this machine only (by the name it is asked by), or,
+bound beyond loopback, whoever holds the ``--auth-token``."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ..httpserver import api_error
+from .config import ProxyConfig, is_loopback
+
+__all__ = ["loopback_host_only", "token_auth"]
+
+_COOKIE = "cachecompact_token"
+
+
+def _dashboard_path(path: str) -> bool:
+    return path == "/ui" or path.startswith(("/ui/", "/api/"))
+
+
+@web.middleware
+async def loopback_host_only(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                             ) -> web.StreamResponse:
+    """Without a token the dashboard is for this machine only, and so is the name it is asked
+    by: a page whose own host name was re-pointed at 127.0.0.1 (DNS rebinding) sends that name
+    in ``Host`` and is refused."""
+    if _dashboard_path(request.path):
+        given = request.host or ""
+        host = given.split("]", 1)[0] + "]" if given.startswith("[") else given.rsplit(":", 1)[0]
+        if not is_loopback(host):
+            return api_error(403, f"the dashboard without --auth-token answers only to a loopback host name, not "
+                                  f"{host[:100]!r}", kind="permission_error")
+    return await handler(request)
+
+
+def token_auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
+    token = cfg.auth_token
+
+    @web.middleware
+    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        path = request.path
+        if token is None or not _dashboard_path(path):
+            return await handler(request)
+        given = request.headers.get("authorization", "")
+        given = given[7:] if given.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
+        query = request.query.get("token")
+        if query is not None and hmac.compare_digest(query.encode(), token.encode()):
+            resp = web.HTTPFound(path)  # the token leaves the address bar; a cookie carries it from now on
+            resp.set_cookie(_COOKIE, token, httponly=True, samesite="Strict", path="/")
+            raise resp
+        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+            return api_error(401, "this proxy's dashboard and API need the auth token: an 'Authorization: Bearer' "
+                                  "header, or open /ui?token=... once", kind="authentication_error")
+        return await handler(request)
+    return check

@@ -1,0 +1,55 @@
+"""The proxy's settings (``cachecompact proxy`` flags), checked before anything listens."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ...base.errors import ConfigError
+from ...store import Store
+
+__all__ = ["ProxyConfig", "is_loopback"]
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str = "https://api.anthropic.com"
+    host: str = "127.0.0.1"
+    port: int = 8787
+    mode: str = "observe"  # or "compact"
+    store: str | Store | None = None
+    keep_bodies: bool = False
+    auth_token: str | None = None
+    strategy: str = "cachecompact"
+    window_tokens: int | None = None
+    max_connections: int = 200
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Refuse a configuration that would run unsafely or not at all."""
+        if self.mode not in ("observe", "compact"):
+            raise ConfigError(f"--mode must be 'observe' or 'compact', got {self.mode!r}")
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
+        u = urlsplit(self.upstream)
+        if u.username is not None or u.password is not None:
+            raise ConfigError("--upstream must not carry a user name or password (it would be logged and shown in "
+                              "errors); the proxy forwards each caller's own credentials")
+        if not is_loopback(self.host) and not self.auth_token:
+            raise ConfigError(f"binding to {self.host} (beyond loopback) needs --auth-token: the dashboard and its API "
+                              "show request contents")
+        if self.keep_bodies and self.store is None:
+            raise ConfigError("--keep-bodies needs --store (bodies are kept in the store)")
+        if self.mode == "observe" and self.strategy != "cachecompact":
+            raise ConfigError(f"--strategy {self.strategy} applies only with --mode compact")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

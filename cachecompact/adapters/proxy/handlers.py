@@ -1,0 +1,230 @@
+"""The proxy's routes: ``POST /v1/messages`` (observed, or compacted first) and every other
+path forwarded byte for byte. Each response streams back chunk by chunk as it arrives; its
+analysis is queued (`state.Exchange`) and runs after it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from ...base.errors import ContextFullError, InvalidSessionIdError
+from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
+from ...base.http import clock_from, json_or_none, too_long, with_betas
+from ...base.wire import bytes_as_is
+from ..httpserver import api_error, read_body
+from .config import ProxyConfig
+from .credentials import holding
+from .observe import session_hint
+from .state import Exchange, ProxyState
+from .tap import ResponseTap, decoded
+from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
+
+if TYPE_CHECKING:
+    from ...cache.forensics import Finding
+    from ...engine.core import Prepared, Retry
+
+__all__ = ["UPSTREAM", "Handlers"]
+
+log = logging.getLogger("cachecompact")
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade"})
+# the proxy sets Host and Content-Length itself; it holds the whole body, so an Expect was answered here
+_REQUEST_DROP = ("host", "content-length", "expect")
+WHOLE = 1 << 20  # JSON bodies up to this size are relayed in one write (streams always chunk by chunk)
+UPSTREAM: web.AppKey[UpstreamPool] = web.AppKey("upstream", UpstreamPool)
+
+
+class Handlers:
+    """The routes of one app, over its `ProxyState` and the upstream pool the app owns (``UPSTREAM``)."""
+
+    def __init__(self, app: web.Application, state: ProxyState) -> None:
+        self.app, self.state = app, state
+
+    async def send(self, request: web.Request, data: bytes, headers: list[tuple[str, str]]) -> UpstreamResponse:
+        return await self.app[UPSTREAM].request(request.method, _origin_form(request.raw_path), headers, data)
+
+    async def relay(self, request: web.Request, up: UpstreamResponse, tap: ResponseTap | None,
+                    head: bytes = b"", before_send: Callable[[], Awaitable[None]] | None = None
+                    ) -> web.StreamResponse:
+        length = up.content_length
+        if length is not None and length <= WHOLE and "text/event-stream" not in up.headers.get("content-type", ""):
+            # a small complete (non-stream) body: one write with the headers instead of three
+            body = head or await up.read()
+            if tap is not None:
+                tap.feed(body)
+            if before_send is not None:
+                await before_send()
+            return web.Response(status=up.status, reason=up.reason or None,
+                                headers=_filter(up.headers, ("content-length",)),
+                                body=body if request.method != "HEAD" else None)
+        resp = web.StreamResponse(status=up.status, reason=up.reason or None,
+                                  headers=_filter(up.headers, ("content-length",)))
+        if up.content_length is not None and request.method != "HEAD":
+            resp.content_length = up.content_length
+        await resp.prepare(request)
+        if head:
+            if tap is not None:
+                tap.feed(head)
+            await resp.write(head)
+        async for chunk in up.iter_chunks():
+            if tap is not None:
+                tap.feed(chunk)
+                if before_send is not None and tap.result is not None:
+                    await before_send()  # the stream's usage is complete: record before its last bytes
+                    before_send = None
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        raw = await read_body(request)
+        try:
+            up = await self.send(request, raw, _filter(request.headers, _REQUEST_DROP))
+        except UpstreamError as err:
+            return _unavailable(self.state.cfg, err)
+        async with up:
+            return await self.relay(request, up, None)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return await self.forward(request)
+        state = self.state
+        raw = await read_body(request)
+        t0 = time.perf_counter()
+        headers = _filter(request.headers, _REQUEST_DROP)
+        lower = {k.lower(): v for k, v in request.headers.items()}
+        now = clock_from(lower, CLOCK_HEADER, time.time)  # replays and tests set the clock
+        if INTERNAL_HEADER in lower:
+            return await self.plain(request, raw, headers)
+        prepared: Prepared | None = None
+        data = raw
+        if state.engine is not None and not request.headers.get("content-encoding"):
+            got_p = await asyncio.get_running_loop().run_in_executor(state.compute, _prepare, state, raw, lower, now)
+            if isinstance(got_p, web.Response):
+                return got_p
+            prepared = got_p
+            if prepared is not None:
+                data = bytes_as_is(prepared.body)  # straight to UTF-8 bytes: no str copy of a large body
+                if prepared.betas:  # the strategy's body needs these (a server-side peer)
+                    beta = with_betas(lower.get("anthropic-beta"), prepared.betas) or ""
+                    headers = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"] + [("anthropic-beta", beta)]
+        try:
+            up = await self.send(request, data, headers)
+        except UpstreamError as err:
+            return _unavailable(self.state.cfg, err)
+        head = b""
+        if prepared is not None and up.status == 400:
+            try:  # until the response is relayed, every way out gives its connection back
+                head = await up.read()
+                payload = json_or_none(decoded(head, up.headers.get("content-encoding", "")))
+                retry = (await asyncio.get_running_loop().run_in_executor(state.compute, _after_too_long, state,
+                                                                          prepared, payload, lower)
+                         if too_long(payload) is not None else None)
+            except UpstreamError as err:
+                up.release()
+                return _unavailable(self.state.cfg, err)
+            except BaseException:
+                up.release()
+                raise
+            if retry is not None:
+                up.release()
+                if retry.body is None:
+                    return api_error(400, retry.message, kind="invalid_request_error")
+                data = bytes_as_is(retry.body)
+                head = b""
+                try:
+                    up = await self.send(request, data, headers)
+                except UpstreamError as err:
+                    return _unavailable(self.state.cfg, err)
+        tap = ResponseTap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
+                   live=prepared is not None)
+        t_up = time.perf_counter()
+        state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
+        recorded: list[Finding] = []
+
+        async def record_first() -> None:
+            """Compact mode: the session records the answer (a whole JSON body, or a stream once
+            its usage is complete) before the client has all of it, so the client's next turn
+            finds it, on this replica or another."""
+            if prepared is None or up.status != 200:
+                return
+            got = tap.finish()
+            if got is not None:
+                finding = await asyncio.get_running_loop().run_in_executor(
+                    state.compute, state.engine.record, prepared, got[0], got[1], got[2], False)  # type: ignore[union-attr]
+                recorded.append(finding)
+
+        try:
+            async with up:
+                return await self.relay(request, up, tap, head, record_first)
+        finally:
+            timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
+                      "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
+                      "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
+            state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded))
+
+    async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
+        try:
+            up = await self.send(request, raw, headers)
+        except UpstreamError as err:
+            return _unavailable(self.state.cfg, err)
+        async with up:
+            return await self.relay(request, up, None)
+
+
+def _filter(headers: Any, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Headers without hop-by-hop ones (and those named in ``Connection``) and ``drop``, in order."""
+    gone = HOP_BY_HOP.union(drop)
+    conn = headers.getall("Connection", ()) if "Connection" in headers else ()
+    for v in conn:
+        gone |= {t.strip().lower() for t in v.split(",") if t.strip()}
+    return [(k, v) for k, v in headers.items() if k.lower() not in gone]
+
+
+def _unavailable(cfg: ProxyConfig, err: UpstreamError) -> web.Response:
+    """A 400 for a request that cannot be forwarded as given, else a 502 (and a log line)."""
+    if isinstance(err, RequestRefused):
+        return api_error(400, str(err))
+    log.warning("cachecompact proxy: upstream %s: %s", cfg.upstream, err)
+    return api_error(502, f"upstream {cfg.upstream} unavailable: {err}")
+
+
+def _origin_form(target: str) -> str:
+    """The request target as a path and query: an absolute-form target (``GET http://host/p``,
+    which RFC 9112 3.2.2 says a server must accept) is reduced to its path; the upstream is
+    always the configured one."""
+    if target.startswith(("http://", "https://")):
+        u = urlsplit(target)
+        return (u.path or "/") + (f"?{u.query}" if u.query else "")
+    return target
+
+
+def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
+    """Compact mode, in a worker thread: the engine's body, None (forward unchanged), or an error."""
+    assert state.engine is not None
+    body = json_or_none(raw)
+    if not isinstance(body, dict):
+        return None
+    try:
+        hint = session_hint(headers, body)
+    except InvalidSessionIdError as err:
+        return api_error(400, str(err))
+    try:
+        with holding(state.creds, headers):
+            return state.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
+    except ContextFullError as err:
+        return api_error(400, str(err))
+
+
+def _after_too_long(state: ProxyState, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
+    """The engine's reactive path, with the caller's credentials for its summaries."""
+    assert state.engine is not None
+    with holding(state.creds, headers):
+        return state.engine.after_too_long(p, payload)

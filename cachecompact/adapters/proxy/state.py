@@ -1,0 +1,149 @@
+"""What one proxy app holds (config, observer, engine, workers), and the analysis of each
+exchange after its response, on one queue-fed thread so a session's records stay in order."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ...base.pricing import DEFAULT_SUMMARY_MODEL
+from ...store import Store, open_writable_store
+from .config import ProxyConfig
+from .credentials import UpstreamSummarizer
+from .observe import Observer
+from .tap import ResponseTap
+
+if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
+    from ...cache.forensics import Finding
+    from ...engine.core import CompactionEngine, Prepared
+
+__all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
+
+log = logging.getLogger("cachecompact")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One ``POST /v1/messages`` and its response, queued for analysis (`analyse`)."""
+
+    raw: bytes  # the request body as the client sent it
+    headers: dict[str, str]  # its headers, lower-cased
+    prepared: Prepared | None  # compact mode: what the engine sent instead
+    status: int  # the upstream's status
+    tap: ResponseTap  # the response's bytes, or the usage read from them
+    now: float  # the request's time (its clock header, or the wall clock)
+    timing: dict[str, float]  # upstream, first-byte and total milliseconds
+    stream: bool  # the response was a stream
+    recorded: list[Finding] = field(default_factory=list)  # the engine recorded it before the client's last byte
+
+
+class ProxyState:
+    """Everything one proxy app holds: config, observer, engine, workers."""
+
+    def __init__(self, cfg: ProxyConfig) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.store: Store | None = open_writable_store(cfg.store)  # a bad path fails now, not per request
+        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies)
+        self.creds = threading.local()
+        self.engine: CompactionEngine | None = None
+        if cfg.mode == "compact":
+            from ...engine.core import CompactionEngine
+
+            creds = self.creds
+            upstream = cfg.upstream
+
+            def summarizer(model: str | None, mode: str) -> Any:
+                return UpstreamSummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
+
+            self.engine = CompactionEngine(self.store, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
+                                           summarizer=summarizer, **cfg.engine_options)
+        # analysis after the response: one thread fed by a queue (cheaper per request than an
+        # executor's futures), so the records of a session stay in order
+        self.queue: queue.SimpleQueue[tuple[int, Exchange] | None] = queue.SimpleQueue()
+        # observe mode under overload: forwarding never waits for analysis, and the bodies waiting
+        # for it are bounded; past the bound a request is forwarded but not analysed (counted)
+        self.max_pending_bytes = 256 << 20
+        self._pending_bytes = 0
+        self.dropped = 0
+        self.compute = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cachecompact-proxy-compact")
+        self._pending = 0
+        self._plock = threading.Lock()
+        self.worker = threading.Thread(target=self._analyse, name="cachecompact-proxy-analysis", daemon=True)
+        self.worker.start()
+
+    @property
+    def pending(self) -> int:
+        """Requests whose records are not written yet."""
+        return self._pending
+
+    def begin(self) -> None:
+        with self._plock:
+            self._pending += 1
+
+    def submit(self, ex: Exchange) -> None:
+        """Queue one response's analysis. Its request body and the response bytes its tap holds
+        until the analysis reads them count toward the bound; compact mode's (``ex.prepared``)
+        is always recorded."""
+        size = len(ex.raw) + ex.tap.size
+        with self._plock:
+            if ex.prepared is None and self._pending_bytes + size > self.max_pending_bytes:
+                self._pending -= 1
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("cachecompact proxy: analysis is behind; %d requests forwarded without analysis",
+                                self.dropped)
+                return
+            self._pending_bytes += size
+        self.queue.put((size, ex))
+
+    def _analyse(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            size, ex = item
+            try:
+                analyse(self, ex)
+            finally:
+                with self._plock:
+                    self._pending -= 1
+                    self._pending_bytes -= size
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.worker.join(30)
+        self.compute.shutdown(wait=False, cancel_futures=True)
+
+
+STATE: web.AppKey[ProxyState] = web.AppKey("state")
+
+
+def analyse(state: ProxyState, ex: Exchange) -> None:
+    """After the response, in the analysis thread: forensics and the session record (compact
+    mode: unless the engine recorded it already, see `Handlers.messages`)."""
+    raw, headers, p, status, now, timing, stream = ex.raw, ex.headers, ex.prepared, ex.status, ex.now, ex.timing, \
+        ex.stream
+    try:
+        got = ex.tap.finish()  # here, not on the request path
+        usage, mid, diag = got if got is not None else (None, None, None)
+        if p is None or state.engine is None:
+            state.observer.observe(raw, headers, status=status, usage=usage, message_id=mid, cache_miss_reason=diag,
+                                   now=now, timing=timing, stream=stream)
+            return
+        finding = ex.recorded[0] if ex.recorded else (
+            state.engine.record(p, usage, mid, diag, stream) if usage else None)
+        sess = p.live.session
+        comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
+                  "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
+                 for e in sess.ledger.entries]
+        state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
+                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw)
+    except Exception:  # never let analysis take the proxy down
+        log.exception("cachecompact proxy: could not record a request")
