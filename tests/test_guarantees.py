@@ -240,6 +240,15 @@ def test_the_top_level_is_the_public_surface() -> None:
     assert cachecompact.TokenizerError is TokenizerError
 
 
+@pytest.mark.slow  # imports every module through pdoc: about 10 s
+def test_the_api_reference_is_current() -> None:
+    """docs/api.md is generated from the docstrings; a changed public name or signature must
+    regenerate it (``python docs/apidoc.py``)."""
+    out = subprocess.run([sys.executable, str(PKG.parent / "docs" / "apidoc.py"), "--check"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+
+
 def test_only_the_sdks_public_names() -> None:
     bad = [f"{mod} imports {name}" for mod, tree in _modules() for name in _imports(mod, tree)
            if name.startswith(("anthropic._", "anthropic.lib._")) or (name.startswith("anthropic.") and
