@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .compaction.scratchpad import READ_SCRATCHPAD_TOOL as READ_SCRATCHPAD_TOOL, Scratchpad as Scratchpad
     from .compaction.strategy import Strategy, StrategyConfig, StrategyContext, TurnReport
     from .compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, Summarizer
+    from .engine.options import EngineOptions
     from .history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
     from .history.render import (
         BlockInfo as BlockInfo,
@@ -104,6 +105,7 @@ _EXPORTS = {
     "wrap": "adapters.middleware",
     "wrapped_sessions": "adapters.middleware",
     "Economics": "compaction.policy",
+    "EngineOptions": "engine.options",
     "LevelSettings": "compaction.policy",
     "PolicyConfig": "compaction.policy",
     "Safety": "compaction.policy",
@@ -164,6 +166,7 @@ __all__ = [
     "ConfigError",
     "ContextFullError",
     "Economics",
+    "EngineOptions",
     "Event",
     "ExtractiveSummarizer",
     "FileStore",

@@ -43,6 +43,7 @@ from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
 from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, SummarizerFactory
+from ..engine.options import EngineOptions
 from ..history.session import Session
 from ..store import Store
 
@@ -74,35 +75,17 @@ def _with_body(request: APIRequest, body: dict[str, Any], betas: tuple[str, ...]
 
 class CompactionMiddleware(Middleware):
     """Cache-aware compaction for every ``messages.create`` / ``messages.stream`` call: the SDK
-    adapter of `CompactionEngine` (see there for the arguments)."""
+    adapter of `CompactionEngine`. Its settings are an `EngineOptions` (``options=``), or that
+    object's fields as keywords; `wrap()` builds it and validates the client too."""
 
-    def __init__(
-        self,
-        store: str | os.PathLike[str] | Store | None = DEFAULT_STORE,
-        *,
-        session_id: str | None = None,
-        strategy: str | StrategyConfig = "cachecompact",
-        config: PolicyConfig | None = None,
-        window_tokens: int | None = None,
-        summarizer: Summarizer | SummarizerFactory | None = None,
-        prefix_messages: int | None = None,
-        scratchpad_tool: bool = False,
-        diagnostics: bool = False,
-        ttl: Literal["5m", "1h"] | None = None,
-        prefix_ttl: Literal["5m", "1h"] | None = None,
-        on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
-        clock: Callable[[], float] = time.time,
-        store_dir: str | os.PathLike[str] | None = None,
-        strict_models: bool = False,
-        recent_tokens: int | None = None,
-    ) -> None:
+    def __init__(self, store: str | os.PathLike[str] | Store | None = DEFAULT_STORE, *,
+                 options: EngineOptions | None = None, summarizer: Summarizer | SummarizerFactory | None = None,
+                 store_dir: str | os.PathLike[str] | None = None, **settings: Any) -> None:
+        """``options`` (an `EngineOptions`), or its settings as keywords (``strategy=``, ``ttl=``, ...)."""
         if store_dir is not None and store != DEFAULT_STORE:
             raise ConfigError("give store= or store_dir= (its older name), not both")
-        self.engine = CompactionEngine(
-            store_dir if store_dir is not None else store, session_id=session_id, strategy=strategy, config=config,
-            window_tokens=window_tokens, summarizer=summarizer, prefix_messages=prefix_messages,
-            scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-            on_event=on_event, clock=clock, strict_models=strict_models, recent_tokens=recent_tokens)
+        self.engine = CompactionEngine(store_dir if store_dir is not None else store,
+                                       EngineOptions.of(options, settings), summarizer=summarizer)
         self.events = self.engine.events
         self.window_tokens = self.engine.window_tokens
 
@@ -342,11 +325,11 @@ def wrap(
         summ = summarizer
     else:
         raise ConfigError(f"summarizer must be 'auto', None or a Summarizer, got {summarizer!r}")
-    mw = CompactionMiddleware(store, session_id=session_id, strategy=strategy, config=config,
-                              window_tokens=window_tokens, summarizer=summ, prefix_messages=prefix_messages,
-                              scratchpad_tool=scratchpad_tool, diagnostics=diagnostics, ttl=ttl, prefix_ttl=prefix_ttl,
-                              on_event=on_event, clock=clock, store_dir=store_dir, strict_models=True,
-                              recent_tokens=recent_tokens)
+    options = EngineOptions(session_id=session_id, strategy=strategy, config=config, window_tokens=window_tokens,
+                            prefix_messages=prefix_messages, scratchpad_tool=scratchpad_tool, diagnostics=diagnostics,
+                            ttl=ttl, prefix_ttl=prefix_ttl, on_event=on_event, clock=clock, strict_models=True,
+                            recent_tokens=recent_tokens)
+    mw = CompactionMiddleware(store, options=options, summarizer=summ, store_dir=store_dir)
     return client.with_middleware(mw)
 
 

@@ -13,16 +13,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace as dc_replace
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from ..base.errors import (
     CacheCompactError,
-    ConfigError,
     ContextFullError,
     InvalidSessionIdError,
     MalformedMessageError,
-    PolicyConfigError,
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
@@ -30,8 +28,7 @@ from ..base.http import too_long
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
 from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
-from ..compaction.catalog import get_strategy, with_policy
-from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
+from ..compaction.policy import PolicyConfig
 from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
 from ..compaction.strategy import (
     ChoosesTTL,
@@ -45,6 +42,7 @@ from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
+from .options import EngineOptions
 from .resolution import RequestHistory, head_key
 from .sessions import Live, SessionRegistry
 
@@ -101,79 +99,27 @@ class Prepared:
 class CompactionEngine:
     """Sessions, strategy and forensics for request bodies; thread-safe."""
 
-    def __init__(
-        self,
-        store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
-        *,
-        session_id: str | None = None,
-        strategy: str | StrategyConfig = "cachecompact",
-        config: PolicyConfig | None = None,
-        window_tokens: int | None = None,
-        summarizer: Summarizer | SummarizerFactory | None = None,
-        prefix_messages: int | None = None,
-        scratchpad_tool: bool = False,
-        diagnostics: bool = False,
-        ttl: Literal["5m", "1h"] | None = None,
-        prefix_ttl: Literal["5m", "1h"] | None = None,
-        on_event: Callable[[Event], None] | list[Callable[[Event], None]] | None = None,
-        clock: Callable[[], float] = time.time,
-        strict_models: bool = False,
-        recent_tokens: int | None = None,
-    ) -> None:
-        if session_id is not None:
-            check_session_id(session_id, "session_id")
-        for name, v in (("ttl", ttl), ("prefix_ttl", prefix_ttl)):
-            if v not in (None, "5m", "1h"):
-                raise ConfigError(f"{name} must be '5m', '1h' or None, got {v!r}")
-        if prefix_ttl == "5m" and ttl == "1h":  # the prefix's breakpoint comes first in every request
-            raise ConfigError("ttl='1h' with prefix_ttl='5m' puts a 1-hour breakpoint after a 5-minute one, which "
-                              "the API refuses; use prefix_ttl='1h' (or leave it unset)")
-        if window_tokens is not None and (not isinstance(window_tokens, int) or isinstance(window_tokens, bool)
-                                          or window_tokens < MIN_WINDOW_TOKENS):
-            raise PolicyConfigError(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, "
-                                    f"got {window_tokens!r}")
-        if prefix_messages is not None and (not isinstance(prefix_messages, int) or prefix_messages < 0):
-            raise ConfigError(f"prefix_messages must be a non-negative integer, got {prefix_messages!r}")
-        for name, flag in (("scratchpad_tool", scratchpad_tool), ("diagnostics", diagnostics)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"{name} must be True or False, got {flag!r}")
-        hooks = on_event if isinstance(on_event, list) else ([] if on_event is None else [on_event])
-        if not all(callable(h) for h in hooks) or not callable(clock):
-            raise ConfigError(f"on_event must be a callable or a list of callables and clock a callable, got "
-                              f"on_event={on_event!r}, clock={clock!r}")
-        cfg = get_strategy(strategy) if isinstance(strategy, str) else strategy
-        if not callable(getattr(cfg, "build", None)):
-            raise ConfigError(f"strategy must be a registered name or a strategy config, got {strategy!r}")
-        self.strategy_config: StrategyConfig = with_policy(cfg, config)
-        pol = getattr(self.strategy_config, "policy", None)
-        if recent_tokens is not None:
-            if not isinstance(recent_tokens, int) or isinstance(recent_tokens, bool) or recent_tokens < 0:
-                raise ConfigError(f"recent_tokens must be a non-negative integer of tokens, got {recent_tokens!r}")
-            if not isinstance(pol, PolicyConfig):
-                raise ConfigError(f"recent_tokens sets the cachecompact policy's recent budget; strategy "
-                                  f"{getattr(cfg, 'name', cfg)!r} has no such policy")
-            # the cost-versus-recall knob (docs/policy.md, "The one knob")
-            pol = dc_replace(pol, levels=dc_replace(pol.levels, keep_recent_tokens=recent_tokens))
-            self.strategy_config = with_policy(self.strategy_config, pol)
-        if ttl is not None and isinstance(pol, PolicyConfig) and pol.economics.ttl == "auto":
-            # the caller fixed the TTL: the policy prices its decisions with that one
-            self.strategy_config = with_policy(self.strategy_config, dc_replace(
-                pol, economics=dc_replace(pol.economics, ttl=ttl)))
-        self.config = config or PolicyConfig()
-        self.window_tokens = window_tokens or self.config.window_tokens
+    def __init__(self, store: str | os.PathLike[str] | Store | None = ".cachecompact/sessions",
+                 options: EngineOptions | None = None, *, summarizer: Summarizer | SummarizerFactory | None = None,
+                 **settings: Any) -> None:
+        """``options`` (an `EngineOptions`), or its settings as keywords (``strategy=``, ``ttl=``, ...)."""
+        opts = self.options = EngineOptions.of(options, settings)
+        self.strategy_config: StrategyConfig = opts.strategy_config()
+        self.config = opts.config or PolicyConfig()
+        self.window_tokens = opts.window_tokens or self.config.window_tokens
         self.store: Store | None = open_writable_store(store)
-        self.session_id = session_id
+        self.session_id = opts.session_id
         self._summarizer = summarizer
-        self.prefix_messages = prefix_messages
-        self.scratchpad_tool = scratchpad_tool
-        self.diagnostics = diagnostics
-        self.ttl, self.prefix_ttl = ttl, prefix_ttl
-        self.events = EventBus(hooks)
+        self.prefix_messages = opts.prefix_messages
+        self.scratchpad_tool = opts.scratchpad_tool
+        self.diagnostics = opts.diagnostics
+        self.ttl, self.prefix_ttl = opts.ttl, opts.prefix_ttl
+        self.events = EventBus(opts.hooks)
         self.events.subscribe(self._persist_event)
-        self.clock = clock
+        self.clock = opts.clock
         # refuse a request whose model the price table does not list (wrap(); the proxy, which
         # serves clients it does not configure, prices such a request as the default model)
-        self.strict_models = strict_models
+        self.strict_models = opts.strict_models
         self.overhead_s = 0.0  # time spent preparing requests and recording usage
         self.registry = SessionRegistry(self.store, create=self._create, open_=self._open)
         self._last_prepared: dict[bytes, Prepared] = {}

@@ -55,6 +55,7 @@ class ProxyState:
         self.engine: CompactionEngine | None = None
         if cfg.mode == "compact":
             from ...engine.core import CompactionEngine
+            from ...engine.options import EngineOptions
 
             creds = self.creds
             upstream = cfg.upstream
@@ -62,8 +63,9 @@ class ProxyState:
             def summarizer(model: str | None, mode: str) -> Any:
                 return UpstreamSummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
 
-            self.engine = CompactionEngine(self.store, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
-                                           summarizer=summarizer, **cfg.engine_options)
+            options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
+                                              **cfg.engine_options})  # a bad flag fails before the proxy listens
+            self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
         # analysis after the response: one thread fed by a queue (cheaper per request than an
         # executor's futures), so the records of a session stay in order
         self.queue: queue.SimpleQueue[tuple[int, Exchange] | None] = queue.SimpleQueue()

@@ -1,0 +1,66 @@
+"""`engine.options.EngineOptions`: the engine's settings, validated once, whichever adapter builds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from cachecompact import CompactionMiddleware, EngineOptions, wrap
+from cachecompact.adapters.proxy import ProxyConfig, make_app
+from cachecompact.base.errors import CacheCompactError, ConfigError, PolicyConfigError, UnknownStrategyError
+from cachecompact.compaction.policy import PolicyConfig
+
+BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"ttl": "2h"}, ConfigError, "ttl must be '5m', '1h' or None"),
+    ({"ttl": "1h", "prefix_ttl": "5m"}, ConfigError, "1-hour breakpoint after a 5-minute one"),
+    ({"window_tokens": 100}, PolicyConfigError, "window_tokens must be an integer of at least"),
+    ({"prefix_messages": -1}, ConfigError, "prefix_messages must be a non-negative integer"),
+    ({"diagnostics": "yes"}, ConfigError, "diagnostics must be True or False"),
+    ({"on_event": 3}, ConfigError, "on_event must be a callable"),
+    ({"recent_tokens": -5}, ConfigError, "recent_tokens must be a non-negative integer"),
+    ({"strategy": "nope"}, UnknownStrategyError, "unknown strategy 'nope'"),
+    ({"strategy": "openhands", "recent_tokens": 10}, ConfigError, "has no such policy"),
+    ({"session_id": "../x"}, CacheCompactError, "session_id"),
+]
+
+
+@pytest.mark.parametrize(("settings", "error", "message"), BAD)
+def test_every_adapter_refuses_a_bad_setting_with_the_same_line(settings: dict[str, Any], error: type[Exception],
+                                                                message: str) -> None:
+    """The options object, the middleware, wrap() and the proxy in compact mode give one message."""
+    with pytest.raises(error, match=None) as direct:
+        EngineOptions(**settings)
+    assert message in str(direct.value) and "\n" not in str(direct.value)
+    with pytest.raises(error) as mw:
+        CompactionMiddleware(None, **settings)
+    client = anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0)
+    with pytest.raises(error) as wrapped:
+        wrap(client, store=None, **settings)
+    proxy_settings = {k: v for k, v in settings.items() if k not in ("strategy", "session_id")}
+    if proxy_settings == settings:  # the proxy's --strategy is its own flag; it has no session id
+        with pytest.raises(error) as proxied:
+            make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options=proxy_settings))
+        assert str(proxied.value) == str(direct.value)
+    assert str(mw.value) == str(wrapped.value) == str(direct.value)
+
+
+def test_settings_or_options_not_both_and_no_unknown_name() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        EngineOptions.of(EngineOptions(), {"ttl": "1h"})
+    with pytest.raises(ConfigError, match="unknown setting 'windw_tokens'; the engine's settings are: clock, config"):
+        CompactionMiddleware(None, windw_tokens=50_000)
+    opts = EngineOptions(ttl="1h")
+    assert EngineOptions.of(opts, {}) is opts
+
+
+def test_the_strategy_config_carries_the_knob_and_a_fixed_ttl() -> None:
+    """``recent_tokens`` becomes the policy's recent budget and a fixed ``ttl`` the TTL it prices
+    with; an explicit ``config`` replaces the policy and keeps both rules."""
+    cfg: Any = EngineOptions(recent_tokens=12_345, ttl="1h").strategy_config()
+    assert cfg.policy.levels.keep_recent_tokens == 12_345 and cfg.policy.economics.ttl == "1h"
+    mine = PolicyConfig(window_tokens=80_000)
+    cfg = EngineOptions(config=mine, recent_tokens=1_000).strategy_config()
+    assert cfg.policy.window_tokens == 80_000 and cfg.policy.levels.keep_recent_tokens == 1_000
+    assert not hasattr(EngineOptions(strategy="openhands").strategy_config(), "policy")
