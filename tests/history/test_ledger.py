@@ -18,7 +18,7 @@ from cachecompact import (
 )
 from cachecompact.history.ledger import GENESIS_HASH, entry_hash, widen_to_pairs
 
-from .conftest import SYSTEM, TOOLS, history, turn
+from ..conftest import SYSTEM, TOOLS, history, turn
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def _doc_verifier() -> Any:
     """The standalone verifier from docs/ledger-format.md, exactly as printed there."""
     import re
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "ledger-format.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ledger-format.md").read_text()
     code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "def verify(d)" in b)
     ns: dict[str, Any] = {"__name__": "doc_verifier"}
     exec(compile(code, "docs/ledger-format.md", "exec"), ns)
@@ -148,7 +148,7 @@ def _doc_verifier() -> Any:
 def test_the_documented_verifier_accepts_sessions_and_catches_tampering(tmp_path: Path) -> None:
     from cachecompact import ReplaceWithSummary as Summary, Session, SkipRange as Skip
 
-    from .conftest import SYSTEM, TOOLS
+    from ..conftest import SYSTEM, TOOLS
 
     verify = _doc_verifier()
     s = Session.create(tmp_path / "s", system=SYSTEM, tools=TOOLS)

@@ -280,7 +280,7 @@ def test_two_processes_appending_to_one_named_session(tmp_path: Path, backend: s
         url = request.getfixturevalue("pg_url")
         from cachecompact.store.postgres import migrate
 
-        from .conftest import fresh_database
+        from ..conftest import fresh_database
         store = fresh_database(url, "two_processes")
         migrate(store)
     else:

@@ -35,7 +35,7 @@ from cachecompact.tools.emulator import (
 from cachecompact.tools.emulator.responders import Reply
 from cachecompact.tools.traces import Trace, synthetic_trace
 
-from .conftest import history
+from ..conftest import history
 
 MODEL = "claude-sonnet-4-6"
 SYSTEM = "You are a careful agent. " * 120
@@ -529,7 +529,7 @@ def test_example_agent_loop_prints_the_cache_report() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(root / "examples" / "replay_agent.py"), "--window", "60000"],
                          capture_output=True, text=True, timeout=300, check=True)
     assert "through a wrapped client" in out.stdout and "hit rate" in out.stdout

@@ -25,7 +25,7 @@ from cachecompact import (
 )
 from cachecompact.store import BlobOwners, FileStore, Store, check_session_id
 
-from .conftest import SYSTEM, TOOLS, history, turn
+from ..conftest import SYSTEM, TOOLS, history, turn
 
 
 def _mode(p: Path) -> int:

@@ -270,7 +270,7 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
     tail, so it recalls at least as much and costs at least as much; a larger budget recalls more."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "recall_frontier.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "recall_frontier.py"
     spec = importlib.util.spec_from_file_location("recall_frontier", path)
     assert spec is not None and spec.loader is not None
     frontier = importlib.util.module_from_spec(spec)

@@ -10,7 +10,7 @@ import pytest
 
 from cachecompact.compaction.catalog import strategy_names
 
-from .conftest import load_benchmark
+from ..conftest import load_benchmark
 
 pytestmark = pytest.mark.slow  # every strategy through an 80-turn scenario
 

@@ -9,7 +9,7 @@ import pytest
 from cachecompact import HistoryRewrittenError, MalformedMessageError, Session
 from cachecompact.history.transcript import immutable_prefix_end, message_hash
 
-from .conftest import SYSTEM, TOOLS, history, turn
+from ..conftest import SYSTEM, TOOLS, history, turn
 
 
 def test_sync_appends_only_the_new_tail(tmp_path: Path) -> None:

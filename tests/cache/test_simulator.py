@@ -14,7 +14,7 @@ from cachecompact.base.pricing import ModelInfo, get_model, override, register_m
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.cache.simulator import CacheSimulator, SimBlock, SimRequest, positions, request_from_body
 
-from .conftest import SYSTEM, TOOLS, history
+from ..conftest import SYSTEM, TOOLS, history
 
 MODEL = "claude-sonnet-4-6"  # minimum cacheable prompt: 1024 tokens
 SMALL = "claude-opus-5"  # minimum 512, so a 5-block (1000-token) prefix can be cached

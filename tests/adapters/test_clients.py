@@ -20,7 +20,7 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NODE_MODULES = Path(os.environ.get("CACHECOMPACT_NODE_MODULES", ROOT / ".ci" / "node" / "node_modules"))
 CLAUDE = NODE_MODULES / ".bin" / "claude"
 CHROMIUM = os.environ.get("CACHECOMPACT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

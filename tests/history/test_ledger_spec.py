@@ -16,10 +16,10 @@ import pytest
 
 from cachecompact.tools.cli import main as cli
 
-from .conftest import load_benchmark
-from .spec_verifier import verify as spec_verify
+from ..conftest import load_benchmark
+from ..spec_verifier import verify as spec_verify
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRIALS = 240
 
 
