@@ -10,7 +10,7 @@ expires. Every strategy runs the same 80 turns, and the table gives, from the em
 request log: cost (agent and summaries), cache hit rate, the share of the cost that went to
 re-writing tokens that a previous request had cached (`rewrite_share`), and the peak context.
 
-`tests/test_async_agent.py` runs it and checks that cachecompact costs less than every peer, with
+`tests/tools/test_async_agent.py` runs it and checks that cachecompact costs less than every peer, with
 re-writes at most a quarter of its cost and a hit rate of at least 0.78 (the issue asked 0.85,
 which no strategy that keeps each new result can reach at this window: docs/benchmarks.md,
 "The 60k async agent", derives the bound).
