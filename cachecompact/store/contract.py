@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
-__all__ = ["LOGS", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore", "SharedReadLock",
-           "Store", "TornTail", "check_ref", "check_session_id"]
+__all__ = ["LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore",
+           "SharedReadLock", "Store", "TornTail", "check_ref", "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
@@ -29,7 +29,8 @@ LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
 SESSION_ID_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
-REF_RE = re.compile(r"^sp_[0-9a-f]{32}$")  # a scratchpad reference: sp_ + 32 hex digits of a sha256
+REF_PATTERN = r"sp_[0-9a-f]{32}"  # a scratchpad reference: sp_ + 32 hex digits of a sha256 (the one spelling)
+REF_RE = re.compile(rf"^{REF_PATTERN}$")
 
 
 def check_ref(ref: object) -> str:

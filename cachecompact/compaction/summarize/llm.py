@@ -30,6 +30,7 @@ import msgspec
 from ...base.errors import SummaryRejected
 from ...base.pricing import DEFAULT_SUMMARY_MODEL, get_model, model_prices
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
+from ...store.contract import REF_PATTERN
 from .extractive import GOAL_WORDS, block_texts, summary_facts
 
 __all__ = [
@@ -175,8 +176,8 @@ def format_summary(s: Summary) -> str:
 
 STORED_HEADER = "Stored outputs (read_scratchpad):"
 MAX_STORED = 12  # the newest scratchpad references a summary carries on
-_REF = re.compile(r"\bsp_[0-9a-f]{32}\b")
-_CARRIED = re.compile(r"^- (sp_[0-9a-f]{32}): (.*)$", re.M)
+_REF = re.compile(rf"\b{REF_PATTERN}\b")
+_CARRIED = re.compile(rf"^- ({REF_PATTERN}): (.*)$", re.M)
 
 
 def stored_outputs(messages: Sequence[dict[str, Any]]) -> list[str]:
