@@ -25,32 +25,31 @@ from ..base.errors import (
 )
 from ..base.events import Event, EventBus
 from ..base.http import too_long
-from ..base.pricing import UNKNOWN_MODEL_WINDOW, get_model, model_prices, priced
-from ..cache.forensics import Finding, Forensics, Snapshot, params_key, snapshot_from_sim
+from ..base.pricing import get_model, priced
+from ..cache.forensics import Finding, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
-from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, REF_RE, Scratchpad
+from ..compaction.scratchpad import REF_RE, Scratchpad
 from ..compaction.strategy import (
     ChoosesTTL,
     NeedsBetas,
     StatefulStrategy,
     Strategy,
     StrategyConfig,
-    StrategyContext,
 )
-from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
+from ..compaction.summarize.llm import Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
+from .live import Live, LiveMaker, SummarizerFactory
 from .options import EngineOptions
-from .resolution import RequestHistory, head_key
-from .sessions import Live, SessionRegistry
+from .resolution import RequestHistory
+from .sessions import SessionRegistry
 
 __all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "Retry", "SummarizerFactory"]
 
 log = logging.getLogger("cachecompact")
 
-SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
 STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
 
 
@@ -121,7 +120,8 @@ class CompactionEngine:
         # serves clients it does not configure, prices such a request as the default model)
         self.strict_models = opts.strict_models
         self.overhead_s = 0.0  # time spent preparing requests and recording usage
-        self.registry = SessionRegistry(self.store, create=self._create, open_=self._open)
+        self.registry = SessionRegistry(self.store, LiveMaker(self.store, opts, self.strategy_config, summarizer,
+                                                              self.events, self.window_tokens))
         self._last_prepared: dict[bytes, Prepared] = {}
         self._lock = threading.Lock()
 
@@ -133,50 +133,6 @@ class CompactionEngine:
 
     def strategies(self) -> list[Strategy]:
         return [x.strategy for x in self.registry.sessions()]
-
-    def _summarizer_for(self, model: str | None) -> Summarizer:
-        s = self._summarizer
-        if s is None:
-            return ExtractiveSummarizer()
-        if isinstance(s, Summarizer):
-            return s
-        cfg = self.strategy_config
-        return s(cfg.summary_model or model, cfg.summary_mode)
-
-    def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
-        model = str(body.get("model") or "")
-        own = _model_window(model)
-        window = self.window_tokens or own
-        if window > own and (model, window) not in _LARGER_WARNED:
-            _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
-            log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
-                        "will refuse requests before compaction starts", window, model or "the model", own)
-        ctx = StrategyContext(session=session, summarizer=self._summarizer_for(model or None), events=self.events,
-                              window_tokens=window, scratchpad=Scratchpad.for_session(session),
-                              scratchpad_tool=self.scratchpad_tool)
-        return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
-                    forensics=Forensics(priced), scratchpad=ctx.scratchpad)
-
-    def _create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
-        tools = list(body.get("tools") or [])
-        if self.scratchpad_tool:
-            tools.append(READ_SCRATCHPAD_TOOL)
-        model = str(body.get("model") or "")
-        ratio = priced(model).token_ratio if model else 1.0
-        prefix = self.prefix_messages if self.prefix_messages is not None else self.strategy_config.prefix_messages
-        session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
-                                 prefix_messages=prefix, token_ratio=ratio, link=link)
-        return self._live(session, body, head_key(body.get("tools"), body.get("system")))
-
-    def _open(self, sid: str) -> Live:
-        assert self.store is not None
-        session = Session.open(self.store, sid)
-        tools = session.tools_param
-        if self.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
-            tools = tools[:-1]
-        body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
-                "system": session.system_param}
-        return self._live(session, body, head_key(tools or None, session.system_param))
 
     # -- preparing a request ---------------------------------------------------------------------
 
@@ -427,20 +383,3 @@ def _check_caller_fields(body: dict[str, Any]) -> None:
             parts.extend(v for k, v in x.items() if k in ("content", "messages"))
     if marks > 4:
         raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
-
-
-_UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once each
-_LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
-
-
-def _model_window(model: str) -> int:
-    """The model's context window from the price table (its family's for a newer id); for a name
-    of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
-    try:
-        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
-    except UnknownModelError:
-        if model not in _UNKNOWN_WARNED:
-            _UNKNOWN_WARNED.add(model)
-            log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
-                        "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
-        return UNKNOWN_MODEL_WINDOW

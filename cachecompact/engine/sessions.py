@@ -11,45 +11,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
-from ..cache.forensics import Forensics
-from ..cache.simulator import SimBlock
-from ..compaction.scratchpad import Scratchpad
-from ..compaction.strategy import Strategy
-from ..history.session import Session
 from ..store import Store, check_session_id
+from .live import Live, LiveMaker
 from .resolution import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id
 
-__all__ = ["Live", "Resolved", "SessionRegistry"]
-
-
-@dataclass(slots=True, eq=False)
-class Live:
-    """A session in memory with what the engine keeps beside it, each field typed and named (no
-    bag of keys): the engine writes them, and the registry only hands a new segment its
-    parent's forensics."""
-
-    session: Session
-    strategy: Strategy
-    head: bytes  # `resolution.head_key` of the caller's tools and system the session was made for
-    forensics: Forensics  # compares each request with the one before it in this conversation
-    scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    last_message_id: str | None = None  # the last response's id (the diagnostics' previous_message_id)
-    requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
-    sim_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = field(default_factory=dict)  # priced blocks
-
-    @property
-    def sid(self) -> str:
-        return self.session.session_id
-
-    @property
-    def identities(self) -> Sequence[bytes]:
-        return self.session.transcript.identities
+__all__ = ["Live", "Resolved", "SessionRegistry"]  # Live: from .live, where it is made
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,18 +31,12 @@ class Resolved:
     decision: Decision
 
 
-# (session id, request body, link to the session it continues or None) -> a new live session
-Factory = Callable[[str, dict[str, Any], dict[str, Any] | None], Live]
-Opener = Callable[[str], Live]  # session id -> the stored session, live
-
-
 class SessionRegistry:
     """Resolves requests to sessions and keeps them live; thread-safe."""
 
-    def __init__(self, store: Store | None, *, create: Factory, open_: Opener, keep: int = 512) -> None:
+    def __init__(self, store: Store | None, maker: LiveMaker, *, keep: int = 512) -> None:
         self.store = store
-        self._create = create
-        self._open = open_
+        self.maker = maker  # new and stored sessions come from it, already live
         self._keep = keep
         self._live: OrderedDict[str, Live] = OrderedDict()
         self._lock = threading.Lock()
@@ -100,7 +64,7 @@ class SessionRegistry:
         if self.store is None:
             return None
         try:
-            return self._remember(sid, self._open(sid))
+            return self._remember(sid, self.maker.open(sid))
         except SessionNotFoundError:
             return None
 
@@ -170,7 +134,7 @@ class SessionRegistry:
         for _ in range(100):
             sid = new_id(base, d.kind, named, taken)
             try:
-                live = self._create(sid, body, link)
+                live = self.maker.create(sid, body, link)
                 break
             except SessionExistsError:  # another process took it: the next number
                 taken.add(sid)
