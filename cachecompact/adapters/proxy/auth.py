@@ -17,7 +17,8 @@ _COOKIE = "cachecompact_token"
 
 
 def _dashboard_path(path: str) -> bool:
-    return path == "/ui" or path.startswith(("/ui/", "/api/"))
+    """The dashboard, its JSON API and ``/metrics``: what shows request contents or totals."""
+    return path in ("/ui", "/metrics") or path.startswith(("/ui/", "/api/"))
 
 
 @web.middleware

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..httpserver import api_error
+from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
 if TYPE_CHECKING:
     from .state import ProxyState
@@ -126,6 +127,13 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
                 out["body"] = None
         return _json(out)
 
+    async def metrics(_: web.Request) -> web.Response:
+        obs = state.observer
+        text = render_metrics(obs.totals_now(), mode=state.cfg.mode, sessions=len(obs.sessions()),
+                              unanalysed=state.dropped, pending=state.pending)
+        return web.Response(body=text.encode(), headers={**_SECURE, "Content-Type": METRICS_TYPE})
+
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/ui", page)
     app.router.add_get("/ui/", page)
     app.router.add_get("/ui/{name}", page)

@@ -14,6 +14,7 @@ out) and ``max_records`` records per session (totals keep counting).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -103,6 +104,25 @@ class ObservedSession:
         return self.hashes
 
 
+# the usage fields, by the kind /metrics names them
+TOKEN_KINDS = {"input_tokens": "input", "cache_read_input_tokens": "cache_read",
+               "cache_creation_input_tokens": "cache_write", "output_tokens": "output"}
+
+
+@dataclass
+class Totals:
+    """Counters over every request since the proxy started, never lowered when a session is let
+    go from memory: what ``/metrics`` reports (Prometheus counters must only rise)."""
+
+    requests: int = 0
+    errors: int = 0  # answered with a status other than 200
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS.values(), 0))
+    cost_usd: float = 0.0
+    wasted_usd: float = 0.0  # the misses' cost (forensics), compaction's deliberate re-writes apart
+    rewrite_usd: float = 0.0  # compaction's re-writes (compact mode)
+    misses: dict[str, int] = field(default_factory=dict)  # by forensics class
+
+
 class Observer:
     """The proxy's session records (thread-safe); optionally persisted as events in a `Store`."""
 
@@ -118,8 +138,14 @@ class Observer:
         # the ids given out per family: an evicted session's id is never handed to another conversation
         self._issued: OrderedDict[str, set[str]] = OrderedDict()
         self.version = 0  # bumped on every record: the dashboard polls it
+        self.totals = Totals()  # under _lock
 
     # -- reading (the dashboard and the API) -----------------------------------------------------
+
+    def totals_now(self) -> Totals:
+        """A copy of the counters, taken at one moment (``/metrics``)."""
+        with self._lock:
+            return copy.deepcopy(self.totals)
 
     def sessions(self) -> list[ObservedSession]:
         with self._lock:
@@ -257,6 +283,16 @@ class Observer:
         if f.agrees is not None:
             s.api_conclusive += 1
             s.api_agree += int(f.agrees)
+        with self._lock:
+            t = self.totals
+            t.cost_usd += cost
+            for field_name, kind in TOKEN_KINDS.items():
+                t.tokens[kind] += int(usage.get(field_name) or 0)
+            if f.cls == "prefix_churn" and f.explained_by is not None:
+                t.rewrite_usd += f.wasted_usd
+            elif f.cls != "read_as_expected":
+                t.misses[f.cls] = t.misses.get(f.cls, 0) + 1
+                t.wasted_usd += f.wasted_usd
         rec.update({"usage": {k: usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
                                                          "cache_creation_input_tokens", "output_tokens")},
                     "cost_usd": round(cost, 8), "finding": f.to_dict()})
@@ -269,6 +305,8 @@ class Observer:
         s.records.append(rec)
         with self._lock:
             self.version += 1
+            self.totals.requests += 1
+            self.totals.errors += int(rec.get("status") not in (None, 200))
         if self.store is not None:
             self._persist(s, rec)
         return rec
