@@ -17,6 +17,7 @@ from cachecompact.compaction.catalog import strategy_names
 from cachecompact.tools.bench.harness import replay
 from cachecompact.tools.bench.oracle import oracle_cost
 from cachecompact.tools.bench.recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
+from cachecompact.tools.bench.report import TRACE_LEGEND, WIDTH
 from cachecompact.tools.bench.run import load_corpus, split_halves
 from cachecompact.tools.bench.tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
 from cachecompact.tools.cli import main
@@ -186,6 +187,11 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     assert all(r["completed"] for r in data["results"] if r["strategy"] == "cachecompact")
     report = (out / "report.md").read_text()
     assert "## Skipped files" in report and "cachecompact bench" in report
+    # the terminal table fits 120 columns with its legend under it; report.md keeps every column
+    table = [ln for ln in printed.splitlines() if ln.startswith(("strategy ", "none ", "cachecompact ", "--------"))]
+    assert len(table) >= 4 and max(map(len, table)) <= WIDTH
+    assert printed.count(TRACE_LEGEND) >= 1 and len(TRACE_LEGEND) <= WIDTH
+    assert "| vs oracle |" in report and "| peak tok |" in report and TRACE_LEGEND in report
     # bad arguments are one-line errors before any work
     assert main(["bench", str(good), "--strategy", "magic", "--out", str(out)]) == 2
     assert main(["bench", str(good), "--window", "-5", "--out", str(out)]) == 2

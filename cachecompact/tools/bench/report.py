@@ -6,6 +6,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 from .harness import TraceResult
 from .run import BenchResult, window_label
 
-__all__ = ["LONG_TURNS", "aggregate", "cheaper_than_ours", "dominated_by", "markdown", "publish", "replace_section",
-           "task_rows", "text_report", "trace_sets", "write_outputs"]
+__all__ = ["LONG_TURNS", "TASKS_LEGEND", "TERMINAL_COLUMNS", "TRACE_LEGEND", "WIDTH", "aggregate", "cheaper_than_ours",
+           "dominated_by", "markdown", "publish", "replace_section", "task_rows", "text_report", "trace_sets",
+           "write_outputs"]
 
 LONG_TURNS = 50  # "long traces" for the targets
 OURS = "cachecompact"
@@ -173,22 +175,42 @@ def tasks_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
-def _render(rows: list[list[str]], md: bool) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+# The terminal shows these columns of a trace table, within `WIDTH`; report.md has them all.
+TERMINAL_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "hit rate",
+                    "re-writes", "re-reads", "compactions")
+WIDTH = 120
+TERMINAL_HEADS = {"adj vs none": "adj/none", "adj vs ours": "adj/ours", "evidence recall": "recall"}
+TRACE_LEGEND = ("adjusted: cost + a re-read turn per lost result; adj/none, adj/ours: paired ratios; recall: of "
+                "evidence")
+TASKS_LEGEND = "passed: every step done within its turn budget; re-reads: quotes that needed the tool run again"
+
+
+def _render(rows: list[list[str]], md: bool, columns: tuple[str, ...] | None = None) -> str:
+    """A table: Markdown with every column, or for the terminal only ``columns`` (all when None),
+    aligned, with the last column cut so that no line passes `WIDTH`."""
     if md:
         lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join("---" for _ in rows[0]) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
         return "\n".join(lines)
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    if columns is not None:
+        keep = [rows[0].index(c) for c in columns]
+        rows = [[TERMINAL_HEADS.get(rows[0][i], rows[0][i]) for i in keep], *([r[i] for i in keep] for r in rows[1:])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    room = WIDTH - sum(w + 2 for w in widths[:-1])
+    if widths[-1] > room:
+        widths[-1] = max(room, len(rows[0][-1]))
+        rows = [[*r[:-1], r[-1] if len(r[-1]) <= widths[-1] else r[-1][: widths[-1] - 1] + "…"] for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _verdict(rows: list[dict[str, Any]]) -> list[str]:
+def _verdict(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
-    return [f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
+    text = (f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
             f"(paired, over the traces both finished): {', '.join(dom) if dom else 'none'}. "
-            f"Cheaper in adjusted cost alone: {', '.join(cheaper) if cheaper else 'none'}.", ""]
+            f"Cheaper in adjusted cost alone: {', '.join(cheaper) if cheaper else 'none'}.")
+    return [text if md else textwrap.fill(text, WIDTH), ""]
 
 
 def _sections(b: BenchResult, md: bool) -> list[str]:
@@ -202,9 +224,10 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                                 (f"{kind}, half B (held out)", "B")):
                 rows = aggregate(b, w, long_only, half)
                 n = len(_names(b, long_only, half))
-                parts += [f"{h}window {window_label(w)}: {label} ({n} traces)", "", _render(trace_table(rows), md), ""]
+                parts += [f"{h}window {window_label(w)}: {label} ({n} traces)", "",
+                          _render(trace_table(rows), md, None if md else TERMINAL_COLUMNS), TRACE_LEGEND, ""]
                 if half is None:
-                    parts += _verdict(rows)
+                    parts += _verdict(rows, md)
             sets = trace_sets(b)
             for set_ in sets if len(sets) > 1 else []:
                 n = len(_names(b, long_only, None, set_))
@@ -212,11 +235,12 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                     continue
                 rows = aggregate(b, w, long_only, None, set_)
                 parts += [f"{h}window {window_label(w)}: {kind}, set {set_} ({n} traces)", "",
-                          _render(trace_table(rows), md), "",
-                          *_verdict(rows)]
+                          _render(trace_table(rows), md, None if md else TERMINAL_COLUMNS), TRACE_LEGEND, "",
+                          *_verdict(rows, md)]
         trows = task_rows(b, w)
         if trows:
-            parts += [f"{h}window {window_label(w)}: closed-loop tasks", "", _render(tasks_table(trows), md), ""]
+            parts += [f"{h}window {window_label(w)}: closed-loop tasks", "", _render(tasks_table(trows), md),
+                      TASKS_LEGEND, ""]
     return parts
 
 
