@@ -197,7 +197,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import plot_session, session_data, session_report
 
     sess = _open(args)
-    print(session_report(sess), flush=True)  # the text first: a failing plot must not lose it
+    print(session_report(sess, detail=not args.summary), flush=True)  # the text first: a failing plot must not lose it
     if args.plot:
         try:
             plot_session(session_data(sess), Path(args.plot))
@@ -562,6 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="cache health report of a session", parents=[common])
     _session_args(rep)
     rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
+    rep.add_argument("--summary", action="store_true",
+                     help="only the header and the summary by cause and by level (no line per request)")
     rep.set_defaults(func=cmd_report)
     demo = sub.add_parser("demo", help="build a session from a trace and show a render and its ledger",
                           parents=[common])

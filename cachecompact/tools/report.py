@@ -121,8 +121,9 @@ def _requests(session: Session) -> list[dict[str, Any]]:
 
 
 def session_report(target: Session | str | os.PathLike[str] | Store, session_id: str | None = None,
-                   plot: str | os.PathLike[str] | None = None) -> str:
-    """The text report of one session; with ``plot`` also a PNG (the ``[plot]`` extra)."""
+                   plot: str | os.PathLike[str] | None = None, *, detail: bool = True) -> str:
+    """The text report of one session: its header, a summary by cause and by level, then (with
+    ``detail``) a line per request; with ``plot`` also a PNG (the ``[plot]`` extra)."""
     if isinstance(target, Session):
         sess = target
     elif isinstance(target, Store):
@@ -156,7 +157,8 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
     if cr["requests"]:
         lines.append(f"cache re-writes caused by our compactions (deliberate, each paid for by what it saves): "
                      f"{cr['requests']} (${cr['usd']:.4f})")
-    if reqs:
+    lines += _summary(d)
+    if reqs and detail:
         lines += ["", "   #  read   write  input      cost  finding"]
         for i, r in enumerate(reqs):
             u = r["usage"]
@@ -173,7 +175,7 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         lines += ["", "failures, deferrals, the breaker and the recent budget:"]
         for e in trouble[-40:]:
             lines.append(f"  {e.get('kind')} {e.get('level') or ''} {str(e.get('reason'))[:110]}")
-    if d["compactions"]:
+    if d["compactions"] and detail:
         lines += ["", "compactions:"]
         for e in d["compactions"]:
             lines.append(f"  #{e['seq']} {e['level']} {e['kind']} {e['start']}..{e['end']} "
@@ -183,6 +185,29 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         plot_session(d, Path(plot))
         text += f"\n\nplot written to {plot}"
     return text
+
+
+def _summary(d: dict[str, Any]) -> list[str]:
+    """The two short tables a reader wants before the detail: what the cache misses cost, by
+    cause, and what each compaction level did."""
+    out: list[str] = []
+    total = float(d["cost"]["total_usd"]) or 1.0
+    if d["misses"]:
+        out += ["", "by cause        misses    wasted  share of cost"]
+        for k, n in sorted(d["misses"].items(), key=lambda kv: -float(d["wasted_usd"].get(kv[0], 0))):
+            w = float(d["wasted_usd"].get(k, 0))
+            out.append(f"{k[:14]:<14}  {n:6d}  ${w:8.4f}  {w / total:13.1%}")
+    levels: dict[str, list[int]] = {}
+    for e in d["compactions"]:
+        row = levels.setdefault(str(e["level"]), [0, 0])
+        row[0] += 1
+        row[1] += int(e["tokens_before"]) - int(e["tokens_after"])
+    if levels:
+        out += ["", "by level   edits  tokens removed"]
+        out += [f"{lv:<9}  {n:5d}  {gone:14,d}" for lv, (n, gone) in sorted(levels.items())]
+    if out:
+        out.append("(wasted: what the misses cost beyond a warm cache; tokens removed: at the edit, before growth)")
+    return out
 
 
 def plot_session(d: dict[str, Any], out: Path) -> None:

@@ -122,6 +122,18 @@ def test_report_prints_its_text_even_when_the_plot_fails(session_dir: Path, tmp_
     assert "transcript:" in cap.out and "the plot was not written" in cap.err
 
 
+def test_report_opens_with_the_summary_and_can_stop_there(session_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(session_dir)]) == 0
+    full = capsys.readouterr().out
+    assert full.index("by level") < full.index("compactions:")  # the summary before the detail
+    row = next(ln for ln in full.splitlines() if ln.startswith("L4 "))
+    assert row.split()[1] == "1" and int(row.split()[2].replace(",", "")) > 0  # one edit, tokens it removed
+    assert main(["report", str(session_dir), "--summary"]) == 0
+    short = capsys.readouterr().out
+    assert "by level" in short and "compactions:" not in short and len(short.splitlines()) < len(full.splitlines())
+
+
 def test_verify_never_writes_and_repair_sets_a_torn_tail_aside(session_dir: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     p = session_dir / "transcript.jsonl"
