@@ -2,7 +2,7 @@
 
     python benchmarks/cache_fidelity.py [--write docs/cache-model.md]
 
-See cachecompact/bench/fidelity.py for the method. Skips (exit 0) when ../shared/traces is absent.
+See cachecompact/tools/bench/fidelity.py for the method. Skips (exit 0) when ../shared/traces is absent.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from .summarize.llm import (
 )
 
 __all__ = [
+    "ChoosesPrefixTTL",
     "ChoosesTTL",
     "LedgerStrategy",
     "NeedsBetas",
@@ -103,6 +104,12 @@ class ChoosesTTL(Protocol):
     the policy's per-request choice, or a peer's model of its client (Claude Code's 1 hour)."""
 
     ttl: str | None
+
+
+@runtime_checkable
+class ChoosesPrefixTTL(Protocol):
+    """A strategy that chooses the immutable prefix's TTL apart from the rest (None: as the rest)."""
+
     prefix_ttl: str | None
 
 

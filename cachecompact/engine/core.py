@@ -31,6 +31,7 @@ from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
 from ..compaction.scratchpad import REF_RE, Scratchpad
 from ..compaction.strategy import (
+    ChoosesPrefixTTL,
     ChoosesTTL,
     NeedsBetas,
     StatefulStrategy,
@@ -198,7 +199,7 @@ class CompactionEngine:
                     keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        betas = live.strategy.betas if isinstance(live.strategy, NeedsBetas) else ()
+        betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
         p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, betas)
         with self._lock:
             self._last_prepared = {fp: p}
@@ -285,9 +286,9 @@ class CompactionEngine:
         """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
         strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
         never follows a 5-minute one."""
-        chosen = live.strategy if isinstance(live.strategy, ChoosesTTL) else None
-        ttl = self.ttl or (chosen.ttl if chosen else None)
-        prefix = self.prefix_ttl or (chosen.prefix_ttl if chosen else None)
+        st = live.strategy
+        ttl = self.ttl or (st.ttl if isinstance(st, ChoosesTTL) else None)
+        prefix = self.prefix_ttl or (st.prefix_ttl if isinstance(st, ChoosesPrefixTTL) else None)
         if ttl == "1h" and prefix == "5m":
             prefix = "1h"
         return ttl, prefix

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -10,7 +11,9 @@ import pytest
 from cachecompact import CompactionMiddleware, EngineOptions, wrap
 from cachecompact.adapters.proxy import ProxyConfig, make_app
 from cachecompact.base.errors import CacheCompactError, ConfigError, PolicyConfigError, UnknownStrategyError
+from cachecompact.compaction.peers.openhands import OpenHandsCondenser, OpenHandsConfig
 from cachecompact.compaction.policy import PolicyConfig
+from cachecompact.compaction.strategy import Strategy, StrategyContext
 
 BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"ttl": "2h"}, ConfigError, "ttl must be '5m', '1h' or None"),
@@ -38,8 +41,8 @@ def test_every_adapter_refuses_a_bad_setting_with_the_same_line(settings: dict[s
     client = anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0)
     with pytest.raises(error) as wrapped:
         wrap(client, store=None, **settings)
-    proxy_settings = {k: v for k, v in settings.items() if k not in ("strategy", "session_id")}
-    if proxy_settings == settings:  # the proxy's --strategy is its own flag; it has no session id
+    proxy_settings = {k: v for k, v in settings.items() if k not in ("strategy", "session_id", "window_tokens")}
+    if proxy_settings == settings:  # --strategy and --window-tokens are the proxy's own flags; no session id
         with pytest.raises(error) as proxied:
             make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options=proxy_settings))
         assert str(proxied.value) == str(direct.value)
@@ -64,3 +67,41 @@ def test_the_strategy_config_carries_the_knob_and_a_fixed_ttl() -> None:
     cfg = EngineOptions(config=mine, recent_tokens=1_000).strategy_config()
     assert cfg.policy.window_tokens == 80_000 and cfg.policy.levels.keep_recent_tokens == 1_000
     assert not hasattr(EngineOptions(strategy="openhands").strategy_config(), "policy")
+
+
+def test_the_proxy_refuses_engine_options_that_its_own_flags_set() -> None:
+    with pytest.raises(ConfigError, match="engine_options must not set strategy"):
+        make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options={"strategy": "none"}))
+
+
+class _OneHour(OpenHandsCondenser):
+    """A strategy of a user's own that names only its TTL (no ``prefix_ttl``)."""
+
+    ttl = "1h"
+
+
+@dataclass(frozen=True)
+class _OneHourConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> Strategy:
+        return _OneHour(ctx, self)
+
+
+def test_a_strategy_that_names_only_its_ttl_gets_it() -> None:
+    """`ChoosesTTL` and `ChoosesPrefixTTL` are separate: a ``ttl`` alone is honoured, for every breakpoint."""
+    from cachecompact.engine.core import CompactionEngine
+
+    eng = CompactionEngine(None, strategy=_OneHourConfig(), summarizer=None)
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 50, "system": "You are careful. " * 400,
+            "messages": [{"role": "user", "content": "fix the bug " * 300}]}
+    p = eng.prepare(body, explicit=None, now=1.0)
+    marks = [m for m in _cache_controls(p.body)]
+    assert marks and all(m.get("ttl") == "1h" for m in marks)
+
+
+def _cache_controls(x: Any) -> list[dict[str, Any]]:
+    if isinstance(x, dict):
+        own = [x["cache_control"]] if isinstance(x.get("cache_control"), dict) else []
+        return own + [c for v in x.values() for c in _cache_controls(v)]
+    if isinstance(x, list):
+        return [c for v in x for c in _cache_controls(v)]
+    return []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ...base.errors import ConfigError
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
 from ...store import Store, open_writable_store
 from .config import ProxyConfig
@@ -63,6 +64,10 @@ class ProxyState:
             def summarizer(model: str | None, mode: str) -> Any:
                 return UpstreamSummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
 
+            clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))
+            if clash:
+                raise ConfigError(f"engine_options must not set {', '.join(clash)}: the proxy's --strategy and "
+                                  "--window-tokens set them")
             options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
                                               **cfg.engine_options})  # a bad flag fails before the proxy listens
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
