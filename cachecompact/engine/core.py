@@ -42,10 +42,8 @@ from ..compaction.summarize.llm import Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
-from .live import Live, LiveMaker, SummarizerFactory
 from .options import EngineOptions
-from .resolution import RequestHistory
-from .sessions import SessionRegistry
+from .sessions import Live, LiveMaker, RequestHistory, SessionRegistry, SummarizerFactory
 
 __all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "Retry", "SummarizerFactory"]
 

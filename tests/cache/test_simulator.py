@@ -270,7 +270,7 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
     # the runtime: any name is priced (the default model's prices for one of no known family), and
     # the window of such a name is assumed 200k, not the default model's, said once
     from cachecompact.base.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, priced
-    from cachecompact.engine.live import _model_window
+    from cachecompact.engine.sessions import _model_window
 
     assert priced("my-local-model").input == get_model(DEFAULT_PRICE_MODEL).input
     assert priced("").name == get_model(DEFAULT_PRICE_MODEL).name

@@ -1,21 +1,379 @@
-"""`engine.sessions.SessionRegistry` through the engine: which live session a request lands in,
+"""One conversation is one session (`cachecompact.engine.sessions`: the one rule, acted on by the
+registry and the proxy's observer): never mixed with another, never stale, never split, and a
+changed system prompt reported. The end-to-end cases go through the real SDK into the emulator,
+and what the emulator received is compared, message by message, with what the caller sent; the
+last ones drive `SessionRegistry` through the engine: which live session a request lands in,
 what a new segment inherits, and what a second engine on the same store finds."""
 
 from __future__ import annotations
 
+import copy
+import logging
+import multiprocessing
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import pytest
+
+import cachecompact
+from cachecompact import Session
+from cachecompact.adapters.middleware import SESSION_HEADER
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.base.events import Event
 from cachecompact.engine.core import CompactionEngine
-from cachecompact.store import FileStore
+from cachecompact.engine.sessions import RequestHistory, decide
+from cachecompact.history.transcript import message_hash
+from cachecompact.store import FileStore, open_store
+from cachecompact.tools.emulator import Emulator, ScriptedResponder
+from cachecompact.tools.emulator.responders import Reply
 
-from ..conftest import SYSTEM
+from ..conftest import SYSTEM as SHORT_SYSTEM
+
+MODEL = "claude-sonnet-4-6"
+SYSTEM = "You are a careful agent. " * 300  # over the minimum cacheable length
 
 
-def body(*turns: str) -> dict[str, Any]:
+class Recorder:
+    """A responder that keeps every request body the emulator answers (the summarizer's too)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.bodies.append(copy.deepcopy(body))
+        return Reply([{"type": "text", "text": f"ok {len(body['messages'])}"}], "end_turn")
+
+
+@pytest.fixture
+def rec() -> Iterator[tuple[Recorder, Emulator]]:
+    r = Recorder()
+    with Emulator(ScriptedResponder(r)) as emu:
+        yield r, emu
+
+
+def ids(messages: list[Any]) -> list[bytes]:
+    return [message_hash(m) for m in messages]
+
+
+def convo(n: int, tag: str) -> list[dict[str, Any]]:
+    """``n`` alternating text messages (user first and last for odd ``n``)."""
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{tag} message {i}: " + "words " * 30}
+            for i in range(n)]
+
+
+# -- the rule itself ------------------------------------------------------------------------------------
+
+
+class C:
+    def __init__(self, sid: str, head: bytes, msgs: list[Any]) -> None:
+        self.sid, self.head, self.identities = sid, head, ids(msgs)
+
+
+def test_decide_compares_the_whole_history_not_a_sample() -> None:
+    a = convo(9, "a")
+    b = copy.deepcopy(a)
+    b[4]["content"] = "private to b"
+    req = RequestHistory(b"h", ids([*b, *convo(2, "z")]))
+    d = decide(req, [C("x", b"h", a)], named=False)
+    assert d.kind == "segment" and d.reason == "rewrite" and d.at == 4 and d.target == "x"
+    assert decide(RequestHistory(b"h", ids([*a, *convo(2, "z")])), [C("x", b"h", a)], named=False).kind == "continue"
+    # the longest extended history wins; a changed head is a segment, linked
+    d = decide(RequestHistory(b"new", ids([*a, *convo(2, "z")])), [C("x", b"h", a[:3]), C("y", b"h", a)],
+               named=True)
+    assert (d.kind, d.target, d.reason) == ("segment", "y", "prefix_churn")
+    # another agent under the name: nothing extended, no candidate with its head
+    d = decide(RequestHistory(b"sub", ids(convo(3, "sub"))), [C("n", b"h", a)], named=True)
+    assert (d.kind, d.target) == ("agent", "n")
+    # observe mode holds no prefix: a changed head continues
+    d = decide(RequestHistory(b"new", ids([*a, *convo(2, "z")])), [C("y", b"h", a)], named=True, fixed_head=False)
+    assert d.kind == "continue"
+
+
+# -- two conversations are never mixed -----------------------------------------------------------------------
+
+SWEEP = [(n, k) for n in (4, 6, 9, 13) for k in range(1, n - 1)]  # 24 cases: every position between
+
+
+@pytest.mark.parametrize("mode", ["wrap", "compact"])
+def test_two_conversations_differing_in_one_middle_message_never_mix(tmp_path: Path, mode: str,
+                                                                    rec: tuple[Recorder, Emulator]) -> None:
+    """Two unnamed conversations share their opening and their last message and differ in one
+    message between. Each request the emulator receives carries exactly its caller's messages:
+    24 cases, histories of 4, 6, 9 and 13 messages, every middle position."""
+    r, emu = rec
+    assert len(SWEEP) == 24
+    leaks = []
+    for n, k in SWEEP:
+        store = tmp_path / f"{mode}-{n}-{k}"
+        if mode == "wrap":
+            client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                       store=store, summarizer=None)
+            ctx = None
+        else:
+            ctx = Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(store)))
+            px = ctx.__enter__()
+            client = anthropic.Anthropic(base_url=px.url, api_key="t", max_retries=0)
+        try:
+            a = convo(n, f"case {n}/{k}")
+            b = copy.deepcopy(a)
+            b[k]["content"] = f"SECRET of conversation B at {k}"
+            for sent in (a, b, [*a, {"role": "assistant", "content": "a reply"}, {"role": "user", "content": "go"}],
+                         [*b, {"role": "assistant", "content": "b reply"}, {"role": "user", "content": "go"}]):
+                r.bodies.clear()
+                client.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=sent)
+                (got,) = r.bodies
+                if ids(got["messages"]) != ids(sent):
+                    leaks.append((n, k, len(sent)))
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+    assert leaks == []
+
+
+def test_a_redaction_reaches_the_very_next_request(rec: tuple[Recorder, Emulator], tmp_path: Path) -> None:
+    """An agent redacts a secret from an old tool result at turn 20 of a 30-turn loop: every
+    request from then on carries the redaction, none the secret (unnamed and named)."""
+    r, emu = rec
+    for name in (None, "job-redact"):
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                   store=tmp_path / str(name), summarizer=None, session_id=name)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the environment."}]
+        for t in range(30):
+            if t == 20:
+                res = msgs[2]["content"][0]  # the first tool result, the only one with the secret
+                assert "SECRET=hunter2" in res["content"]
+                res["content"] = res["content"].replace("SECRET=hunter2", "SECRET=[REDACTED]")
+            r.bodies.clear()
+            client.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=msgs)
+            (got,) = r.bodies
+            text = str(got["messages"])
+            assert ids(got["messages"]) == ids(msgs), t
+            assert ("hunter2" in text) == (1 <= t < 20) and ("[REDACTED]" in text) == (t >= 20), t
+            msgs += [{"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"toolu_{t:03d}", "name": "env", "input": {"n": t}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t:03d}",
+                                              "content": f"PATH=/bin\nTURN={t}" + ("\nSECRET=hunter2" if t == 0
+                                                                                    else "")}]}]
+
+
+# -- one conversation is never split --------------------------------------------------------------------------
+
+
+def _cc_turns(client: anthropic.Anthropic, n: int, **kw: Any) -> list[dict[str, Any]]:
+    """Claude Code's habit: the newest user message as a one-block list with cache_control, the
+    same message as a plain string on the next request."""
+    msgs: list[dict[str, Any]] = []
+    for t in range(n):
+        if msgs:
+            msgs[-2]["content"] = msgs[-2]["content"][0]["text"]  # last turn's block list, now a string
+        msgs.append({"role": "user", "content": [{"type": "text", "text": f"prompt {t}",
+                                                  "cache_control": {"type": "ephemeral"}}]})
+        reply = client.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=msgs, **kw)
+        msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+    return msgs
+
+
+def test_a_string_and_one_text_block_are_one_session_in_wrap(rec: tuple[Recorder, Emulator], tmp_path: Path) -> None:
+    _, emu = rec
+    for name in (None, "cc-like"):
+        store = tmp_path / str(name)
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
+                                   summarizer=None, session_id=name)
+        _cc_turns(client, 6)
+        assert len(cachecompact.store.FileStore(store).list()) == 1
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_a_string_and_one_text_block_are_one_session_in_the_proxy(rec: tuple[Recorder, Emulator], tmp_path: Path,
+                                                                 mode: str) -> None:
+    _, emu = rec
+    uid = '{"device_id":"d","account_uuid":"","session_id":"5b0e6c1e-0000-4000-8000-000000000001"}'
+    with Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(tmp_path))) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="t", max_retries=0)
+        _cc_turns(client, 6, metadata={"user_id": uid})
+        px.wait_idle()
+        sids = [s.sid for s in px.state.observer.sessions()]
+        records = px.state.observer.sessions()[0].records
+    assert sids == ["cc-5b0e6c1e-0000-4000-8000-000000000001"]
+    assert [r["finding"]["cls"] for r in records][1:] == ["read_as_expected"] * 5
+
+
+def test_requests_under_the_owners_name_cannot_push_its_history_out_of_reach(rec: tuple[Recorder, Emulator],
+                                                                             tmp_path: Path) -> None:
+    """Four requests with other openings under the owner's session id make sessions of their own;
+    the owner's next turn still continues its session, in this process and after a restart."""
+    _, emu = rec
+
+    def client() -> Any:
+        return cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                                 summarizer=None)
+
+    c = client()
+    owner = convo(5, "owner")
+    c.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=owner,
+                      extra_headers={SESSION_HEADER: "job"})
+    for k in range(6):
+        c.messages.create(model=MODEL, max_tokens=20, system=f"intruder {k}", messages=convo(3, f"intruder {k}"),
+                          extra_headers={SESSION_HEADER: "job"})
+    before = set(cachecompact.store.FileStore(tmp_path).list())
+    for attempt, cl in enumerate((c, client())):  # the same process, then a restarted one
+        owner = [*owner, {"role": "assistant", "content": f"done {attempt}"}, {"role": "user", "content": "more"}]
+        cl.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=owner,
+                           extra_headers={SESSION_HEADER: "job"})
+        assert set(cachecompact.store.FileStore(tmp_path).list()) == before
+        assert Session.open(tmp_path / "job").messages() == owner
+    links = [Session.open(tmp_path / sid).link for sid in sorted(before - {"job"})]
+    assert all(lk is not None and lk["session"] == "job" for lk in links)
+
+
+def test_50_threads_with_identical_openings_all_compact_and_record(tmp_path: Path) -> None:
+    """50 threads on one wrapped client, identical openings, 6 turns each: no failure event, every
+    request prepared by cachecompact (none passed through) and every request recorded."""
+    events: list[Event] = []
+    with Emulator() as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=2),
+                                   store=tmp_path, summarizer=None, on_event=events.append)
+
+        def agent(k: int) -> None:
+            msgs: list[dict[str, Any]] = [{"role": "user", "content": "Same task for everyone."}]
+            for turn in range(6):
+                reply = client.messages.create(model=MODEL, max_tokens=50, system=SYSTEM, messages=msgs)
+                msgs = [*msgs, {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                                 for b in reply.content]},
+                        {"role": "user", "content": f"agent {k} step {turn}"}]
+
+        threads = [threading.Thread(target=agent, args=(k,)) for k in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        served = [x for x in emu.requests if x.get("status") == 200 and not x.get("internal")]
+    assert [e for e in events if e.kind == "failure"] == []
+    assert len(served) == 300
+    store = cachecompact.store.FileStore(tmp_path)
+    recorded = sum(Session.open(store, sid, readonly=True).requests_recorded for sid in store.list())
+    assert recorded == 300
+
+
+def _append_turns(store: str, upstream: str, lo: int, hi: int, step: int, barrier: Any) -> None:
+    """One process of the two: sends turns lo, lo+step, ... of the shared conversation "shared",
+    each with the whole history up to it (the other process sent the turns between)."""
+    client = cachecompact.wrap(anthropic.Anthropic(base_url=upstream, api_key="t", max_retries=0), store=store,
+                               summarizer=None, session_id="shared")
+    for t in range(hi):
+        if t % step == lo:
+            client.messages.create(model=MODEL, max_tokens=20, system=SYSTEM, messages=_shared_history(t))
+        barrier.wait()  # turn t is recorded before either process sends turn t + 1
+
+
+def _shared_history(t: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "turn 0"}]
+    for k in range(1, t + 1):
+        msgs += [{"role": "assistant", "content": f"answer {k - 1}"}, {"role": "user", "content": f"turn {k}"}]
+    return msgs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["file", "postgres"])
+def test_two_processes_appending_to_one_named_session(tmp_path: Path, backend: str, request: Any) -> None:
+    if backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        from cachecompact.store.postgres import migrate
+
+        from ..conftest import fresh_database
+        store = fresh_database(url, "two_processes")
+        migrate(store)
+    else:
+        store = str(tmp_path / "store")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    with Emulator() as emu:
+        procs = [ctx.Process(target=_append_turns, args=(store, emu.url, lo, 12, 2, barrier)) for lo in (0, 1)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0, 0]
+    st = open_store(store)
+    try:
+        assert st.list() == ["shared"]
+        s = Session.open(st, "shared", readonly=True)
+        assert len(s) == len(_shared_history(11)) and s.requests_recorded == 12
+    finally:
+        st.close()
+
+
+# -- a changed system prompt is reported ----------------------------------------------------------------------
+
+
+def test_a_timestamp_in_the_system_prompt_is_reported_in_wrap(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                             rec: tuple[Recorder, Emulator]) -> None:
+    """An unnamed agent starts putting a timestamp in its system prompt at turn 6: that request
+    gets a prefix_churn finding naming system[0] and the offset, a WARNING and a cache_miss
+    event; the new segments are linked to the conversation and the report shows them as one."""
+    r, emu = rec
+    events: list[Event] = []
+    client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                               summarizer=None, on_event=events.append)
+    msgs = convo(1, "clock")
+    caplog.set_level(logging.WARNING, logger="cachecompact")
+    for t in range(10):
+        system = SYSTEM if t < 6 else f"{SYSTEM}Now: 2026-12-01 10:{t:02d}:00"
+        r.bodies.clear()
+        client.messages.create(model=MODEL, max_tokens=20, system=system, messages=msgs)
+        assert ids(r.bodies[0]["messages"]) == ids(msgs)
+        msgs = [*msgs, {"role": "assistant", "content": f"answer {t}"}, {"role": "user", "content": f"next {t}"}]
+    misses = [e for e in events if e.kind == "cache_miss" and e.detail.get("cls") == "prefix_churn"]
+    assert misses, [e.kind for e in events]
+    first = misses[0].detail
+    assert first["location"] == "system[0]" and first["offset"] == len(SYSTEM)
+    assert "Now: 2026" in first["after"]
+    assert any("prefix_churn" in m.getMessage() for m in caplog.records if m.levelno == logging.WARNING)
+    store = cachecompact.store.FileStore(tmp_path)
+    sids = store.list()
+    linked = [Session.open(store, s, readonly=True).link for s in sids]
+    assert sum(lk is None for lk in linked) == 1  # one conversation: every other segment is linked
+    from cachecompact.tools.report import conversation_data, conversation_segments, session_report
+    root = next(s for s, lk in zip(sids, linked, strict=True) if lk is None)
+    for sid in (root, sids[-1]):  # from the first session or the last one: the whole conversation
+        data = conversation_data(conversation_segments(store, sid))
+        assert len(data["requests"]) == 10 and len(data["segments"]) == len(sids)
+        assert data["misses"].get("prefix_churn", 0) >= 1
+    assert f"one conversation in {len(sids)} sessions" in session_report(store, root)
+
+
+def test_the_proxy_lists_a_conversations_segments_under_it(rec: tuple[Recorder, Emulator], tmp_path: Path) -> None:
+    """Compact mode: a changed system prompt needs a new segment (the immutable prefix never
+    changes), and /api/sessions lists it under its conversation, with the conversation's totals."""
+    import httpx2
+
+    _, emu = rec
+    with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(tmp_path))) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="t", max_retries=0)
+        msgs = convo(1, "proxy")
+        for t in range(5):
+            client.messages.create(model=MODEL, max_tokens=20, system=SYSTEM if t < 3 else SYSTEM + " v2",
+                                   messages=msgs, extra_headers={SESSION_HEADER: "conv"})
+            msgs = [*msgs, {"role": "assistant", "content": f"a{t}"}, {"role": "user", "content": f"u{t}"}]
+        px.wait_idle()
+        listed = httpx2.get(px.url + "/api/sessions").json()["sessions"]
+    assert [c["id"] for c in listed] == ["conv"]
+    (seg,) = listed[0]["segments"]
+    assert seg["id"] == "conv.s2" and seg["link"]["reason"] == "prefix_churn"
+    assert listed[0]["conversation"]["requests"] == 5
+
+
+# -- the registry through the engine -------------------------------------------------------------
+
+def _body(*turns: str) -> dict[str, Any]:
     """A request whose history alternates user and assistant text, ending on a user turn."""
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
-    return {"model": "claude-sonnet-4-6", "max_tokens": 100, "system": SYSTEM, "messages": msgs}
+    return {"model": "claude-sonnet-4-6", "max_tokens": 100, "system": SHORT_SYSTEM, "messages": msgs}
 
 
 def record(eng: CompactionEngine, b: dict[str, Any], now: float) -> str:
@@ -26,11 +384,11 @@ def record(eng: CompactionEngine, b: dict[str, Any], now: float) -> str:
 
 def test_a_history_that_extends_continues_and_one_that_parts_gets_its_own(tmp_path: Path) -> None:
     eng = CompactionEngine(FileStore(tmp_path), summarizer=None)
-    first = record(eng, body("task: fix the parser"), 1)
-    assert record(eng, body("task: fix the parser", "reading it", "go on"), 2) == first
-    other = record(eng, body("task: fix the parser", "something else", "then?"), 3)
+    first = record(eng, _body("task: fix the parser"), 1)
+    assert record(eng, _body("task: fix the parser", "reading it", "go on"), 2) == first
+    other = record(eng, _body("task: fix the parser", "something else", "then?"), 3)
     assert other != first  # same opening, different history: never mixed
-    assert record(eng, body("task: fix the parser", "reading it", "go on", "done", "thanks"), 4) == first
+    assert record(eng, _body("task: fix the parser", "reading it", "go on", "done", "thanks"), 4) == first
     assert sorted(s.session_id for s in eng.sessions()) == sorted({first, other})
 
 
@@ -39,9 +397,9 @@ def test_a_new_segment_gets_a_fork_of_its_parents_forensics(tmp_path: Path) -> N
     request is compared with the one before it, on a copy of the parent's forensics."""
     eng = CompactionEngine(FileStore(tmp_path), summarizer=None)
     turns = ["task", "a1", "u2", "a2", "u3"]
-    parent = eng.prepare(body(*turns), explicit="conv", now=1)
+    parent = eng.prepare(_body(*turns), explicit="conv", now=1)
     eng.record(parent, {"input_tokens": 10, "output_tokens": 5}, "m1", None, False)
-    seg = eng.prepare(body("task", "a summary of what happened", "u3"), explicit="conv", now=2)
+    seg = eng.prepare(_body("task", "a summary of what happened", "u3"), explicit="conv", now=2)
     assert seg.live.session.session_id != "conv" and seg.live.session.link is not None
     assert seg.live.forensics is not parent.live.forensics
 
@@ -49,7 +407,7 @@ def test_a_new_segment_gets_a_fork_of_its_parents_forensics(tmp_path: Path) -> N
 def test_a_second_engine_on_the_store_finds_the_conversation(tmp_path: Path) -> None:
     """A restarted process (or a replica) continues the stored session, appending nothing twice."""
     store = FileStore(tmp_path)
-    sid = record(CompactionEngine(store, summarizer=None), body("task", "a1", "u2"), 1)
+    sid = record(CompactionEngine(store, summarizer=None), _body("task", "a1", "u2"), 1)
     again = CompactionEngine(FileStore(tmp_path), summarizer=None)
-    p = again.prepare(body("task", "a1", "u2", "a2", "u3"), explicit=None, now=2)
+    p = again.prepare(_body("task", "a1", "u2", "a2", "u3"), explicit=None, now=2)
     assert p.live.session.session_id == sid and len(p.live.session) == 5

@@ -19,8 +19,9 @@ after the response), `observe` (per-session records), `upstream` (the pooled cli
 `dashboard` (the UI's JSON).
 """
 
+from ...engine.sessions import session_hint
 from .config import ProxyConfig
-from .observe import Observer, session_hint
+from .observe import Observer
 from .server import Proxy, make_app
 from .state import ProxyState
 

@@ -1,12 +1,11 @@
-"""The caller's credentials, held only while the engine works on that caller's request: its
+"""Summaries on the caller's credentials: which headers carry them, and the summarizer that
+reads them while `state.ProxyState.holding` holds them for the request being compacted. Its
 summaries go upstream on the caller's key, never on the operator's, and nothing is stored."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from ...base.headers import INTERNAL_HEADER
@@ -14,22 +13,11 @@ from ...base.headers import INTERNAL_HEADER
 if TYPE_CHECKING:
     from ...compaction.summarize.llm import SummaryRequest, SummaryResult
 
-__all__ = ["CREDENTIALS", "UpstreamSummarizer", "holding"]
+__all__ = ["CREDENTIALS", "UpstreamSummarizer"]
 
 log = logging.getLogger("cachecompact")
 
 CREDENTIALS = ("x-api-key", "authorization")
-
-
-@contextlib.contextmanager
-def holding(creds: threading.local, headers: Mapping[str, str]) -> Iterator[None]:
-    """``creds.headers`` are the request's credentials (and its ``anthropic-beta``) for the
-    duration of the block, on this thread only; empty before and after."""
-    creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
-    try:
-        yield
-    finally:
-        creds.headers = {}
 
 
 class UpstreamSummarizer:

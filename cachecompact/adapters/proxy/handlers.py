@@ -13,21 +13,18 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ...base.errors import ContextFullError, InvalidSessionIdError
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
 from ...base.http import clock_from, json_or_none, too_long, with_betas
 from ...base.wire import bytes_as_is
 from ..httpserver import api_error, read_body
 from .config import ProxyConfig
-from .credentials import holding
-from .observe import session_hint
 from .state import Exchange, ProxyState
 from .tap import ResponseTap, decoded
 from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
 if TYPE_CHECKING:
     from ...cache.forensics import Finding
-    from ...engine.core import Prepared, Retry
+    from ...engine.core import Prepared
 
 __all__ = ["UPSTREAM", "Handlers"]
 
@@ -106,7 +103,7 @@ class Handlers:
         prepared: Prepared | None = None
         data = raw
         if state.engine is not None and not request.headers.get("content-encoding"):
-            got_p = await asyncio.get_running_loop().run_in_executor(state.compute, _prepare, state, raw, lower, now)
+            got_p = await asyncio.get_running_loop().run_in_executor(state.compute, state.prepare, raw, lower, now)
             if isinstance(got_p, web.Response):
                 return got_p
             prepared = got_p
@@ -124,7 +121,7 @@ class Handlers:
             try:  # until the response is relayed, every way out gives its connection back
                 head = await up.read()
                 payload = json_or_none(decoded(head, up.headers.get("content-encoding", "")))
-                retry = (await asyncio.get_running_loop().run_in_executor(state.compute, _after_too_long, state,
+                retry = (await asyncio.get_running_loop().run_in_executor(state.compute, state.after_too_long,
                                                                           prepared, payload, lower)
                          if too_long(payload) is not None else None)
             except UpstreamError as err:
@@ -204,27 +201,3 @@ def _origin_form(target: str) -> str:
         u = urlsplit(target)
         return (u.path or "/") + (f"?{u.query}" if u.query else "")
     return target
-
-
-def _prepare(state: ProxyState, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
-    """Compact mode, in a worker thread: the engine's body, None (forward unchanged), or an error."""
-    assert state.engine is not None
-    body = json_or_none(raw)
-    if not isinstance(body, dict):
-        return None
-    try:
-        hint = session_hint(headers, body)
-    except InvalidSessionIdError as err:
-        return api_error(400, str(err))
-    try:
-        with holding(state.creds, headers):
-            return state.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
-    except ContextFullError as err:
-        return api_error(400, str(err))
-
-
-def _after_too_long(state: ProxyState, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
-    """The engine's reactive path, with the caller's credentials for its summaries."""
-    assert state.engine is not None
-    with holding(state.creds, headers):
-        return state.engine.after_too_long(p, payload)

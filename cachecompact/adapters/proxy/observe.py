@@ -15,7 +15,6 @@ out) and ``max_records`` records per session (totals keep counting).
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import threading
 import time
@@ -28,39 +27,16 @@ import msgspec
 import xxhash
 
 from ...base.errors import CacheCompactError, InvalidSessionIdError, MalformedMessageError, UnknownModelError
-from ...base.headers import SESSION_HEADER
 from ...base.pricing import priced
 from ...base.tokens import TokenCounter
 from ...cache.forensics import Finding, Forensics, snapshot_from_sim
 from ...cache.simulator import request_from_body
-from ...engine.resolution import RequestHistory, decide, family_key, family_order, in_family, new_id
-from ...store import Store, check_session_id
+from ...engine.sessions import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
+from ...store import Store
 
-__all__ = ["ObservedSession", "Observer", "session_hint"]
+__all__ = ["ObservedSession", "Observer"]
 
 log = logging.getLogger("cachecompact")
-
-
-def session_hint(headers: Mapping[str, str], body: Any) -> str | None:
-    """The session a request names: the ``x-cachecompact-session`` header, else the client's own
-    session metadata (Claude Code sends ``metadata.user_id``, a JSON string with ``session_id``).
-    Raises `InvalidSessionIdError` for a header that could name a path."""
-    h = headers.get(SESSION_HEADER)
-    if h is not None:
-        return check_session_id(h, SESSION_HEADER)
-    meta = body.get("metadata") if isinstance(body, dict) else None
-    uid = meta.get("user_id") if isinstance(meta, dict) else None
-    if isinstance(uid, str) and uid.startswith("{"):
-        try:
-            sid = json.loads(uid).get("session_id")
-        except (json.JSONDecodeError, AttributeError):
-            return None
-        if isinstance(sid, str):
-            try:
-                return check_session_id("cc-" + sid[:100], "metadata.user_id.session_id")
-            except InvalidSessionIdError:
-                return None
-    return None
 
 
 @dataclass(eq=False)
@@ -68,9 +44,9 @@ class ObservedSession:
     sid: str
     name: str  # the base name (a hint) or the family key of the opening message
     mode: str
-    head: bytes = b""  # tools + system (`resolution.head_key`)
+    head: bytes = b""  # tools + system (`sessions.head_key`)
     hashes: list[bytes] = field(default_factory=list)  # identities of the last request's messages
-    link: dict[str, Any] | None = None  # the session this one continues (`resolution.Decision`)
+    link: dict[str, Any] | None = None  # the session this one continues (`sessions.Decision`)
     forensics: Forensics = field(default_factory=lambda: Forensics(priced))
     memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
     records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
@@ -165,7 +141,7 @@ class Observer:
         return s
 
     def _resolve(self, hint: str | None, req: RequestHistory, mode: str) -> ObservedSession:
-        """The session this request continues, by the one rule (`resolution.decide`, the same as
+        """The session this request continues, by the one rule (`sessions.decide`, the same as
         `wrap()` and compact mode use), among the sessions in memory of its family. These
         records hold no immutable prefix, so a changed system prompt continues the session (and
         is reported there as prefix churn). A new one (a segment after a rewrite, another agent

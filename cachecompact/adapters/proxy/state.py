@@ -1,28 +1,34 @@
-"""What one proxy app holds (config, observer, engine, workers), and the analysis of each
-exchange after its response, on one queue-fed thread so a session's records stay in order."""
+"""What one proxy app holds (config, observer, engine, workers); compact mode's engine calls,
+made with the caller's credentials held for its summaries; and the analysis of each exchange
+after its response, on one queue-fed thread so a session's records stay in order."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...base.errors import ConfigError
+from ...base.errors import ConfigError, ContextFullError, InvalidSessionIdError
+from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
+from ...engine.sessions import session_hint
 from ...store import Store, open_writable_store
+from ..httpserver import api_error
 from .config import ProxyConfig
-from .credentials import UpstreamSummarizer
+from .credentials import CREDENTIALS, UpstreamSummarizer
 from .observe import Observer
 from .tap import ResponseTap
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
-    from ...engine.core import CompactionEngine, Prepared
+    from ...engine.core import CompactionEngine, Prepared, Retry
 
 __all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
 
@@ -84,6 +90,39 @@ class ProxyState:
         self._plock = threading.Lock()
         self.worker = threading.Thread(target=self._analyse, name="cachecompact-proxy-analysis", daemon=True)
         self.worker.start()
+
+    @contextlib.contextmanager
+    def holding(self, headers: Mapping[str, str]) -> Iterator[None]:
+        """The request's credentials (and its ``anthropic-beta``) in ``self.creds`` for the
+        duration of the block, on this thread only, for the summaries made in it
+        (`credentials.UpstreamSummarizer`); empty before and after, and never stored."""
+        self.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
+        try:
+            yield
+        finally:
+            self.creds.headers = {}
+
+    def prepare(self, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
+        """Compact mode, in a worker thread: the engine's body, None (forward unchanged), or an error."""
+        assert self.engine is not None
+        body = json_or_none(raw)
+        if not isinstance(body, dict):
+            return None
+        try:
+            hint = session_hint(headers, body)
+        except InvalidSessionIdError as err:
+            return api_error(400, str(err))
+        try:
+            with self.holding(headers):
+                return self.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
+        except ContextFullError as err:
+            return api_error(400, str(err))
+
+    def after_too_long(self, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
+        """The engine's reactive path, with the caller's credentials for its summaries."""
+        assert self.engine is not None
+        with self.holding(headers):
+            return self.engine.after_too_long(p, payload)
 
     @property
     def pending(self) -> int:
