@@ -15,9 +15,19 @@ engine compares it with the previous request of the same session and classifies:
   images changed (the documented invalidation table);
 * ``below_minimum`` — the prompt is shorter than the model's minimum cacheable length;
 * ``ttl_expiry`` — the idle gap exceeded the TTL in force (taken from the request's markers);
+  a negative gap (a log's records out of time order) is never read as idle;
 * ``lookback_miss`` — the cached end sat 20 or more positions behind every breakpoint;
+* ``client_compaction`` — the client compacted its own context since the previous request
+  (Claude Code's compaction or microcompact, seen in its log): priced at what it wrote again;
+* ``client_rewrite`` — a request rebuilt from a client's log read its tools and system prompt
+  and none of its messages, at a person's turn: the client changed the messages in a way its
+  log does not record (an injected reminder or system message, a history re-serialized on
+  resume, a changed thinking or effort parameter; docs/cache-model.md cites the reports);
 * ``provider_suspected`` — nothing changed, nothing expired, the entry was reachable, and
   still nothing (or less) was read.
+
+What a request should read is capped at the previous request's prompt as billed: no cache
+entry it left can be longer, whatever the token estimate says.
 
 The dollars of a finding are the tokens that were written (or sent uncached) although they
 could have been read, priced at the difference. Where the API sent
@@ -26,6 +36,7 @@ could have been read, priced at the difference. Where the API sent
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -47,7 +58,7 @@ __all__ = [
 ]
 
 CLASSES = ("read_as_expected", "prefix_churn", "invalidation", "below_minimum", "ttl_expiry", "lookback_miss",
-           "provider_suspected")
+           "client_compaction", "client_rewrite", "provider_suspected")
 ACTIONABLE = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
 _TOLERANCE = 0.05  # a read within 5% (and 32 tokens) of the expected one is as expected
 EXCERPT = 200
@@ -81,6 +92,11 @@ class Snapshot:
     tool_keys: Sequence[bytes] = ()  # per tool definition, to tell reordering from editing
     explain: Callable[[int, int], int | None] | None = None  # (block k, entries before) -> our explaining edit
     n_entries: int = 0  # ledger entries applied in this request (ours)
+    head_blocks: int = 0  # leading blocks that are tools and system (the rest are messages)
+    from_log: bool = False  # rebuilt from a client's log: its parameters and injected content are not recorded
+    human_turn: bool = False  # the last user message is a person's (not only tool results)
+    prompt: str | None = None  # the start of the person's prompt this request answers, for the finding
+    client_compaction: str | None = None  # the client compacted since the previous request ("compact", ...)
 
     @property
     def total(self) -> int:
@@ -106,10 +122,14 @@ class Finding:
     api_reason: str | None = None
     agrees: bool | None = None
     idle_s: float | None = None
+    prompt: str | None = None  # the start of the person's prompt this request answers (recorded logs)
 
     def to_dict(self) -> dict[str, Any]:
         # every field is a plain value: a flat copy, not `asdict`'s recursive deep copy (per request)
-        return {name: getattr(self, name) for name in _FINDING_FIELDS}
+        out = {name: getattr(self, name) for name in _FINDING_FIELDS}
+        if math.isnan(self.time):
+            out["time"] = None  # not known (a log's copied record); JSON has no NaN
+        return out
 
 
 _FINDING_FIELDS = tuple(f.name for f in fields(Finding))
@@ -160,6 +180,7 @@ class Forensics:
     def __init__(self, prices: Callable[[str], ModelInfo]) -> None:
         self.prices = prices
         self.prev: Snapshot | None = None
+        self.prev_cached = 0  # the previous request's tokens read from or written to the cache, as billed
         self.entries: dict[bytes, _Entry] = {}  # what this session's requests wrote, by chain value
         self.n = 0
         self.summary = SessionSummary()
@@ -168,7 +189,7 @@ class Forensics:
         """A continuation for a new segment of the session (a rewrite, or another agent under the
         same name): it compares its first request with this one's last, then goes its own way."""
         f = Forensics(self.prices)
-        f.prev, f.entries, f.n = self.prev, dict(self.entries), self.n
+        f.prev, f.entries, f.n, f.prev_cached = self.prev, dict(self.entries), self.n, self.prev_cached
         return f
 
     def observe(self, snap: Snapshot, usage: dict[str, Any], cache_miss_reason: dict[str, Any] | None = None
@@ -180,15 +201,19 @@ class Forensics:
         prev = self.prev
         ideal = self._ideal(snap) if prev is not None else 0
         expected = round(ideal * ratio)
+        if self.prev_cached:  # no entry the previous request left is longer than what it cached
+            expected = min(expected, self.prev_cached)
         lost = max(0, expected - read)
+        gap = (snap.time - prev.time) if prev is not None and not math.isnan(snap.time - prev.time) else None
         f = Finding(self.n, "read_as_expected", snap.time, read, expected, 0, 0.0,
-                    idle_s=(snap.time - prev.time) if prev is not None else None)
-        if prev is not None and lost > max(32, _TOLERANCE * expected):
-            self._classify(f, snap, prev, ideal, ratio, lost, price)
+                    idle_s=gap if gap is None or gap >= 0 else None, prompt=snap.prompt)
+        if prev is not None and (lost > max(32, _TOLERANCE * expected) or (snap.client_compaction and lost > 0)):
+            self._classify(f, snap, prev, ideal, ratio, lost, price, usage)
         if cache_miss_reason is not None:
             self._agree(f, cache_miss_reason)
         self._update(snap, read, ratio)
         self.prev = snap
+        self.prev_cached = read + int(usage.get("cache_creation_input_tokens") or 0)
         self.n += 1
         self.summary.add(f)
         return f
@@ -221,13 +246,21 @@ class Forensics:
     # -- classification -------------------------------------------------------------------------------
 
     def _classify(self, f: Finding, snap: Snapshot, prev: Snapshot, ideal: int, ratio: float, lost: int,
-                  price: ModelInfo) -> None:
+                  price: ModelInfo, usage: dict[str, Any]) -> None:
         # a lost token is written again at the price of the TTL this request writes with
         writes_1h = bool(snap.breakpoints) and snap.breakpoints[-1][1] == "1h"
         per_token = max(0.0, (price.write_1h if writes_1h else price.write_5m) - price.read) / 1e6
         f.wasted_tokens = lost
         f.wasted_usd = lost * per_token
         top = max((k for k, _ in prev.breakpoints if prev.chain[k] in self.entries), default=None)
+        # 0. the client compacted its own context: what it wrote again is the compaction's price
+        if snap.client_compaction:
+            written = int(usage.get("cache_creation_input_tokens") or 0)
+            f.cls, f.wasted_tokens = "client_compaction", min(lost, written)  # the new context, written again
+            f.wasted_usd = f.wasted_tokens * per_token
+            f.detail = (f"the client's own {snap.client_compaction} since the previous request: {f.read} tokens "
+                        f"read, {written} written again")
+            return
         # 1. the model or a cache-relevant parameter changed
         if snap.model != prev.model or snap.params != prev.params:
             f.cls = "invalidation"
@@ -257,6 +290,11 @@ class Forensics:
         if gap > ttl:
             f.cls, f.detail = "ttl_expiry", f"idle {gap:.0f} s > TTL {ttl:.0f} s"
             return
+        if not gap >= 0:  # no time known, or records out of time order: no idle is read from them
+            f.cls = "provider_suspected"
+            f.detail = (f"no idle gap is known here (the log's times are missing or run backwards); nothing "
+                        f"changed, yet {f.read} of {f.expected} expected tokens were read")
+            return
         alive = [(e.tokens, e.ttl) for k, _ in prev.breakpoints
                  if (e := self.entries.get(prev.chain[k])) is not None and e.expires >= snap.time]
         kept, kept_ttl = max(alive, default=(0, ""))
@@ -266,7 +304,15 @@ class Forensics:
             f.detail = (f"idle {gap:.0f} s > TTL {short:.0f} s of the later breakpoints; the {kept_ttl} entry "
                         f"({round(kept * ratio)} tokens) was read")
             return
-        # 5. the cached end lay outside every breakpoint's lookback
+        # 5. a log's request read its tools and system and none of its messages, at a person's
+        # turn: the client changed what the log does not record (module docstring)
+        head = round(snap.cum[snap.head_blocks - 1] * ratio) if 0 < snap.head_blocks <= len(snap.cum) else 0
+        if snap.from_log and snap.human_turn and head and f.read <= head + max(32, _TOLERANCE * head):
+            f.cls, f.location = "client_rewrite", snap.locate(snap.head_blocks)
+            f.detail = (f"{f.read} tokens read: the tools and system prompt (about {head}), none of the messages, "
+                        f"at a person's turn; the client changed the messages in a way its log does not record")
+            return
+        # 6. the cached end lay outside every breakpoint's lookback
         if top is not None and top < len(snap.pos) and not any(
                 b >= top and snap.pos[b] - snap.pos[top] < LOOKBACK for b, _ in snap.breakpoints):
             f.cls, f.actionable = "lookback_miss", True
@@ -374,7 +420,8 @@ def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image
             return _block_text(body, blocks[k].where)
     return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, has_image), chain=chain, cum=cum,
                     pos=pos, breakpoints=bps, locate=lambda k: blocks[k].where if k < len(blocks) else "end",
-                    text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]])
+                    text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]],
+                    head_blocks=req.n_tools + req.n_system)
 
 
 def _block_text(body: dict[str, Any], where: str) -> str:

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -272,27 +273,58 @@ def cmd_forensics(args: argparse.Namespace) -> int:
         raise UsageError(f"no trace files found in {' '.join(args.paths)}")
     done, skipped, totals = summarize_logs(files)
     if args.json:
-        print(json.dumps({"logs": [{"name": r.name, "calls": r.calls, "misses": r.misses, "wasted_usd": r.wasted,
+        print(json.dumps({"logs": [{"name": r.name, "project": r.project, "day": r.day, "model": r.model,
+                                    "calls": r.calls, "cost_usd": r.cost_usd, "misses": r.misses,
+                                    "wasted_usd": r.wasted,
                                     "findings": [f.to_dict() for f in r.findings
                                                  if f.cls != "read_as_expected"]} for r in done],
                           "skipped": skipped, "totals": totals}, indent=1))
         return 0 if done else 1
-    for r in done:
-        print(f"{r.name}: {r.calls} calls, " + (", ".join(f"{k} {v} (${r.wasted[k]:.2f})" for k, v in
-                                                          sorted(r.misses.items())) or "no misses"))
+    shown = done if args.verbose or len(done) <= _MOST else \
+        sorted(done, key=lambda r: -sum(r.wasted.values()))[:_MOST]
+    for r in shown:
+        waste = sum(r.wasted.values())
+        share = f" ({waste / r.cost_usd:.0%})" if r.cost_usd else ""
+        print(_wrapped(f"{r.name}: {r.calls} calls, ${r.cost_usd:.2f}, wasted ${waste:.2f}{share}"
+                       + "".join(f"; {k} {v} (${r.wasted[k]:.2f})" for k, v in sorted(r.misses.items()))))
         if args.verbose:
             for f in r.findings:
                 if f.cls != "read_as_expected":
-                    print(f"  call {f.request}: {f.cls} at {f.location or '-'}: {f.detail[:140]} "
-                          f"(${f.wasted_usd:.4f})")
+                    when = (datetime.fromtimestamp(f.time, UTC).strftime("%Y-%m-%d %H:%M")
+                            if f.time == f.time else "time unknown")
+                    said = f' after "{f.prompt}"' if f.prompt else ""
+                    print(_wrapped(f"  {when} call {f.request}: {f.cls} (${f.wasted_usd:.2f}): {f.detail}{said}",
+                                   "      "))
+    if len(shown) < len(done):
+        print(f"... and {len(done) - len(shown)} more logs (the {_MOST} that wasted most are shown; -v lists all)")
     for s in skipped:
         print(f"skipped {s['file']}: {s['reason']}")
     print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
-          f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own)")
+          f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own), "
+          f"${totals['cost_usd']:.2f} as billed")
+    for title, groups in (("project", totals["by_project"]), ("day", totals["by_day"])):
+        if len(groups) > 1:
+            rows = [[k[:40], str(g["logs"]), str(g["calls"]), f"${g['cost_usd']:.2f}", f"${g['wasted_usd']:.2f}"]
+                    for k, g in list(groups.items())[-_MOST:]]
+            print(_table(rows, [title, "logs", "calls", "cost", "wasted"]))
+            if len(groups) > _MOST:
+                print(f"(the last {_MOST} of {len(groups)}; --json has all)")
     rows = [[k, str(v), f"${totals['wasted_usd'][k]:.2f}"] for k, v in totals["misses"].items()]
     print(_table(rows, ["class", "misses", "wasted"]))
     print(f"explained by a class: {totals['explained']}; unexplained (provider suspected): {totals['unexplained']}")
+    for line in totals["advice"]:
+        print(_wrapped(f"- {line}"))
     return 0 if done else 1
+
+
+_MOST = 12  # logs (and days, projects) a terminal listing shows before it summarises
+
+
+def _wrapped(line: str, indent: str = "  ") -> str:
+    """A line folded to the terminal's 120 columns, its continuation indented."""
+    import textwrap
+
+    return textwrap.fill(line, 120, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def cmd_store_migrate(args: argparse.Namespace) -> int:

@@ -6,21 +6,27 @@ microcompact, the unrecorded system prompt and tools as one fitted block, the br
 the last message, with the TTL the call's usage shows it wrote) and passed with its recorded
 usage to the same `Forensics` engine the proxy and the middleware use. Each sub-agent
 conversation (Claude Code's Agent tool, logged in ``progress`` or ``isSidechain`` entries) is
-a thread of its own: another system prompt, so its own cache entries. The result says, per
-class, how many misses the log holds and what they cost, and how many stay unexplained
-(``provider_suspected``).
+a thread of its own: another system prompt, so its own cache entries. What only a log knows
+goes with each call: whether a person spoke before it (``client_rewrite`` needs it) and
+whether Claude Code compacted since the call before (``client_compaction``); a call whose
+time the log lost has none, so no idle gap is read from it. The result says, per class, how
+many misses the log holds and what they cost, how many stay unexplained
+(``provider_suspected``), what the log cost as billed, its totals per day and project, and
+one line of advice per class (docs/cache-model.md, "Forensics on Claude Code logs").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from ..base.errors import TraceFormatError
+from ..base.errors import TraceFormatError, UnknownModelError
 from ..base.pricing import ModelInfo, get_model, model_prices
 from ..base.tokens import TokenCounter
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
@@ -28,8 +34,8 @@ from ..cache.simulator import SimBlock, SimRequest, message_blocks
 from .traces.claude_code import load_claude_code
 from .traces.model import Trace
 
-__all__ = ["LogForensics", "RecordedCall", "RecordedSession", "fit_line", "forensics_of_log", "rebuild_calls",
-           "summarize_logs", "written_ttl"]
+__all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "fit_line", "forensics_of_log",
+           "rebuild_calls", "summarize_logs", "written_ttl"]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -53,6 +59,9 @@ class RecordedCall:
     usage: dict[str, Any]
     estimated: int  # our estimate of the messages' tokens
     request: SimRequest
+    human: bool = False  # the last user message is a person's, not only tool results
+    compaction: str | None = None  # Claude Code compacted since the previous call ("compact" / "microcompact")
+    prompt: str = ""  # the start of the person's newest prompt before it
 
 
 @dataclass(slots=True)
@@ -105,6 +114,7 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
     head = SimBlock(xxhash.xxh3_128_digest(f"{trace.name}:system+tools".encode()), round(prefix), "text", head_ttl,
                     True, "system (not recorded: system prompt and tools)")
     out = RecordedSession(trace.name, get_model(model).name, prefix, ratio, trace.messages, [])
+    last_start = 0
     for (i, s, rec, u), e, ttl in zip(raw_calls, est, ttls, strict=True):
         blocks = [SimBlock(b.key, max(0, round(b.tokens * ratio)), b.kind, None, b.cacheable, b.where)
                   for blocks_ in per_msg[s:i] for b in blocks_]
@@ -114,11 +124,44 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
         if k >= 0:
             b = blocks[k]
             blocks[k] = SimBlock(b.key, b.tokens, b.kind, ttl if head_ttl == "1h" else "5m", True, b.where)
-        t = trace.timestamps[i - 1] or trace.timestamps[i] or 0.0
+        known = [x for x in (trace.timestamps[i - 1], trace.timestamps[i]) if x is not None]
+        t = known[0] if known else math.nan  # no time known (a copied record): no idle is read from it
         call_model = (trace.models[i] if i < len(trace.models) else None) or model
         req = SimRequest(model=call_model, time=t, blocks=[head, *blocks], n_tools=0, n_system=1)
-        out.calls.append(RecordedCall(i, s, rec, u, e, req))
+        compaction = _compaction_kind(trace, trace.timestamps[s] if s < len(trace.timestamps) else None) \
+            if s != last_start else None
+        last_start = s
+        out.calls.append(RecordedCall(i, s, rec, u, e, req, _is_human(trace.messages[i - 1]), compaction,
+                                      _prompt_before(trace.messages, i)))
     return out
+
+
+def _prompt_before(messages: list[dict[str, Any]], i: int, width: int = 80) -> str:
+    """The start of the newest person's words before message ``i``, on one line."""
+    for m in reversed(messages[:i]):
+        if not _is_human(m):
+            continue
+        c = m["content"]
+        text = c if isinstance(c, str) else " ".join(str(b.get("text") or "") for b in c
+                                                     if isinstance(b, dict) and b.get("type") == "text")
+        text = " ".join(text.split())
+        if text:
+            return text if len(text) <= width else text[: width - 3] + "..."
+    return ""
+
+
+def _is_human(m: dict[str, Any]) -> bool:
+    """Whether a user message holds a person's words (anything but tool results)."""
+    c = m.get("content")
+    return m.get("role") == "user" and (isinstance(c, str) or any(
+        isinstance(b, dict) and b.get("type") != "tool_result" for b in c or ()))
+
+
+def _compaction_kind(trace: Trace, at: float | None) -> str:
+    """Which of Claude Code's compactions starts the context at time ``at``: the boundary entry
+    nearest before it (a compaction summary without one is a compaction)."""
+    before = [b for b in trace.boundaries if at is None or b.get("time") is None or b["time"] <= at + 1]
+    return str(before[-1]["kind"]) if before else "compact"
 
 
 
@@ -126,13 +169,19 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
 @dataclass
 class LogForensics:
     """Findings of one log: its main chain's calls, then each sub-agent's (``threads`` counts
-    the conversations that had enough calls to judge)."""
+    the conversations that had enough calls to judge), with what the log cost as billed."""
 
     name: str
     calls: int
     findings: list[Finding] = field(default_factory=list)
     threads: int = 1
     subagent_calls: int = 0
+    project: str = ""  # the folder the log is in (Claude Code: one per project directory)
+    model: str = ""
+    first: float | None = None  # the first and last recorded times
+    last: float | None = None
+    cost_usd: float = 0.0  # every recorded call, sub-agents included, at the prices of the log's day
+    extra_1h_usd: float = 0.0  # what its 5-minute writes would have cost more with the 1-hour TTL
 
     @property
     def misses(self) -> dict[str, int]:
@@ -150,6 +199,11 @@ class LogForensics:
                 out[f.cls] = out.get(f.cls, 0.0) + f.wasted_usd
         return out
 
+    @property
+    def day(self) -> str:
+        """The UTC date of the log's first recorded time ("unknown" without one)."""
+        return datetime.fromtimestamp(self.first, UTC).date().isoformat() if self.first is not None else "unknown"
+
 
 def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> LogForensics | None:
     """Findings for every call of one Claude Code log; None when it has too few calls with usage.
@@ -159,19 +213,33 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> L
     rs = rebuild_calls(trace, counter)
     if rs is None:
         return None
-    out = LogForensics(rs.name, 0, threads=0)
-    start = next((t for t in trace.timestamps if t is not None), None)
+    times = [t for th in (trace, *trace.subagents) for t in th.timestamps if t is not None]
+    out = LogForensics(rs.name, 0, threads=0, project=Path(path).parent.name, model=rs.model,
+                       first=min(times, default=None), last=max(times, default=None))
 
     def prices(model: str) -> ModelInfo:  # the prices of the day the log was recorded
-        return model_prices(model).as_of(start)
+        return model_prices(model).as_of(out.first)
 
+    for model, usage in trace.recorded_usage():
+        try:
+            p = prices(model or rs.model)
+        except UnknownModelError:
+            continue  # "<synthetic>" entries and models the table does not know: not billed here
+        out.cost_usd += p.cost(usage)
+        cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
+        w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
+            int(usage.get("cache_creation_input_tokens") or 0)
+        out.extra_1h_usd += w5m * (p.write_1h - p.write_5m) / 1e6
     for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
         if thread is None:
             continue
         engine = Forensics(prices)  # a thread's cache entries are its own (another system prompt)
         body = {"messages": thread.messages}
         for c in thread.calls:
-            out.findings.append(engine.observe(snapshot_from_sim(c.request, body), c.usage))
+            snap = snapshot_from_sim(c.request, body)
+            snap.from_log, snap.human_turn, snap.client_compaction = True, c.human, c.compaction
+            snap.prompt = c.prompt
+            out.findings.append(engine.observe(snap, c.usage))
         out.calls += len(thread.calls)
         out.threads += 1
         if thread is not rs:
@@ -179,9 +247,25 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> L
     return out
 
 
+def _misses() -> dict[str, Any]:
+    return {c: 0 for c in CLASSES if c != "read_as_expected"}
+
+
+def _group(done: Sequence[LogForensics], key: Callable[[LogForensics], str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(done, key=key):
+        g = out.setdefault(key(r), {"logs": 0, "calls": 0, "cost_usd": 0.0, "wasted_usd": 0.0})
+        g["logs"] += 1
+        g["calls"] += r.calls
+        g["cost_usd"] += r.cost_usd
+        g["wasted_usd"] += sum(r.wasted.values())
+    return out
+
+
 def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], list[dict[str, str]], dict[str, Any]]:
-    """Run every log; returns the per-log results, the skipped files with reasons, and totals per
-    class (misses, dollars)."""
+    """Run every log; returns the per-log results, the skipped files with reasons, and totals:
+    per class (misses, dollars), per day and per project (calls, cost, waste), and one line
+    of advice per class that cost anything (`advice`)."""
     counter = TokenCounter()
     done: list[LogForensics] = []
     skipped: list[dict[str, str]] = []
@@ -200,8 +284,8 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
         done.append(r)
     totals: dict[str, Any] = {"logs": len(done), "calls": sum(r.calls for r in done),
                               "subagent_calls": sum(r.subagent_calls for r in done),
-                              "misses": {c: 0 for c in CLASSES if c != "read_as_expected"},
-                              "wasted_usd": {c: 0.0 for c in CLASSES if c != "read_as_expected"}}
+                              "cost_usd": sum(r.cost_usd for r in done),
+                              "misses": _misses(), "wasted_usd": {c: 0.0 for c in _misses()}}
     for r in done:
         for k, v in r.misses.items():
             totals["misses"][k] += v
@@ -209,4 +293,46 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
             totals["wasted_usd"][k] += w
     totals["explained"] = sum(v for k, v in totals["misses"].items() if k != "provider_suspected")
     totals["unexplained"] = totals["misses"]["provider_suspected"]
+    totals["by_day"] = _group(done, lambda r: r.day)
+    totals["by_project"] = _group(done, lambda r: r.project)
+    totals["advice"] = advice(done, totals)
     return done, skipped, totals
+
+
+def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
+    """One line per class that cost anything: what it was, and what would have avoided it."""
+    n, usd = totals["misses"], totals["wasted_usd"]
+    out: list[str] = []
+    if n["ttl_expiry"]:
+        within = sum(f.wasted_usd for r in done for f in r.findings
+                     if f.cls == "ttl_expiry" and f.idle_s is not None and f.idle_s <= 3600)
+        beyond = usd["ttl_expiry"] - within
+        extra = sum(r.extra_1h_usd for r in done)
+        if within > 0:
+            out.append(f"ttl_expiry: idle gaps over 5 min ({n['ttl_expiry']} misses): the 1-hour TTL would have "
+                       f"cost ${extra + beyond:.2f} instead of ${usd['ttl_expiry']:.2f} (every 5-minute write at "
+                       f"the 1-hour price: +${extra:.2f}; gaps over an hour: ${beyond:.2f})")
+        else:
+            out.append(f"ttl_expiry: {n['ttl_expiry']} misses after gaps over the TTL in force cost "
+                       f"${usd['ttl_expiry']:.2f}; the writes already use the longest TTL, so only a shorter "
+                       f"pause avoids them")
+    lines = {
+        "client_rewrite": "a person's turn re-wrote the whole conversation {k} times (${u:.2f}): Claude Code changed "
+                          "messages its log does not record (reported as anthropics/claude-code#96101, #93490); "
+                          "keep Claude Code current and prefer continuing a session to --resume",
+        "client_compaction": "Claude Code's own compactions re-wrote the context {k} times (${u:.2f}); compacting "
+                             "with the cache in mind (cachecompact proxy --mode compact) keeps the prefix",
+        "prefix_churn": "an earlier block changed {k} times (${u:.2f}): keep the system prompt and tools fixed "
+                        "within a session (no timestamps or ids in them)",
+        "invalidation": "a model or parameter switch invalidated the cache {k} times (${u:.2f}): keep one model, "
+                        "tool_choice and thinking setting per session",
+        "lookback_miss": "the cached end fell behind every breakpoint's 20-block lookback {k} times (${u:.2f}): "
+                         "put a breakpoint nearer the new end",
+        "below_minimum": "{k} requests were shorter than the model's minimum cacheable length (${u:.2f})",
+        "provider_suspected": "{k} misses (${u:.2f}) that nothing in the log explains: report them to the provider "
+                              "with their request ids",
+    }
+    for cls, text in lines.items():
+        if n.get(cls):
+            out.append(f"{cls}: " + text.format(k=n[cls], u=usd[cls]))
+    return out

@@ -213,7 +213,8 @@ def test_streams_are_forwarded_as_they_arrive() -> None:
                 if line.startswith("data:"):
                     arrivals.append(time.perf_counter() - t0)
     assert len(arrivals) == 5
-    assert arrivals[0] < 0.15 and arrivals[-1] > 0.7  # the first event long before the stream ended
+    # the first event long before the stream ended (relative: a loaded machine delays the start, not the gaps)
+    assert arrivals[-1] - arrivals[0] > 0.5
 
 
 def test_gzip_passes_through_and_usage_is_read(tmp_path: Path) -> None:

@@ -139,10 +139,11 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
     main, agents = threads(entries)
     name = f"{p.parent.name}/{p.stem.removesuffix('__chat')}"
-    trace = _conversation(main, name, str(p), keep_compaction)
+    hooks = _tool_times(entries)
+    trace = _conversation(_true_times(main, hooks), name, str(p), keep_compaction)
     for key, agent_entries in agents.items():
         try:
-            sub = _conversation(agent_entries, f"{name}.{key}", str(p), keep_compaction)
+            sub = _conversation(_true_times(agent_entries, hooks), f"{name}.{key}", str(p), keep_compaction)
         except TraceFormatError:
             continue  # a sub-agent that logged no complete message: nothing to bill or replay
         if sub.turns:
@@ -151,6 +152,52 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         trace.notes.append(f"{len(trace.subagents)} sub-agent conversation(s), "
                            f"{sum(s.turns for s in trace.subagents)} call(s), loaded apart from the main chain")
     return trace
+
+
+def _tool_times(entries: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """When each tool call's hooks and progress were logged, by tool use id: entries that
+    Claude Code writes as the tool runs (``toolUseID``), at the time they happened."""
+    out: dict[str, list[float]] = {}
+    for e in entries:
+        tid = e.get("toolUseID")
+        t = parse_time(e.get("timestamp")) if isinstance(tid, str) and e.get("type") != "assistant" else None
+        if t is not None:
+            out.setdefault(str(tid), []).append(t)
+    return out
+
+
+def _true_times(entries: list[dict[str, Any]], hooks: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """A thread's entries with copied times replaced. Claude Code writes a resumed session's
+    history again, every entry stamped with the moment of the resume; two different responses
+    of one thread logged in the same millisecond are such a copy (calls in one thread are
+    sequential). A copied entry takes the time of its tool's hooks where the log has them (a
+    response: its first tool's earliest; a tool result: its tools' latest), else no time, so
+    that no idle gap is read from a copy."""
+    ids_at: dict[str, set[str]] = {}
+    for e in entries:
+        m = e.get("message")
+        if e.get("type") == "assistant" and isinstance(m, dict) and isinstance(e.get("timestamp"), str):
+            ids_at.setdefault(e["timestamp"], set()).add(str(m.get("id") or e.get("uuid")))
+    copied = {t for t, ids in ids_at.items() if len(ids) > 1}
+    if not copied:
+        return entries
+    out = []
+    for e in entries:
+        if e.get("timestamp") not in copied:
+            out.append(e)
+            continue
+        m = e.get("message")
+        content = m.get("content") if isinstance(m, dict) else None
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        if e.get("type") == "assistant":
+            seen = [t for b in blocks if b.get("type") == "tool_use" for t in hooks.get(str(b.get("id")), ())]
+            t = min(seen, default=None)
+        else:
+            seen = [t for b in blocks if b.get("type") == "tool_result"
+                    for t in hooks.get(str(b.get("tool_use_id")), ())]
+            t = max(seen, default=None)
+        out.append({**e, "timestamp": t})  # a number (seconds) or None: parse_time takes both
+    return out
 
 
 def _boundary(e: dict[str, Any]) -> dict[str, Any] | None:
