@@ -2,6 +2,8 @@
 benchmark and the CLI alike.
 
 A strategy is registered by name with its config: ``register_strategy("my-strategy", MyConfig())``.
+A name with ``@5m`` or ``@1h`` after it is that strategy with its cache TTL fixed (``none@1h``,
+``cachecompact@5m``): `with_ttl`, for the strategies that have a TTL to choose.
 The config is a frozen dataclass with ``prefix_messages``, ``summary_model``,
 ``summary_mode`` and ``build(ctx) -> Strategy``; the `Strategy` protocol is the extension
 point (see `base`).
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from ..base.errors import UnknownStrategyError
@@ -32,6 +34,7 @@ __all__ = [
     "summarize_range",
     "task_goal",
     "with_policy",
+    "with_ttl",
 ]
 
 # name -> (config class, keyword arguments), in the order strategy_names() lists them
@@ -66,7 +69,11 @@ def register_strategy(name: str, config: StrategyConfig) -> None:
 
 
 def get_strategy(name: str) -> StrategyConfig:
-    """The registered config for ``name``; `UnknownStrategyError` lists the known names."""
+    """The registered config for ``name`` (``name@ttl``: with that TTL, `with_ttl`);
+    `UnknownStrategyError` lists the known names."""
+    base, at, ttl = name.partition("@")
+    if at:
+        return with_ttl(get_strategy(base), ttl, name)
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         raise UnknownStrategyError(f"unknown strategy {name!r}; known: {', '.join(strategy_names())}")
@@ -82,6 +89,18 @@ def get_strategy(name: str) -> StrategyConfig:
 
 def strategy_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def with_ttl(config: StrategyConfig, ttl: str, name: str = "") -> StrategyConfig:
+    """``config`` with its cache TTL fixed to ``ttl`` ("5m" or "1h"): the policy's TTL for the
+    cachecompact strategies, the ``ttl`` field of a peer that has one."""
+    if ttl not in ("5m", "1h"):
+        raise UnknownStrategyError(f"strategy {name or ttl!r}: the TTL after '@' must be 5m or 1h, got {ttl!r}")
+    if isinstance(config, CachecompactConfig):
+        return replace(config, policy=replace(config.policy, economics=replace(config.policy.economics, ttl=ttl)))
+    if any(f.name == "ttl" for f in fields(config)):  # type: ignore[arg-type]
+        return replace(config, ttl=ttl)  # type: ignore[type-var]
+    raise UnknownStrategyError(f"strategy {name!r}: {type(config).__name__} has no cache TTL to choose")
 
 
 def with_policy(config: StrategyConfig, policy: PolicyConfig | None) -> StrategyConfig:

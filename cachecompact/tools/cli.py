@@ -327,6 +327,24 @@ def _wrapped(line: str, indent: str = "  ") -> str:
     return textwrap.fill(line, 120, subsequent_indent=indent, break_on_hyphens=False)
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    """Replay the user's own sessions under each option and print what each would have cost."""
+    from .bench.run import OWN_WINDOW
+    from .whatif import OPTIONS, table, what_if, write
+
+    _must_exist(args.paths)
+    logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
+    w = what_if(args.paths, args.option or OPTIONS, window=args.window or OWN_WINDOW, workers=args.workers,
+                progress=not args.json)
+    files = write(w, Path(args.out))
+    if args.json:
+        print((Path(args.out) / "whatif.json").read_text())
+        return 0
+    print(table(w))
+    print(f"wrote {', '.join(map(str, files))} ({w.wall_s:.0f} s)")
+    return 0
+
+
 def cmd_store_migrate(args: argparse.Namespace) -> int:
     """Create or upgrade the PostgreSQL schema (never done implicitly)."""
     from ..store import is_database_url
@@ -627,6 +645,19 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--json", action="store_true", help="print every finding as JSON")
     fo.add_argument("-v", "--verbose", action="store_true", help="list every miss")
     fo.set_defaults(func=cmd_forensics)
+    wi = sub.add_parser("whatif", help="what your own sessions would have cost with cachecompact, a peer or another "
+                                       "TTL", parents=[common])
+    wi.add_argument("paths", nargs="+", help="Claude Code logs (~/.claude/projects/*/), folders, or any bench trace")
+    wi.add_argument("--option", action="append", metavar="STRATEGY",
+                    help="a strategy to replay (repeatable; name@5m or name@1h fixes its TTL); default: cachecompact "
+                         "with each TTL, no compaction with each TTL, claude-code and openhands")
+    wi.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
+                    help="replay at this context window (default: each session's model's own)")
+    wi.add_argument("--workers", type=_int_in("--workers", 1), default=None, metavar="N",
+                    help="processes (default: 2, or 1 on a one-core machine)")
+    wi.add_argument("--out", default="whatif-out", metavar="DIR", help="where whatif.json and whatif.png go")
+    wi.add_argument("--json", action="store_true", help="print whatif.json instead of the table")
+    wi.set_defaults(func=cmd_whatif)
     st = sub.add_parser("store", help="manage a session store (PostgreSQL schema, export, import)", parents=[common])
     ssub = st.add_subparsers(dest="store_command", required=True, parser_class=_Parser)
     mig = ssub.add_parser("migrate", help="create or upgrade the PostgreSQL schema", parents=[common])

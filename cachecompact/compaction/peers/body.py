@@ -67,13 +67,17 @@ class BodyStrategy:
 
 @dataclass(frozen=True)
 class NoneConfig:
+    """No compaction: the whole history each turn, cached by the top-level breakpoint."""
+
     name: ClassVar[str] = "none"
     prefix_messages: int = 3
     summary_model: str | None = None
     summary_mode: str = "forced-tool"
+    ttl: str = "5m"  # the breakpoint's TTL ("none@1h": the same history, cached for an hour)
 
     def build(self, ctx: StrategyContext) -> Strategy:
-        return BodyStrategy(ctx, lambda body: {**body, "cache_control": AUTO_CACHE})
+        marker = AUTO_CACHE if self.ttl == "5m" else {**AUTO_CACHE, "ttl": self.ttl}
+        return BodyStrategy(ctx, lambda body: {**body, "cache_control": marker})
 
 
 def _has_results(m: dict[str, Any]) -> bool:

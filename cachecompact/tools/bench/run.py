@@ -213,13 +213,15 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
               model: str | None = None, windows: Sequence[int] = DEFAULT_WINDOWS,
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
               tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS,
-              full: bool = True, corpus: Sequence[Trace] | None = None) -> BenchResult:
+              full: bool = True, corpus: Sequence[Trace] | None = None, oracle_runs: bool = True,
+              progress_label: str = "cachecompact bench") -> BenchResult:
     """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md).
     ``model=None`` prices each trace by its recorded model (`trace_model`); a model id prices
     them all as that one. `OWN_WINDOW` in ``windows`` runs each trace at its model's own window
     (once: where that is another window of the run, the result is shared). Without ``full``,
     the shared corpus is sampled (`sample_corpus`); given paths are always run whole; given
-    ``corpus`` traces are run instead of any file."""
+    ``corpus`` traces are run instead of any file. Without ``oracle_runs`` no oracle cost is
+    computed (`cachecompact whatif` needs none); ``progress_label`` names the progress bar."""
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
@@ -254,7 +256,8 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
             if w == OWN_WINDOW and at in windows:
                 shared.append((t.name, at))
                 continue
-            jobs.append((_oracle, (t, m, at, w)))
+            if oracle_runs:
+                jobs.append((_oracle, (t, m, at, w)))
             jobs += [(_job, (t, s, m, at, w)) for s in names]
     task_model = model or FALLBACK_MODEL
     if tasks:
@@ -264,7 +267,7 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
     results: list[TraceResult] = []
     task_results: list[TaskResult] = []
     oracle: dict[str, dict[str, float | None]] = {str(w): {} for w in windows}
-    tick, close = _progress(len(jobs), "cachecompact bench") if progress else (lambda: None, lambda: None)
+    tick, close = _progress(len(jobs), progress_label) if progress else (lambda: None, lambda: None)
 
     def take(out: Any) -> None:
         if isinstance(out, TraceResult):

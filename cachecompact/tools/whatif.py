@@ -1,0 +1,196 @@
+"""``cachecompact whatif PATH...``: what your own sessions would have cost under each option.
+
+Each session (a Claude Code log, or any trace `cachecompact bench` reads) is replayed through
+the emulator the way the bench replays its traces: the recorded conversation at its recorded
+times, so idle gaps expire caches as they did, priced by the session's own recorded model at
+that model's own window. The options are cachecompact with each TTL choice (the policy's own,
+5 minutes, 1 hour), no compaction with each TTL, and the peers: Claude Code's way (the
+baseline every saving is measured against) and OpenHands'.
+
+The replay is the comparison, not the recorded bill: a log records neither the system prompt
+nor the tools, so a replay costs less than the session did, by the same amount under every
+option. The recorded cost is printed beside the replays for scale, and each row is compared
+with the replay of Claude Code's own strategy, which stands for what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..base.errors import ConfigError, UnknownModelError
+from ..base.pricing import model_prices
+from .bench.run import OWN_WINDOW, BenchResult, load_corpus, run_bench, trace_model, window_label
+from .traces import Trace
+
+__all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "plot", "recorded_cost", "table", "what_if"]
+
+BASELINE = "claude-code"
+OPTIONS = (BASELINE, "none", "none@1h", "cachecompact", "cachecompact@5m", "cachecompact@1h", "openhands")
+_SAID = {"claude-code": "Claude Code's way (1 h TTL)", "none": "no compaction, 5 min TTL",
+         "none@1h": "no compaction, 1 h TTL", "cachecompact": "cachecompact (TTL it chooses)",
+         "cachecompact@5m": "cachecompact, 5 min TTL", "cachecompact@1h": "cachecompact, 1 h TTL",
+         "openhands": "OpenHands' condenser"}
+
+
+@dataclass
+class Option:
+    """One option summed over the sessions every option replayed to the end."""
+
+    name: str
+    cost_usd: float = 0.0  # the replay's bill: requests and summaries
+    adjusted_usd: float = 0.0  # plus one re-read turn per tool result whose evidence was lost
+    recall: float = 1.0  # evidence recall, weighted by the references each session made
+    failed: int = 0  # sessions this option could not replay to the end
+
+    @property
+    def label(self) -> str:
+        return _SAID.get(self.name, self.name)
+
+
+@dataclass
+class WhatIf:
+    sessions: list[dict[str, Any]]  # name, model, turns, recorded cost (None: no usage in the log)
+    options: list[Option]
+    window: int
+    paired: int  # sessions every option replayed to the end (the sums are over these)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    wall_s: float = 0.0
+    per_session: dict[str, dict[str, float]] = field(default_factory=dict)  # session -> option -> cost
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+
+def recorded_cost(trace: Trace) -> float | None:
+    """What the session's main chain cost as billed (its sub-agents are not replayed), at the
+    prices of the day it was recorded; None when the log records no usage."""
+    used = [(trace.models[i] if i < len(trace.models) else None, u) for i, u in enumerate(trace.usage) if u]
+    if not used:
+        return None
+    first = next((t for t in trace.timestamps if t is not None), None)
+    total = 0.0
+    for model, usage in used:
+        try:
+            total += model_prices(model or trace_model(trace)).as_of(first).cost(usage)
+        except UnknownModelError:  # "<synthetic>" entries cost nothing
+            continue
+    return total
+
+
+def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, window: int = OWN_WINDOW,
+            workers: int | None = None, progress: bool = True) -> WhatIf:
+    """Replay every session under every option (both cores by default) and sum them."""
+    t0 = time.perf_counter()
+    names = list(dict.fromkeys(options))
+    if BASELINE not in names:
+        names.insert(0, BASELINE)
+    corpus, skipped, _ = load_corpus(paths)
+    if not corpus:
+        why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3])
+        raise ConfigError(f"no session could be loaded from {', '.join(map(str, paths))}"
+                          + (f" ({why})" if why else ""))
+    res: BenchResult = run_bench(strategies=names, model=None, windows=[window], workers=workers, progress=progress,
+                                 tasks=False, full=True, corpus=corpus, oracle_runs=False,
+                                 progress_label="cachecompact whatif")
+    runs = {(r.trace, r.strategy): r for r in res.results}
+    complete = [t for t in corpus if all((t.name, s) in runs and runs[(t.name, s)].completed for s in names)]
+    out: list[Option] = []
+    for s in names:
+        o = Option(s, failed=sum(1 for t in corpus if not ((t.name, s) in runs and runs[(t.name, s)].completed)))
+        refs = 0
+        got = 0.0
+        for t in complete:
+            r = runs[(t.name, s)]
+            o.cost_usd += r.cost_usd
+            o.adjusted_usd += r.adjusted_cost_usd
+            refs += r.references
+            got += r.evidence_recall * r.references
+        o.recall = got / refs if refs else 1.0
+        out.append(o)
+    sessions = [{"name": t.name, "model": trace_model(t), "turns": t.turns, "recorded_usd": recorded_cost(t)}
+                for t in corpus]
+    per = {t.name: {s: runs[(t.name, s)].cost_usd for s in names} for t in complete}
+    return WhatIf(sessions, out, window, len(complete), skipped + res.skipped, time.perf_counter() - t0, per)
+
+
+def table(w: WhatIf, top: int = 3) -> str:
+    """The short table a terminal shows (at most 120 columns), a legend, and the sessions that
+    would have saved most."""
+    base = w.option(BASELINE)
+    recorded = [s["recorded_usd"] for s in w.sessions if s["recorded_usd"] is not None]
+    head = (f"{len(w.sessions)} sessions, {sum(s['turns'] for s in w.sessions):,} turns, replayed at "
+            f"{window_label(w.window)} window, priced by each session's model; "
+            f"{w.paired} replayed to the end under every option")
+    lines = [head]
+    if recorded:
+        lines.append(f"recorded: ${sum(recorded):,.2f} as billed (main chains); the replays lack the system prompt "
+                     "and tools a log omits, so compare the rows with each other")
+    rows = [("option", "cost", f"vs {BASELINE}", "saving", "adjusted", "recall", "failed")]
+    for o in w.options:
+        ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
+        rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
+                     f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}", str(o.failed)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if k == 0:
+            lines.append("  ".join("-" * x for x in widths))
+    lines.append(f"cost: the replay's bill; saving: against {BASELINE}'s replay; adjusted: plus one re-read turn per "
+                 "lost result; recall: evidence the agent could still see")
+    best = min((o for o in w.options if o.name != BASELINE), key=lambda o: o.adjusted_usd, default=None)
+    if best is not None and w.per_session:
+        gains = sorted(((c[BASELINE] - c[best.name], name) for name, c in w.per_session.items()), reverse=True)
+        lines.append(f"most saved by {best.label}: " + "; ".join(f"{n} ${g:,.2f}" for g, n in gains[:top] if g > 0))
+    for s in w.skipped[:5]:
+        lines.append(f"skipped {s['file']}: {s['reason']}")
+    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  ", break_on_hyphens=False) if len(line) > 120
+                     else line for line in lines)
+
+
+def _usd(x: float) -> str:
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+
+
+def plot(w: WhatIf, path: Path) -> Path | None:
+    """A bar per option (cost and adjusted cost, dollars on the axis), the baseline marked;
+    None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    labels = [o.label for o in w.options]
+    ys = range(len(labels))
+    ax.barh([y + 0.2 for y in ys], [o.cost_usd for o in w.options], height=0.4, label="cost")
+    ax.barh([y - 0.2 for y in ys], [o.adjusted_usd for o in w.options], height=0.4, label="adjusted cost")
+    ax.axvline(w.option(BASELINE).cost_usd, color="grey", linestyle="--", linewidth=1, label=f"{BASELINE} (replay)")
+    ax.set_yticks(list(ys), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("dollars, summed over the sessions")
+    ax.set_title(f"what {w.paired} sessions would have cost (replayed at {window_label(w.window)} window)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write(w: WhatIf, out: Path) -> list[Path]:
+    """``whatif.json`` (every number) and ``whatif.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"window": w.window, "paired": w.paired, "wall_s": w.wall_s, "sessions": w.sessions,
+            "options": [{**asdict(o), "label": o.label} for o in w.options], "per_session": w.per_session,
+            "skipped": w.skipped}
+    (out / "whatif.json").write_text(json.dumps(data, indent=1))
+    png = plot(w, out / "whatif.png")
+    return [out / "whatif.json", *([png] if png else [])]

@@ -1,0 +1,96 @@
+"""`cachecompact whatif` (`cachecompact.tools.whatif`): a user's own Claude Code sessions replayed
+under each option, priced by their recorded model, with the table, the JSON and the plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachecompact.base.pricing import model_prices
+from cachecompact.tools.cli import main
+from cachecompact.tools.traces.claude_code import load_claude_code
+from cachecompact.tools.whatif import BASELINE, OPTIONS, recorded_cost
+
+MODEL = "claude-sonnet-4-6"
+
+
+def _session(path: Path, seed: int, turns: int = 14) -> None:
+    """A small Claude Code log: a task, then tool calls whose results are a few thousand tokens
+    each, with two 20-minute pauses (the person away)."""
+    t = 1_767_000_000.0 + seed * 86_400
+    entries: list[dict[str, Any]] = []
+
+    def put(kind: str, content: Any, **extra: Any) -> None:
+        nonlocal t
+        iso = f"{__import__('datetime').datetime.fromtimestamp(t, __import__('datetime').UTC).isoformat()}"
+        msg: dict[str, Any] = {"role": kind, "content": content, **extra}
+        entries.append({"type": kind, "sessionId": f"s{seed}", "timestamp": iso.replace("+00:00", "Z"),
+                        "message": msg})
+
+    put("user", f"task {seed}: find why test_parse_{seed} fails")
+    written = 0
+    for k in range(turns):
+        t += 4
+        tid = f"toolu_{seed}_{k}"
+        usage = {"input_tokens": 3, "cache_read_input_tokens": written, "cache_creation_input_tokens": 3_000,
+                 "output_tokens": 60}
+        written += 3_000
+        put("assistant", [{"type": "text", "text": f"step {k}: reading part {k}"},
+                          {"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": f"src/m{k}.py"}}],
+            model=MODEL, id=f"msg_{seed}_{k}", usage=usage)
+        t += 1_200 if k in (5, 10) else 2
+        body = "\n".join(f"def f_{seed}_{k}_{i}(x): return x * {i}  # line {i}" for i in range(250))
+        put("user", [{"type": "tool_result", "tool_use_id": tid, "content": body}])
+    t += 3
+    put("assistant", [{"type": "text", "text": f"found it: f_{seed}_3_7"}], model=MODEL, id=f"msg_{seed}_end",
+        usage={"input_tokens": 3, "cache_read_input_tokens": written, "cache_creation_input_tokens": 200,
+               "output_tokens": 30})
+    path.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    d = tmp_path / "projects" / "-home-me-parser"
+    d.mkdir(parents=True)
+    for seed in (1, 2):
+        _session(d / f"session-{seed}.jsonl", seed)
+    return d
+
+
+def test_whatif_on_two_sessions_prints_its_table_and_writes_json_and_plot(
+        logs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["whatif", str(logs), "--out", str(out), "--workers", "1"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[-1].startswith("wrote ")  # the files' paths, as long as the folder's
+    assert max(len(line) for line in lines[:-1]) <= 120 and len(lines) <= 24  # one screen
+    assert "2 sessions" in text and "Claude Code's way (1 h TTL)" in text and "1.00x" in text
+    data = json.loads((out / "whatif.json").read_text())
+    assert (out / "whatif.png").stat().st_size > 10_000
+    got = {o["name"]: o for o in data["options"]}
+    assert list(got) == list(OPTIONS) and data["paired"] == 2 and all(o["failed"] == 0 for o in got.values())
+    # the 20-minute pauses expire a 5-minute cache and not a 1-hour one (dearer writes, fewer of them)
+    assert got["none@1h"]["cost_usd"] < got["none"]["cost_usd"]
+    assert all(o["cost_usd"] > 0 and 0 <= o["recall"] <= 1 for o in got.values())
+    p = model_prices(MODEL)
+    for s in data["sessions"]:
+        trace = load_claude_code(logs / (s["name"].split("/")[-1] + ".jsonl"))
+        billed = sum(p.as_of(trace.timestamps[0]).cost(u) for u in trace.usage if u)
+        assert s["model"] == MODEL and math.isclose(s["recorded_usd"], billed)
+        assert recorded_cost(trace) == pytest.approx(billed)
+
+
+def test_whatif_refuses_a_strategy_with_no_ttl_to_choose_and_a_folder_with_no_session(
+        logs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", str(logs), "--option", "openhands@1h", "--out", str(tmp_path / "o")]) == 2
+    assert "has no cache TTL to choose" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["whatif", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert "no session could be loaded" in capsys.readouterr().err
+    assert BASELINE in OPTIONS
