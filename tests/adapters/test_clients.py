@@ -237,50 +237,130 @@ def test_claude_code_sub_agents_get_their_own_linked_session(tmp_path: Path, mod
 
 
 def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
+    """Every page of the dashboard in a real browser while a scripted Claude Code session (a
+    main agent that hands a task to a sub-agent) runs through the proxy: the list fills in by
+    itself, with totals and the sub-agent under its conversation; the session page has its
+    three charts with labelled axes, a value on hover and what fills the context; a miss page
+    shows hostile text as text. No console error, no failed request (the favicon included).
+    Screenshots go to the test's temporary folder, and to CACHECOMPACT_TEST_ARTIFACTS for CI."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
     _need(Path(CHROMIUM).exists(), f"chromium is not installed at {CHROMIUM}")
+    _need(CLAUDE.exists(), f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
     import anthropic
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-claude-code-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg"), "CLAUDE_CODE_MAX_RETRIES": "1"}
+    env.pop("ANTHROPIC_AUTH_TOKEN", None)
+    (tmp_path / "work").mkdir()
+
+    def model(body: dict[str, Any]) -> Reply:  # Claude Code's sub-agent scenario; any other request: a short text
+        return _delegating_model(body) if body.get("tools") else Reply([{"type": "text", "text": "ok"}], "end_turn")
 
     hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
     cc = {"type": "ephemeral"}
     system = [{"type": "text", "text": "You are careful. " * 400, "cache_control": cc}]
-    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, store=str(tmp_path / "s"),
-                                              keep_bodies=True)) as px:
-        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
-        msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "start " * 600}]}]
-        for k in range(4):
-            marked = [*msgs[:-1], {"role": "user", "content": [{**msgs[-1]["content"][0], "cache_control": cc}]}]
-            sysk = system if k != 2 else [{"type": "text", "text": hostile + system[0]["text"], "cache_control": cc}]
-            r = c.messages.create(model=MODEL, max_tokens=20, system=sysk, messages=marked,
-                                  extra_headers={"x-cachecompact-session": "web"})
-            msgs += [{"role": "assistant", "content": r.content[0].text},
-                     {"role": "user", "content": [{"type": "text", "text": f"tool output {k} " * 300}]}]
-        px.wait_idle()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with Emulator(ScriptedResponder(model)) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, store=str(tmp_path / "s"), keep_bodies=True)) as px:
+        env["ANTHROPIC_BASE_URL"] = px.url
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                         args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
             try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
                 errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+                page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}")
+                        if m.type in ("error", "warning") else None)
+                page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+                page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
                 page.goto(px.url + "/ui")
-                row = page.locator("#sessions tbody tr", has_text="web")
-                sync_api.expect(row).to_have_count(1, timeout=10_000)
+                sync_api.expect(page.locator("#no-sessions")).to_be_visible()
+                # the Claude Code session starts with the page open: the list must follow by itself
+                run = subprocess.Popen([str(CLAUDE), "-p", "delegate please", "--model", MODEL, "--allowedTools",
+                                        "Agent", "--output-format", "json"], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                                       cwd=tmp_path / "work")
+                try:
+                    out, err = run.communicate(timeout=240)
+                finally:
+                    run.kill()
+                assert run.returncode == 0, (out[-1500:], err[-1500:])
+                sid = f"cc-{json.loads(out)['session_id']}"
+                px.wait_idle()
+                top = page.locator(f'#sessions tbody tr[data-sid="{sid}"]')
+                sync_api.expect(top).to_have_count(1, timeout=15_000)  # no reload: the poll brought it
+                sub = page.locator("#sessions tbody tr.segment")
+                sync_api.expect(sub).to_have_count(1, timeout=15_000)
+                sync_api.expect(sub).to_contain_text(f"{sid}.a2")
+                assert page.locator("#sessions tbody tr").nth(1).get_attribute("data-sid") == f"{sid}.a2"
+                listed = httpx2.get(px.url + "/api/sessions").json()["sessions"]
+                total = sum(s["requests"] for c in listed for s in [c, *c.get("segments", [])])
+                sync_api.expect(page.locator("#totals")).to_contain_text(f"{total}")
+                sync_api.expect(page.locator("#totals")).to_contain_text("1 conversations, 2 sessions")
+                sync_api.expect(top).to_contain_text(MODEL)
+                page.fill("#filter", "no-such-session")
+                sync_api.expect(page.locator("#sessions tbody tr")).to_have_count(0)
+                page.fill("#filter", "")
+                page.click('#sessions th[data-key="requests"]')
+                sync_api.expect(page.locator('#sessions th[data-key="requests"]')).to_have_class(re.compile("sorted"))
+                page.screenshot(path=str(shots / "dashboard-list.png"), full_page=True)
+
+                # a second client, through the SDK, whose changed system prompt is a miss with hostile text
+                c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+                msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "start " * 600}]}]
+                for k in range(4):
+                    last = {"role": "user", "content": [{**msgs[-1]["content"][0], "cache_control": cc}]}
+                    marked = [*msgs[:-1], last]
+                    sysk = system if k != 2 else [{"type": "text", "text": hostile + system[0]["text"],
+                                                   "cache_control": cc}]
+                    r = c.messages.create(model=MODEL, max_tokens=20, system=sysk, messages=marked,
+                                          extra_headers={"x-cachecompact-session": "web"})
+                    msgs += [{"role": "assistant", "content": r.content[0].text},
+                             {"role": "user", "content": [{"type": "text", "text": f"tool output {k} " * 300}]}]
+                px.wait_idle()
+                row = page.locator('#sessions tbody tr[data-sid="web"]')
+                sync_api.expect(row).to_have_count(1, timeout=10_000)  # the list followed again
                 row.click()
                 sync_api.expect(page.locator("#session-title")).to_have_text("session web")
-                assert page.locator("#timeline svg rect").count() >= 12
+                for chart, y_label in (("cost", "cumulative cost ($)"), ("context", "tokens"),
+                                       ("idle", "idle before (s, log)")):
+                    svg = page.locator(f"#chart-{chart} svg")
+                    sync_api.expect(svg.locator("text.x-label")).to_have_text("request")
+                    sync_api.expect(svg.locator("text.y-label")).to_have_text(y_label)
+                    assert svg.locator("text").count() >= 6  # tick values on both axes
+                page.locator("#chart-cost circle.point").nth(3).hover()
+                sync_api.expect(page.locator("#readout-cost")).to_contain_text("request #3")
+                page.locator("#chart-context rect.bar.write").first.hover()
+                sync_api.expect(page.locator("#readout-context")).to_contain_text("tokens")
+                assert page.locator("#chart-idle line.ttl").count() == 2
+                parts = page.locator("#context-parts tbody")
+                for name in ("system prompt", "user messages", "free space"):
+                    sync_api.expect(parts).to_contain_text(name)
+                assert page.locator("#context-bar div").count() >= 3
+                page.screenshot(path=str(shots / "dashboard-session.png"), full_page=True)
                 miss = page.locator("#misses tbody tr").first
                 sync_api.expect(miss).to_contain_text("prefix_churn")
-                page.screenshot(path=str(ARTIFACTS / "dashboard-session.png"), full_page=True)
                 miss.click()
                 sync_api.expect(page.locator("#miss-title")).to_contain_text("prefix_churn")
                 after = page.locator("#miss-after").inner_text()
                 assert "<script>window.pwned=2</script>" in after  # shown as text ...
                 assert page.evaluate("() => window.pwned") is None  # ... never run
                 assert page.locator("#miss-body").inner_text().startswith("{")  # --keep-bodies: the body
-                page.screenshot(path=str(ARTIFACTS / "dashboard-miss.png"), full_page=True)
+                page.screenshot(path=str(shots / "dashboard-miss.png"), full_page=True)
+                page.click("#back-session")
+                page.click("#back")
+                sync_api.expect(page.locator(f'#sessions tbody tr[data-sid="{sid}"]')).to_have_count(1)
+                page.locator(f'#sessions tbody tr[data-sid="{sid}"]').click()  # the Claude Code session's page
+                sync_api.expect(page.locator("#session-title")).to_have_text(f"session {sid}")
+                sync_api.expect(page.locator("#context-parts tbody")).to_contain_text("tools")
+                page.screenshot(path=str(shots / "dashboard-claude-code.png"), full_page=True)
                 assert not errors, errors
             finally:
                 browser.close()
-    assert (ARTIFACTS / "dashboard-miss.png").stat().st_size > 5_000
+    for shot in shots.iterdir():
+        assert shot.stat().st_size > 5_000, shot
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for shot in shots.iterdir():
+        shutil.copy(shot, ARTIFACTS / shot.name)

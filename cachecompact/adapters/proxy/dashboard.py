@@ -1,7 +1,11 @@
 """The proxy's dashboard (``/ui``) and its JSON API (``/api/...``).
 
-The page is three static files shipped in the package (no CDN, no build step); it polls
-``/api/version`` and re-reads what changed. Everything it shows is inserted as text nodes,
+The page is four static files shipped in the package (no CDN, no build step); it polls
+``/api/version`` every second and re-reads what changed, so it follows requests as they arrive.
+The session list has totals, sorting and a filter, with segments and sub-agents under their
+conversation; a session has three charts with labelled axes and a value on hover (cumulative
+cost; context size per request, compactions marked; idle time against the TTL) and what fills
+the latest request's context. Everything it shows is inserted as text nodes,
 never as HTML, and the responses carry a strict Content-Security-Policy, so hostile tool
 output in an excerpt stays text.
 
@@ -23,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ...base.errors import UnknownModelError
+from ...base.pricing import UNKNOWN_MODEL_WINDOW, model_prices
 from ..httpserver import api_error
 from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
@@ -35,7 +41,8 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 _SECURE = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
-_STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
+_STATIC = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css",
+           "favicon.svg": "image/svg+xml"}
 
 
 def _json(data: Any) -> web.Response:
@@ -102,7 +109,9 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
         with s.lock:
             recs = [_brief(r) for r in s.records]
             comps = list(s.compactions)
-        return _json({"session": s.summary(), "requests": recs, "compactions": comps})
+            summary = s.summary()
+        window = _window(summary.get("model") or "")
+        return _json({"session": summary, "requests": recs, "compactions": comps, "window": window})
 
     async def one(request: web.Request) -> web.Response:
         s = state.observer.get(request.match_info["sid"])
@@ -143,6 +152,14 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
     app.router.add_get("/api/sessions/{sid}/requests/{i}", one)
 
 
+def _window(model: str) -> int:
+    """The model's context window (the context view's whole bar)."""
+    try:
+        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
+    except UnknownModelError:
+        return UNKNOWN_MODEL_WINDOW
+
+
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     """A request for the timeline: usage split, cost, timing and the finding without excerpts."""
     u = r.get("usage") or {}
@@ -152,4 +169,5 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
             "write": u.get("cache_creation_input_tokens") or 0, "input": u.get("input_tokens") or 0,
             "cost_usd": r.get("cost_usd"), "ttfb_ms": r.get("ttfb_ms"), "total_ms": r.get("total_ms"),
             "cls": f.get("cls"), "location": f.get("location"), "wasted_usd": f.get("wasted_usd"),
-            "api_reason": f.get("api_reason")}
+            "api_reason": f.get("api_reason"), "idle_s": f.get("idle_s"), "ttl": r.get("ttl"),
+            "compactions_so_far": r.get("compactions_so_far"), "context": r.get("context")}

@@ -30,7 +30,7 @@ from ...base.errors import CacheCompactError, InvalidSessionIdError, MalformedMe
 from ...base.pricing import priced
 from ...base.tokens import TokenCounter
 from ...cache.forensics import Finding, Forensics, snapshot_from_sim
-from ...cache.simulator import request_from_body
+from ...cache.simulator import SimRequest, request_from_body
 from ...engine.sessions import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
 from ...store import Store
 
@@ -63,6 +63,8 @@ class ObservedSession:
     rewrites: int = 0
     rewrite_usd: float = 0.0
     last_time: float = 0.0
+    first_time: float = 0.0
+    model: str = ""  # the newest request's
     lock: threading.Lock = field(default_factory=threading.Lock)
     stored: Any = None  # the session in the proxy's store, once opened
 
@@ -71,6 +73,9 @@ class ObservedSession:
                 "cost_usd": round(self.cost_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
                 "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
+                "first_time": self.first_time, "duration_s": round(self.last_time - self.first_time, 3),
+                "read_tokens": self.read, "prompt_tokens": self.total_in,
+                "model": self.model,
                 "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
                 "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
                 "compaction_rewrite_usd": round(self.rewrite_usd, 6), "link": self.link}
@@ -78,6 +83,37 @@ class ObservedSession:
     @property
     def identities(self) -> list[bytes]:
         return self.hashes
+
+
+# what fills a request's context, by part (the dashboard's context view)
+CONTEXT_PARTS = ("system", "tools", "mcp_tools", "user", "assistant", "tool_use", "tool_result", "thinking", "image")
+_KIND_PART = {"tool_use": "tool_use", "tool_result": "tool_result", "thinking": "thinking",
+              "redacted_thinking": "thinking", "image": "image", "document": "image"}
+
+
+def context_parts(req: SimRequest, body: dict[str, Any], total: int) -> dict[str, int]:
+    """The request's tokens by part (system prompt, tools, MCP tools, the messages by kind),
+    scaled so that they sum to ``total``, the tokens the API counted."""
+    parts = dict.fromkeys(CONTEXT_PARTS, 0)
+    tools: list[Any] = body["tools"] if isinstance(body.get("tools"), list) else []
+    msgs: list[Any] = body["messages"] if isinstance(body.get("messages"), list) else []
+    for b in req.blocks:
+        w = b.where
+        if w.startswith("tools["):
+            i = int(w[6:w.index("]")])
+            name = tools[i].get("name") if i < len(tools) and isinstance(tools[i], dict) else ""
+            key = "mcp_tools" if str(name).startswith("mcp__") else "tools"
+        elif w.startswith("system"):
+            key = "system"
+        elif b.kind in _KIND_PART:
+            key = _KIND_PART[b.kind]
+        else:
+            k = int(w[9:w.index("]")]) if w.startswith("messages[") else -1
+            role = msgs[k].get("role") if 0 <= k < len(msgs) and isinstance(msgs[k], dict) else "user"
+            key = "assistant" if role == "assistant" else "user"
+        parts[key] += b.tokens
+    est = sum(parts.values())
+    return {k: round(v * total / est) if est else 0 for k, v in parts.items()}
 
 
 # the usage fields, by the kind /metrics names them
@@ -223,19 +259,31 @@ class Observer:
                    "blocks": len(req.blocks), "est_tokens": snap.total,
                    "chain_head": snap.chain[-1].hex() if len(snap.chain) else None,
                    "breakpoints": [req.blocks[k].where for k, _ in snap.breakpoints],
+                   "ttl": "1h" if any(t == "1h" for _, t in snap.breakpoints) else "5m",
+                   "context": context_parts(req, body, _prompt_tokens(usage)),
                    "bytes": len(raw), **timing, **kept}
             return self._finish(s, rec, usage, finding)
 
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
              status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
-             link: dict[str, Any] | None = None, raw: bytes | None = None) -> dict[str, Any]:
+             link: dict[str, Any] | None = None, raw: bytes | None = None,
+             sent: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a request the compaction engine prepared and analysed (compact mode); ``raw``
-        is the body the client sent, kept when ``keep_bodies`` is on."""
+        is the body the client sent, kept when ``keep_bodies`` is on; ``sent`` the body the
+        engine sent, whose parts the context view shows."""
         s = self.session_for_engine(sid, link)
         with s.lock:
             if compactions is not None:
                 s.compactions = compactions
-            rec = {"time": now, "status": status, "stream": stream, "model": model, **timing}
+            rec: dict[str, Any] = {"time": now, "status": status, "stream": stream, "model": model,
+                                   "compactions_so_far": len(s.compactions), **timing}
+            if sent is not None and usage:
+                try:
+                    req = request_from_body(sent, now, self.counter, s.memo)
+                    rec["context"] = context_parts(req, sent, _prompt_tokens(usage))
+                    rec["ttl"] = "1h" if any(b.ttl == "1h" for b in req.blocks) else "5m"
+                except (MalformedMessageError, CacheCompactError, ValueError) as err:
+                    log.debug("cachecompact proxy: no context view of a request: %s", err)
             if raw is not None and self.keep_bodies and self.store is not None:
                 rec["body_ref"] = self._put_body(s, raw)
             if status != 200 or not usage or finding is None:
@@ -278,6 +326,8 @@ class Observer:
         rec["i"] = s.requests
         s.requests += 1
         s.last_time = float(rec.get("time") or time.time())
+        s.first_time = s.first_time or s.last_time
+        s.model = str(rec.get("model") or s.model)
         s.records.append(rec)
         with self._lock:
             self.version += 1
@@ -312,3 +362,6 @@ class Observer:
             return None
 
 
+def _prompt_tokens(usage: dict[str, Any]) -> int:
+    return sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
+                                                 "cache_creation_input_tokens"))

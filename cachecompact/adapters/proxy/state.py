@@ -190,6 +190,6 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
                  for e in sess.ledger.entries]
         state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
-                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw)
+                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw, sent=p.body)
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")

@@ -4,7 +4,14 @@
 
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
-const state = { version: -1, session: null, miss: null };
+const state = { version: -1, session: null, miss: null, sort: { key: "last_time", dir: -1 }, filter: "" };
+const COLORS = { read: "#4c9f70", write: "#e07a5f", input: "#999", miss: "#c0392b", idle: "#5b8bd0",
+  compaction: "#6c3483", cost: "#2c6e9b" };
+const PARTS = [["system", "system prompt", "#8e6c8a"], ["tools", "tools", "#b08d57"],
+  ["mcp_tools", "MCP tools", "#d4a373"], ["user", "user messages", "#5b8bd0"],
+  ["assistant", "assistant messages", "#4c9f70"], ["tool_use", "tool calls", "#7fb8a4"],
+  ["tool_result", "tool results", "#e07a5f"], ["thinking", "thinking", "#9b9b9b"],
+  ["image", "images and documents", "#c9b458"]];
 
 async function api(path) {
   const r = await fetch(path, { credentials: "same-origin", cache: "no-store" });
@@ -12,76 +19,239 @@ async function api(path) {
   return r.json();
 }
 
-function cell(row, text) {
+function cell(row, text, cls) {
   const td = document.createElement("td");
   td.textContent = text === null || text === undefined ? "" : String(text);
+  if (cls) td.className = cls;
   row.appendChild(td);
   return td;
 }
 
 function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
 const usd = (x) => "$" + Number(x || 0).toFixed(4);
+const tokens = (n) => Number(n || 0).toLocaleString("en-US");
+const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "");
+function duration(s) {
+  s = Math.max(0, Number(s || 0));
+  if (s < 60) return `${s.toFixed(0)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+function seconds(s) {
+  if (s < 60) return `${Number(s).toFixed(s < 10 ? 1 : 0)} s`;
+  if (s < 3600) return `${(s / 60).toFixed(s < 600 ? 1 : 0)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
 
 function show(view) {
   for (const v of ["sessions-view", "session-view", "miss-view"]) $(v).hidden = v !== view;
+}
+
+// -- the session list ---------------------------------------------------------------------------
+
+function sortValue(s, key) {
+  const v = key === "requests" || key === "cost_usd" || key === "wasted_usd" || key === "last_time" ?
+    (s.conversation ? s.conversation[key] ?? s[key] : s[key]) : s[key];
+  return typeof v === "string" ? v.toLowerCase() : Number(v || 0);
+}
+
+function row(body, s, segment) {
+  const tr = document.createElement("tr");
+  tr.dataset.sid = s.id;
+  if (segment) tr.className = "segment";
+  cell(tr, segment ? `\u21b3 ${s.id} (${(s.link && s.link.reason) || "linked"})` : s.id);
+  cell(tr, s.model || "");
+  cell(tr, s.requests, "num"); cell(tr, usd(s.cost_usd), "num"); cell(tr, usd(s.wasted_usd), "num");
+  cell(tr, (100 * s.hit_rate).toFixed(1) + "%", "num");
+  cell(tr, when(s.first_time)); cell(tr, when(s.last_time)); cell(tr, duration(s.duration_s), "num");
+  cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
+  tr.addEventListener("click", () => openSession(s.id));
+  body.appendChild(tr);
 }
 
 async function renderSessions() {
   const data = await api("/api/sessions");
   const body = $("sessions").tBodies[0];
   clear(body);
-  $("no-sessions").hidden = data.sessions.length > 0;
-  // one row per conversation; its linked sessions (segments, sub-agents) indented under it
-  for (const c of data.sessions) {
-    for (const s of [c, ...(c.segments || [])]) {
-      const tr = document.createElement("tr");
-      tr.dataset.sid = s.id;
-      cell(tr, s === c ? s.id : `\u21b3 ${s.id} (${s.link.reason})`); cell(tr, s.mode); cell(tr, s.requests);
-      cell(tr, usd(s.cost_usd)); cell(tr, (100 * s.hit_rate).toFixed(1) + "%"); cell(tr, usd(s.wasted_usd));
-      cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
-      tr.addEventListener("click", () => openSession(s.id));
-      body.appendChild(tr);
-    }
+  const f = state.filter.trim().toLowerCase();
+  const match = (s) => !f || s.id.toLowerCase().includes(f) || String(s.model || "").toLowerCase().includes(f);
+  const shown = data.sessions.filter((c) => [c, ...(c.segments || [])].some(match));
+  const { key, dir } = state.sort;
+  shown.sort((a, b) => {
+    const x = sortValue(a, key), y = sortValue(b, key);
+    return x < y ? -dir : x > y ? dir : 0;
+  });
+  for (const th of $("sessions").tHead.rows[0].cells) {
+    th.classList.toggle("sorted-asc", th.dataset.key === key && dir === 1);
+    th.classList.toggle("sorted-desc", th.dataset.key === key && dir === -1);
   }
+  // one row per conversation, its linked sessions (segments, sub-agents) under it
+  const all = [];
+  for (const c of shown) {
+    row(body, c, false);
+    all.push(c);
+    for (const s of c.segments || []) { row(body, s, true); all.push(s); }
+  }
+  const totals = $("totals");
+  clear(totals);
+  const sum = (k) => all.reduce((a, s) => a + Number(s[k] || 0), 0);
+  const prompt = sum("prompt_tokens");  // the hit rate of them all: tokens read over prompt tokens
+  cell(totals, `total: ${shown.length} conversations, ${all.length} sessions`); cell(totals, "");
+  cell(totals, sum("requests"), "num"); cell(totals, usd(sum("cost_usd")), "num");
+  cell(totals, usd(sum("wasted_usd")), "num");
+  cell(totals, prompt ? (100 * sum("read_tokens") / prompt).toFixed(1) + "%" : "", "num");
+  cell(totals, ""); cell(totals, ""); cell(totals, ""); cell(totals, "");
+  $("no-sessions").hidden = data.sessions.length > 0;
 }
 
-function timeline(reqs) {
-  const box = $("timeline");
+// -- charts: axes with labels and ticks, a value on hover -------------------------------------------
+
+function el(name, attrs, parent) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
+function text(parent, x, y, s, attrs = {}) {
+  const t = el("text", { x, y, ...attrs }, parent);
+  t.textContent = s;
+  return t;
+}
+
+function niceTicks(max, n = 5) {
+  if (max <= 0) return [0];
+  const raw = max / n, p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * p).find((s) => s >= raw) || raw;
+  const out = [];
+  for (let v = 0; v <= max * 1.0001; v += step) out.push(v);
+  return out;
+}
+
+// A chart frame: x over request indices 0..n-1, y from 0 to yMax (or a log scale), the axes
+// labelled; returns the svg and the mapping functions.
+function frame(box, n, yMax, { xLabel, yLabel, yFormat, log }) {
   clear(box);
-  const w = Math.max(600, Math.min(1400, reqs.length * 12)), h = 220, pad = 30;
-  const max = Math.max(1, ...reqs.map((r) => r.read + r.write + r.input));
-  const bw = (w - pad) / Math.max(1, reqs.length);
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("width", w); svg.setAttribute("height", h);
-  svg.setAttribute("role", "img");
-  const bar = (x, y, height, cls, title) => {
-    const r = document.createElementNS(SVG, "rect");
-    r.setAttribute("x", x); r.setAttribute("y", y);
-    r.setAttribute("width", Math.max(1, bw - 1)); r.setAttribute("height", Math.max(0, height));
-    r.setAttribute("class", cls);
-    const t = document.createElementNS(SVG, "title");
-    t.textContent = title;
-    r.appendChild(t);
-    svg.appendChild(r);
-    return r;
+  const W = 1000, H = 230, L = 74, R = 14, T = 10, B = 40;
+  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": yLabel }, box);
+  const band = (W - L - R) / Math.max(1, n);
+  const x = (i) => L + (i + 0.5) * band;  // each request at the middle of its band
+  const lo = log ? Math.log10(log) : 0, hi = log ? Math.log10(Math.max(yMax, log * 10)) : yMax;
+  const y = (v) => {
+    const f = log ? (Math.log10(Math.max(v, log)) - lo) / (hi - lo || 1) : v / (hi || 1);
+    return H - B - f * (H - T - B);
   };
+  const ticks = log ? [1, 10, 60, 300, 3600, 86400].filter((v) => v <= Math.pow(10, hi) && v >= log)
+    : niceTicks(yMax);
+  for (const v of ticks) {
+    el("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }, svg);
+    text(svg, L - 6, y(v) + 4, yFormat(v), { "text-anchor": "end" });
+  }
+  const xt = niceTicks(Math.max(1, n - 1), Math.min(10, Math.max(1, n - 1))).filter((v) => Number.isInteger(v));
+  for (const v of xt) text(svg, x(v), H - B + 15, String(v), { "text-anchor": "middle" });
+  el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }, svg);
+  el("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }, svg);
+  text(svg, (L + W - R) / 2, H - 6, xLabel, { "text-anchor": "middle", class: "x-label" });
+  text(svg, 14, (T + H - B) / 2, yLabel, { "text-anchor": "middle", class: "y-label",
+    transform: `rotate(-90 14 ${(T + H - B) / 2})` });
+  return { svg, x, y, W, H, L, R, T, B, bw: Math.max(1, Math.min(band * 0.8, band - 1)) };
+}
+
+function hover(shape, readout, words) {
+  el("title", {}, shape).textContent = words;
+  shape.addEventListener("mouseenter", () => { $(readout).textContent = words; });
+}
+
+function costChart(reqs) {
+  let total = 0;
+  const pts = reqs.map((r) => (total += Number(r.cost_usd || 0)));
+  const f = frame($("chart-cost"), reqs.length, Math.max(...pts, 1e-6),
+    { xLabel: "request", yLabel: "cumulative cost ($)", yFormat: (v) => "$" + v.toFixed(v < 1 ? 3 : 2) });
+  el("polyline", { points: pts.map((v, i) => `${f.x(i)},${f.y(v)}`).join(" "), fill: "none",
+    stroke: COLORS.cost, "stroke-width": 2 }, f.svg);
+  pts.forEach((v, i) => {
+    const c = el("circle", { cx: f.x(i), cy: f.y(v), r: 4, fill: COLORS.cost, class: "point" }, f.svg);
+    hover(c, "readout-cost", `request #${reqs[i].i}: ${usd(reqs[i].cost_usd)} (total ${usd(v)})`);
+  });
+}
+
+function contextChart(reqs) {
+  const size = (r) => r.read + r.write + r.input;
+  const f = frame($("chart-context"), reqs.length, Math.max(1, ...reqs.map(size)),
+    { xLabel: "request", yLabel: "tokens", yFormat: (v) => (v >= 1000 ? `${Math.round(v / 1000)}k` : String(v)) });
+  let before = 0;
   reqs.forEach((r, k) => {
-    const x = pad + k * bw;
-    let y = h - 20;
-    for (const [part, cls] of [["read", "read"], ["write", "write"], ["input", "input"]]) {
-      const hh = (r[part] / max) * (h - 40);
-      y -= hh;
-      const rect = bar(x, y, hh, cls, `#${r.i} ${part}: ${r[part]} tokens`);
-      rect.setAttribute("fill", { read: "#4c9f70", write: "#e07a5f", input: "#999" }[cls]);
+    const x0 = f.x(k) - f.bw / 2;
+    let top = 0;
+    for (const part of ["read", "write", "input"]) {
+      const y1 = f.y(top + r[part]), y0 = f.y(top);
+      const bar = el("rect", { x: x0, y: y1, width: f.bw, height: Math.max(0, y0 - y1), fill: COLORS[part],
+        class: `bar ${part}` }, f.svg);
+      hover(bar, "readout-context", `request #${r.i}: ${tokens(size(r))} tokens (${tokens(r.read)} read, ` +
+        `${tokens(r.write)} written, ${tokens(r.input)} uncached)`);
+      top += r[part];
     }
+    const n = Number(r.compactions_so_far || 0);
+    if (n > before) {
+      const tri = el("path", { d: `M${f.x(k) - 5},${f.T} h10 l-5,9 z`, fill: COLORS.compaction, class: "compaction" },
+        f.svg);
+      hover(tri, "readout-context", `request #${r.i}: compaction (${n - before} ledger entr${n - before > 1 ? "ies" : "y"})`);
+    }
+    before = Math.max(before, n);
     if (r.cls && r.cls !== "read_as_expected") {
-      const m = bar(x, h - 16, 12, "miss-mark", `#${r.i} ${r.cls} at ${r.location || "-"} (${usd(r.wasted_usd)})`);
-      m.setAttribute("fill", "#c0392b");
+      const m = el("rect", { x: x0, y: f.H - f.B + 20, width: f.bw, height: 6, fill: COLORS.miss, class: "miss-mark" },
+        f.svg);
       m.dataset.i = r.i;
+      hover(m, "readout-context", `request #${r.i}: ${r.cls} at ${r.location || "-"} (${usd(r.wasted_usd)})`);
       m.addEventListener("click", () => openMiss(r.i));
     }
   });
-  box.appendChild(svg);
+}
+
+function idleChart(reqs) {
+  const gaps = reqs.map((r, k) => (r.idle_s !== null && r.idle_s !== undefined ? Number(r.idle_s) :
+    k > 0 && r.time && reqs[k - 1].time ? Math.max(0, r.time - reqs[k - 1].time) : null));
+  const f = frame($("chart-idle"), reqs.length, Math.max(3600, ...gaps.filter((g) => g !== null)),
+    { xLabel: "request", yLabel: "idle before (s, log)", yFormat: seconds, log: 1 });
+  for (const [ttl, name] of [[300, "5 min TTL"], [3600, "1 h TTL"]]) {
+    el("line", { x1: f.L, x2: f.W - f.R, y1: f.y(ttl), y2: f.y(ttl), class: "ttl" }, f.svg);
+    text(f.svg, f.W - f.R - 4, f.y(ttl) - 3, name, { "text-anchor": "end" });
+  }
+  reqs.forEach((r, k) => {
+    const g = gaps[k];
+    if (g === null) return;
+    const y1 = f.y(Math.max(g, 1));
+    const expired = r.cls === "ttl_expiry";
+    const bar = el("rect", { x: f.x(k) - f.bw / 2, y: y1, width: f.bw, height: Math.max(1, f.y(1) - y1),
+      fill: expired ? COLORS.miss : COLORS.idle, class: "idle-bar" }, f.svg);
+    hover(bar, "readout-idle", `request #${r.i}: idle ${seconds(g)} before it, TTL ${r.ttl || "5m"}` +
+      (expired ? ": the cache had expired" : ""));
+  });
+}
+
+function contextView(latest, window) {
+  const parts = (latest && latest.context) || null;
+  const bar = $("context-bar"), body = $("context-parts").tBodies[0];
+  clear(bar); clear(body);
+  if (!parts) {
+    const tr = document.createElement("tr");
+    cell(tr, "no request with usage yet"); body.appendChild(tr);
+    return;
+  }
+  const used = PARTS.reduce((a, [k]) => a + Number(parts[k] || 0), 0);
+  const whole = Math.max(window || 0, used);
+  const rows = [...PARTS.map(([k, name, color]) => [name, Number(parts[k] || 0), color]),
+    ["free space", Math.max(0, whole - used), "#f2f2f2"]];
+  for (const [name, n, color] of rows) {
+    if (n > 0) {
+      const d = document.createElement("div");
+      d.style.width = `${(100 * n) / whole}%`; d.style.background = color; d.title = `${name}: ${tokens(n)} tokens`;
+      bar.appendChild(d);
+    }
+    const tr = document.createElement("tr");
+    cell(tr, name); cell(tr, tokens(n), "num"); cell(tr, `${((100 * n) / whole).toFixed(1)}%`, "num");
+    body.appendChild(tr);
+  }
 }
 
 async function openSession(sid) {
@@ -89,10 +259,13 @@ async function openSession(sid) {
   const data = await api(`/api/sessions/${encodeURIComponent(sid)}`);
   const s = data.session;
   $("session-title").textContent = `session ${s.id}`;
-  $("session-summary").textContent = `${s.requests} requests, cost ${usd(s.cost_usd)}, hit rate ` +
+  $("session-summary").textContent = `${s.model || "model unknown"}: ${s.requests} requests over ` +
+    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
     `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
     `${s.api_agree} of ${s.api_conclusive}`;
-  timeline(data.requests);
+  const reqs = data.requests.filter((r) => r.status === 200 || r.status === undefined || r.status === null);
+  costChart(reqs); contextChart(reqs); idleChart(reqs);
+  contextView([...reqs].reverse().find((r) => r.context), data.window);
   const mb = $("misses").tBodies[0];
   clear(mb);
   for (const r of data.requests.filter((x) => x.cls && x.cls !== "read_as_expected")) {
@@ -145,6 +318,7 @@ async function poll() {
       state.version = v.version;
       if (state.miss === null && state.session !== null && !$("session-view").hidden) await openSession(state.session);
       if (!$("sessions-view").hidden) await renderSessions();
+      $("updated").textContent = `updated ${new Date().toLocaleTimeString()} (${v.version} requests recorded)`;
     }
   } catch (e) {
     $("status").textContent = `disconnected (${e.message})`;
@@ -154,6 +328,15 @@ async function poll() {
 document.addEventListener("DOMContentLoaded", () => {
   $("back").addEventListener("click", (e) => { e.preventDefault(); state.session = null; show("sessions-view"); renderSessions(); });
   $("back-session").addEventListener("click", (e) => { e.preventDefault(); state.miss = null; openSession(state.session); });
+  $("filter").addEventListener("input", (e) => { state.filter = e.target.value; renderSessions(); });
+  for (const th of $("sessions").tHead.rows[0].cells) {
+    if (!th.dataset.key) continue;
+    th.addEventListener("click", () => {
+      const k = th.dataset.key;
+      state.sort = { key: k, dir: state.sort.key === k ? -state.sort.dir : (k === "id" || k === "model" ? 1 : -1) };
+      renderSessions();
+    });
+  }
   poll();
   setInterval(poll, 1000);
 });
