@@ -129,6 +129,7 @@ def test_report_opens_with_the_summary_and_can_stop_there(session_dir: Path,
     assert full.index("by level") < full.index("compactions:")  # the summary before the detail
     row = next(ln for ln in full.splitlines() if ln.startswith("L4 "))
     assert row.split()[1] == "1" and int(row.split()[2].replace(",", "")) > 0  # one edit, tokens it removed
+    assert max(len(ln) for ln in full.splitlines()) <= 120
     assert main(["report", str(session_dir), "--summary"]) == 0
     short = capsys.readouterr().out
     assert "by level" in short and "compactions:" not in short and len(short.splitlines()) < len(full.splitlines())
