@@ -96,6 +96,7 @@ class Snapshot:
     from_log: bool = False  # rebuilt from a client's log: its parameters and injected content are not recorded
     human_turn: bool = False  # the last user message is a person's (not only tool results)
     prompt: str | None = None  # the start of the person's prompt this request answers, for the finding
+    head_floor: int = 0  # a log's thread: the read of its tools and system alone (its smallest nonzero read)
     client_compaction: str | None = None  # the client compacted since the previous request ("compact", ...)
 
     @property
@@ -290,11 +291,15 @@ class Forensics:
         if gap > ttl:
             f.cls, f.detail = "ttl_expiry", f"idle {gap:.0f} s > TTL {ttl:.0f} s"
             return
-        if not gap >= 0:  # no time known, or records out of time order: no idle is read from them
-            f.cls = "provider_suspected"
-            f.detail = (f"no idle gap is known here (the log's times are missing or run backwards); nothing "
-                        f"changed, yet {f.read} of {f.expected} expected tokens were read")
-            return
+        if gap >= 0:
+            self._within_ttl(f, snap, prev, ideal, ratio, gap, ttl)
+        else:  # no time known, or records out of time order: no idle is read, so no expiry judged
+            self._timeless(f, snap, top)
+
+    def _within_ttl(self, f: Finding, snap: Snapshot, prev: Snapshot, ideal: int, ratio: float, gap: float,
+                    ttl: float) -> None:
+        """Steps 4 to 7 for a request whose idle gap is known and within the TTL in force."""
+        top = max((k for k, _ in prev.breakpoints if prev.chain[k] in self.entries), default=None)
         alive = [(e.tokens, e.ttl) for k, _ in prev.breakpoints
                  if (e := self.entries.get(prev.chain[k])) is not None and e.expires >= snap.time]
         kept, kept_ttl = max(alive, default=(0, ""))
@@ -305,14 +310,32 @@ class Forensics:
                         f"({round(kept * ratio)} tokens) was read")
             return
         # 5. a log's request read its tools and system and none of its messages, at a person's
-        # turn: the client changed what the log does not record (module docstring)
-        head = round(snap.cum[snap.head_blocks - 1] * ratio) if 0 < snap.head_blocks <= len(snap.cum) else 0
-        if snap.from_log and snap.human_turn and head and f.read <= head + max(32, _TOLERANCE * head):
+        # turn, within the TTL: the client changed what the log does not record (module docstring)
+        floor = snap.head_floor
+        if snap.from_log and snap.human_turn and floor and abs(f.read - floor) <= max(32, _TOLERANCE * floor):
             f.cls, f.location = "client_rewrite", snap.locate(snap.head_blocks)
-            f.detail = (f"{f.read} tokens read: the tools and system prompt (about {head}), none of the messages, "
-                        f"at a person's turn; the client changed the messages in a way its log does not record")
+            f.detail = (f"{f.read} tokens read: the tools and system prompt alone (this thread's floor, {floor}), "
+                        f"none of the messages, at a person's turn {gap:.0f} s after the previous request; the "
+                        f"client changed the messages in a way its log does not record")
             return
-        # 6. the cached end lay outside every breakpoint's lookback
+        if self._lookback(f, snap, top):
+            return
+        f.cls = "provider_suspected"
+        f.detail = (f"nothing changed, idle {gap:.0f} s within TTL {ttl:.0f} s, entry within the lookback, yet "
+                    f"{f.read} of {f.expected} expected tokens were read")
+
+    def _timeless(self, f: Finding, snap: Snapshot, top: int | None) -> None:
+        """A request whose idle gap is unknown: a lookback miss can still be told, an expiry cannot."""
+        if self._lookback(f, snap, top):
+            return
+        f.cls = "provider_suspected"
+        f.detail = (f"no idle gap is known here (the log lost this call's time, or its times run backwards), so "
+                    f"no expiry can be judged; nothing else changed, yet {f.read} of {f.expected} expected tokens "
+                    f"were read")
+
+    @staticmethod
+    def _lookback(f: Finding, snap: Snapshot, top: int | None) -> bool:
+        """6. the cached end lay outside every breakpoint's lookback."""
         if top is not None and top < len(snap.pos) and not any(
                 b >= top and snap.pos[b] - snap.pos[top] < LOOKBACK for b, _ in snap.breakpoints):
             f.cls, f.actionable = "lookback_miss", True
@@ -321,10 +344,8 @@ class Forensics:
             f.detail = (f"the previous cached end ({f.location}) is {near} positions behind the nearest breakpoint "
                         f"(a read looks back {LOOKBACK})" if near is not None else
                         f"no breakpoint at or after the previous cached end ({f.location})")
-            return
-        f.cls = "provider_suspected"
-        f.detail = (f"nothing changed, idle {gap:.0f} s within TTL {ttl:.0f} s, entry within the lookback, yet "
-                    f"{f.read} of {f.expected} expected tokens were read")
+            return True
+        return False
 
     def _churn(self, f: Finding, snap: Snapshot, prev: Snapshot, k: int, ratio: float, per_token: float,
                ideal: int) -> None:

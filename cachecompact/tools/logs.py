@@ -62,6 +62,8 @@ class RecordedCall:
     human: bool = False  # the last user message is a person's, not only tool results
     compaction: str | None = None  # Claude Code compacted since the previous call ("compact" / "microcompact")
     prompt: str = ""  # the start of the person's newest prompt before it
+    time_known: bool = True  # False: the log lost this call's time (``request.time`` carries the last known one)
+    message_id: str | None = None  # the API's id of its response
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
                     True, "system (not recorded: system prompt and tools)")
     out = RecordedSession(trace.name, get_model(model).name, prefix, ratio, trace.messages, [])
     last_start = 0
+    clock = 0.0  # the last known time: a call the log lost the time of is priced as if no time passed
     for (i, s, rec, u), e, ttl in zip(raw_calls, est, ttls, strict=True):
         blocks = [SimBlock(b.key, max(0, round(b.tokens * ratio)), b.kind, None, b.cacheable, b.where)
                   for blocks_ in per_msg[s:i] for b in blocks_]
@@ -125,14 +128,14 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
             b = blocks[k]
             blocks[k] = SimBlock(b.key, b.tokens, b.kind, ttl if head_ttl == "1h" else "5m", True, b.where)
         known = [x for x in (trace.timestamps[i - 1], trace.timestamps[i]) if x is not None]
-        t = known[0] if known else math.nan  # no time known (a copied record): no idle is read from it
+        clock = known[0] if known else clock
         call_model = (trace.models[i] if i < len(trace.models) else None) or model
-        req = SimRequest(model=call_model, time=t, blocks=[head, *blocks], n_tools=0, n_system=1)
-        compaction = _compaction_kind(trace, trace.timestamps[s] if s < len(trace.timestamps) else None) \
-            if s != last_start else None
+        req = SimRequest(model=call_model, time=clock, blocks=[head, *blocks], n_tools=0, n_system=1)
+        compaction = _compaction_kind(trace, s) if s != last_start else None
         last_start = s
+        mid = trace.message_ids[i] if i < len(trace.message_ids) else None
         out.calls.append(RecordedCall(i, s, rec, u, e, req, _is_human(trace.messages[i - 1]), compaction,
-                                      _prompt_before(trace.messages, i)))
+                                      _prompt_before(trace.messages, i), bool(known), mid))
     return out
 
 
@@ -157,11 +160,12 @@ def _is_human(m: dict[str, Any]) -> bool:
         isinstance(b, dict) and b.get("type") != "tool_result" for b in c or ()))
 
 
-def _compaction_kind(trace: Trace, at: float | None) -> str:
-    """Which of Claude Code's compactions starts the context at time ``at``: the boundary entry
-    nearest before it (a compaction summary without one is a compaction)."""
-    before = [b for b in trace.boundaries if at is None or b.get("time") is None or b["time"] <= at + 1]
-    return str(before[-1]["kind"]) if before else "compact"
+def _compaction_kind(trace: Trace, start: int) -> str:
+    """What made the cut where a call's context starts: the loader's record of it (a
+    microcompact, or a compaction and its summary)."""
+    if trace.compaction_kinds and start in trace.compactions:
+        return trace.compaction_kinds[trace.compactions.index(start)]
+    return "compact"
 
 
 
@@ -205,11 +209,16 @@ class LogForensics:
         return datetime.fromtimestamp(self.first, UTC).date().isoformat() if self.first is not None else "unknown"
 
 
-def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> LogForensics | None:
+def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
+                     seen: set[str] | None = None) -> LogForensics | None:
     """Findings for every call of one Claude Code log; None when it has too few calls with usage.
-    Raises `TraceFormatError` for a file that is not such a log."""
+    ``seen`` holds the response ids earlier logs counted: a resumed session's log copies its
+    original's history, whose calls are then analysed (the ones after them are compared with
+    them) but neither counted nor billed twice; it is updated with this log's. Raises
+    `TraceFormatError` for a file that is not such a log."""
     counter = counter or TokenCounter()
-    trace = load_claude_code(path, keep_compaction=True)
+    seen = set() if seen is None else seen
+    trace = load_claude_code(path, keep_compaction=True, repair_times=True)
     rs = rebuild_calls(trace, counter)
     if rs is None:
         return None
@@ -220,30 +229,47 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None) -> L
     def prices(model: str) -> ModelInfo:  # the prices of the day the log was recorded
         return model_prices(model).as_of(out.first)
 
-    for model, usage in trace.recorded_usage():
-        try:
-            p = prices(model or rs.model)
-        except UnknownModelError:
-            continue  # "<synthetic>" entries and models the table does not know: not billed here
-        out.cost_usd += p.cost(usage)
-        cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
-        w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
-            int(usage.get("cache_creation_input_tokens") or 0)
-        out.extra_1h_usd += w5m * (p.write_1h - p.write_5m) / 1e6
+    mine: set[str] = set()
+    for th in (trace, *trace.subagents):
+        for k, usage in enumerate(th.usage):
+            mid = th.message_ids[k] if k < len(th.message_ids) else None
+            if not usage or (mid is not None and (mid in seen or mid in mine)):
+                continue  # no usage, or billed already (by an earlier log, or a microcompact's copy)
+            if mid is not None:
+                mine.add(mid)
+            model = (th.models[k] if k < len(th.models) else None) or rs.model
+            try:
+                p = prices(model)
+            except UnknownModelError:
+                continue  # "<synthetic>" entries and models the table does not know: not billed here
+            out.cost_usd += p.cost(usage)
+            cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
+            w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
+                int(usage.get("cache_creation_input_tokens") or 0)
+            out.extra_1h_usd += w5m * (p.write_1h - p.write_5m) / 1e6
     for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
         if thread is None:
             continue
         engine = Forensics(prices)  # a thread's cache entries are its own (another system prompt)
         body = {"messages": thread.messages}
+        floor = min((c.recorded["read"] for c in thread.calls if c.recorded["read"]), default=0)
+        counted = 0
         for c in thread.calls:
             snap = snapshot_from_sim(c.request, body)
             snap.from_log, snap.human_turn, snap.client_compaction = True, c.human, c.compaction
-            snap.prompt = c.prompt
-            out.findings.append(engine.observe(snap, c.usage))
-        out.calls += len(thread.calls)
+            snap.prompt, snap.head_floor = c.prompt, floor
+            if not c.time_known:
+                snap.time = math.nan  # the log lost it: no idle gap is read
+            f = engine.observe(snap, c.usage)
+            if c.message_id is not None and c.message_id in seen:
+                continue  # an earlier log's call, copied into this one
+            out.findings.append(f)
+            counted += 1
+        out.calls += counted
         out.threads += 1
         if thread is not rs:
-            out.subagent_calls += len(thread.calls)
+            out.subagent_calls += counted
+    seen |= mine
     return out
 
 
@@ -269,9 +295,10 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     counter = TokenCounter()
     done: list[LogForensics] = []
     skipped: list[dict[str, str]] = []
+    seen: set[str] = set()  # response ids counted: a resumed session's copied history counts once
     for p in paths:
         try:
-            r = forensics_of_log(p, counter)
+            r = forensics_of_log(p, counter, seen)
         except TraceFormatError as err:
             skipped.append({"file": str(p), "reason": err.reason})
             continue
@@ -310,12 +337,11 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
         extra = sum(r.extra_1h_usd for r in done)
         if within > 0:
             out.append(f"ttl_expiry: idle gaps over 5 min ({n['ttl_expiry']} misses): the 1-hour TTL would have "
-                       f"cost ${extra + beyond:.2f} instead of ${usd['ttl_expiry']:.2f} (every 5-minute write at "
-                       f"the 1-hour price: +${extra:.2f}; gaps over an hour: ${beyond:.2f})")
+                       f"cost at most ${extra + beyond:.2f} instead of ${usd['ttl_expiry']:.2f} (every 5-minute write "
+                       f"at the 1-hour price: +${extra:.2f}; gaps over an hour: ${beyond:.2f})")
         else:
-            out.append(f"ttl_expiry: {n['ttl_expiry']} misses after gaps over the TTL in force cost "
-                       f"${usd['ttl_expiry']:.2f}; the writes already use the longest TTL, so only a shorter "
-                       f"pause avoids them")
+            out.append(f"ttl_expiry: {n['ttl_expiry']} misses after gaps over an hour cost "
+                       f"${usd['ttl_expiry']:.2f}; no TTL keeps a cache that long, only a shorter pause avoids them")
     lines = {
         "client_rewrite": "a person's turn re-wrote the whole conversation {k} times (${u:.2f}): Claude Code changed "
                           "messages its log does not record (reported as anthropics/claude-code#96101, #93490); "
@@ -329,8 +355,8 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
         "lookback_miss": "the cached end fell behind every breakpoint's 20-block lookback {k} times (${u:.2f}): "
                          "put a breakpoint nearer the new end",
         "below_minimum": "{k} requests were shorter than the model's minimum cacheable length (${u:.2f})",
-        "provider_suspected": "{k} misses (${u:.2f}) that nothing in the log explains: report them to the provider "
-                              "with their request ids",
+        "provider_suspected": "{k} misses (${u:.2f}) that nothing in the log explains: -v lists them with their "
+                              "times, to match with the provider's records",
     }
     for cls, text in lines.items():
         if n.get(cls):

@@ -4,8 +4,9 @@ Each session (a Claude Code log, or any trace `cachecompact bench` reads) is rep
 the emulator the way the bench replays its traces: the recorded conversation at its recorded
 times, so idle gaps expire caches as they did, priced by the session's own recorded model at
 that model's own window. The options are cachecompact with each TTL choice (the policy's own,
-5 minutes, 1 hour), no compaction with each TTL, and the peers: Claude Code's way (the
-baseline every saving is measured against) and OpenHands'.
+5 minutes, 1 hour), no compaction with each TTL, and the peers: Claude Code's way with each TTL
+and OpenHands'. The baseline every saving is measured against is Claude Code's way with the
+TTL the session's log shows it wrote with (5 minutes where the log records no writes).
 
 The replay is the comparison, not the recorded bill: a log records neither the system prompt
 nor the tools, so a replay costs less than the session did, by the same amount under every
@@ -26,13 +27,16 @@ from typing import Any
 from ..base.errors import ConfigError, UnknownModelError
 from ..base.pricing import model_prices
 from .bench.run import OWN_WINDOW, BenchResult, load_corpus, run_bench, trace_model, window_label
+from .logs import written_ttl
 from .traces import Trace
 
 __all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "plot", "recorded_cost", "table", "what_if"]
 
-BASELINE = "claude-code"
-OPTIONS = (BASELINE, "none", "none@1h", "cachecompact", "cachecompact@5m", "cachecompact@1h", "openhands")
-_SAID = {"claude-code": "Claude Code's way (1 h TTL)", "none": "no compaction, 5 min TTL",
+BASELINE = "as recorded"  # per session: claude-code at the TTL its log wrote with
+OPTIONS = ("claude-code", "claude-code@5m", "none", "none@1h", "cachecompact", "cachecompact@5m", "cachecompact@1h",
+           "openhands")
+_SAID = {BASELINE: "Claude Code's way, its own TTL", "claude-code": "Claude Code's way, 1 h TTL",
+         "claude-code@5m": "Claude Code's way, 5 min TTL", "none": "no compaction, 5 min TTL",
          "none@1h": "no compaction, 1 h TTL", "cachecompact": "cachecompact (TTL it chooses)",
          "cachecompact@5m": "cachecompact, 5 min TTL", "cachecompact@1h": "cachecompact, 1 h TTL",
          "openhands": "OpenHands' condenser"}
@@ -83,13 +87,20 @@ def recorded_cost(trace: Trace) -> float | None:
     return total
 
 
+def recorded_ttl(trace: Trace) -> str:
+    """The TTL most of the session's recorded writes used ("5m" where it records none)."""
+    ttls = [written_ttl(u) for u in trace.usage if u and int(u.get("cache_creation_input_tokens") or 0)]
+    return "1h" if ttls and ttls.count("1h") * 2 > len(ttls) else "5m"
+
+
 def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, window: int = OWN_WINDOW,
             workers: int | None = None, progress: bool = True) -> WhatIf:
     """Replay every session under every option (both cores by default) and sum them."""
     t0 = time.perf_counter()
-    names = list(dict.fromkeys(options))
-    if BASELINE not in names:
-        names.insert(0, BASELINE)
+    names = [n for n in dict.fromkeys(options) if n != BASELINE]
+    for peer in ("claude-code", "claude-code@5m"):  # the baseline is one of them, per session
+        if peer not in names:
+            names.insert(0, peer)
     corpus, skipped, _ = load_corpus(paths)
     if not corpus:
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3])
@@ -99,6 +110,11 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
                                  tasks=False, full=True, corpus=corpus, oracle_runs=False,
                                  progress_label="cachecompact whatif")
     runs = {(r.trace, r.strategy): r for r in res.results}
+    for t in corpus:  # the baseline: Claude Code's way at the TTL the session wrote with
+        own = runs.get((t.name, "claude-code" if recorded_ttl(t) == "1h" else "claude-code@5m"))
+        if own is not None:
+            runs[(t.name, BASELINE)] = own
+    names = [BASELINE, *names]
     complete = [t for t in corpus if all((t.name, s) in runs and runs[(t.name, s)].completed for s in names)]
     out: list[Option] = []
     for s in names:
@@ -113,8 +129,8 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             got += r.evidence_recall * r.references
         o.recall = got / refs if refs else 1.0
         out.append(o)
-    sessions = [{"name": t.name, "model": trace_model(t), "turns": t.turns, "recorded_usd": recorded_cost(t)}
-                for t in corpus]
+    sessions = [{"name": t.name, "model": trace_model(t), "turns": t.turns, "recorded_usd": recorded_cost(t),
+                 "recorded_ttl": recorded_ttl(t), "replayed_by_every_option": t in complete} for t in corpus]
     per = {t.name: {s: runs[(t.name, s)].cost_usd for s in names} for t in complete}
     return WhatIf(sessions, out, window, len(complete), skipped + res.skipped, time.perf_counter() - t0, per)
 
@@ -123,15 +139,16 @@ def table(w: WhatIf, top: int = 3) -> str:
     """The short table a terminal shows (at most 120 columns), a legend, and the sessions that
     would have saved most."""
     base = w.option(BASELINE)
-    recorded = [s["recorded_usd"] for s in w.sessions if s["recorded_usd"] is not None]
+    recorded = [s["recorded_usd"] for s in w.sessions
+                if s["recorded_usd"] is not None and s["replayed_by_every_option"]]
     head = (f"{len(w.sessions)} sessions, {sum(s['turns'] for s in w.sessions):,} turns, replayed at "
             f"{window_label(w.window)} window, priced by each session's model; "
             f"{w.paired} replayed to the end under every option")
     lines = [head]
     if recorded:
-        lines.append(f"recorded: ${sum(recorded):,.2f} as billed (main chains); the replays lack the system prompt "
-                     "and tools a log omits, so compare the rows with each other")
-    rows = [("option", "cost", f"vs {BASELINE}", "saving", "adjusted", "recall", "failed")]
+        lines.append(f"recorded: ${sum(recorded):,.2f} as billed (their main chains); the replays lack the system "
+                     "prompt and tools a log omits, so compare the rows with each other")
+    rows = [("option", "cost", "vs own way", "saving", "adjusted", "recall", "failed")]
     for o in w.options:
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
         rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
@@ -141,12 +158,14 @@ def table(w: WhatIf, top: int = 3) -> str:
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
             lines.append("  ".join("-" * x for x in widths))
-    lines.append(f"cost: the replay's bill; saving: against {BASELINE}'s replay; adjusted: plus one re-read turn per "
-                 "lost result; recall: evidence the agent could still see")
+    lines.append("cost: the replay's bill; saving: against Claude Code's way at each session's own TTL; adjusted: plus "
+                 "one re-read turn per lost result; recall: evidence the agent could still see")
     best = min((o for o in w.options if o.name != BASELINE), key=lambda o: o.adjusted_usd, default=None)
     if best is not None and w.per_session:
         gains = sorted(((c[BASELINE] - c[best.name], name) for name, c in w.per_session.items()), reverse=True)
-        lines.append(f"most saved by {best.label}: " + "; ".join(f"{n} ${g:,.2f}" for g, n in gains[:top] if g > 0))
+        shown = [f"{n} ${g:,.2f}" for g, n in gains[:top] if g > 0]
+        if shown:
+            lines.append(f"most saved by {best.label}: " + "; ".join(shown))
     for s in w.skipped[:5]:
         lines.append(f"skipped {s['file']}: {s['reason']}")
     return "\n".join(textwrap.fill(line, 120, subsequent_indent="  ", break_on_hyphens=False) if len(line) > 120
@@ -172,7 +191,8 @@ def plot(w: WhatIf, path: Path) -> Path | None:
     ys = range(len(labels))
     ax.barh([y + 0.2 for y in ys], [o.cost_usd for o in w.options], height=0.4, label="cost")
     ax.barh([y - 0.2 for y in ys], [o.adjusted_usd for o in w.options], height=0.4, label="adjusted cost")
-    ax.axvline(w.option(BASELINE).cost_usd, color="grey", linestyle="--", linewidth=1, label=f"{BASELINE} (replay)")
+    ax.axvline(w.option(BASELINE).cost_usd, color="grey", linestyle="--", linewidth=1,
+               label="Claude Code's way, its own TTL")
     ax.set_yticks(list(ys), labels)
     ax.invert_yaxis()
     ax.set_xlabel("dollars, summed over the sessions")

@@ -335,9 +335,14 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 page.locator("#chart-context rect.bar.write").first.hover()
                 sync_api.expect(page.locator("#readout-context")).to_contain_text("tokens")
                 assert page.locator("#chart-idle line.ttl").count() == 2
-                parts = page.locator("#context-parts tbody")
-                for name in ("system prompt", "user messages", "free space"):
-                    sync_api.expect(parts).to_contain_text(name)
+                assert "TTL 5m" in (page.locator("#chart-idle rect.idle-bar title").first.text_content() or "")
+
+                def part(name: str) -> int:  # the tokens the context view shows for one part
+                    cells = page.locator("#context-parts tbody tr", has_text=name).first.locator("td")
+                    return int((cells.nth(1).text_content() or "0").replace(",", ""))
+
+                assert part("system prompt") > 1_000 and part("user messages") > 1_000 and part("free space") > 0
+                assert part("tool results") == 0  # this client sent none
                 assert page.locator("#context-bar div").count() >= 3
                 page.screenshot(path=str(shots / "dashboard-session.png"), full_page=True)
                 miss = page.locator("#misses tbody tr").first
@@ -355,6 +360,7 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 page.locator(f'#sessions tbody tr[data-sid="{sid}"]').click()  # the Claude Code session's page
                 sync_api.expect(page.locator("#session-title")).to_have_text(f"session {sid}")
                 sync_api.expect(page.locator("#context-parts tbody")).to_contain_text("tools")
+                assert part("tools") > 0 and part("tool calls") > 0  # Claude Code's tools, and its Agent call
                 page.screenshot(path=str(shots / "dashboard-claude-code.png"), full_page=True)
                 assert not errors, errors
             finally:

@@ -69,11 +69,14 @@ def test_whatif_on_two_sessions_prints_its_table_and_writes_json_and_plot(
     lines = text.splitlines()
     assert lines[-1].startswith("wrote ")  # the files' paths, as long as the folder's
     assert max(len(line) for line in lines[:-1]) <= 120 and len(lines) <= 24  # one screen
-    assert "2 sessions" in text and "Claude Code's way (1 h TTL)" in text and "1.00x" in text
+    assert "2 sessions" in text and "Claude Code's way, its own TTL" in text
     data = json.loads((out / "whatif.json").read_text())
     assert (out / "whatif.png").stat().st_size > 10_000
     got = {o["name"]: o for o in data["options"]}
-    assert list(got) == list(OPTIONS) and data["paired"] == 2 and all(o["failed"] == 0 for o in got.values())
+    assert list(got) == [BASELINE, *OPTIONS] and data["paired"] == 2 and all(o["failed"] == 0 for o in got.values())
+    # the logs wrote with 5 minutes, so the baseline is Claude Code's way at 5 minutes, session by session
+    assert [s["recorded_ttl"] for s in data["sessions"]] == ["5m", "5m"]
+    assert got[BASELINE]["cost_usd"] == pytest.approx(got["claude-code@5m"]["cost_usd"])
     # the 20-minute pauses expire a 5-minute cache and not a 1-hour one (dearer writes, fewer of them)
     assert got["none@1h"]["cost_usd"] < got["none"]["cost_usd"]
     assert all(o["cost_usd"] > 0 and 0 <= o["recall"] <= 1 for o in got.values())
@@ -93,4 +96,4 @@ def test_whatif_refuses_a_strategy_with_no_ttl_to_choose_and_a_folder_with_no_se
     empty.mkdir()
     assert main(["whatif", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert "no session could be loaded" in capsys.readouterr().err
-    assert BASELINE in OPTIONS
+    assert BASELINE not in OPTIONS  # composed per session, not a strategy

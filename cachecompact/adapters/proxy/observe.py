@@ -281,7 +281,9 @@ class Observer:
                 try:
                     req = request_from_body(sent, now, self.counter, s.memo)
                     rec["context"] = context_parts(req, sent, _prompt_tokens(usage))
-                    rec["ttl"] = "1h" if any(b.ttl == "1h" for b in req.blocks) else "5m"
+                    rec["ttl"] = "1h" if "1h" in (req.auto_ttl, *(b.ttl for b in req.blocks)) else "5m"
+                    if len(s.memo) > 20_000:
+                        s.memo.clear()
                 except (MalformedMessageError, CacheCompactError, ValueError) as err:
                     log.debug("cachecompact proxy: no context view of a request: %s", err)
             if raw is not None and self.keep_bodies and self.store is not None:

@@ -117,7 +117,8 @@ def threads(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[s
     return main, agents
 
 
-def load_claude_code(path: str | Path, text: str | None = None, *, keep_compaction: bool = False) -> Trace:
+def load_claude_code(path: str | Path, text: str | None = None, *, keep_compaction: bool = False,
+                     repair_times: bool = False) -> Trace:
     """Rebuild the main-chain, uncompacted conversation with its recorded usage and times.
 
     Assistant entries that share ``message.id`` (one API response split over entries) are
@@ -132,6 +133,10 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
     actually sent for the call answered by message ``i`` (used to check billing fidelity):
     after a microcompact the segment restarts with a copy of the history whose cleared
     results read as Claude Code sent them.
+
+    With ``repair_times=True`` (forensics) a resumed session's copied times are replaced by its
+    tools' hook times, or by None where the log has none (`_true_times`); replays keep the
+    times as logged, which the benchmark's tables were measured with.
     """
     p = Path(path)
     entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
@@ -139,11 +144,15 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
     main, agents = threads(entries)
     name = f"{p.parent.name}/{p.stem.removesuffix('__chat')}"
-    hooks = _tool_times(entries)
-    trace = _conversation(_true_times(main, hooks), name, str(p), keep_compaction)
+    hooks = _tool_times(entries) if repair_times else {}
+
+    def timed(es: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _true_times(es, hooks) if repair_times else es
+
+    trace = _conversation(timed(main), name, str(p), keep_compaction)
     for key, agent_entries in agents.items():
         try:
-            sub = _conversation(_true_times(agent_entries, hooks), f"{name}.{key}", str(p), keep_compaction)
+            sub = _conversation(timed(agent_entries), f"{name}.{key}", str(p), keep_compaction)
         except TraceFormatError:
             continue  # a sub-agent that logged no complete message: nothing to bill or replay
         if sub.turns:
@@ -228,7 +237,9 @@ def _cleared(m: dict[str, Any], ids: set[str]) -> dict[str, Any]:
 
 def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_compaction: bool) -> Trace:
     msgs: list[dict[str, Any]] = []
-    extras: list[tuple[float | None, dict[str, Any] | None, str | None]] = []  # time, usage, model
+    # per message: time, usage, model, the API's message id
+    extras: list[tuple[float | None, dict[str, Any] | None, str | None, str | None]] = []
+    cut_kind: dict[int, str] = {}  # cut point -> what made it
     last_id: str | None = None
     open_at: int | None = None  # the assistant message that ``last_id`` names
     model = None
@@ -243,13 +254,15 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
             if b["kind"] == "microcompact" and b["tool_ids"]:
                 if keep_compaction:  # what was sent from here on: the history with those results cleared
                     lo = max((c for c in cut_points if c <= len(msgs)), default=0)
-                    ids = set(b["tool_ids"])
-                    copies = [_cleared(m, ids) for m in msgs[lo:]]
+                    ids_ = set(b["tool_ids"])
+                    copies = [_cleared(m, ids_) for m in msgs[lo:]]
                     cut_points.append(len(msgs))
-                    extras += [(x[0], None, x[2]) for x in extras[lo:]]
+                    cut_kind[len(msgs)] = "microcompact"
+                    extras += [(x[0], None, x[2], x[3]) for x in extras[lo:]]
                     msgs += copies
                 else:
                     cut_points.append(len(msgs))
+                    cut_kind[len(msgs)] = "microcompact"
             last_id, open_at = None, None
             continue
         if e.get("type") not in ("user", "assistant"):
@@ -261,6 +274,7 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
             last_id, open_at = None, None
             removed += 1
             cut_points.append(len(msgs))
+            cut_kind.setdefault(len(msgs), "compact")
             if not keep_compaction:
                 continue
         content = msg.get("content")
@@ -279,35 +293,38 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
                 prev = msgs[open_at]
                 prev["content"] = list(prev["content"]) + (content if isinstance(content, list)
                                                            else [{"type": "text", "text": content}])
-                extras[open_at] = (extras[open_at][0], usage or extras[open_at][1], extras[open_at][2])
+                t0, u0, m0, i0 = extras[open_at]
+                extras[open_at] = (t0, usage or u0, m0, i0)
                 continue
             last_id = mid
             open_at = len(msgs)
             msgs.append({"role": "assistant", "content": content})
-            extras.append((ts, usage, msg.get("model")))
+            extras.append((ts, usage, msg.get("model"), mid if isinstance(mid, str) else None))
         else:
             if not (isinstance(content, list) and all(b.get("type") == "tool_result" for b in content)):
                 last_id, open_at = None, None  # a person spoke: the response is over
             msgs.append({"role": "user", "content": content})
-            extras.append((ts, None, None))
+            extras.append((ts, None, None, None))
     cut_points = sorted(set(cut_points))
     verb = "kept" if keep_compaction else "removed"
     notes: list[str] = []
     compactions: list[int] = []
+    kinds: list[str] = []
     if keep_compaction:
         # each context since a compaction is its own conversation: repair segments separately
         bounds = [0, *cut_points, len(msgs)]
         out_m: list[dict[str, Any]] = []
-        out_x: list[tuple[float | None, dict[str, Any] | None, str | None]] = []
+        out_x: list[tuple[float | None, dict[str, Any] | None, str | None, str | None]] = []
         for lo, hi in itertools.pairwise(bounds):
             if lo >= hi:
                 continue
             seg_m, seg_x, seg_notes = repair_pairing(msgs[lo:hi], extras[lo:hi])
             if lo in cut_points:
                 compactions.append(len(out_m))
+                kinds.append(cut_kind.get(lo, "compact"))
             if seg_m and seg_m[0]["role"] != "user":
                 seg_m.insert(0, {"role": "user", "content": "[session start]"})
-                seg_x.insert(0, (seg_x[0][0], None, None))
+                seg_x.insert(0, (seg_x[0][0], None, None, None))
             out_m += seg_m
             out_x += seg_x
             notes += seg_notes
@@ -316,8 +333,8 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         # the uncompacted conversation: cut points map to the first message after the removed summary
         tagged = [(*x, k) for k, x in enumerate(extras)]
         msgs, tagged, notes = repair_pairing(msgs, tagged)
-        origin = [t[3] for t in tagged]
-        extras = [(t[0], t[1], t[2]) for t in tagged]
+        origin = [t[4] for t in tagged]
+        extras = [(t[0], t[1], t[2], t[3]) for t in tagged]
         compactions = sorted({next((i for i, o in enumerate(origin) if o >= c), len(origin)) for c in cut_points})
         for b in boundaries:
             b["index"] = next((i for i, o in enumerate(origin) if o >= b["index"]), len(origin))
@@ -330,7 +347,7 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         raise TraceFormatError(source, "no main-chain messages")
     if msgs[0]["role"] != "user":
         msgs.insert(0, {"role": "user", "content": "[session start]"})
-        extras.insert(0, (extras[0][0], None, None))
+        extras.insert(0, (extras[0][0], None, None, None))
         compactions = [c + 1 for c in compactions]
         for b in boundaries:
             b["index"] += 1
@@ -340,4 +357,6 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         tools=[], messages=msgs,
         timestamps=[x[0] for x in extras], usage=[x[1] for x in extras], model=model, notes=notes,
         compactions=compactions, models=[x[2] for x in extras], boundaries=boundaries,
+        compaction_kinds=kinds if len(kinds) == len(compactions) else [],
+        message_ids=[x[3] for x in extras],
     )

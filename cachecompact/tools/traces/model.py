@@ -32,6 +32,10 @@ class Trace(msgspec.Struct, kw_only=True):
     # message indices where the recording agent compacted its own context: requests made at or
     # after such an index did not carry the full history shown in ``messages``
     compactions: list[int] = []
+    # with ``compactions`` when the loader knows it: what made each cut ("compact", "microcompact")
+    compaction_kinds: list[str] = []
+    # per message: the API's message id, when recorded (a response a resumed log copied has its original id)
+    message_ids: list[str | None] = []
     # per message: the model that produced it, when recorded (assistant messages of real logs)
     models: list[str | None] = []
     # the recording agent's own compaction records (Claude Code's compact_boundary and

@@ -49,9 +49,8 @@ function show(view) {
 
 // -- the session list ---------------------------------------------------------------------------
 
-function sortValue(s, key) {
-  const v = key === "requests" || key === "cost_usd" || key === "wasted_usd" || key === "last_time" ?
-    (s.conversation ? s.conversation[key] ?? s[key] : s[key]) : s[key];
+function sortValue(s, key) {  // the value the row shows: the conversation's first session's own
+  const v = s[key];
   return typeof v === "string" ? v.toLowerCase() : Number(v || 0);
 }
 
@@ -257,6 +256,7 @@ function contextView(latest, window) {
 async function openSession(sid) {
   state.session = sid; state.miss = null;
   const data = await api(`/api/sessions/${encodeURIComponent(sid)}`);
+  if (state.session !== sid || state.miss !== null) return;  // the reader moved on while this was fetched
   const s = data.session;
   $("session-title").textContent = `session ${s.id}`;
   $("session-summary").textContent = `${s.model || "model unknown"}: ${s.requests} requests over ` +
@@ -289,6 +289,7 @@ async function openSession(sid) {
 async function openMiss(i) {
   state.miss = i;
   const r = await api(`/api/sessions/${encodeURIComponent(state.session)}/requests/${i}`);
+  if (state.miss !== i) return;
   const f = r.finding || {};
   $("miss-title").textContent = `request #${r.i}: ${f.cls}`;
   const dl = $("miss-facts");
