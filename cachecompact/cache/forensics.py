@@ -292,14 +292,14 @@ class Forensics:
             f.cls, f.detail = "ttl_expiry", f"idle {gap:.0f} s > TTL {ttl:.0f} s"
             return
         if gap >= 0:
-            self._within_ttl(f, snap, prev, ideal, ratio, gap, ttl)
+            self._within_ttl(f, snap, prev, ideal, ratio, gap, ttl, top)
         else:  # no time known, or records out of time order: no idle is read, so no expiry judged
             self._timeless(f, snap, top)
 
     def _within_ttl(self, f: Finding, snap: Snapshot, prev: Snapshot, ideal: int, ratio: float, gap: float,
-                    ttl: float) -> None:
-        """Steps 4 to 7 for a request whose idle gap is known and within the TTL in force."""
-        top = max((k for k, _ in prev.breakpoints if prev.chain[k] in self.entries), default=None)
+                    ttl: float, top: int | None) -> None:
+        """Steps 4 to 7 for a request whose idle gap is known and within the TTL in force; ``top``
+        is the previous request's highest breakpoint whose entry is still held."""
         alive = [(e.tokens, e.ttl) for k, _ in prev.breakpoints
                  if (e := self.entries.get(prev.chain[k])) is not None and e.expires >= snap.time]
         kept, kept_ttl = max(alive, default=(0, ""))

@@ -72,8 +72,8 @@ if TYPE_CHECKING:  # the compaction runtime: loaded by `LiveMaker` when it makes
     from .options import EngineOptions
 
 __all__ = ["Candidate", "Decision", "Live", "LiveMaker", "RequestHistory", "Resolved", "SessionRegistry",
-           "SummarizerFactory", "decide", "family_key", "family_order", "head_key", "in_family", "new_id",
-           "session_hint"]
+           "SummarizerFactory", "decide", "family_key", "family_order", "head_key", "in_family", "model_window",
+           "new_id", "session_hint"]
 
 log = logging.getLogger("cachecompact")
 
@@ -332,7 +332,7 @@ class LiveMaker:
         from ..compaction.strategy import StrategyContext
 
         model = str(body.get("model") or "")
-        own = _model_window(model)
+        own = model_window(model)
         window = self.window_tokens or own
         if window > own and (model, window) not in _LARGER_WARNED:
             _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
@@ -379,7 +379,7 @@ _UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once 
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
 
 
-def _model_window(model: str) -> int:
+def model_window(model: str) -> int:
     """The model's context window from the price table (its family's for a newer id); for a name
     of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
     try:

@@ -321,10 +321,9 @@ _MOST = 12  # logs (and days, projects) a terminal listing shows before it summa
 
 
 def _wrapped(line: str, indent: str = "  ") -> str:
-    """A line folded to the terminal's 120 columns, its continuation indented."""
-    import textwrap
+    from .terminal import fold
 
-    return textwrap.fill(line, 120, subsequent_indent=indent, break_on_hyphens=False)
+    return fold(line, indent)
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ one line of advice per class (docs/cache-model.md, "Forensics on Claude Code log
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,7 @@ from ..cache.simulator import SimBlock, SimRequest, message_blocks
 from .traces.claude_code import load_claude_code
 from .traces.model import Trace
 
-__all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "fit_line", "forensics_of_log",
+__all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "billed", "fit_line", "forensics_of_log",
            "rebuild_calls", "summarize_logs", "written_ttl"]
 
 
@@ -230,23 +230,7 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
         return model_prices(model).as_of(out.first)
 
     mine: set[str] = set()
-    for th in (trace, *trace.subagents):
-        for k, usage in enumerate(th.usage):
-            mid = th.message_ids[k] if k < len(th.message_ids) else None
-            if not usage or (mid is not None and (mid in seen or mid in mine)):
-                continue  # no usage, or billed already (by an earlier log, or a microcompact's copy)
-            if mid is not None:
-                mine.add(mid)
-            model = (th.models[k] if k < len(th.models) else None) or rs.model
-            try:
-                p = prices(model)
-            except UnknownModelError:
-                continue  # "<synthetic>" entries and models the table does not know: not billed here
-            out.cost_usd += p.cost(usage)
-            cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
-            w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
-                int(usage.get("cache_creation_input_tokens") or 0)
-            out.extra_1h_usd += w5m * (p.write_1h - p.write_5m) / 1e6
+    out.cost_usd, out.extra_1h_usd = billed((trace, *trace.subagents), prices, rs.model, seen, mine)
     for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
         if thread is None:
             continue
@@ -271,6 +255,33 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
             out.subagent_calls += counted
     seen |= mine
     return out
+
+
+def billed(threads: Sequence[Trace], prices: Callable[[str], ModelInfo], model: str,
+           seen: AbstractSet[str] = frozenset(), mine: set[str] | None = None) -> tuple[float, float]:
+    """What the threads' recorded calls cost as billed, and what their 5-minute writes would have
+    cost more at the 1-hour price. A response whose id is in ``seen`` (an earlier log's) or was
+    met already (a microcompact's copy) is billed once; ``mine`` collects the ids billed here.
+    ``model`` prices a call that recorded none; "<synthetic>" entries cost nothing."""
+    mine = set() if mine is None else mine
+    cost = extra = 0.0
+    for th in threads:
+        for k, usage in enumerate(th.usage):
+            mid = th.message_ids[k] if k < len(th.message_ids) else None
+            if not usage or (mid is not None and (mid in seen or mid in mine)):
+                continue
+            if mid is not None:
+                mine.add(mid)
+            try:
+                p = prices((th.models[k] if k < len(th.models) else None) or model)
+            except UnknownModelError:
+                continue
+            cost += p.cost(usage)
+            cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
+            w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
+                int(usage.get("cache_creation_input_tokens") or 0)
+            extra += w5m * (p.write_1h - p.write_5m) / 1e6
+    return cost, extra
 
 
 def _misses() -> dict[str, Any]:

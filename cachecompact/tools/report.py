@@ -9,7 +9,6 @@ forensics `Finding`) and its event log.
 from __future__ import annotations
 
 import os
-import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from ..base.errors import CacheCompactError
 from ..history.session import Session
 from ..store import Store
+from .terminal import fold
 
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
@@ -182,8 +182,7 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
             lines.append(f"  #{e['seq']} {e['level']} {e['kind']} {e['start']}..{e['end']} "
                          f"{e['tokens_before']}->{e['tokens_after']} {e['reason'][:70]}")
     # a terminal's 120 columns: a long line (a conversation of many sessions) folds, indented
-    text = "\n".join(textwrap.fill(ln, 120, subsequent_indent="  ", break_on_hyphens=False) if len(ln) > 120
-                     else ln for ln in lines)
+    text = fold("\n".join(lines))
     if plot is not None and reqs:
         plot_session(d, Path(plot))
         text += f"\n\nplot written to {plot}"

@@ -17,17 +17,17 @@ with the replay of Claude Code's own strategy, which stands for what happened.
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..base.errors import ConfigError, UnknownModelError
+from ..base.errors import ConfigError
 from ..base.pricing import model_prices
 from .bench.run import OWN_WINDOW, BenchResult, load_corpus, run_bench, trace_model, window_label
-from .logs import written_ttl
+from .logs import billed, written_ttl
+from .terminal import fold
 from .traces import Trace
 
 __all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "plot", "recorded_cost", "table", "what_if"]
@@ -74,17 +74,10 @@ class WhatIf:
 def recorded_cost(trace: Trace) -> float | None:
     """What the session's main chain cost as billed (its sub-agents are not replayed), at the
     prices of the day it was recorded; None when the log records no usage."""
-    used = [(trace.models[i] if i < len(trace.models) else None, u) for i, u in enumerate(trace.usage) if u]
-    if not used:
+    if not any(trace.usage):
         return None
     first = next((t for t in trace.timestamps if t is not None), None)
-    total = 0.0
-    for model, usage in used:
-        try:
-            total += model_prices(model or trace_model(trace)).as_of(first).cost(usage)
-        except UnknownModelError:  # "<synthetic>" entries cost nothing
-            continue
-    return total
+    return billed([trace], lambda m: model_prices(m).as_of(first), trace_model(trace))[0]
 
 
 def recorded_ttl(trace: Trace) -> str:
@@ -168,8 +161,7 @@ def table(w: WhatIf, top: int = 3) -> str:
             lines.append(f"most saved by {best.label}: " + "; ".join(shown))
     for s in w.skipped[:5]:
         lines.append(f"skipped {s['file']}: {s['reason']}")
-    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  ", break_on_hyphens=False) if len(line) > 120
-                     else line for line in lines)
+    return fold("\n".join(lines))
 
 
 def _usd(x: float) -> str:

@@ -270,15 +270,15 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
     # the runtime: any name is priced (the default model's prices for one of no known family), and
     # the window of such a name is assumed 200k, not the default model's, said once
     from cachecompact.base.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, priced
-    from cachecompact.engine.sessions import _model_window
+    from cachecompact.engine.sessions import model_window
 
     assert priced("my-local-model").input == get_model(DEFAULT_PRICE_MODEL).input
     assert priced("").name == get_model(DEFAULT_PRICE_MODEL).name
     caplog.clear()
     with caplog.at_level(logging.WARNING, "cachecompact"):
-        assert _model_window("my-local-model") == _model_window("my-local-model") == UNKNOWN_MODEL_WINDOW
+        assert model_window("my-local-model") == model_window("my-local-model") == UNKNOWN_MODEL_WINDOW
     assert caplog.text.count("assuming a 200000-token context window") == 1
-    assert _model_window("claude-haiku-4-5") == get_model("claude-haiku-4-5").context_window
+    assert model_window("claude-haiku-4-5") == get_model("claude-haiku-4-5").context_window
 
 
 def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> None:

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...base.errors import UnknownModelError
-from ...base.pricing import UNKNOWN_MODEL_WINDOW, model_prices
+from ...engine.sessions import model_window
 from ..httpserver import api_error
 from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
@@ -110,7 +109,7 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
             recs = [_brief(r) for r in s.records]
             comps = list(s.compactions)
             summary = s.summary()
-        window = _window(summary.get("model") or "")
+        window = model_window(str(summary.get("model") or ""))  # the context view's whole bar
         return _json({"session": summary, "requests": recs, "compactions": comps, "window": window})
 
     async def one(request: web.Request) -> web.Response:
@@ -150,14 +149,6 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
     app.router.add_get("/api/sessions", sessions)
     app.router.add_get("/api/sessions/{sid}", session)
     app.router.add_get("/api/sessions/{sid}/requests/{i}", one)
-
-
-def _window(model: str) -> int:
-    """The model's context window (the context view's whole bar)."""
-    try:
-        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
-    except UnknownModelError:
-        return UNKNOWN_MODEL_WINDOW
 
 
 def _brief(r: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..terminal import WIDTH
 from .harness import TraceResult
 from .run import BenchResult, window_label
 
@@ -178,7 +179,6 @@ def tasks_table(rows: list[dict[str, Any]]) -> list[list[str]]:
 # The terminal shows these columns of a trace table, within `WIDTH`; report.md has them all.
 TERMINAL_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "hit rate",
                     "re-writes", "re-reads", "compactions")
-WIDTH = 120
 TERMINAL_HEADS = {"adj vs none": "adj/none", "adj vs ours": "adj/ours", "evidence recall": "recall"}
 TRACE_LEGEND = ("adjusted: cost + a re-read turn per lost result; adj/none, adj/ours: paired ratios; recall: of "
                 "evidence")
