@@ -1,6 +1,7 @@
 """The frontier of the one knob: cost against evidence recall for each recent budget.
 
     python benchmarks/knob_frontier.py [--recent 20000 40000 60000 80000] [--window own 200000] [--full]
+                                       [--set claude-code-2026] [--ttl auto 5m 1h]
 
 The knob is ``recent_tokens`` (`wrap(recent_tokens=...)`, `--recent-tokens` on the proxy,
 `LevelSettings.keep_recent_tokens`): the newest tool output every level keeps verbatim, and
@@ -16,7 +17,10 @@ claims a precision that the next session does not have. The recall is the ratio 
 to all references over half A's sessions, and its standard error the ratio estimator's
 (linearised, clustered by session: sqrt(n/(n-1) sum (recalled_i - R refs_i)^2) / sum refs_i).
 A value that meets the floor only on the nose is as likely to miss it on other sessions (half B
-says so). Half B is reported beside it. Skips when ../shared/traces is absent.
+says so). Half B is reported beside it. ``--set`` runs one set of the shared traces whole (its
+halves are then split within it); ``--ttl`` runs each budget with the TTL the policy chooses
+(``auto``, the default) and with a fixed one, so a fixed TTL's saving can be read against the
+budget that reaches the same recall. Skips when ../shared/traces is absent.
 """
 
 from __future__ import annotations
@@ -52,23 +56,40 @@ def session_lower(res: BenchResult, window: int, strategy: str, half: str) -> tu
     return n, ratio - se
 
 
+def _label(name: str) -> str:
+    """A row's budget, and its TTL when fixed: ``cachecompact-recent-30k@5m`` is "30k, 5m"."""
+    budget, _, ttl = name.rsplit("-", 1)[-1].partition("@")
+    return f"{budget}, {ttl}" if ttl else budget
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recent", type=int, nargs="+", default=[20_000, 40_000, 60_000, 80_000])
     ap.add_argument("--window", nargs="+", default=["own", "200000"])
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--set", dest="set_name", metavar="NAME",
+                    help="only this set of the shared traces, every trace of it (e.g. claude-code-2026)")
+    ap.add_argument("--ttl", nargs="+", default=["auto"], choices=["auto", "5m", "1h"],
+                    help="the cache TTL of each budget's runs: the policy's choice (auto) or a fixed one")
     args = ap.parse_args(argv)
-    if default_trace_dir() is None:
+    tdir = default_trace_dir()
+    if tdir is None:
         print("skipped: ../shared/traces is absent (the frontier is measured on the shared traces)")
         return 0
+    paths = []
+    if args.set_name:
+        sets = sorted(p.name for p in tdir.iterdir() if p.is_dir() and p.name != "licenses")
+        if args.set_name not in sets:
+            ap.error(f"--set {args.set_name}: not a set of {tdir} ({', '.join(sets)})")
+        paths = [tdir / args.set_name]
     windows = [OWN_WINDOW if w == "own" else int(w) for w in args.window]
     names = []
     for k in args.recent:
         name = f"cachecompact-recent-{k // 1000}k"
         register_strategy(name, CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(keep_recent_tokens=k))))
-        names.append(name)
+        names += [name if ttl == "auto" else f"{name}@{ttl}" for ttl in args.ttl]
     t0 = time.time()
-    res = run_bench((), ["none", *names], windows=windows, tasks=False, full=args.full, progress=True)
+    res = run_bench(paths, ["none", *names], windows=windows, tasks=False, full=args.full, progress=True)
     long_only = any(t["turns"] >= LONG_TURNS for t in res.traces)
     print(f"{res.corpus}; {time.time() - t0:.0f} s\n")
     print("| recent budget | window | adj vs none, all | recall, all | adj vs none, half A | recall, half A | "
@@ -88,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             sessions, low = session_lower(res, w, n, "A")
             ok_a[n] &= low >= floor(w)
             cost_a[n] += a["adjusted_cost_usd"]
-            print(f"| {n.rsplit('-', 1)[-1]} | {window_label(w)} | " + " | ".join(cells)
+            print(f"| {_label(n)} | {window_label(w)} | " + " | ".join(cells)
                   + f" | {sessions}, {a['references']}, {low:.3f} |")
     meeting = [n for n in names if ok_a[n]]
     best = min(meeting, key=lambda n: cost_a[n]) if meeting else None
     print(f"\nhalf A: the cheapest budget meeting the recall floor with one standard error to spare at every window: "
-          f"{best.rsplit('-', 1)[-1] if best else 'none'}")
+          f"{_label(best) if best else 'none'}")
     return 0
 
 

@@ -43,6 +43,7 @@ from .levels import (
     propose_truncate,
     propose_turn_collapse,
     results_since,
+    superseded_edits,
 )
 from .levels.l2_tool_summary import ON_ENTRY
 from .levels.working_set import working_lines
@@ -270,6 +271,25 @@ class CacheAwareCompactor:
     # -- levels --------------------------------------------------------------------------------
 
     def _propose(self, level: str, view: View, lim: Limits) -> Proposal:
+        """A level's plan, with every superseded result after its break cleared too: the break
+        re-writes them anyway, and the newer result shows all they share with it."""
+        p = self._plan(level, view, lim)
+        if p.empty or p.break_at is None or level not in ("L1", "L2", "L3", "L4"):
+            return p
+        lv = self.cfg.levels
+        after = max(p.break_at - 1, p.summarize[1] if p.summarize is not None else -1)
+        extra, removed = superseded_edits(view, after=after, skip_ids={e.tool_use_id for e in p.edits if e.tool_use_id},
+                                          write_tools=lv.write_tools, exempt_tools=lv.exempt_tools,
+                                          min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
+                                          key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars,
+                                          counter=self.session.counter)
+        if not extra:
+            return p
+        return replace(p, edits=sorted([*p.edits, *extra], key=lambda e: e.start),
+                       tokens_removed=p.tokens_removed + removed,
+                       reason=f"{p.reason}; and {len(extra)} superseded result(s) after it")
+
+    def _plan(self, level: str, view: View, lim: Limits) -> Proposal:
         lv, ctr = self.cfg.levels, self.session.counter
         target_raw = int(lim.aim() / max(ctr.calibration, 1e-9))
         if level == "L1":

@@ -22,6 +22,7 @@ from cachecompact.compaction.levels import (
     propose_turn_collapse,
     results_since,
     rule_summary,
+    superseded_edits,
 )
 from cachecompact.compaction.levels.l1_micro import DEFAULT_WRITE_TOOLS
 from cachecompact.compaction.levels.view import ResultInfo
@@ -37,6 +38,7 @@ from cachecompact.compaction.summarize.llm import (
     open_issues_of,
     parse_summary,
 )
+from cachecompact.history.ledger import ReplaceWithSummary
 from cachecompact.tools.emulator import Emulator
 from cachecompact.tools.emulator.validation import validate_request
 
@@ -111,6 +113,36 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
                        exempt_tools=frozenset({"memory"}), min_tokens=100, keep_recent_tokens=10**9)
     assert not p3.edits
     assert all(view.results[0].name != "read_file" or e.tool_use_id != "toolu_0" for e in p2.edits)
+
+
+def test_a_superseded_result_is_cleared_after_a_break_keeping_the_lines_its_successor_lacks() -> None:
+    old = "".join(f"line {k}\n" for k in range(300)) + "def stale_helper(): pass\n"
+    new = "".join(f"line {k}\n" for k in range(300))
+    turns = [tool_turn(0, "read_file", "other\n" * 300),
+             tool_turn(1, "read_file", old, {"path": "a.py"}),
+             tool_turn(2, "write_file", "File written.\n" * 50, {"path": "a.py"}),
+             tool_turn(3, "read_file", new, {"path": "a.py"}),
+             tool_turn(4, "write_file", "File written.\n" * 50, {"path": "a.py"})]
+    s = session_with(turns)
+    view = build_view(s)
+    kw: dict[str, Any] = {"skip_ids": set(), "write_tools": DEFAULT_WRITE_TOOLS, "exempt_tools": frozenset(),
+                          "min_tokens": 100, "key_fraction": 0.5, "key_max_chars": 2000}
+    edits, removed = superseded_edits(view, after=0, **kw)
+    # only the older read of a.py: the newer one supersedes it; writes repeat too but are kept
+    assert [e.tool_use_id for e in edits] == ["toolu_1"] and removed > 1000
+    text = edits[0].summary
+    assert "superseded" in text and "def stale_helper(): pass" in text and "line 7\n" not in text
+    # never before the planned break, and never one that the plan already edits
+    assert superseded_edits(view, after=edits[0].start, **kw)[0] == []
+    assert superseded_edits(view, after=0, **{**kw, "skip_ids": {"toolu_1"}})[0] == []
+    s.edit(edits[0], level="L1")
+    validate_request(s.render().body)
+    # once the newer result is itself cleared, the older one is not superseded by anything shown
+    s2 = session_with(turns)
+    v2 = build_view(s2)
+    newer = next(r for r in v2.results if r.tool_use_id == "toolu_3")
+    s2.edit(ReplaceWithSummary(newer.message, newer.message, "[cleared]", "t", tool_use_id="toolu_3"), level="L1")
+    assert superseded_edits(build_view(s2), after=0, **kw)[0] == []
 
 
 def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:

@@ -667,3 +667,25 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
     stopped.tripped = True
     quiet = _grow(stopped_s, stopped, turns[:13], gap=10) + _grow(stopped_s, stopped, turns[13:], t0=2_000.0, gap=10)
     assert not [e for e in quiet if e.kind in ("compaction", "skipped")]
+
+
+def test_a_break_also_clears_the_results_a_later_identical_call_superseded() -> None:
+    """The cold cut of the test above re-writes everything after its break, so a result that the
+    same call later showed again whole is cleared too, even inside the recent budget: the newer
+    result shows all they share. Until the cut it is shown whole."""
+    turns = [tool_turn(k, "read_file", f"line {k} " * 600) for k in range(14)]
+    turns[11] = tool_turn(11, "read_file", "same file line\n" * 600, {"path": "a.py"})
+    turns[13] = tool_turn(13, "read_file", "same file line\n" * 600, {"path": "a.py"})
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    warm = _grow(s, c, turns[:13], gap=10)
+    assert not [e for e in warm if e.kind == "compaction"]
+    assert "same file" in str(s.render().body["messages"][s.messages().index(turns[11][1])])
+    events = _grow(s, c, turns[13:], t0=2_000.0, gap=10)
+    cut = [e for e in events if e.kind == "compaction"]
+    assert len(cut) == 1 and "1 superseded result" in (cut[0].reason or "")
+    body = s.render().body
+    validate_request(body)
+    older = body["messages"][s.messages().index(turns[11][1])]["content"][0]["content"]
+    newer = body["messages"][s.messages().index(turns[13][1])]["content"][0]["content"]
+    assert "superseded" in str(older) and "messages[" in str(older) and newer == "same file line\n" * 600

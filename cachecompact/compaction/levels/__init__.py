@@ -6,6 +6,7 @@ from .l2_tool_summary import externalized_text, propose_entry_summary, propose_t
 from .l3_turn_collapse import propose_turn_collapse
 from .l4_full import propose_full
 from .l5_truncate import propose_truncate
+from .superseded import superseded_edits
 from .view import PLACEHOLDER_TOKENS, Proposal, ResultInfo, View, build_view, message_results, results_since
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "propose_turn_collapse",
     "results_since",
     "rule_summary",
+    "superseded_edits",
 ]
