@@ -46,6 +46,7 @@ from .levels import (
     superseded_edits,
 )
 from .levels.l2_tool_summary import ON_ENTRY
+from .levels.superseded import SUPERSEDED_REASON
 from .levels.working_set import working_lines
 from .lookback import LookbackMeter
 from .policy import (
@@ -601,7 +602,8 @@ class CacheAwareCompactor:
         session keeps it in each request record). A summary or cut starts at the prefix, so
         the next one re-writes from there anyway."""
         cleared = self.cfg.economics.mark_compacted and p.level in ("L1", "L2") and p.summarize is None
-        self.session.stable_before = max(e.end for e in p.edits) + 1 if cleared and p.edits else None
+        own = [e for e in p.edits if e.reason != SUPERSEDED_REASON]  # superseded ones may sit in the recent part
+        self.session.stable_before = max(e.end for e in own) + 1 if cleared and own else None
 
     def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str, drop_summary: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.

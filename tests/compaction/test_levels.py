@@ -47,7 +47,8 @@ from ..conftest import history
 GOAL = "Fix the failing test in foo.py"
 
 
-def tool_turn(k: int, name: str, result: str, inp: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def tool_turn(k: int, name: str, result: str | list[dict[str, Any]],
+              inp: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     tid = f"toolu_{k}"
     return [{"role": "assistant", "content": [{"type": "text", "text": f"step {k}"},
                                               {"type": "tool_use", "id": tid, "name": name,
@@ -118,23 +119,29 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
 def test_a_superseded_result_is_cleared_after_a_break_keeping_the_lines_its_successor_lacks() -> None:
     old = "".join(f"line {k}\n" for k in range(300)) + "def stale_helper(): pass\n"
     new = "".join(f"line {k}\n" for k in range(300))
+    short = "error: file moved\n"
     turns = [tool_turn(0, "read_file", "other\n" * 300),
              tool_turn(1, "read_file", old, {"path": "a.py"}),
              tool_turn(2, "write_file", "File written.\n" * 50, {"path": "a.py"}),
              tool_turn(3, "read_file", new, {"path": "a.py"}),
-             tool_turn(4, "write_file", "File written.\n" * 50, {"path": "a.py"})]
+             tool_turn(4, "write_file", "File written.\n" * 50, {"path": "a.py"}),
+             tool_turn(5, "read_file", new, {"path": "b.py"}),
+             tool_turn(6, "read_file", short, {"path": "b.py"})]
     s = session_with(turns)
     view = build_view(s)
     kw: dict[str, Any] = {"skip_ids": set(), "write_tools": DEFAULT_WRITE_TOOLS, "exempt_tools": frozenset(),
-                          "min_tokens": 100, "key_fraction": 0.5, "key_max_chars": 2000}
+                          "min_tokens": 100, "key_fraction": 0.25, "key_max_chars": 2000}
     edits, removed = superseded_edits(view, after=0, **kw)
-    # only the older read of a.py: the newer one supersedes it; writes repeat too but are kept
+    # the older read of a.py only: writes repeat too but are kept, and the newer b.py result lacks
+    # nearly every line of the older one, more than a placeholder keeps, so that one stays
     assert [e.tool_use_id for e in edits] == ["toolu_1"] and removed > 1000
     text = edits[0].summary
-    assert "superseded" in text and "def stale_helper(): pass" in text and "line 7\n" not in text
-    # never before the planned break, and never one that the plan already edits
+    assert "superseded" in text and "tool_use_id toolu_3" in text
+    assert text.endswith("\ndef stale_helper(): pass") and "line 7" not in text  # every missing line, no other
+    # never before the planned break, never one the plan edits, never against a newer one it edits
     assert superseded_edits(view, after=edits[0].start, **kw)[0] == []
     assert superseded_edits(view, after=0, **{**kw, "skip_ids": {"toolu_1"}})[0] == []
+    assert superseded_edits(view, after=0, **{**kw, "skip_ids": {"toolu_3"}})[0] == []
     s.edit(edits[0], level="L1")
     validate_request(s.render().body)
     # once the newer result is itself cleared, the older one is not superseded by anything shown
@@ -143,6 +150,11 @@ def test_a_superseded_result_is_cleared_after_a_break_keeping_the_lines_its_succ
     newer = next(r for r in v2.results if r.tool_use_id == "toolu_3")
     s2.edit(ReplaceWithSummary(newer.message, newer.message, "[cleared]", "t", tool_use_id="toolu_3"), level="L1")
     assert superseded_edits(build_view(s2), after=0, **kw)[0] == []
+    # a result with an image: its text does not show all of it, so it is never called superseded
+    img = [{"type": "text", "text": new}, {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                         "data": "iVBORw0KGgo="}}]
+    s3 = session_with([tool_turn(0, "screenshot", img, {}), tool_turn(1, "screenshot", img, {})])
+    assert superseded_edits(build_view(s3), after=0, **kw)[0] == []
 
 
 def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:

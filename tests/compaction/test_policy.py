@@ -670,9 +670,10 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
 
 
 def test_a_break_also_clears_the_results_a_later_identical_call_superseded() -> None:
-    """The cold cut of the test above re-writes everything after its break, so a result that the
-    same call later showed again whole is cleared too, even inside the recent budget: the newer
-    result shows all they share. Until the cut it is shown whole."""
+    """The cold cut of the test above (an L1 clear) re-writes everything after its break, so a
+    result that the same call later showed again whole is cleared too, even inside the recent
+    budget: the newer result shows every line of it. Until the cut it is shown whole. The mark
+    of what is compacted stays where L1's own clearing ends, before the recent part."""
     turns = [tool_turn(k, "read_file", f"line {k} " * 600) for k in range(14)]
     turns[11] = tool_turn(11, "read_file", "same file line\n" * 600, {"path": "a.py"})
     turns[13] = tool_turn(13, "read_file", "same file line\n" * 600, {"path": "a.py"})
@@ -688,4 +689,5 @@ def test_a_break_also_clears_the_results_a_later_identical_call_superseded() -> 
     validate_request(body)
     older = body["messages"][s.messages().index(turns[11][1])]["content"][0]["content"]
     newer = body["messages"][s.messages().index(turns[13][1])]["content"][0]["content"]
-    assert "superseded" in str(older) and "messages[" in str(older) and newer == "same file line\n" * 600
+    assert "superseded" in str(older) and "tool_use_id toolu_13" in str(older) and newer == "same file line\n" * 600
+    assert s.stable_before is not None and s.stable_before <= s.messages().index(turns[10][1])

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...base.identifiers import identifiers_in_input
-from ...base.wire import ToolResultBlock, ToolUseBlock, content_blocks, result_text
+from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
 from ...history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class ResultInfo:
     edited: bool  # already cleared/summarised by a targeted or whole-message edit
     visible: bool  # rendered at all (not inside a summary or skipped range)
     is_error: bool
+    media: bool = False  # the result carries an image or document, which ``text`` does not show
 
 
 @dataclass(slots=True)
@@ -121,7 +122,8 @@ def message_results(session: Session, i: int, *, edited_ids: Collection[str] = (
             message=i, block=j, tool_use_id=blk.tool_use_id, name=use.name if use else "?",
             input=use.input if use else {}, tokens=plain.blocks[j].tokens, chars=len(text), text=text,
             edited=whole or blk.tool_use_id in edited_ids, visible=visible,
-            is_error=bool(blk.is_error) if blk.is_error is not None else False))
+            is_error=bool(blk.is_error) if blk.is_error is not None else False,
+            media=isinstance(blk.content, list) and any(not isinstance(x, TextBlock) for x in blk.content)))
     return out
 
 
