@@ -22,6 +22,7 @@ from typing import Any
 from ...base.tokens import TokenCounter
 from ...base.wire import canonical_bytes
 from ...history.ledger import ReplaceWithSummary
+from .l1_micro import is_write_op
 from .view import PLACEHOLDER_TOKENS, ResultInfo, View
 
 __all__ = ["SUPERSEDED_REASON", "missing_lines", "superseded_edits", "superseded_text"]
@@ -66,7 +67,7 @@ def superseded_edits(view: View, *, after: int, skip_ids: Collection[str], write
     edits: list[ReplaceWithSummary] = []
     removed = 0
     for r in view.results:
-        kept = r.name in exempt_tools or r.name in write_tools or (is_write is not None and is_write(r.name, r.input))
+        kept = r.name in exempt_tools or is_write_op(r, write_tools, is_write)
         if kept or r.message <= after or not r.visible or r.edited or r.media or r.tool_use_id in skip_ids \
                 or r.tokens < min_tokens:
             continue
