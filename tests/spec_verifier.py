@@ -87,7 +87,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 HEX32 = re.compile(r"[0-9a-f]{32}")
 SESSION_ID = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 CREATED_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
-LEVELS = frozenset({"L1", "L2", "L3", "L4", "L5", "manual"})
+LEVELS = frozenset({"L1", "L2", "L3", "L4", "L5", "restore", "manual"})
 
 SESSION_KEYS = frozenset({"format", "version", "session_id", "system", "tools", "prefix_messages", "prefix_end",
                           "prefix_hash", "tokenizer", "token_ratio"})
@@ -732,7 +732,7 @@ def _check_ledger(lines: list[bytes], chain: list[str], messages: list[Any], pre
             p.append(f"{w}: tool_use_id is not a non-empty string")
             well_formed = False
         if "level" in rec and rec["level"] not in LEVELS:
-            p.append(f"{w}: level is {rec['level']!r}, not L1..L5 or manual")
+            p.append(f"{w}: level is {rec['level']!r}, not L1..L5, restore or manual")
             well_formed = well_formed and isinstance(rec["level"], str)
         if "reason" in rec and not isinstance(rec["reason"], str):
             p.append(f"{w}: reason is not a string")

@@ -281,13 +281,16 @@ def wrap(
     store_dir: str | os.PathLike[str] | None = None,
     pricing: Mapping[str, Mapping[str, Any]] | None = None,
     recent_tokens: int | None = None,
+    lookback_coverage: float | None = None,
 ) -> ClientT:
     """``client.with_middleware(CompactionMiddleware(...))``, validated now.
 
     Every request's model must be an id of the price table (or a dated id of one): another name
     (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
-    is sent. ``recent_tokens`` is the one knob for cost against recall: the newest tool output
-    kept verbatim (default 50,000 tokens; less is cheaper and forgets sooner, docs/policy.md).
+    is sent. ``lookback_coverage`` is the one knob for cost against recall: the newest history kept
+    verbatim is learnt, per session, to cover that share of the agent's own look-backs (default
+    0.925; less is cheaper and forgets sooner, docs/policy.md); ``recent_tokens`` fixes it in
+    tokens instead.
     ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
     purpose ($ per MTok; `pricing.custom` says what else may be given).
 
@@ -328,7 +331,7 @@ def wrap(
     options = EngineOptions(session_id=session_id, strategy=strategy, config=config, window_tokens=window_tokens,
                             prefix_messages=prefix_messages, scratchpad_tool=scratchpad_tool, diagnostics=diagnostics,
                             ttl=ttl, prefix_ttl=prefix_ttl, on_event=on_event, clock=clock, strict_models=True,
-                            recent_tokens=recent_tokens)
+                            recent_tokens=recent_tokens, lookback_coverage=lookback_coverage)
     mw = CompactionMiddleware(store, options=options, summarizer=summ, store_dir=store_dir)
     return client.with_middleware(mw)
 

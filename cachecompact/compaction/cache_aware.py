@@ -59,6 +59,7 @@ from .policy import (
     evaluate,
     limits,
 )
+from .restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
 from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range
 from .summarize.llm import ExtractiveSummarizer
@@ -101,10 +102,9 @@ class CacheAwareCompactor:
         self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
         self._last_tokens: int | None = None  # the request size after the previous turn's compaction
         self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
-        self._lookback = LookbackMeter(self.cfg.levels.key_fraction, self.cfg.levels.key_max_chars,
-                                       self.cfg.levels.min_clear_tokens)
-        self._recent_divisor = 1  # the lookback meter's step in force (1: the configured recent budget)
-        self._recent_entry = False  # new results are shortened by the learnt budget too
+        self._lookback = LookbackMeter(self.cfg.levels.min_clear_tokens)
+        self._learnt: int | None = None  # the learnt recent budget last reported (raw tokens; None: configured)
+        self._learnt_now: int | None = None  # the one this turn's limits use
         # the cache TTL: what this turn's request is rendered with (the engine reads both), and
         # the gaps it is chosen from
         fixed = self.cfg.economics.ttl
@@ -137,7 +137,8 @@ class CacheAwareCompactor:
         self._seen = len(t)
         asst = [i for i in range(len(t)) if t[i].role == "assistant"]
         self.steps = len(asst)
-        done = [e for e in self.session.ledger.entries if not e.reason.startswith(ON_ENTRY)]
+        done = [e for e in self.session.ledger.entries
+                if not e.reason.startswith(ON_ENTRY) and e.level != RESTORE_LEVEL]
         if done:
             at = done[-1].transcript_len
             self.last_compact_step = sum(1 for i in asst if i < at)
@@ -153,7 +154,7 @@ class CacheAwareCompactor:
                 "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
-                "recent_divisor": self._recent_divisor, "recent_entry": self._recent_entry,
+                "learnt": self._learnt,
                 "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
                 "sent": list(self._sent) if self._sent is not None else None,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
@@ -169,8 +170,8 @@ class CacheAwareCompactor:
             self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
             self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
-            self._recent_divisor = int(st.get("recent_divisor", 1))
-            self._recent_entry = bool(st.get("recent_entry", False))
+            learnt = st.get("learnt")
+            self._learnt = int(learnt) if isinstance(learnt, int) else None
             self.gaps = GapMeter.from_state(st.get("gaps"))
             self._first = False
             sent = st.get("sent")
@@ -228,43 +229,47 @@ class CacheAwareCompactor:
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
     def _limits(self, max_tokens: int, model: str) -> Limits:
-        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
+        s = self.session
+        prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
         price = priced(model)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
-        share = self.cfg.levels.lookback_miss_share
-        if share <= 0:
+        coverage = self.cfg.levels.lookback_coverage
+        if coverage <= 0:
             return lim
-        self._lookback.observe(self.session)
-        div = self._lookback.divisor(lim.configured_recent, share)
-        if div == 1:
+        self._lookback.observe(s)
+        room = lim.soft - prefix - self.cfg.levels.summary_tokens
+        cal = max(s.counter.calibration, 1e-9)
+        learnt = self._lookback.budget(coverage, int(room / cal))
+        self._learnt_now = learnt
+        if learnt is None:
             return lim
-        return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=lim.configured_recent // div,
-                      entry_learnt=self._lookback.divisor(lim.configured_recent, share, at_entry=True) > 1,
+        return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
                       write_over_read=ratio)
 
     def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
-        """An event when the lookback meter shrinks the recent budget, gives the configured one
-        back, or starts or stops shortening new results by it (by step, not by tokens: the
-        configured budget moves with the calibration at small windows)."""
-        div = lim.configured_recent // lim.keep_recent if 0 < lim.keep_recent < lim.configured_recent else 1
-        entry = lim.entry_recent < lim.configured_recent
-        if (div, entry) == (self._recent_divisor, self._recent_entry):
+        """An event when the budget learnt from the agent's look-backs first replaces the
+        configured one, and whenever it has moved by half or more since the last event (by the
+        meter's raw tokens, so a moving calibration does not repeat it)."""
+        learnt, before = self._learnt_now, self._learnt
+        if learnt == before or (learnt is not None and before is not None and before / 1.5 < learnt < before * 1.5):
             return
-        before, self._recent_divisor, self._recent_entry = self._recent_divisor, div, entry
-        # the counts the decision went by: at the new budget, or (when it grew back) at the old one
-        judged = lim.configured_recent // max(div, before) if lim.configured_recent else 0
-        far, lost = self._lookback.far_and_lost(judged)
-        what = (f"{lim.keep_recent} tokens, 1/{div} of the configured {lim.configured_recent}" if div > 1
-                else f"back to the configured {lim.configured_recent}")
-        arrival = f"; new results over {lim.big_result} tokens are shortened on arrival" if entry else ""
+        self._learnt = learnt
+        m = self._lookback
+        cal = max(self.session.counter.calibration, 1e-9)
+        far, at_risk = m.beyond(learnt if learnt is not None else int(lim.configured_recent / cal))
+        what = (f"learnt: {lim.keep_recent} tokens (configured {lim.configured_recent})" if learnt is not None
+                else f"back to the configured {lim.configured_recent} tokens")
+        coverage = self.cfg.levels.lookback_coverage
         report.events.append(self._emit(
-            "recent_budget", reason=f"recent budget {what}{arrival}: of the agent's {far} look-backs farther than "
-                                    f"{judged} tokens, {lost} reached a line no placeholder keeps",
-            detail={"divisor_before": before, "divisor": div, "recent_tokens": lim.keep_recent,
-                    "shorten_on_arrival": entry, "judged_at": judged, "far_lookbacks": far, "lost": lost}))
+            "recent_budget", reason=f"recent budget {what}, to cover {coverage:.1%} of the agent's look-backs: "
+                                    f"{far} of the {at_risk} that could reach past it did; {m.missed} of the "
+                                    f"{m.exposed} that reached into compacted history found no line of it in view",
+            detail={"recent_tokens": lim.keep_recent, "configured": lim.configured_recent, "learnt": learnt,
+                    "coverage": coverage, "beyond": far, "at_risk": at_risk, "exposed": m.exposed,
+                    "missed": m.missed, "lookbacks": len(m.lookbacks)}))
 
     def _now_tokens(self) -> int:
         return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
@@ -279,7 +284,8 @@ class CacheAwareCompactor:
             return p
         lv = self.cfg.levels
         after = max(p.break_at - 1, p.summarize[1] if p.summarize is not None else -1)
-        extra, removed = superseded_edits(view, after=after, skip_ids={e.tool_use_id for e in p.edits if e.tool_use_id},
+        own = {e.tool_use_id for e in p.edits if e.tool_use_id}
+        extra, removed = superseded_edits(view, after=after, skip_ids=own,
                                           write_tools=lv.write_tools, exempt_tools=lv.exempt_tools,
                                           min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
                                           key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars,
@@ -340,7 +346,7 @@ class CacheAwareCompactor:
         if p.summarize is not None:
             start, end = p.summarize
             # as many characters of verbatim lines as the summary has tokens: at most as big again
-            keep = working_lines(self.session, start, end, 4 * self.cfg.levels.summary_tokens)
+            keep = working_lines(self.session, start, end, self.cfg.levels.working_set_chars)
             edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
                                         body=body, cache_warm=not cold, verbatim=keep)
             cost = res.cost_usd
@@ -372,7 +378,7 @@ class CacheAwareCompactor:
         new = results_since(s, since)
         if new:
             p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
-                                                   turn_tokens=lim.entry_recent, preview_chars=lv.preview_chars,
+                                                   turn_tokens=lim.configured_recent, preview_chars=lv.preview_chars,
                                                    key_chars=lv.key_max_chars,
                                                    exempt_tools=self._l2_exempt))
             if p2.edits:
@@ -382,6 +388,8 @@ class CacheAwareCompactor:
                     report.events.append(self._emit("externalized", level="L2", reason=p2.reason,
                                                     tokens_before=tokens0, tokens_after=self._now_tokens(),
                                                     entries=[e.seq for e in entries]))
+        if lv.working_set_chars > 0:
+            self._restore(since, report)
         r = s.render(breakpoints=False)
         tokens = s.counter.calibrated(r.raw_tokens)
         if self._last_tokens is not None and tokens > self._last_tokens:
@@ -413,12 +421,30 @@ class CacheAwareCompactor:
                 self._deferred_old = old if (self._pending or tokens >= before) else None
         report.tokens_after = self._ensure_fits(tokens, lim, report)
         self._last_tokens = report.tokens_after
-        self._choose_ttl(model, report.tokens_after, edited=bool(report.entries), cold=cold)
+        # what changes bytes already sent: not the shortening of new results, nor lines given back to them
+        self._choose_ttl(model, report.tokens_after, edited=any(e.start < since for e in report.entries), cold=cold)
         if self._first:
             self._first = False
             if report.entries:
                 report.events.append(self._first_notice(report))
         return report
+
+    def _restore(self, since: int, report: TurnReport) -> None:
+        """Lines of hidden output that the newest calls named, appended to their results
+        (`compaction.restore`): never sent yet, so nothing cached changes."""
+        s = self.session
+        self._lookback.observe(s)
+        edited = frozenset(e.tool_use_id for e in report.entries if e.tool_use_id)
+        edits = restore_edits(s, self._lookback, since, self.cfg.levels.working_set_chars, skip_ids=edited)
+        if not edits:
+            return
+        before = self._now_tokens()
+        entries = self._apply_or_refuse(Proposal(RESTORE_LEVEL, RESTORE_REASON, edits=list(edits)), True, None)
+        if entries:
+            report.entries += entries
+            report.events.append(self._emit("restored", level=RESTORE_LEVEL, reason=RESTORE_REASON,
+                                            tokens_before=before,
+                                            tokens_after=self._now_tokens(), entries=[e.seq for e in entries]))
 
     def _first_notice(self, report: TurnReport) -> Event:
         """What the first request changed in the history the caller brought, and how to get it

@@ -1,61 +1,113 @@
-"""How far back the agent looks, and whether placeholders would have served it: the recent budget, learnt.
+"""How far back the agent looks: the recent budget, learnt from the agent's own calls.
 
-The recent budget (`LevelSettings.keep_recent_tokens`) keeps the newest tool output verbatim
-because a cleared result keeps only its key lines, and an agent may need another line of it.
-Whether it does is visible in the agent's own calls: when a call uses an identifier that an
-earlier tool result showed, that is a *look-back*, at a distance (the tool tokens from that
-result to now) and either **served** (a line naming it is one of the result's key lines, which
-a placeholder keeps) or not. An agent whose look-backs are all served (one that looks up
-definitions and settings) pays for a recent budget it does not need; one that quotes ordinary
-lines (most coding agents) needs it.
+A compaction keeps the newest history verbatim (the recent budget) because the agent comes
+back to what it read. How far back it comes shows in its own calls: when a call uses an
+identifier (a path, a symbol, an id) that earlier tool output showed, that is a **look-back**,
+and its **distance** is the tokens of history from that output to the end of the context the
+call was made from. One coding agent edits the file it read three turns ago; another cites a
+setting it read a hundred turns back. A budget that serves the second wastes money on the
+first, and one that suits the first loses the second's evidence.
 
-`LookbackMeter` follows the transcript after the immutable prefix (never cleared, so never
-at risk) and answers one question: by how much may the configured budget shrink? Each
-assistant turn whose calls reached back is one look-back; for a smaller budget only the
-look-backs that reached farther than it count, and of those the ones that reached an
-unserved line that far would have lost their evidence. The share is estimated with Jeffreys'
-prior, (lost + 1/2) / (far look-backs + 1), so a handful proves nothing: with none lost it
-takes 16 before a budget may shrink at a 3% share. A call that repeats an earlier one (a
-re-read) reached back to output no placeholder keeps whole. The meter only ever shrinks the
-configured budget, and everything it knows is derived from the transcript, so a restarted
-process or another replica computes the same answer. docs/policy.md has the rules.
+`LookbackMeter` follows the transcript after the immutable prefix (never cleared, so never at
+risk) and answers: how much recent history covers a share ``coverage`` of this agent's
+look-backs? For a budget K, only the look-backs made when more than K tokens of history lay
+behind the call could have reached past it (the others are *censored*: early in a session
+every look-back is short). The share that did reach past K is taken at the upper end of its
+Wilson interval (one standard error, as the TTL rule takes its shares), so a handful proves
+nothing, and the budget is the smallest of a geometric ladder whose share is at most
+``1 - coverage``. Until some budget qualifies, the configured one stands.
+
+A call that repeats an earlier call exactly (a re-read, a re-run) reached back to that call's
+output. The meter also keeps, per identifier, the newest tool-output lines that named it, for
+`compaction.restore`. Everything it knows is derived from the transcript, so a restarted
+process or another replica computes the same budget.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+import math
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..base.identifiers import identifiers, identifiers_in_input
-from ..base.keylines import key_lines
+from ..base.keylines import MAX_LINE
 from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, content_blocks, result_text
+from ..history.ledger import LedgerEntry, split_effective
 
 if TYPE_CHECKING:
     from ..history.session import Session
 
-__all__ = ["BUDGET_STEPS", "LookbackMeter"]
+__all__ = ["GIVEN_BACK_LEVEL", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "InView", "LookbackMeter", "wilson_upper"]
 
-BUDGET_STEPS = (4, 2)  # candidate budgets: the configured one divided by these, smallest first
+GIVEN_BACK_LEVEL = "restore"  # the ledger level of edits that give hidden lines back (`compaction.restore`)
+
+LADDER_RATIO = 1.25  # candidate budgets: a geometric ladder with this ratio
+LADDER_FLOOR = 2_000  # tokens: the smallest candidate (L3 keeps its last rounds whatever the budget)
+MIN_EXPECTED = 5  # look-backs expected past a budget before its share is trusted (the binomial's n*p >= 5)
+LINES_PER_IDENTIFIER = 4  # the newest tool-output lines kept per identifier, for `compaction.restore`
+
+
+def wilson_upper(k: int, n: int, z: float = 1.0) -> float:
+    """The upper end of the Wilson interval for ``k`` of ``n`` (1.0 when ``n`` is 0)."""
+    if n <= 0:
+        return 1.0
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return min(1.0, (centre + half) / (1 + z * z / n))
+
+
+class InView:
+    """Which tool-output lines a request showed, given the ledger edits in force for it: a line
+    of a result is in view when its result is not edited, or when the edit's text holds it
+    (a placeholder's kept lines, a summary's verbatim lines); a line given back to a later
+    result (`compaction.restore`) is in view there."""
+
+    def __init__(self, entries: Sequence[LedgerEntry]) -> None:
+        self.whole, self.targeted = split_effective(entries)
+        self._starts = [e.start for e in self.whole]
+        self.given_back = {x.strip() for e in entries if e.level == GIVEN_BACK_LEVEL
+                           for x in (e.summary or "").split("\n")}
+
+    def shows(self, message: int, tool_use_id: str, line: str) -> bool:
+        """Whether ``line`` of the result ``tool_use_id`` in ``message`` is in view there."""
+        k = bisect_right(self._starts, message) - 1
+        if k >= 0 and self.whole[k].start <= message <= self.whole[k].end:
+            e = self.whole[k]
+            return e.kind == "summary" and line in (e.summary or "")
+        t = self.targeted.get(message, {}).get(tool_use_id)
+        return t is None or (t.kind == "summary" and line in (t.summary or ""))
+
+    def any(self, lines: Iterable[tuple[int, str, str]]) -> bool:
+        """Whether any of these (message, tool_use_id, line) is in view, where it was or given back."""
+        return any(line in self.given_back or self.shows(m, tid, line) for m, tid, line in lines)
 
 
 class LookbackMeter:
     """The agent's look-backs in one session, observed incrementally from its transcript."""
 
-    def __init__(self, key_fraction: float, key_max_chars: int, min_clear_tokens: int = 0) -> None:
-        self.key_fraction = key_fraction
-        self.key_max_chars = key_max_chars
+    def __init__(self, min_clear_tokens: int = 0) -> None:
         self.min_clear_tokens = min_clear_tokens  # a smaller result is never cleared: repeating its call lost nothing
         self._seen = 0
-        self._tool_tokens = 0  # tool calls and results after the immutable prefix so far, raw tokens
-        # identifier -> (tool tokens before the newest result showing it, served); None: the prefix shows it
-        self._where: dict[str, tuple[int, bool] | None] = {}
-        self._calls: dict[bytes, int] = {}  # a call (name and input) -> tool tokens before its newest result
+        self._pos = 0  # raw tokens of history after the immutable prefix so far
+        # identifier -> position of the newest result after the prefix that showed it
+        self._where: dict[str, int] = {}
+        self.pinned: set[str] = set()  # identifiers the immutable prefix shows: never at risk
+        # identifier -> the newest lines naming it, as (message, tool_use_id, line)
+        self.lines: dict[str, deque[tuple[int, str, str]]] = {}
+        self._calls: dict[bytes, int] = {}  # a call (name and input) -> position of its newest result
         self._pending: dict[str, bytes] = {}  # tool_use id -> its call, until its result arrives
-        # one look-back per assistant turn that reached past the prefix: (farthest reach, farthest
-        # unserved reach or -1), in tool tokens
+        # one entry per look-back: (distance, history behind the call), raw tokens
         self.lookbacks: list[tuple[int, int]] = []
-        self._reach: list[int] = []  # the farthest reaches, sorted
-        self._unserved: list[int] = []  # the farthest unserved reaches, sorted
+        self._distance: list[int] = []  # in the order observed
+        self._span: list[int] = []  # in the order observed, which is ascending: history only grows
+        # look-backs whose newest evidence compaction had hidden, and those that found no line of it in view
+        self.exposed = 0
+        self.missed = 0
+        self._sorted_key: tuple[int, int] = (-1, -1)
+        self._sorted: list[int] = []  # the distances of the look-backs ``_sorted_key`` names, sorted
 
     def observe(self, session: Session) -> None:
         """Take in the messages appended since the last call (none until the prefix is complete)."""
@@ -68,25 +120,26 @@ class LookbackMeter:
             if i < pe:  # the prefix: only what its results show (never at risk)
                 for blk in blocks:
                     if isinstance(blk, ToolResultBlock):
-                        self._index(result_text(blk), None)
+                        self.pinned.update(identifiers(result_text(blk)))
                 continue
             uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
             if uses:
-                self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses])
+                self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses],
+                           i, session)
             plain = session.renderer.plain_message(i)
             for j, blk in enumerate(blocks):
+                start = self._pos
                 tokens = plain.blocks[j].tokens
-                if isinstance(blk, ToolUseBlock):
-                    self._tool_tokens += tokens
-                elif isinstance(blk, ToolResultBlock):
-                    start, self._tool_tokens = self._tool_tokens, self._tool_tokens + tokens
-                    call = self._pending.pop(blk.tool_use_id, None)
-                    if call is not None:
-                        if tokens >= self.min_clear_tokens:
-                            self._calls[call] = start
-                        else:
-                            self._calls.pop(call, None)
-                    self._index(result_text(blk), start)
+                self._pos += tokens
+                if not isinstance(blk, ToolResultBlock):
+                    continue
+                call = self._pending.pop(blk.tool_use_id, None)
+                if call is not None:
+                    if tokens >= self.min_clear_tokens:
+                        self._calls[call] = start
+                    else:
+                        self._calls.pop(call, None)
+                self._index(i, blk.tool_use_id, result_text(blk), start)
         self._seen = len(t)
 
     def _call(self, use: ToolUseBlock) -> int:
@@ -96,67 +149,93 @@ class LookbackMeter:
         key = call_key(use)
         self._pending[use.id] = key
         before = self._calls.get(key)
-        return self._tool_tokens - before if before is not None else -1
+        return self._pos - before if before is not None else -1
 
-    def _look(self, idents: list[str], reruns: list[int]) -> None:
-        """One look-back for a turn's calls: how far they reached, and how far to a line no
-        placeholder keeps (a re-run reached its earlier output, which no placeholder keeps whole)."""
-        reach = unserved = max(reruns, default=-1)
+    def _look(self, idents: list[str], reruns: list[int], message: int, session: Session) -> None:
+        """A look-back for each re-run and for each identifier the calls use that output after
+        the prefix showed; for those, whether compaction had hidden the newest line naming it
+        from the request the call was made from, and whether it hid every line. The identifier
+        is then where the agent last met it: in its own call, whose result carries its line
+        back if it was hidden (`compaction.restore`)."""
+        for d in reruns:
+            if d >= 0:
+                self._add(d)
+        view: InView | None = None
         for x in idents:
             at = self._where.get(x)
-            if at is None:  # never shown, or shown in the immutable prefix, which is never cleared
+            if at is None or x in self.pinned:
                 continue
-            d = self._tool_tokens - at[0]
-            reach = max(reach, d)
-            if not at[1]:
-                unserved = max(unserved, d)
-        if reach >= 0:
-            self.lookbacks.append((reach, unserved))
-            insort(self._reach, reach)
-            insort(self._unserved, unserved)
+            self._add(self._pos - at)
+            self._where[x] = self._pos
+            seen = [e for e in self.lines.get(x, ()) if e[0] < message]
+            if not seen:
+                continue
+            if view is None:
+                view = self._view(session, message)
+            if view is None:
+                continue
+            newest = seen[-1]
+            if newest[2] in view.given_back or view.shows(*newest):
+                continue
+            self.exposed += 1
+            self.missed += not view.any(seen)
 
-    def _index(self, text: str, start: int | None) -> None:
-        """Where each identifier of a new result was last seen, and whether a placeholder surely
-        keeps a line naming it there or in an earlier result (any visible line is evidence). An
-        identifier the immutable prefix shows is never lost: it is not tracked."""
-        if start is None:
-            for x in identifiers(text):
-                self._where[x] = None
-            return
-        here: dict[str, bool] = {}
-        # half the placeholder's line budget: what it keeps whatever working set takes the other half
-        budget = min(self.key_max_chars, int(self.key_fraction * len(text))) // 2
-        kept = set(key_lines(text, budget)) if budget > 0 else set()
-        for line in text.split("\n"):
-            served = line.rstrip() in kept
+    @staticmethod
+    def _view(session: Session, message: int) -> InView | None:
+        """What the request that produced assistant ``message`` showed: the edits appended before
+        it (a request renders the entries made while the transcript was shorter than ``message``
+        + 1 messages); None when nothing was edited yet."""
+        entries = session.ledger.entries
+        upto = bisect_right([e.transcript_len for e in entries], message)
+        return InView(session.ledger.effective(upto)) if upto else None
+
+    def _add(self, distance: int) -> None:
+        self.lookbacks.append((distance, self._pos))
+        self._distance.append(distance)
+        self._span.append(self._pos)
+
+    def _index(self, message: int, tool_use_id: str, text: str, start: int) -> None:
+        for raw in text.split("\n"):
+            line = raw.strip()
+            if not line:
+                continue
             for x in identifiers(line):
-                here[x] = here.get(x, False) or served
-        for x, served in here.items():
-            if x in self._where:
-                was = self._where[x]
-                if was is None:
-                    continue  # the prefix shows it
-                served = served or was[1]
-            self._where[x] = (start, served)  # the newest result is what a look-back reaches first
+                self._where[x] = start
+                if len(line) <= MAX_LINE:
+                    q = self.lines.get(x)
+                    if q is None:
+                        q = self.lines[x] = deque(maxlen=LINES_PER_IDENTIFIER)
+                    if not q or q[-1][2] != line:
+                        q.append((message, tool_use_id, line))
 
-    def far_and_lost(self, budget: int) -> tuple[int, int]:
-        """Look-backs that reached farther than ``budget``, and those of them that reached an
-        unserved line that far (their evidence would be gone at that budget)."""
-        return (len(self._reach) - bisect_right(self._reach, budget),
-                len(self._unserved) - bisect_right(self._unserved, budget))
+    def beyond(self, budget: int, behind: int = 0) -> tuple[int, int]:
+        """Look-backs made with more than max(``budget``, ``behind``) tokens of history behind
+        them (they could have reached past ``budget``), and how many of them did."""
+        first = bisect_right(self._span, max(budget, behind))
+        at_risk = len(self._span) - first
+        if at_risk == 0:
+            return 0, 0
+        key = (first, len(self._span))
+        if self._sorted_key != key:
+            self._sorted_key, self._sorted = key, sorted(self._distance[first:])
+        return at_risk - bisect_right(self._sorted, budget), at_risk
 
-    def divisor(self, configured: int, miss_share: float, *, at_entry: bool = False) -> int:
-        """The largest of `BUDGET_STEPS` by which ``configured`` may be divided: among the agent's
-        look-backs farther than the smaller budget, the estimated share that would lose their
-        evidence is at most ``miss_share``; 1 if none qualifies (or the meter is off).
-
-        ``at_entry``: may results also be shortened on arrival by the smaller budget? Such a
-        result is shortened at any distance, so every look-back counts, near ones included."""
-        if miss_share <= 0 or configured <= 0:
-            return 1
-        for div in BUDGET_STEPS:
-            far, lost = self.far_and_lost(0 if at_entry else configured // div)
-            if (lost + 0.5) / (far + 1) <= miss_share:
-                return div
-        return 1
-
+    def budget(self, coverage: float, cap: int) -> int | None:
+        """The smallest budget of the ladder (up to ``cap``) past which at most ``1 - coverage`` of
+        the look-backs that could reach it did, at the upper end of the Wilson interval, judged
+        on at least 5 / (1 - coverage) of them (so that five would be expected past it: fewer say
+        nothing about a tail); None when no budget qualifies yet (or ``coverage`` is 0: the
+        meter is off)."""
+        if coverage <= 0 or cap <= 0:
+            return None
+        allowed = 1.0 - coverage
+        if allowed <= 0:
+            return None
+        enough = math.ceil(MIN_EXPECTED / allowed)
+        k = float(LADDER_FLOOR)
+        while k <= cap:
+            far, at_risk = self.beyond(int(k))
+            if at_risk >= enough and wilson_upper(far, at_risk) <= allowed:
+                return int(k)
+            k *= LADDER_RATIO
+        return None

@@ -108,19 +108,22 @@ class LevelSettings:
     keep_rounds_l4: int = 4
     preview_chars: int = 2_000  # L2 keeps this much of the output verbatim
     summary_tokens: int = 1_500  # planning estimate of a summary's size (3/4 of the summarizer's max_tokens)
-    lookback_miss_share: float = 0.03  # shrink the recent budget only if the agent's look-backs show at most this
-    # share would lose their evidence (`cachecompact.compaction.lookback`); 0 keeps the configured budget
+    working_set_chars: int = 3_000  # verbatim lines of old output the agent used: a summary keeps this many
+    # characters of them, and a turn gets back at most this many of the hidden ones its calls name (fitted; 0: off)
+    lookback_coverage: float = 0.925  # the one knob: the recent budget is learnt to cover this share of the
+    # agent's own look-backs (`cachecompact.compaction.lookback`); 0 keeps the configured budget
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("keep_recent_results", "keep_rounds_l3", "keep_rounds_l4", "preview_chars", "summary_tokens"):
+        for name in ("keep_recent_results", "keep_rounds_l3", "keep_rounds_l4", "preview_chars", "summary_tokens",
+                     "working_set_chars"):
             if getattr(self, name) < 0:
                 _bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_recent_tokens < 0:
             _bad("keep_recent_tokens must be >= 0")
-        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_miss_share"):
+        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_coverage"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
@@ -178,9 +181,8 @@ class Limits:
     soft: int
     hard: int
     critical: int
-    keep_recent: int  # newest tool output L1/L2 keep verbatim: what fits beside the prefix and a summary, or learnt
-    configured_recent: int  # the same before the lookback meter: what L3 goes by
-    entry_recent: int  # what shortening on entry goes by: the configured budget, or the learnt one (see lookback)
+    keep_recent: int  # the recent budget every level keeps verbatim: learnt, or configured, within the room
+    configured_recent: int  # the configured budget within the room (before the agent's look-backs are known)
     collapse_keep: int  # what L3 keeps after its summary: the recent budget, at most a share of the window
     big_result: int  # a new result over this is shortened on entry
     old_result: int
@@ -199,15 +201,13 @@ class Limits:
 
 
 def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
-           recent_tokens: int | None = None, entry_learnt: bool = False,
-           write_over_read: float = DEFAULT_WRITE_OVER_READ) -> Limits:
+           recent_tokens: int | None = None, write_over_read: float = DEFAULT_WRITE_OVER_READ) -> Limits:
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
     ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
-    ``growth`` the most one turn has added lately, and ``recent_tokens`` a recent budget learnt
-    from the session (`cachecompact.compaction.lookback`) for L1 and L2, and with ``entry_learnt`` for
-    shortening on entry too; L3's kept tail keeps the configured budget (a summary keeps no
-    key lines, so the meter cannot tell what a smaller tail loses). ``write_over_read`` is the
-    model's cache-write price over its cache-read price, which places ``hard``."""
+    ``growth`` the most one turn has added lately, and ``recent_tokens`` the recent budget learnt
+    from the agent's look-backs (`cachecompact.compaction.lookback`; None: the configured one),
+    which every level keeps verbatim. ``write_over_read`` is the model's cache-write price over
+    its cache-read price, which places ``hard``."""
     reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
     limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
     t, lv = cfg.triggers, cfg.levels
@@ -216,7 +216,8 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     critical = max(soft + 2, int(t.critical * limit) if t.critical is not None else limit - step)
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     configured = min(lv.keep_recent_tokens, room)
-    collapse_keep = min(configured, int(lv.collapse_keep_share * window))
+    keep = configured if recent_tokens is None else min(recent_tokens, room)
+    collapse_keep = min(keep, int(lv.collapse_keep_share * window))
     if t.hard is not None:  # as set, but strictly between soft and critical after rounding
         hard = min(critical - 1, max(soft + 1, int(t.hard * limit)))
     elif not cfg.economics.cache_aware:
@@ -231,16 +232,15 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     min_batch = int(cfg.economics.min_batch_fraction * window)
     if cfg.economics.cache_aware and t.hard is None:
         min_batch = min(min_batch, max(0, hard - prefix_tokens - collapse_keep - lv.summary_tokens))
-    keep = configured if recent_tokens is None else min(recent_tokens, configured)
-    entry = keep if entry_learnt else configured
     # a collapse cycle that fits below soft (a large window): compacting aims at its bottom, what
     # a collapse keeps plus one turn; else at soft, as the window decides
     bottom = prefix_tokens + collapse_keep + lv.summary_tokens + (growth or step)
     target = soft if hard > soft else min(soft, bottom)
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical, target=target,
-                  keep_recent=keep, configured_recent=configured, entry_recent=entry,
-                  collapse_keep=collapse_keep,
-                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * entry)),
+                  keep_recent=keep, configured_recent=configured, collapse_keep=collapse_keep,
+                  # a result too big to carry whole is judged by the configured budget: the learnt one
+                  # says how far back the agent looks, not what it must see once
+                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * configured)),
                   old_result=lv.old_result_tokens, min_batch=min_batch,
                   max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
 

@@ -31,8 +31,9 @@ class EngineOptions:
     ``scratchpad_tool`` adds ``read_scratchpad`` to new sessions; ``diagnostics`` asks the API
     for its cache-miss diagnostics; ``ttl`` / ``prefix_ttl`` fix the cache TTL (default: the
     policy chooses); ``on_event`` receives every `Event`; ``clock`` is the time source;
-    ``strict_models`` refuses a model the price table does not list; ``recent_tokens`` is the
-    one knob for cost against recall (docs/policy.md)."""
+    ``strict_models`` refuses a model the price table does not list; ``lookback_coverage`` is
+    the one knob for cost against recall: the recent budget is learnt to cover that share of the
+    agent's own look-backs; ``recent_tokens`` fixes the budget instead (docs/policy.md)."""
 
     session_id: str | None = None
     strategy: str | StrategyConfig = "cachecompact"
@@ -47,6 +48,7 @@ class EngineOptions:
     clock: Callable[[], float] = time.time
     strict_models: bool = False
     recent_tokens: int | None = None
+    lookback_coverage: float | None = None
 
     def __post_init__(self) -> None:
         if self.session_id is not None:
@@ -73,6 +75,12 @@ class EngineOptions:
         r = self.recent_tokens
         if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 0):
             raise ConfigError(f"recent_tokens must be a non-negative integer of tokens, got {r!r}")
+        c = self.lookback_coverage
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1):
+            raise ConfigError(f"lookback_coverage must be a share between 0 and 1 (exclusive), got {c!r}")
+        if r is not None and c is not None:
+            raise ConfigError("give recent_tokens (a fixed recent budget) or lookback_coverage (a budget learnt from "
+                              "the agent's look-backs), not both")
         self.strategy_config()  # an unknown strategy, or a knob its strategy does not have, fails now
 
     @classmethod
@@ -97,18 +105,25 @@ class EngineOptions:
 
     def strategy_config(self) -> StrategyConfig:
         """The strategy's config with these options applied: ``config`` as its policy, the recent
-        budget (``recent_tokens``), and a fixed ``ttl`` as the TTL the policy prices with."""
+        budget (``lookback_coverage`` learns it, ``recent_tokens`` fixes it), and a fixed ``ttl``
+        as the TTL the policy prices with."""
         cfg = get_strategy(self.strategy) if isinstance(self.strategy, str) else self.strategy
         if not callable(getattr(cfg, "build", None)):
             raise ConfigError(f"strategy must be a registered name or a strategy config, got {self.strategy!r}")
         out = with_policy(cfg, self.config)
         pol = getattr(out, "policy", None)
-        if self.recent_tokens is not None:
+        knob = ("recent_tokens" if self.recent_tokens is not None else
+                "lookback_coverage" if self.lookback_coverage is not None else None)
+        if knob is not None:
             if not isinstance(pol, PolicyConfig):
-                raise ConfigError(f"recent_tokens sets the cachecompact policy's recent budget; strategy "
+                raise ConfigError(f"{knob} sets the cachecompact policy's recent budget; strategy "
                                   f"{getattr(cfg, 'name', cfg)!r} has no such policy")
-            # the cost-versus-recall knob (docs/policy.md, "The one knob")
-            pol = dc_replace(pol, levels=dc_replace(pol.levels, keep_recent_tokens=self.recent_tokens))
+            # the cost-versus-recall knob (docs/policy.md, "The one knob"): a coverage to learn the
+            # budget by, or a budget fixed in tokens (learning off)
+            levels = (dc_replace(pol.levels, keep_recent_tokens=self.recent_tokens, lookback_coverage=0.0)
+                      if self.recent_tokens is not None else
+                      dc_replace(pol.levels, lookback_coverage=float(self.lookback_coverage or 0.0)))
+            pol = dc_replace(pol, levels=levels)
             out = with_policy(out, pol)
         if self.ttl is not None and isinstance(pol, PolicyConfig) and pol.economics.ttl == "auto":
             # the caller fixed the TTL: the policy prices its decisions with that one

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 GENESIS_HASH = "0" * 64
-LEVELS = ("L1", "L2", "L3", "L4", "L5", "manual")
+LEVELS = ("L1", "L2", "L3", "L4", "L5", "restore", "manual")
 Kind = Literal["skip", "summary"]
 
 

@@ -244,7 +244,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
                       window_tokens=args.window,
-                      engine_options={} if args.recent_tokens is None else {"recent_tokens": args.recent_tokens})
+                      engine_options={k: v for k, v in (("recent_tokens", args.recent_tokens),
+                                                        ("lookback_coverage", args.lookback_coverage))
+                                      if v is not None})
     cfg.check()
     proxy = Proxy(cfg)
 
@@ -420,6 +422,18 @@ def _int_in(name: str, lo: int, hi: int | None = None) -> Any:
             rule = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
             raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {n}")
         return n
+    return parse
+
+
+def _share(name: str) -> Any:
+    def parse(v: str) -> float:
+        try:
+            q = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
+        if not 0 < q < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1 (exclusive), got {v}")
+        return q
     return parse
 
 
@@ -632,9 +646,11 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
                                          "needed only when listening beyond loopback")
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
+    px.add_argument("--lookback-coverage", type=_share("--lookback-coverage"), default=None, metavar="Q",
+                    help="compact mode: the cost-versus-recall knob: the newest history kept verbatim covers this "
+                         "share of the agent's own look-backs, learnt per session (default 0.925; docs/policy.md)")
     px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
-                    help="compact mode: the newest N tokens of tool output always kept verbatim, the cost-versus-"
-                         "recall knob (default 50000; docs/policy.md)")
+                    help="compact mode: fix the recent budget at N tokens instead of learning it")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")
     px.set_defaults(func=cmd_proxy)

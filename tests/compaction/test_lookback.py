@@ -1,39 +1,35 @@
-"""The lookback meter: the recent budget shrinks only for an agent whose look-backs placeholders serve."""
+"""The lookback meter: how far back the agent looks, and the recent budget learnt from it."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cachecompact import Session
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
-from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
-from cachecompact.compaction.levels import build_view, propose_micro
-from cachecompact.compaction.lookback import BUDGET_STEPS, LookbackMeter
-from cachecompact.compaction.policy import LevelSettings, PolicyConfig
-from cachecompact.tools.bench.tasks import make_task, run_task
+from cachecompact.compaction.lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter, wilson_upper
+from cachecompact.history.ledger import ReplaceWithSummary
 
 from .test_levels import GOAL, tool_turn
 from .test_policy import _grow, cfg
 
 
 def _file(rng: random.Random, k: int) -> str:
-    """A module with one setting (a key line) among ordinary indented lines naming ``local_k_j``."""
+    """A module with one setting among ordinary indented lines naming ``local_k_j`` (about 1k tokens)."""
     body = [f"    local_{k}_{j} = compute_{rng.randint(100, 999)}(x)" for j in range(60)]
     return "\n".join([f"SETTING_{k} = {rng.randint(1000, 9999)}", "def run(x):", *body, "    return x"])
 
 
-def _agent(quote: str, turns: int = 40, gap: int = 6) -> list[dict[str, Any]]:
-    """An agent that reads one file per turn and, from turn ``gap`` on, also names something it
-    read ``gap`` turns earlier: the setting (a key line) or an ordinary line."""
+def _agent(turns: int = 40, gap: int = 6) -> list[dict[str, Any]]:
+    """An agent that reads one file per turn and, from turn ``gap`` on, also names a line of the
+    file it read ``gap`` turns earlier."""
     rng = random.Random(7)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
     for k in range(turns):
         inp: dict[str, Any] = {"path": f"mod_{k}.py"}
         if k >= gap:
-            inp["note"] = f"SETTING_{k - gap}" if quote == "setting" else f"local_{k - gap}_30"
+            inp["note"] = f"local_{k - gap}_30"
         msgs += tool_turn(k, "read", _file(rng, k), inp)
     return msgs
 
@@ -41,162 +37,151 @@ def _agent(quote: str, turns: int = 40, gap: int = 6) -> list[dict[str, Any]]:
 def _meter(msgs: list[dict[str, Any]], store: Path | None = None, prefix: int = 1) -> tuple[LookbackMeter, Session]:
     s = Session.create(store, prefix_messages=prefix)
     s.sync(msgs)
-    lv = LevelSettings()
-    m = LookbackMeter(lv.key_fraction, lv.key_max_chars, lv.min_clear_tokens)
+    m = LookbackMeter(300)
     m.observe(s)
     return m, s
 
 
-def test_served_lookbacks_shrink_the_budget_and_unserved_ones_do_not() -> None:
-    served, _ = _meter(_agent("setting"))
-    unserved, _ = _meter(_agent("ordinary"))
-    assert len(served.lookbacks) == len(unserved.lookbacks) == 34
-    assert all(u < 0 for _, u in served.lookbacks) and all(u == r for r, u in unserved.lookbacks)
-    configured = 8_000  # each file is about 1k tokens: a look-back 6 files back reaches past a quarter of it
-    assert served.far_and_lost(configured // 4) == (34, 0)
-    assert served.divisor(configured, 0.03) == BUDGET_STEPS[0]
-    assert unserved.divisor(configured, 0.03) == 1
-    assert served.divisor(configured, 0.0) == 1  # 0 turns the meter off
+def test_a_lookback_is_measured_to_the_output_it_reached_and_counts_the_history_behind_it() -> None:
+    m, s = _meter(_agent(turns=20, gap=6))
+    assert len(m.lookbacks) == 14
+    distances = [d for d, _ in m.lookbacks]
+    spans = [sp for _, sp in m.lookbacks]
+    assert spans == sorted(spans)  # history only grows
+    assert 4_000 < min(distances) and max(distances) < 6_000  # six files of about 760 tokens back
+    assert all(d < sp for d, sp in m.lookbacks)
+
+
+def test_the_budget_covers_the_share_asked_for_and_no_more() -> None:
+    m, _ = _meter(_agent(turns=80, gap=6))  # every look-back reaches about 4.6k tokens back
+    budget = m.budget(0.9, cap=200_000)
+    assert budget is not None and 4_600 < budget < 4_600 * LADDER_RATIO ** 2
+    far, at_risk = m.beyond(budget)
+    assert far == 0 and at_risk >= MIN_EXPECTED / 0.1
+    # an agent that reaches twice as far needs about twice the budget
+    far_agent, _ = _meter(_agent(turns=80, gap=12))
+    bigger = far_agent.budget(0.9, cap=200_000)
+    assert bigger is not None and bigger > 1.7 * budget
+    assert m.budget(0.0, cap=200_000) is None  # the meter is off
+
+
+def test_look_backs_made_with_little_history_behind_them_say_nothing_about_far_budgets() -> None:
+    """Early in a session every look-back is short because nothing lies far behind: those made
+    with less history than a budget are not counted for or against it."""
+    m, _ = _meter(_agent(turns=60, gap=1))  # about 45k tokens of history in all
+    far, at_risk = m.beyond(50_000)
+    assert (far, at_risk) == (0, 0)
+    assert m.budget(0.9, cap=40_000) is not None  # near budgets have evidence
+    assert 0 < m.beyond(20_000)[1] < len(m.lookbacks)
 
 
 def test_a_handful_of_lookbacks_proves_nothing() -> None:
-    few, _ = _meter(_agent("setting", turns=20))  # 14 look-backs: Jeffreys' estimate stays above 3%
-    assert len(few.lookbacks) == 14 and few.divisor(8_000, 0.03) == 1
-    more, _ = _meter(_agent("setting", turns=23))
-    assert len(more.lookbacks) == 17 and more.divisor(8_000, 0.03) > 1
-
-
-def test_one_turn_is_one_lookback_however_many_names_it_uses() -> None:
-    """Twenty settings quoted in one call are one sample, not twenty."""
-    msgs = _agent("setting", turns=12, gap=100)  # no look-backs of its own
-    msgs += tool_turn(99, "record", "ok", {"names": [f"SETTING_{k}" for k in range(12)]})
-    m, _ = _meter(msgs)
-    assert len(m.lookbacks) == 1 and m.divisor(4_000, 0.03) == 1
-
-
-def test_only_lookbacks_beyond_a_budget_decide_it() -> None:
-    """Near look-backs cannot be lost at a smaller budget, so they do not dilute the far ones."""
-    msgs = _agent("setting", turns=40, gap=1)  # 39 served look-backs one file back
-    m, _ = _meter(msgs)
-    assert m.far_and_lost(4_000) == (0, 0) and m.divisor(16_000, 0.03) == 1  # no evidence about 4k
-
-
-def test_shortening_on_arrival_follows_only_when_near_lookbacks_are_served_too() -> None:
-    """Each turn quotes a setting six files back (served) and an ordinary line of the file just
-    read (unserved, but near): L1/L2 may keep less, yet new results must arrive whole."""
-    rng = random.Random(7)
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
-    for k in range(40):
-        inp: dict[str, Any] = {"path": f"mod_{k}.py"}
-        if k >= 6:
-            inp["note"] = f"SETTING_{k - 6}"
-            inp["line"] = f"local_{k - 1}_30"
-        msgs += tool_turn(k, "read", _file(rng, k), inp)
-    m, _ = _meter(msgs)
-    assert m.divisor(8_000, 0.03) == BUDGET_STEPS[0]
-    assert m.divisor(8_000, 0.03, at_entry=True) == 1
-    served, _ = _meter(_agent("setting"))
-    assert served.divisor(8_000, 0.03, at_entry=True) == BUDGET_STEPS[0]
+    """Five far look-backs are expected before a share of (1 - coverage) is trusted."""
+    enough = MIN_EXPECTED / 0.1
+    few, _ = _meter(_agent(turns=int(enough) + 2, gap=1))
+    assert few.budget(0.9, cap=200_000) is None
+    more, _ = _meter(_agent(turns=int(enough) + 20, gap=1))
+    assert more.budget(0.9, cap=200_000) is not None
+    assert wilson_upper(0, 9) <= 0.1 < wilson_upper(0, 8)
 
 
 def test_lookbacks_into_the_immutable_prefix_are_never_at_risk() -> None:
-    msgs = _agent("ordinary", turns=12)
+    msgs = _agent(turns=12, gap=1)
     m, _ = _meter(msgs, prefix=len(msgs) - 2)  # everything but the last turn is the prefix
     assert m.lookbacks == []
 
 
-def test_a_rerun_of_an_earlier_call_reached_back_to_output_no_placeholder_keeps() -> None:
-    msgs = _agent("setting", turns=30, gap=100)
+def test_a_rerun_of_an_earlier_call_reached_back_to_its_output() -> None:
+    msgs = _agent(turns=30, gap=100)  # no look-backs of its own
     msgs += tool_turn(100, "read", "again", {"path": "mod_3.py"})  # the call of turn 3, again
     m, _ = _meter(msgs)
-    assert len(m.lookbacks) == 1
-    reach, unserved = m.lookbacks[0]
-    assert unserved == reach > 20_000
+    assert len(m.lookbacks) == 1 and m.lookbacks[0][0] > 20_000
 
 
 def test_repeating_a_call_whose_result_is_never_cleared_lost_nothing() -> None:
     """Recording the same finding twice is not a re-read: a one-word result is never cleared."""
-    msgs = _agent("setting", turns=30, gap=100)
+    msgs = _agent(turns=30, gap=100)
     msgs += tool_turn(100, "record", "recorded", {"note": "same"})
-    rng = random.Random(3)
-    for k in range(30):  # far more output in between
-        msgs += tool_turn(200 + k, "read", _file(rng, 500 + k), {"path": f"other_{k}.py"})
     msgs += tool_turn(101, "record", "recorded", {"note": "same"})
     m, _ = _meter(msgs)
     assert m.lookbacks == []
 
 
-def test_what_the_meter_counts_as_served_a_real_placeholder_keeps() -> None:
-    """The meter's key lines are a subset of what L1's placeholder keeps, whatever its working set."""
-    msgs = _agent("setting", turns=30)
-    s = Session.create(None, prefix_messages=1)
-    s.sync(msgs)
-    view = build_view(s)
-    lv = LevelSettings()
-    p = propose_micro(view, keep_recent=3, write_tools=lv.write_tools, exempt_tools=frozenset(),
-                      min_tokens=lv.min_clear_tokens, keep_recent_tokens=2_000, key_fraction=lv.key_fraction,
-                      key_max_chars=lv.key_max_chars)
-    cleared = {e.start: e.summary for e in p.edits}
-    assert len(cleared) > 20
-    for i, text in cleared.items():
-        k = (i - 2) // 2
-        assert f"SETTING_{k} = " in text
+def test_a_name_the_agent_used_again_is_measured_from_its_last_use() -> None:
+    """Once the agent has named something, its line is in its working set (or given back): the
+    next look-back to it reaches only as far as that use."""
+    msgs = _agent(turns=30, gap=100)
+    msgs += tool_turn(100, "edit", "ok", {"note": "local_2_30"})  # far: 28 files back
+    msgs += tool_turn(101, "edit", "ok", {"note": "local_2_30"})  # near: one turn back
+    m, _ = _meter(msgs)
+    (far, _), (near, _) = m.lookbacks
+    assert far > 20_000 and near < 500
 
 
 def test_the_meter_is_derived_from_the_transcript_alone(tmp_path: Path) -> None:
     """A restarted process (or another replica) learns the same budget from the stored session."""
-    msgs = _agent("setting")
+    msgs = _agent()
     first, s = _meter(msgs, tmp_path / "store")
-    again = LookbackMeter(LevelSettings().key_fraction, LevelSettings().key_max_chars)
+    again = LookbackMeter(300)
     again.observe(Session.open(tmp_path / "store", s.session_id))
     assert again.lookbacks == first.lookbacks
-    # observed in two steps, the same as in one
-    half = LookbackMeter(LevelSettings().key_fraction, LevelSettings().key_max_chars)
+    half = LookbackMeter(300)  # observed in two steps, the same as in one
     s2 = Session.create(None, prefix_messages=1)
     s2.sync(msgs[:31])
     half.observe(s2)
     s2.sync(msgs)
     half.observe(s2)
-    assert half.lookbacks == first.lookbacks
+    assert half.lookbacks == first.lookbacks and half.budget(0.9, 10**6) == first.budget(0.9, 10**6)
 
 
-def test_a_lookup_agent_at_a_small_window_pays_less_with_the_meter() -> None:
-    """Through the SDK and the emulator: the closed-loop task's facts are settings and signatures,
-    which placeholders keep, so the learnt budget passes with no re-read for less."""
-    register_strategy("cachecompact-no-lookback", CachecompactConfig(policy=PolicyConfig(
-        levels=replace(LevelSettings(), lookback_miss_share=0.0))))
-    # task 2: on task 1 the no-thrash rule's shorter collapses leave the meter nothing to gain
-    off = run_task(make_task(2), "cachecompact-no-lookback", window=50_000)
-    on = run_task(make_task(2), "cachecompact", window=50_000)
-    assert off.passed and on.passed and off.rereads == on.rereads == 0
-    assert on.cost_usd < 0.95 * off.cost_usd
-
-
-def test_the_compactor_says_when_the_budget_changes_once_not_per_calibration() -> None:
-    msgs = _agent("setting", turns=40)
+def test_the_meter_counts_the_lookbacks_that_compaction_left_without_evidence() -> None:
+    """A look-back whose newest line compaction hid is exposed, and it missed when no line naming
+    it was in view; a line the summary kept verbatim is in view. The ledger at the time of the
+    call decides, as the request showed it."""
+    msgs = _agent(turns=12, gap=100)
     s = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(24_000))
+    s.sync(msgs)
+    kept = next(x.strip() for x in msgs[4]["content"][0]["content"].split("\n") if "local_1_30 " in x)
+    s.edit(ReplaceWithSummary(1, 8, f"[summary of the first four reads]\n{kept}", "test"), level="L3")
+    msgs += tool_turn(200, "edit", "ok", {"note": "local_1_30"})  # the summary's verbatim line shows it
+    msgs += tool_turn(201, "edit", "ok", {"note": "local_2_30"})  # nothing shows it
+    msgs += tool_turn(202, "edit", "ok", {"note": "local_9_30"})  # its read is in view
+    s.sync(msgs)
+    m = LookbackMeter(300)
+    m.observe(s)
+    assert len(m.lookbacks) == 3
+    assert (m.exposed, m.missed) == (1, 1)
+
+
+def test_lines_given_back_are_in_view_where_they_were_given_back() -> None:
+    line = "local_0_30 = compute_555(x)"
+    s = Session.create(None, prefix_messages=1)
+    s.sync(_agent(turns=4, gap=100))
+    s.edit(ReplaceWithSummary(6, 6, f"ok\n\n[given back]\n{line}", "given back", tool_use_id="toolu_2"),
+           level="restore")
+    view = InView(s.ledger.effective())
+    assert line in view.given_back and view.any([(2, "toolu_0", line)])
+    assert not view.shows(6, "toolu_2", "a line the edit does not hold")
+    assert view.shows(4, "toolu_1", "any line of an unedited result")
+
+
+def test_the_compactor_learns_the_budget_and_says_so_once_per_step() -> None:
+    msgs = _agent(turns=100, gap=3)
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(200_000, lookback_coverage=0.9))
     events = []
     for k, i in enumerate(range(1, len(msgs), 2)):
         s.counter.calibration = 1.10 + 0.01 * (k % 3)  # as reported usage would move it
         events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
     changes = [e for e in events if e.kind == "recent_budget"]
-    assert len(changes) == 1 and changes[0].detail["divisor"] == BUDGET_STEPS[0]
-    assert changes[0].detail["far_lookbacks"] >= 16 and changes[0].detail["lost"] == 0
-    assert c.state()["recent_divisor"] == BUDGET_STEPS[0]
-    # one look-back to an ordinary line far back: the budget grows back, and the event names
-    # the counts at the smaller budget that failed
-    ordinary = tool_turn(500, "read", "ok", {"path": "x.py", "note": "local_30_30"})
-    back = [e for e in _grow(s, c, [ordinary], t0=1_000.0) if e.kind == "recent_budget"]
-    assert len(back) == 1 and back[0].detail["divisor"] == 1 and back[0].detail["lost"] == 1
-    assert back[0].detail["judged_at"] == c._limits(1000, "claude-sonnet-4-6").configured_recent // BUDGET_STEPS[0]
-    assert "back to the configured" in back[0].reason
-    # L3's kept tail keeps the configured budget
-    s2 = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s2, cfg(24_000))
-    _grow(s2, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
+    assert len(changes) == 1 and changes[0].detail["learnt"] is not None
     lim = c._limits(1000, "claude-sonnet-4-6")
-    assert lim.keep_recent == lim.configured_recent // BUDGET_STEPS[0]
-    assert lim.entry_recent == lim.keep_recent  # every look-back served: new results are shortened by it too
-    assert lim.big_result == max(lim.old_result, int(LevelSettings().big_result_share * lim.keep_recent))
-    assert lim.collapse_keep == min(lim.configured_recent, int(LevelSettings().collapse_keep_share * 24_000))
+    assert lim.keep_recent < lim.configured_recent  # three files back is far less than 50k tokens
+    assert lim.collapse_keep == lim.keep_recent  # L3 keeps what the agent looks back into
+    assert c.state()["learnt"] == changes[0].detail["learnt"]
+    # a fixed budget: no learning
+    fixed = CacheAwareCompactor.for_session(Session.create(None, prefix_messages=1),
+                                            cfg(200_000, lookback_coverage=0.0))
+    _grow(fixed.session, fixed, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
+    flim = fixed._limits(1000, "claude-sonnet-4-6")
+    assert flim.keep_recent == flim.configured_recent

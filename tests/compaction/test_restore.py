@@ -1,0 +1,148 @@
+"""Giving back what the agent reached for: hidden lines its newest calls name return beside their results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+import cachecompact
+from cachecompact import Session
+from cachecompact.compaction.cache_aware import CacheAwareCompactor
+from cachecompact.compaction.lookback import LookbackMeter
+from cachecompact.compaction.restore import RESTORE_HEADER, RESTORE_LEVEL, restore_edits
+from cachecompact.history.ledger import ReplaceWithSummary
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder
+from cachecompact.tools.emulator.responders import Reply
+
+from .test_levels import GOAL, tool_turn
+from .test_policy import _grow, cfg
+
+SETTING = "    apply_retry_limit(17)"  # an ordinary line: no placeholder or summary keeps it
+
+
+def _reads(n: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    msgs += tool_turn(0, "read", "\n".join([SETTING, *(f"line {k} of config.py" for k in range(300))]),
+                      {"path": "config.py"})
+    for k in range(1, n):
+        msgs += tool_turn(k, "read", "\n".join(f"other_{k} line {j}" for j in range(300)), {"path": f"f{k}.py"})
+    return msgs
+
+
+def _collapsed(msgs: list[dict[str, Any]]) -> Session:
+    """The reads, with the first ones collapsed into a summary that keeps no line of config.py."""
+    s = Session.create(None, prefix_messages=1)
+    s.sync(msgs)
+    s.edit(ReplaceWithSummary(1, 6, "[summary: read config.py and two other files]", "test"), level="L3")
+    return s
+
+
+def _plan(s: Session, since: int, budget: int = 3_000) -> list[ReplaceWithSummary]:
+    m = LookbackMeter(300)
+    m.observe(s)
+    return restore_edits(s, m, since, budget)
+
+
+def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> None:
+    msgs = _reads(6)
+    s = _collapsed(msgs)
+    since = len(msgs)
+    msgs += tool_turn(50, "edit", "The file config.py has been updated.", {"path": "config.py", "old": "apply_retry_limit"})
+    s.sync(msgs)
+    edits = _plan(s, since)
+    assert len(edits) == 1
+    e = edits[0]
+    assert (e.start, e.end, e.tool_use_id) == (since + 1, since + 1, "toolu_50")  # the result never sent yet
+    assert e.summary is not None and e.summary.startswith("The file config.py has been updated.")
+    assert RESTORE_HEADER in e.summary and SETTING.strip() in e.summary
+    entry = s.edit(e, level=RESTORE_LEVEL)
+    assert SETTING.strip() in str(s.render().body["messages"][-1])
+    assert s.transcript[since + 1] is not None  # the transcript keeps the original result
+    assert "apply_retry_limit" not in str(s.messages()[since + 1])
+    # the next call naming it finds the line given back: nothing more is added
+    since2 = len(msgs)
+    msgs += tool_turn(51, "edit", "ok", {"path": "config.py", "old": "apply_retry_limit"})
+    s.sync(msgs)
+    assert _plan(s, since2) == [] and entry.level == RESTORE_LEVEL
+
+
+def test_nothing_comes_back_when_the_line_is_in_view_or_was_never_there() -> None:
+    msgs = _reads(6)
+    s = Session.create(None, prefix_messages=1)
+    s.sync(msgs)
+    since = len(msgs)
+    msgs += tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})  # in view: nothing was compacted
+    msgs += tool_turn(51, "edit", "ok", {"old": "NEVER_SHOWN_ANYWHERE"})
+    s.sync(msgs)
+    assert _plan(s, since) == []
+    # compacted, but the summary kept the line verbatim
+    s2 = Session.create(None, prefix_messages=1)
+    s2.sync(msgs[:since])
+    s2.edit(ReplaceWithSummary(1, 6, f"[summary]\n{SETTING.strip()}", "test"), level="L3")
+    s2.sync(msgs)
+    assert _plan(s2, since) == []
+
+
+def test_what_comes_back_is_bounded_per_turn_and_skips_results_with_media() -> None:
+    msgs = _reads(6)
+    s = _collapsed(msgs)
+    since = len(msgs)
+    msgs += tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})
+    s.sync(msgs)
+    assert _plan(s, since, budget=10) == []  # the line does not fit
+    image = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]
+    msgs2 = msgs[:since] + tool_turn(52, "shot", image, {"old": "apply_retry_limit"})
+    s2 = _collapsed(msgs2[:since])
+    s2.sync(msgs2)
+    assert _plan(s2, since) == []
+
+
+def test_the_compactor_gives_lines_back_without_touching_what_was_sent() -> None:
+    """A collapse hides config.py; the agent then edits it: its line comes back, appended to
+    the new result, and every block the previous request sent is unchanged."""
+    msgs = _reads(40)
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(30_000))
+    events = _grow(s, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
+    assert any(e.kind == "compaction" and e.level in ("L3", "L4") for e in events)
+    before = s.render(model="claude-sonnet-4-6", max_tokens=1000)
+    assert SETTING.strip() not in str(before.body)
+    events = _grow(s, c, [tool_turn(90, "edit", "ok", {"path": "config.py", "old": "apply_retry_limit"})], t0=1_000.0)
+    given = [e for e in events if e.kind == "restored"]
+    assert len(given) == 1 and given[0].level == RESTORE_LEVEL
+    after = s.render(model="claude-sonnet-4-6", max_tokens=1000)
+    assert SETTING.strip() in str(after.body["messages"][-1])
+    def bare(m: Any) -> Any:  # a block as the cache keys it: breakpoints move from request to request
+        if isinstance(m, dict):
+            return {k: bare(v) for k, v in m.items() if k != "cache_control"}
+        return [bare(x) for x in m] if isinstance(m, list) else m
+
+    sent = bare(before.body["messages"])
+    assert bare(after.body["messages"])[:len(sent)] == sent  # nothing already sent changed
+
+
+def test_through_the_sdk_the_request_after_the_call_carries_the_line() -> None:
+    """wrap() against the emulator: a scripted agent reads many files at a small window, then
+    edits the first; the request after that edit shows its setting line again."""
+    seen: list[str] = []
+
+    def model(body: dict[str, Any]) -> Reply:
+        n = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        seen.append(str(body["messages"]))
+        return Reply([{"type": "text", "text": "ok"}], "end_turn") if n > 60 else Reply([{"type": "text", "text": "."}],
+                                                                                         "end_turn")
+
+    with Emulator(ScriptedResponder(model), context_window=30_000) as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                                   window_tokens=30_000, summarizer=None)
+        history = _reads(40)[:1]  # config.py is read after the immutable prefix (the first three messages)
+        turns = [tool_turn(99, "read", "the readme", {"path": "README"})] + \
+            [_reads(40)[i:i + 2] for i in range(1, 81, 2)] + \
+            [tool_turn(90, "edit", "ok", {"path": "config.py", "old": "apply_retry_limit"})]
+        for k, t in enumerate(turns):
+            history = history + t
+            client.messages.create(model="claude-sonnet-4-6", max_tokens=1000, messages=history,
+                                   extra_headers={CLOCK_HEADER: str(1_000.0 + 10 * k)})
+    assert SETTING.strip() not in seen[-2]  # compacted away before the edit
+    assert SETTING.strip() in seen[-1]  # and back beside the edit's result
