@@ -345,7 +345,7 @@ class CacheAwareCompactor:
         cost = 0.0
         if p.summarize is not None:
             start, end = p.summarize
-            # as many characters of verbatim lines as the summary has tokens: at most as big again
+            # the verbatim lines the agent used since (`working_set_chars`, fitted: about half the summary)
             keep = working_lines(self.session, start, end, self.cfg.levels.working_set_chars)
             edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
                                         body=body, cache_warm=not cold, verbatim=keep)

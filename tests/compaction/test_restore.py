@@ -48,7 +48,8 @@ def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> N
     msgs = _reads(6)
     s = _collapsed(msgs)
     since = len(msgs)
-    msgs += tool_turn(50, "edit", "The file config.py has been updated.", {"path": "config.py", "old": "apply_retry_limit"})
+    msgs += tool_turn(50, "edit", "The file config.py has been updated.",
+                      {"path": "config.py", "old": "apply_retry_limit"})
     s.sync(msgs)
     edits = _plan(s, since)
     assert len(edits) == 1

@@ -25,6 +25,10 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"recent_tokens": -5}, ConfigError, "recent_tokens must be a non-negative integer"),
     ({"strategy": "nope"}, UnknownStrategyError, "unknown strategy 'nope'"),
     ({"strategy": "openhands", "recent_tokens": 10}, ConfigError, "has no such policy"),
+    ({"lookback_coverage": 1.0}, ConfigError, "lookback_coverage must be a share between 0 and 1"),
+    ({"lookback_coverage": "high"}, ConfigError, "lookback_coverage must be a share between 0 and 1"),
+    ({"lookback_coverage": 0.9, "recent_tokens": 10}, ConfigError, "not both"),
+    ({"strategy": "openhands", "lookback_coverage": 0.9}, ConfigError, "has no such policy"),
     ({"session_id": "../x"}, CacheCompactError, "session_id"),
 ]
 
@@ -59,13 +63,18 @@ def test_settings_or_options_not_both_and_no_unknown_name() -> None:
 
 
 def test_the_strategy_config_carries_the_knob_and_a_fixed_ttl() -> None:
-    """``recent_tokens`` becomes the policy's recent budget and a fixed ``ttl`` the TTL it prices
-    with; an explicit ``config`` replaces the policy and keeps both rules."""
+    """``lookback_coverage`` becomes the share the policy learns its recent budget for,
+    ``recent_tokens`` a fixed budget, and a fixed ``ttl`` the TTL it prices with; an explicit
+    ``config`` replaces the policy and keeps these rules."""
     cfg: Any = EngineOptions(recent_tokens=12_345, ttl="1h").strategy_config()
     assert cfg.policy.levels.keep_recent_tokens == 12_345 and cfg.policy.economics.ttl == "1h"
+    assert cfg.policy.levels.lookback_coverage == 0.0  # a budget in tokens is fixed: nothing is learnt
     mine = PolicyConfig(window_tokens=80_000)
     cfg = EngineOptions(config=mine, recent_tokens=1_000).strategy_config()
     assert cfg.policy.window_tokens == 80_000 and cfg.policy.levels.keep_recent_tokens == 1_000
+    cfg = EngineOptions(config=mine, lookback_coverage=0.8).strategy_config()
+    assert cfg.policy.levels.lookback_coverage == 0.8 and cfg.policy.window_tokens == 80_000
+    assert cfg.policy.levels.keep_recent_tokens == PolicyConfig().levels.keep_recent_tokens
     assert not hasattr(EngineOptions(strategy="openhands").strategy_config(), "policy")
 
 

@@ -60,6 +60,8 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["serve", "--trace", "missing.json"], "missing.json: no such file"),
     (["serve", "--fault-rate", "2"], "--fault-rate must be between 0 and 1"),
     (["serve", "--log", "/nonexistent/dir/log.jsonl"], "/nonexistent/dir"),
+    (["proxy", "--mode", "compact", "--lookback-coverage", "1.5"], "--lookback-coverage must be between 0 and 1"),
+    (["proxy", "--mode", "compact", "--lookback-coverage", "0.9", "--recent-tokens", "5"], "not both"),
     (["bench", "--window", "-5"], "--window must be between 8000 and 10000000"),
     (["bench", "--window", "99999999999"], "--window must be between 8000 and 10000000"),
     (["bench", "--out", "/proc/x"], "--out /proc/x"),
