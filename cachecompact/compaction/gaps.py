@@ -19,10 +19,11 @@ of responses that end the turn is (k + 1/2) / (n + 1). Nothing is fitted.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..base.shares import wilson_lower
 
 __all__ = ["LONG_TTL_S", "SHORT_TTL_S", "GapMeter", "wilson_lower"]
 
@@ -33,15 +34,6 @@ _KEEP = 200  # gaps of each kind remembered (the newest)
 
 def _share(hits: int, n: int) -> float:
     return (hits + 0.5) / (n + 1)
-
-
-def wilson_lower(share: float, n: int, z: float = 1.0) -> float:
-    """The lower end of the Wilson score interval of a share measured over ``n`` trials (0 for none)."""
-    if n <= 0:
-        return 0.0
-    centre = share + z * z / (2 * n)
-    spread = z * math.sqrt(max(0.0, share * (1 - share)) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - spread) / (1 + z * z / n))
 
 
 def _lower(hits: int, n: int) -> float:

@@ -33,13 +33,15 @@ from typing import TYPE_CHECKING
 
 from ..base.identifiers import identifiers, identifiers_in_input
 from ..base.keylines import MAX_LINE
+from ..base.shares import wilson_upper
 from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, content_blocks, result_text
 from ..history.ledger import LedgerEntry, split_effective
 
 if TYPE_CHECKING:
     from ..history.session import Session
 
-__all__ = ["GIVEN_BACK_LEVEL", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "InView", "LookbackMeter", "wilson_upper"]
+__all__ = ["GIVEN_BACK_LEVEL", "LADDER_FLOOR", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "MIN_EXPECTED", "InView",
+           "LookbackMeter"]
 
 GIVEN_BACK_LEVEL = "restore"  # the ledger level of edits that give hidden lines back (`compaction.restore`)
 
@@ -47,16 +49,6 @@ LADDER_RATIO = 1.25  # candidate budgets: a geometric ladder with this ratio
 LADDER_FLOOR = 2_000  # tokens: the smallest candidate (L3 keeps its last rounds whatever the budget)
 MIN_EXPECTED = 5  # look-backs expected past a budget before its share is trusted (the binomial's n*p >= 5)
 LINES_PER_IDENTIFIER = 4  # the newest tool-output lines kept per identifier, for `compaction.restore`
-
-
-def wilson_upper(k: int, n: int, z: float = 1.0) -> float:
-    """The upper end of the Wilson interval for ``k`` of ``n`` (1.0 when ``n`` is 0)."""
-    if n <= 0:
-        return 1.0
-    p = k / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return min(1.0, (centre + half) / (1 + z * z / n))
 
 
 class InView:
@@ -235,7 +227,7 @@ class LookbackMeter:
         k = float(LADDER_FLOOR)
         while k <= cap:
             far, at_risk = self.beyond(int(k))
-            if at_risk >= enough and wilson_upper(far, at_risk) <= allowed:
+            if at_risk >= enough and wilson_upper(far / at_risk, at_risk) <= allowed:
                 return int(k)
             k *= LADDER_RATIO
         return None

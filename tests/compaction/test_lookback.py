@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from cachecompact import Session
+from cachecompact.base.shares import wilson_upper
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
-from cachecompact.compaction.lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter, wilson_upper
+from cachecompact.compaction.lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter
 from cachecompact.history.ledger import ReplaceWithSummary
 
 from .test_levels import GOAL, tool_turn
@@ -82,7 +83,7 @@ def test_a_handful_of_lookbacks_proves_nothing() -> None:
     assert few.budget(0.9, cap=200_000) is None
     more, _ = _meter(_agent(turns=int(enough) + 20, gap=1))
     assert more.budget(0.9, cap=200_000) is not None
-    assert wilson_upper(0, 9) <= 0.1 < wilson_upper(0, 8)
+    assert wilson_upper(0.0, 9) <= 0.1 < wilson_upper(0.0, 8)
 
 
 def test_lookbacks_into_the_immutable_prefix_are_never_at_risk() -> None:
