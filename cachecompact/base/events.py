@@ -33,8 +33,9 @@ class Event:
     """One thing that happened to a session's context.
 
     ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
-    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget | first_compaction
-    (the first request of a session changed a history the caller brought: said once, a warning).
+    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget | restored (lines of
+    hidden output a call named, given back beside its result) | first_compaction (the first
+    request of a session changed a history the caller brought: said once, a warning).
     """
 
     kind: str

@@ -389,7 +389,7 @@ class CacheAwareCompactor:
                                                     tokens_before=tokens0, tokens_after=self._now_tokens(),
                                                     entries=[e.seq for e in entries]))
         if lv.working_set_chars > 0:
-            self._restore(since, report)
+            self._restore(report)
         r = s.render(breakpoints=False)
         tokens = s.counter.calibrated(r.raw_tokens)
         if self._last_tokens is not None and tokens > self._last_tokens:
@@ -425,17 +425,17 @@ class CacheAwareCompactor:
         self._choose_ttl(model, report.tokens_after, edited=any(e.start < since for e in report.entries), cold=cold)
         if self._first:
             self._first = False
-            if report.entries:
+            if any(e.level != RESTORE_LEVEL for e in report.entries):
                 report.events.append(self._first_notice(report))
         return report
 
-    def _restore(self, since: int, report: TurnReport) -> None:
+    def _restore(self, report: TurnReport) -> None:
         """Lines of hidden output that the newest calls named, appended to their results
         (`compaction.restore`): never sent yet, so nothing cached changes."""
         s = self.session
         self._lookback.observe(s)
         edited = frozenset(e.tool_use_id for e in report.entries if e.tool_use_id)
-        edits = restore_edits(s, self._lookback, since, self.cfg.levels.working_set_chars, skip_ids=edited)
+        edits = restore_edits(s, self._lookback, self.cfg.levels.working_set_chars, skip_ids=edited)
         if not edits:
             return
         before = self._now_tokens()
@@ -449,21 +449,21 @@ class CacheAwareCompactor:
     def _first_notice(self, report: TurnReport) -> Event:
         """What the first request changed in the history the caller brought, and how to get it
         back: a user who wraps a long session sees it cut once, and must be told."""
-        levels = sorted({e.level for e in report.entries if e.level})
+        edits = [e for e in report.entries if e.level != RESTORE_LEVEL]  # what removed, not what was given back
+        levels = sorted({e.level for e in edits if e.level})
         spans = ", ".join(f"messages[{e.start}]" if e.start == e.end else f"messages[{e.start}..{e.end}]"
-                          for e in report.entries[:6]) + \
-            (", ..." if len(report.entries) > 6 else "")
+                          for e in edits[:6]) + (", ..." if len(edits) > 6 else "")
         where = self.session.path
         back = (f"`cachecompact render {where} --uncompacted` prints it whole" if where is not None else
                 "Session.render(uncompacted=True) renders it whole")
         return self._emit(
             "first_compaction", level=levels[-1] if levels else None,
-            reason=f"the first request of this session compacted the history it brought: {len(report.entries)} "
+            reason=f"the first request of this session compacted the history it brought: {len(edits)} "
                    f"edit(s) ({', '.join(levels)}) of {spans}, {report.tokens_before:,} -> {report.tokens_after:,} "
                    f"tokens; the transcript keeps every original: {back}; wrap(..., strategy='none') sends "
                    "histories unchanged",
             tokens_before=report.tokens_before, tokens_after=report.tokens_after,
-            entries=[e.seq for e in report.entries])
+            entries=[e.seq for e in edits])
 
     def _choose_ttl(self, model: str, tokens: int, *, edited: bool, cold: bool) -> None:
         """This request's TTLs, when the policy chooses them (``Economics.ttl="auto"``): what it

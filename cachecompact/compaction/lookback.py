@@ -26,7 +26,7 @@ process or another replica computes the same budget.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -35,15 +35,13 @@ from ..base.identifiers import identifiers, identifiers_in_input
 from ..base.keylines import MAX_LINE
 from ..base.shares import wilson_upper
 from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, content_blocks, result_text
-from ..history.ledger import LedgerEntry, split_effective
+from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, split_effective
 
 if TYPE_CHECKING:
     from ..history.session import Session
 
-__all__ = ["GIVEN_BACK_LEVEL", "LADDER_FLOOR", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "MIN_EXPECTED", "InView",
+__all__ = ["LADDER_FLOOR", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "MIN_EXPECTED", "InView",
            "LookbackMeter"]
-
-GIVEN_BACK_LEVEL = "restore"  # the ledger level of edits that give hidden lines back (`compaction.restore`)
 
 LADDER_RATIO = 1.25  # candidate budgets: a geometric ladder with this ratio
 LADDER_FLOOR = 2_000  # tokens: the smallest candidate (L3 keeps its last rounds whatever the budget)
@@ -98,8 +96,12 @@ class LookbackMeter:
         # look-backs whose newest evidence compaction had hidden, and those that found no line of it in view
         self.exposed = 0
         self.missed = 0
-        self._sorted_key: tuple[int, int] = (-1, -1)
-        self._sorted: list[int] = []  # the distances of the look-backs ``_sorted_key`` names, sorted
+        self._by_distance: list[int] = []  # the distances, sorted
+        # the ledger's effective edits after its first ``_applied`` entries, kept up to date as the
+        # meter moves forward (entries are made in transcript order), and the view they give
+        self._applied = 0
+        self._effective: list[LedgerEntry] = []
+        self._in_view: InView | None = None
 
     def observe(self, session: Session) -> None:
         """Take in the messages appended since the last call (none until the prefix is complete)."""
@@ -163,7 +165,7 @@ class LookbackMeter:
             if not seen:
                 continue
             if view is None:
-                view = self._view(session, message)
+                view = self.view_at(session, message)
             if view is None:
                 continue
             newest = seen[-1]
@@ -172,18 +174,29 @@ class LookbackMeter:
             self.exposed += 1
             self.missed += not view.any(seen)
 
-    @staticmethod
-    def _view(session: Session, message: int) -> InView | None:
-        """What the request that produced assistant ``message`` showed: the edits appended before
-        it (a request renders the entries made while the transcript was shorter than ``message``
-        + 1 messages); None when nothing was edited yet."""
+    def view_at(self, session: Session, message: int) -> InView | None:
+        """What the request that produced assistant ``message`` showed: the edits made before it
+        (entries made while the transcript had at most ``message`` messages); None when none
+        were. Advanced incrementally: the meter and `compaction.restore` only ever ask about
+        messages in transcript order, so each entry is applied once."""
         entries = session.ledger.entries
-        upto = bisect_right([e.transcript_len for e in entries], message)
-        return InView(session.ledger.effective(upto)) if upto else None
+        if self._applied > len(entries):  # another history under this meter: start over
+            self._applied, self._effective, self._in_view = 0, [], None
+        while self._applied < len(entries) and entries[self._applied].transcript_len <= message:
+            entry = entries[self._applied]
+            self._effective = [x for x in self._effective if not entry.contains(x)] + [entry]
+            self._applied += 1
+            self._in_view = None
+        if not self._effective:
+            return None
+        if self._in_view is None:
+            self._in_view = InView(sorted(self._effective, key=lambda e: e.start))
+        return self._in_view
 
     def _add(self, distance: int) -> None:
         self.lookbacks.append((distance, self._pos))
         self._distance.append(distance)
+        insort(self._by_distance, distance)
         self._span.append(self._pos)
 
     def _index(self, message: int, tool_use_id: str, text: str, start: int) -> None:
@@ -200,17 +213,12 @@ class LookbackMeter:
                     if not q or q[-1][2] != line:
                         q.append((message, tool_use_id, line))
 
-    def beyond(self, budget: int, behind: int = 0) -> tuple[int, int]:
-        """Look-backs made with more than max(``budget``, ``behind``) tokens of history behind
-        them (they could have reached past ``budget``), and how many of them did."""
-        first = bisect_right(self._span, max(budget, behind))
-        at_risk = len(self._span) - first
-        if at_risk == 0:
-            return 0, 0
-        key = (first, len(self._span))
-        if self._sorted_key != key:
-            self._sorted_key, self._sorted = key, sorted(self._distance[first:])
-        return at_risk - bisect_right(self._sorted, budget), at_risk
+    def beyond(self, budget: int) -> tuple[int, int]:
+        """Look-backs that reached farther than ``budget``, and those that could have: made with
+        more than ``budget`` tokens of history behind them (a look-back never reaches farther
+        than the history behind it, so the first are among the second)."""
+        return (len(self._by_distance) - bisect_right(self._by_distance, budget),
+                len(self._span) - bisect_right(self._span, budget))
 
     def budget(self, coverage: float, cap: int) -> int | None:
         """The smallest budget of the ladder (up to ``cap``) past which at most ``1 - coverage`` of
@@ -223,7 +231,7 @@ class LookbackMeter:
         allowed = 1.0 - coverage
         if allowed <= 0:
             return None
-        enough = math.ceil(MIN_EXPECTED / allowed)
+        enough = math.ceil(MIN_EXPECTED / allowed - 1e-9)  # 5 / 0.1 is 50, not 50.000000000000001
         k = float(LADDER_FLOOR)
         while k <= cap:
             far, at_risk = self.beyond(int(k))

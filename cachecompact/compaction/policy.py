@@ -98,10 +98,10 @@ class LevelSettings:
     """What each level may touch. Sizes in tokens are fractions of the window."""
 
     keep_recent_results: int = 3  # every level keeps this many most recent results verbatim ...
-    keep_recent_tokens: int = 50_000  # ... and the newest tool output up to this many tokens: the one knob
-    # (docs/policy.md); refitted on half A once the window became a cap (benchmarks/knob_frontier.py)
+    keep_recent_tokens: int = 50_000  # ... and the newest history up to the recent budget: this many tokens
+    # until it is learnt from the agent's look-backs (`lookback_coverage`), or always when that is 0 (fitted)
     collapse_keep_share: float = 0.5  # L3 keeps at most this share of the window after its summary (fitted)
-    big_result_share: float = 0.25  # a new result over this share of the recent budget is shortened on entry (fitted)
+    big_result_share: float = 0.25  # a new result over this share of keep_recent_tokens is shortened on entry (fitted)
     key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size (fit) ...
     key_max_chars: int = 16_000  # ... and at most this many characters of them (fitted with keep_recent_tokens)
     keep_rounds_l3: int = 8

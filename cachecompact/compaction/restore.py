@@ -8,9 +8,11 @@ comes back: appended, verbatim and marked, to the result of that very call, whic
 sent before, so no cached byte changes. It costs the line once, and the agent does not have
 to spend a turn re-reading the file.
 
-`restore_edits` plans the ledger edits for the newest calls from the lines the lookback meter
-keeps (identifier -> the newest tool-output lines naming it). Both derive from the transcript
-and the ledger alone, so every replica plans the same edits.
+`restore_edits` plans the ledger edit for the newest calls from the lines the lookback meter
+keeps (identifier -> the newest tool-output lines naming it) and the view it keeps of what each
+request showed. Both derive from the transcript and the ledger alone, so every replica plans
+the same edits. On a session's first request nothing had been hidden from the calls the caller
+brought, so nothing comes back.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..base.identifiers import identifiers_in_input
 from ..base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
-from ..history.ledger import ReplaceWithSummary
-from .lookback import GIVEN_BACK_LEVEL, InView
+from ..history.ledger import GIVEN_BACK_LEVEL, ReplaceWithSummary
 
 if TYPE_CHECKING:
     from ..history.session import Session
@@ -34,46 +35,45 @@ RESTORE_HEADER = ("[cachecompact: earlier tool output naming what this call used
                   "from the context:]")
 
 
-def restore_edits(session: Session, index: LookbackMeter, since: int, budget_chars: int,
+def restore_edits(session: Session, meter: LookbackMeter, budget_chars: int,
                   skip_ids: frozenset[str] = frozenset()) -> list[ReplaceWithSummary]:
-    """For every assistant message from ``since`` on whose calls name an identifier that only
-    hidden tool output showed, an edit appending the newest such lines (whole, each once, at
-    most ``budget_chars`` per message) to the first plain result answering those calls."""
-    entries = session.ledger.effective()
-    if not entries or budget_chars <= 0:
-        return []
+    """When the newest assistant message's calls name an identifier that only hidden tool
+    output showed (hidden in the request those calls were made from), an edit appending the
+    newest such lines (whole, each once, at most ``budget_chars``) to the first plain result
+    answering those calls. That result must be the transcript's last message, so it was never
+    sent; an identifier its own result shows needs nothing back. ``meter`` must have observed
+    the transcript (it holds the lines and the view of each request)."""
     t = session.transcript
-    view = InView(entries)
-    out: list[ReplaceWithSummary] = []
+    a = len(t) - 2
     pe = session.prefix_end or 0
-    for a in range(max(since, pe), len(t) - 1):
-        if t[a].role != "assistant":
+    if budget_chars <= 0 or a < pe or t[a].role != "assistant" or not t.is_tool_result_message(a + 1):
+        return []
+    uses = [b for b in content_blocks(t[a]) if isinstance(b, ToolUseBlock)]
+    view = meter.view_at(session, a) if uses else None
+    if view is None:
+        return []  # nothing was hidden from the request that made these calls
+    lines: dict[str, None] = {}
+    used = 0
+    for x in identifiers_in_input([b.input for b in uses]):
+        known = meter.lines.get(x, ())
+        if x in meter.pinned or any(m > a for m, _, _ in known):
+            continue  # the prefix, or the call's own result, shows it
+        seen = [e for e in known if e[0] < a]
+        if not seen or view.any(seen):
             continue
-        uses = [b for b in content_blocks(t[a]) if isinstance(b, ToolUseBlock)]
-        if not uses:
+        line = seen[-1][2]
+        if line in lines or used + len(line) + 1 > budget_chars:
             continue
-        lines: dict[str, None] = {}
-        used = 0
-        for x in identifiers_in_input([b.input for b in uses]):
-            if x in index.pinned:
-                continue
-            seen = [e for e in index.lines.get(x, ()) if e[0] < a]
-            if not seen or view.any(seen):
-                continue
-            line = seen[-1][2]
-            if line in lines or used + len(line) + 1 > budget_chars:
-                continue
-            lines[line] = None
-            used += len(line) + 1
-        if not lines:
+        lines[line] = None
+        used += len(line) + 1
+    if not lines:
+        return []
+    ids = {b.id for b in uses}
+    for blk in content_blocks(t[a + 1]):
+        if not isinstance(blk, ToolResultBlock) or blk.tool_use_id not in ids or blk.tool_use_id in skip_ids:
             continue
-        ids = {b.id for b in uses}
-        for blk in content_blocks(t[a + 1]):
-            if not isinstance(blk, ToolResultBlock) or blk.tool_use_id not in ids or blk.tool_use_id in skip_ids:
-                continue
-            if isinstance(blk.content, list) and any(not isinstance(x, TextBlock) for x in blk.content):
-                continue  # an image or document: its text alone would not render it
-            text = result_text(blk) + "\n\n" + RESTORE_HEADER + "\n" + "\n".join(lines)
-            out.append(ReplaceWithSummary(a + 1, a + 1, text, RESTORE_REASON, tool_use_id=blk.tool_use_id))
-            break
-    return out
+        if isinstance(blk.content, list) and any(not isinstance(x, TextBlock) for x in blk.content):
+            continue  # an image or document: its text alone would not render it
+        text = result_text(blk) + "\n\n" + RESTORE_HEADER + "\n" + "\n".join(lines)
+        return [ReplaceWithSummary(a + 1, a + 1, text, RESTORE_REASON, tool_use_id=blk.tool_use_id)]
+    return []

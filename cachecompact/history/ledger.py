@@ -34,6 +34,7 @@ from .transcript import Transcript
 
 __all__ = [
     "GENESIS_HASH",
+    "GIVEN_BACK_LEVEL",
     "LEVELS",
     "Edit",
     "Ledger",
@@ -48,7 +49,8 @@ __all__ = [
 ]
 
 GENESIS_HASH = "0" * 64
-LEVELS = ("L1", "L2", "L3", "L4", "L5", "restore", "manual")
+GIVEN_BACK_LEVEL = "restore"  # an edit that adds hidden lines back to a new result (`compaction.restore`)
+LEVELS = ("L1", "L2", "L3", "L4", "L5", GIVEN_BACK_LEVEL, "manual")
 Kind = Literal["skip", "summary"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import CacheCompactError
+from ..history.ledger import GIVEN_BACK_LEVEL
 from ..history.session import Session
 from ..store import Store
 from .terminal import fold
@@ -21,7 +22,7 @@ from .terminal import fold
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
-            "repeated_tool_calls", "recent_budget")
+            "repeated_tool_calls", "recent_budget", "restored")
 
 
 def session_data(session: Session) -> dict[str, Any]:
@@ -200,13 +201,16 @@ def _summary(d: dict[str, Any]) -> list[str]:
             w = float(d["wasted_usd"].get(k, 0))
             out.append(f"{k[:14]:<14}  {n:6d}  ${w:8.4f}  {w / total:13.1%}")
     levels: dict[str, list[int]] = {}
+    given = [0, 0]  # lines given back (`compaction.restore`): edits that add, not remove
     for e in d["compactions"]:
-        row = levels.setdefault(str(e["level"]), [0, 0])
+        row = given if e["level"] == GIVEN_BACK_LEVEL else levels.setdefault(str(e["level"]), [0, 0])
         row[0] += 1
         row[1] += int(e["tokens_before"]) - int(e["tokens_after"])
     if levels:
         out += ["", "by level   edits  tokens removed"]
         out += [f"{lv:<9}  {n:5d}  {gone:14,d}" for lv, (n, gone) in sorted(levels.items())]
+    if given[0]:
+        out.append(f"given back {given[0]:5d}  {-given[1]:+14,d}  (lines of hidden output the agent's calls named)")
     if out:
         out.append("(wasted: what the misses cost beyond a warm cache; tokens removed: at the edit, before growth)")
     return out

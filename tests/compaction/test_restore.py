@@ -38,10 +38,10 @@ def _collapsed(msgs: list[dict[str, Any]]) -> Session:
     return s
 
 
-def _plan(s: Session, since: int, budget: int = 3_000) -> list[ReplaceWithSummary]:
+def _plan(s: Session, budget: int = 3_000) -> list[ReplaceWithSummary]:
     m = LookbackMeter(300)
     m.observe(s)
-    return restore_edits(s, m, since, budget)
+    return restore_edits(s, m, budget)
 
 
 def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> None:
@@ -51,7 +51,7 @@ def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> N
     msgs += tool_turn(50, "edit", "The file config.py has been updated.",
                       {"path": "config.py", "old": "apply_retry_limit"})
     s.sync(msgs)
-    edits = _plan(s, since)
+    edits = _plan(s)
     assert len(edits) == 1
     e = edits[0]
     assert (e.start, e.end, e.tool_use_id) == (since + 1, since + 1, "toolu_50")  # the result never sent yet
@@ -62,27 +62,57 @@ def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> N
     assert s.transcript[since + 1] is not None  # the transcript keeps the original result
     assert "apply_retry_limit" not in str(s.messages()[since + 1])
     # the next call naming it finds the line given back: nothing more is added
-    since2 = len(msgs)
     msgs += tool_turn(51, "edit", "ok", {"path": "config.py", "old": "apply_retry_limit"})
     s.sync(msgs)
-    assert _plan(s, since2) == [] and entry.level == RESTORE_LEVEL
+    assert _plan(s) == [] and entry.level == RESTORE_LEVEL
 
 
 def test_nothing_comes_back_when_the_line_is_in_view_or_was_never_there() -> None:
     msgs = _reads(6)
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    since = len(msgs)
-    msgs += tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})  # in view: nothing was compacted
-    msgs += tool_turn(51, "edit", "ok", {"old": "NEVER_SHOWN_ANYWHERE"})
+    s.edit(ReplaceWithSummary(5, 10, "[summary of three other reads]", "test"), level="L3")
+    s.sync([*msgs, *tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})])
+    assert _plan(s) == []  # config.py's read is in view: the summary covers other reads
+    s2 = _collapsed(msgs)
+    s2.sync([*msgs, *tool_turn(51, "edit", "ok", {"old": "NEVER_SHOWN_ANYWHERE"})])
+    assert _plan(s2) == []
+    s3 = Session.create(None, prefix_messages=1)  # compacted, but the summary kept the line verbatim
+    s3.sync(msgs)
+    s3.edit(ReplaceWithSummary(1, 6, f"[summary]\n{SETTING.strip()}", "test"), level="L3")
+    s3.sync([*msgs, *tool_turn(52, "edit", "ok", {"old": "apply_retry_limit"})])
+    assert _plan(s3) == []
+    s4 = _collapsed(msgs)  # the call's own result shows it again: nothing to give back
+    s4.sync([*msgs, *tool_turn(53, "grep", f"config.py:1:{SETTING}", {"pattern": "apply_retry_limit"})])
+    assert _plan(s4) == []
+    s5 = _collapsed(msgs)  # the same call with a result that does not show it: the line comes back
+    s5.sync([*msgs, *tool_turn(54, "grep", "no match", {"pattern": "apply_retry_limit"})])
+    assert len(_plan(s5)) == 1
+
+
+def test_a_brought_history_gets_nothing_back_on_its_first_request() -> None:
+    """The calls a caller brings were made from its own, uncompacted history: an edit made on
+    this request hid nothing from them."""
+    msgs = [*_reads(6), *tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})]
+    s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    assert _plan(s, since) == []
-    # compacted, but the summary kept the line verbatim
-    s2 = Session.create(None, prefix_messages=1)
-    s2.sync(msgs[:since])
-    s2.edit(ReplaceWithSummary(1, 6, f"[summary]\n{SETTING.strip()}", "test"), level="L3")
-    s2.sync(msgs)
-    assert _plan(s2, since) == []
+    s.edit(ReplaceWithSummary(1, 6, "[summary]", "test"), level="L3")  # made now, after every call
+    assert _plan(s) == []
+
+
+def test_a_result_with_lines_given_back_can_still_be_cleared() -> None:
+    """What was given back adds to a result; L1 and L2 may clear it later like any other."""
+    from cachecompact.compaction.levels import build_view
+
+    msgs = _reads(6)
+    s = _collapsed(msgs)
+    msgs += tool_turn(50, "read", "\n".join(f"big line {k}" for k in range(400)),
+                      {"path": "config.py", "old": "apply_retry_limit"})
+    s.sync(msgs)
+    (edit,) = _plan(s)
+    s.edit(edit, level=RESTORE_LEVEL)
+    (r,) = [x for x in build_view(s).results if x.tool_use_id == "toolu_50"]
+    assert not r.edited and r.visible
 
 
 def test_what_comes_back_is_bounded_per_turn_and_skips_results_with_media() -> None:
@@ -91,12 +121,12 @@ def test_what_comes_back_is_bounded_per_turn_and_skips_results_with_media() -> N
     since = len(msgs)
     msgs += tool_turn(50, "edit", "ok", {"old": "apply_retry_limit"})
     s.sync(msgs)
-    assert _plan(s, since, budget=10) == []  # the line does not fit
+    assert _plan(s, budget=10) == []  # the line does not fit
     image = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]
     msgs2 = msgs[:since] + tool_turn(52, "shot", image, {"old": "apply_retry_limit"})
     s2 = _collapsed(msgs2[:since])
     s2.sync(msgs2)
-    assert _plan(s2, since) == []
+    assert _plan(s2) == []
 
 
 def test_the_compactor_gives_lines_back_without_touching_what_was_sent() -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...base.identifiers import identifiers_in_input
 from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
-from ...history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
+from ...history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 
 if TYPE_CHECKING:
     from ...history.session import Session
@@ -241,8 +241,9 @@ def build_view(session: Session) -> View:
         if t.is_tool_result_message(i):
             visible = cov is None or (cov.kind == "skip" and all(
                 t.is_tool_result_message(x) for x in range(cov.start, cov.end + 1)))
-            results += message_results(session, i, edited_ids=set(targeted.get(i, {})), whole=cov is not None,
-                                       visible=visible)
+            # lines given back beside a result add to it: the result stays as clearable as it was
+            edited = {tid for tid, e in targeted.get(i, {}).items() if e.level != GIVEN_BACK_LEVEL}
+            results += message_results(session, i, edited_ids=edited, whole=cov is not None, visible=visible)
         elif t.has_tool_use(i):
             plain = session.renderer.plain_message(i)
             tmap = targeted.get(i, {})
