@@ -3,6 +3,8 @@
 Per turn, with the session synced to the agent's history and before the request renders:
 
 1. **L2 on entry** shortens big new tool results; they were never sent, so it breaks nothing.
+   **Given back**: hidden lines the newest calls name are appended to their results
+   (`compaction.restore`), never sent either.
 2. **Triggers** (`policy.evaluate`) set the highest level allowed; they need only the
    render's running totals, so a quiet turn costs time proportional to the new messages.
 3. **Candidates** from L1 up to that level; each proposal passes `_guard`, the one check that
@@ -251,8 +253,9 @@ class CacheAwareCompactor:
 
     def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
         """An event when the budget learnt from the agent's look-backs first replaces the
-        configured one, and whenever it has moved by half or more since the last event (by the
-        meter's raw tokens, so a moving calibration does not repeat it)."""
+        configured one, whenever it has moved by a factor of 1.5 either way since the last event
+        (by the meter's raw tokens, so a moving calibration does not repeat it), and when it
+        falls back to the configured one."""
         learnt, before = self._learnt_now, self._learnt
         if learnt == before or (learnt is not None and before is not None and before / 1.5 < learnt < before * 1.5):
             return

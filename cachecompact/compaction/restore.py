@@ -5,8 +5,8 @@ call names a symbol, path or id that only hidden output showed (it edits the fun
 collapsed `Read` listed, it greps for the setting a cleared result defined), the agent is
 working with that thing again, and it will likely name it again. So the line that showed it
 comes back: appended, verbatim and marked, to the result of that very call, which was never
-sent before, so no cached byte changes. It costs the line once, and the agent does not have
-to spend a turn re-reading the file.
+sent before, so no cached byte changes. The line is written once with the new turn and read
+with the rest of the context after it, and the agent does not spend a turn re-reading the file.
 
 `restore_edits` plans the ledger edit for the newest calls from the lines the lookback meter
 keeps (identifier -> the newest tool-output lines naming it) and the view it keeps of what each
