@@ -289,7 +289,7 @@ def wrap(
     (``claude-sonnet-4.6``) raises `UnknownModelError` naming the nearest ids, before anything
     is sent. ``lookback_coverage`` is the one knob for cost against recall: the newest history kept
     verbatim is learnt, per session, to cover that share of the agent's own look-backs (default
-    0.925; less is cheaper and forgets sooner, docs/policy.md); ``recent_tokens`` fixes it in
+    0.93; less is cheaper and forgets sooner, docs/policy.md); ``recent_tokens`` fixes it in
     tokens instead.
     ``pricing={"my-model": {"input": 3, "output": 15}}`` prices an unlisted model on
     purpose ($ per MTok; `pricing.custom` says what else may be given).

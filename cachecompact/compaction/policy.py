@@ -110,7 +110,7 @@ class LevelSettings:
     summary_tokens: int = 1_500  # planning estimate of a summary's size (3/4 of the summarizer's max_tokens)
     working_set_chars: int = 3_000  # verbatim lines of old output the agent used: a summary keeps this many
     # characters of them, and a turn gets back at most this many of the hidden ones its calls name (fitted; 0: off)
-    lookback_coverage: float = 0.925  # the one knob: the recent budget is learnt to cover this share of the
+    lookback_coverage: float = 0.93  # the one knob: the recent budget is learnt to cover this share of the
     # agent's own look-backs (`cachecompact.compaction.lookback`); 0 keeps the configured budget
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()

@@ -648,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
     px.add_argument("--lookback-coverage", type=_share("--lookback-coverage"), default=None, metavar="Q",
                     help="compact mode: the cost-versus-recall knob: the newest history kept verbatim covers this "
-                         "share of the agent's own look-backs, learnt per session (default 0.925; docs/policy.md)")
+                         "share of the agent's own look-backs, learnt per session (default 0.93; docs/policy.md)")
     px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
                     help="compact mode: fix the recent budget at N tokens instead of learning it")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
