@@ -603,7 +603,7 @@ class CacheAwareCompactor:
             return []
         lv, ctr = self.cfg.levels, self.session.counter
         rounds = lv.keep_rounds_l4 if p.level == "L4" else lv.keep_rounds_l3
-        while rounds > 0:
+        while rounds > 1:  # the newest round stays: its result has not been shown to the agent yet
             rounds -= 1
             if p.level == "L4":
                 q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)

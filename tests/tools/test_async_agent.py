@@ -4,7 +4,9 @@ SDK against the emulator: cachecompact must cost the least and must not thrash."
 
 from __future__ import annotations
 
+import itertools
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -26,9 +28,9 @@ def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent:
     # re-writes of what was cached are at most a quarter of the cost (they were 0.62 before the
     # no-thrash rule, L4 on 41 of 80 turns); measured 0.22
     assert ours.rewrite_share <= 0.25, ours
-    # the issue asks 0.85; measured 0.80. With each turn's new output (4.5k) written and every
-    # compaction re-writing what it keeps, no schedule exceeds 0.839 at this window, even
-    # keeping nothing (docs/benchmarks.md, "The 60k async agent", derives the bound)
+    # the issue asks 0.85; measured 0.80. With each turn's new output (5.4k) written and every
+    # collapse back to the prefix and what it keeps, no schedule exceeds 0.844 at this window
+    # (docs/benchmarks.md, "The 60k async agent", derives the bound)
     assert ours.hit_rate >= 0.78, ours
     finished = 0
     for name in strategy_names():
@@ -41,3 +43,32 @@ def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent:
         finished += 1
         assert ours.cost_usd < peer.cost_usd, (name, peer, ours)
     assert finished >= 4  # seed-pipeline, both anthropic-clear editions, claude-code
+
+
+def test_a_compaction_never_summarises_the_result_the_agent_has_not_seen(agent: ModuleType) -> None:
+    """However hard the no-thrash rule cuts what a summary keeps, the newest round stays: its
+    result is what the agent asked for and has not been shown yet. With the first files in a
+    larger immutable prefix the rule used to keep no round at all, and the agent never saw
+    the file it had just read."""
+    import asyncio
+
+    import anthropic
+
+    from cachecompact import wrap
+    from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
+
+    model, lasts = agent.scripted_model(), []
+
+    def seen(body: dict[str, Any]) -> Any:
+        lasts.append(body["messages"][-1])
+        return model.respond(body)
+
+    with Emulator(SummarizingResponder(ScriptedResponder(seen)), context_window=60_000) as emu:
+        client = wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                      window_tokens=60_000, prefix_messages=7)
+        asyncio.run(agent._loop(client, 40))
+        sizes = [r["total_input_tokens"] for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+    assert len(lasts) == len(sizes) == 40
+    assert any(b < a for a, b in itertools.pairwise(sizes))  # it did compact
+    for k, last in enumerate(lasts[1:], 1):  # every request ends with the result of the call just made
+        assert any(b.get("type") == "tool_result" for b in last["content"] if isinstance(b, dict)), k
