@@ -94,13 +94,19 @@ async def _loop(client: Any, turns: int) -> None:
             for c in calls]})
 
 
+async def _agent(url: str, strategy: str, window: int, turns: int) -> None:
+    """One run on its own client, closed before the event loop ends: an unclosed async client
+    would close its connections after ``asyncio.run`` has shut the loop, and print errors."""
+    async with wrap(anthropic.AsyncAnthropic(base_url=url, api_key="t", max_retries=0), store=None,
+                    strategy=strategy, window_tokens=window) as client:
+        await _loop(client, turns)
+
+
 def run(strategy: str, window: int = 60_000, turns: int = 80) -> AgentResult:
     with Emulator(SummarizingResponder(scripted_model()), context_window=window) as emu:
-        client = wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
-                      strategy=strategy, window_tokens=window)
         failure = None
         try:
-            asyncio.run(_loop(client, turns))
+            asyncio.run(_agent(emu.url, strategy, window, turns))
         except Exception as err:  # a strategy that cannot hold the window fails its run, reported
             failure = f"{type(err).__name__}: {err}"[:160]
         log = [r for r in emu.requests if r.get("status") == 200]

@@ -64,9 +64,13 @@ def test_a_compaction_never_summarises_the_result_the_agent_has_not_seen(agent: 
         return model.respond(body)
 
     with Emulator(SummarizingResponder(ScriptedResponder(seen)), context_window=60_000) as emu:
-        client = wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
-                      window_tokens=60_000, prefix_messages=7)
-        asyncio.run(agent._loop(client, 40))
+
+        async def run() -> None:
+            async with wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                            window_tokens=60_000, prefix_messages=7) as client:
+                await agent._loop(client, 40)
+
+        asyncio.run(run())
         sizes = [r["total_input_tokens"] for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
     assert len(lasts) == len(sizes) == 40
     assert any(b < a for a, b in itertools.pairwise(sizes))  # it did compact
