@@ -44,6 +44,13 @@ class ProxyConfig:
             raise ConfigError("--keep-bodies needs --store (bodies are kept in the store)")
         if self.mode == "observe" and self.strategy != "cachecompact":
             raise ConfigError(f"--strategy {self.strategy} applies only with --mode compact")
+        knobs = [f"--{k.replace('_', '-')}" for k in self.engine_options]
+        knobs += ["--window"] if self.window_tokens is not None else []
+        if self.mode == "observe" and knobs:
+            # observe mode forwards every request untouched: a compaction knob there would be
+            # silently ignored, and the user would believe it took effect
+            raise ConfigError(f"{', '.join(knobs)} {'applies' if len(knobs) == 1 else 'apply'} only with --mode "
+                              "compact (observe mode changes nothing)")
 
 
 def is_loopback(host: str) -> bool:
