@@ -271,6 +271,27 @@ def test_l2_on_entry_shortens_without_breaking_the_cache(tmp_path: Path) -> None
     assert "read_scratchpad" not in plain.edits[0].summary and "run the tool again" in plain.edits[0].summary  # type: ignore[union-attr]
 
 
+def test_l2_leaves_alone_a_result_its_placeholder_would_not_shorten(tmp_path: Path) -> None:
+    """An output of definitions is all key lines: its placeholder kept every line plus a header,
+    so it grew (10,874 -> 10,945 tokens) and told the agent to re-run the tool for a rest that
+    was not missing; on old results each such edit broke the cache for nothing."""
+    defs = "\n".join(f"def f_1_{k}(x): return g_{k % 13}(x, w={k * 37 % 997})" for k in range(300))
+    mixed = defs + "\n" + "\n".join(f"    step {k} of the loop, nothing to keep" for k in range(2000))
+    s = Session.create(None, prefix_messages=1)
+    s.sync([{"role": "user", "content": GOAL}])
+    since = len(s)
+    s.append(tool_turn(1, "read_file", defs, {"path": "defs.py"}))
+    s.append(tool_turn(2, "read_file", mixed, {"path": "mixed.py"}))
+    sp = Scratchpad(tmp_path / "sp")
+    p = propose_entry_summary(results_since(s, since), sp, s.counter, big_tokens=1_000, turn_tokens=10**9,
+                              preview_chars=2_000, key_chars=16_000)
+    assert [e.tool_use_id for e in p.edits] == ["toolu_2"]  # only the one it shortens
+    assert list((tmp_path / "sp").glob("*.txt")) == [tmp_path / "sp" / f"{Scratchpad.ref_for(mixed)}.txt"]
+    old = propose_tool_summary(build_view(s), None, s.counter, old_min_tokens=1_000, preview_chars=2_000,
+                               key_chars=16_000)
+    assert [e.tool_use_id for e in old.edits] == ["toolu_2"] and old.tokens_removed > 0
+
+
 def test_l2_turn_budget_takes_largest_results_first(tmp_path: Path) -> None:
     results = [("toolu_a", "a " * 60_000), ("toolu_b", "b " * 45_000), ("toolu_c", "c " * 12_500)]
     msgs = [{"role": "user", "content": GOAL},

@@ -82,12 +82,20 @@ def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter:
            preview_chars: int, key_chars: int, p: Proposal, tag: str,
            later: LaterIdentifiers | None = None) -> None:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
-        ref = scratchpad.put(r.text) if scratchpad is not None else None
+        ref = scratchpad.ref_for(r.text) if scratchpad is not None else None
         text = externalized_text(r, ref, preview_chars, key_chars,
                                  later.after(r.message) if later is not None else frozenset())
+        saved = r.tokens - counter.count_text(text)
+        if saved <= 0:
+            # an output whose lines are nearly all key lines (definitions, grep hits, listings)
+            # would come back whole plus a header: longer, and telling the agent to re-run for a
+            # rest that is not missing. It stays as it is (an old one would break the cache for nothing).
+            continue
+        if scratchpad is not None:
+            scratchpad.put(r.text)
         p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"{tag}: {rule_summary(r)}",
                                           tool_use_id=r.tool_use_id))
-        p.tokens_removed += max(0, r.tokens - counter.count_text(text))
+        p.tokens_removed += saved
 
 
 def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter, *,
