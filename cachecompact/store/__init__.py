@@ -57,6 +57,9 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
     """A `Store` from a URL or a directory path (a `Store` is returned as is)."""
     if isinstance(spec, Store):
         return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ConfigError(f"store must be a directory path, a postgresql:// URL or a Store (None keeps sessions "
+                          f"in memory), got {type(spec).__name__} {spec!r}")
     if is_database_url(spec):
         try:
             module = importlib.import_module(".postgres", __package__)  # the optional [postgres] extra

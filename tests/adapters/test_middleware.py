@@ -390,6 +390,9 @@ def test_wrap_refuses_misconfiguration_when_called(tmp_path: Path) -> None:
         wrap(c, store=blocker / "sub")
     with pytest.raises(ConfigError, match="postgres"):
         wrap(c, store="mysql://x")
+    for bad in ({"store": 123}, {"store_dir": 5}):  # a bare TypeError from pathlib before
+        with pytest.raises(ConfigError, match="store must be a directory path"):
+            wrap(c, **bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         wrap(c, summarizer="magic")  # type: ignore[arg-type]
     with pytest.raises(cachecompact.base.errors.InvalidSessionIdError):
