@@ -229,7 +229,8 @@ def get_model(model: str) -> ModelInfo:
         raise UnknownModelError(f"unknown model {str(model)[:80]!r}: not an id of the price table"
                                 + (f"; nearest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(_TABLE))}")
                                 + "; to price it on purpose give its prices (wrap(pricing={id: {'input': ..., "
-                                  "'output': ...}}), --model-prices FILE, or cachecompact.base.pricing.register_model)")
+                                  "'output': ...}}), the command line's --model-prices FILE, or "
+                                  "cachecompact.base.pricing.register_model)")
     return info
 
 

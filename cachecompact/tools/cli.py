@@ -563,7 +563,12 @@ def _session_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    p = _Parser(prog="cachecompact", description=__doc__.splitlines()[0], parents=[common])
+    # every command that prices a model takes the prices of one the table does not list
+    priced = _Parser(add_help=False)
+    priced.add_argument("--model-prices", metavar="JSON",
+                        help="a file pricing models the price table does not list: {id: {input, output, ...}} "
+                             "($ per MTok)")
+    p = _Parser(prog="cachecompact", description=__doc__.splitlines()[0].replace("``", ""), parents=[common])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     led = sub.add_parser("ledger", help="inspect a session's ledger", parents=[common])
     lsub = led.add_subparsers(dest="ledger_command", required=True, parser_class=_Parser)
@@ -577,18 +582,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "write verify makes); a changed record cannot be mended")
     ver.add_argument("--head", metavar="HEAD", help="a head printed earlier: fail if the store no longer extends it")
     ver.set_defaults(func=cmd_ledger_verify)
-    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)", parents=[common])
+    ren = sub.add_parser("render", help="print the request body (as it was after ledger entry K)",
+                         parents=[common, priced])
     _session_args(ren)
     ren.add_argument("--at-entry", type=_int_in("--at-entry", 0), default=None, metavar="K")
     ren.add_argument("--uncompacted", action="store_true",
                      help="the whole transcript with no ledger entry applied: every original, as the caller sent it")
     ren.add_argument("--model", default=DEFAULT_MODEL, help="an id of the price table (or priced by --model-prices)")
-    ren.add_argument("--model-prices", metavar="JSON",
-                     help="a file pricing unlisted models: {id: {input, output, ...}}")
     ren.add_argument("--max-tokens", type=_int_in("--max-tokens", 1), default=DEFAULT_MAX_TOKENS)
     ren.add_argument("--pretty", action="store_true", help="indent instead of the exact canonical bytes")
     ren.set_defaults(func=cmd_render)
-    srv = sub.add_parser("serve", help="run the local Messages API emulator", parents=[common])
+    srv = sub.add_parser("serve", help="run the local Messages API emulator", parents=[common, priced])
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=_int_in("--port", 0, 65535), default=8765)
     srv.add_argument("--trace", type=_existing_file("--trace"), help="replay the assistant messages of this trace")
@@ -600,14 +604,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--gzip", action="store_true", help="gzip responses for clients that accept it, as the API does")
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="replay traces and run tasks under each strategy; compare cost and recall",
-                           parents=[common])
+                           parents=[common, priced])
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
     bench.add_argument("--model", default=None,
                        help="price every trace as this model (an id of the price table; default: each trace's "
                             "recorded model, claude-sonnet-4-6 for a non-Claude one)")
-    bench.add_argument("--model-prices", metavar="JSON",
-                       help="a file pricing unlisted models: {id: {input, output, ...}} ($ per MTok)")
     bench.add_argument("--window", type=_bench_window, nargs="+", action="extend", metavar="N",
                        help="context windows in tokens, or 'own' for each trace's model's own window "
                             "(repeatable; default: own 200000 50000)")
@@ -622,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--synthetic", type=_int_in("--synthetic", 1, 10_000), metavar="N",
                        help="run N synthetic traces instead of files")
     bench.set_defaults(func=cmd_bench)
-    rep = sub.add_parser("report", help="cache health report of a session", parents=[common])
+    rep = sub.add_parser("report", help="cache health report of a session", parents=[common, priced])
     _session_args(rep)
     rep.add_argument("--plot", metavar="PNG", help="also write a plot (needs the [plot] extra)")
     rep.add_argument("--summary", action="store_true",
@@ -635,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", help="session directory to create (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
     px = sub.add_parser("proxy", help="an Anthropic-compatible proxy with cache forensics, compaction and a dashboard",
-                        parents=[common])
+                        parents=[common, priced])
     px.add_argument("--upstream", default="https://api.anthropic.com", help="where requests go (default: the API)")
     px.add_argument("--host", default="127.0.0.1", help="beyond loopback needs --auth-token")
     px.add_argument("--port", type=_int_in("--port", 0, 65535), default=8787)
@@ -655,13 +657,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compact mode: the context window (default: the model's)")
     px.set_defaults(func=cmd_proxy)
     fo = sub.add_parser("forensics", help="why recorded Claude Code sessions missed the cache, and what it cost",
-                        parents=[common])
+                        parents=[common, priced])
     fo.add_argument("paths", nargs="+", help="Claude Code JSONL logs or folders")
     fo.add_argument("--json", action="store_true", help="print every finding as JSON")
     fo.add_argument("-v", "--verbose", action="store_true", help="list every miss")
     fo.set_defaults(func=cmd_forensics)
     wi = sub.add_parser("whatif", help="what your own sessions would have cost with cachecompact, a peer or another "
-                                       "TTL", parents=[common])
+                                       "TTL", parents=[common, priced])
     wi.add_argument("paths", nargs="+", help="Claude Code logs (~/.claude/projects/*/), folders, or any bench trace")
     wi.add_argument("--option", action="append", metavar="STRATEGY",
                     help="a strategy to replay (repeatable; name@5m or name@1h fixes its TTL); default: cachecompact "

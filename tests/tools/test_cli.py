@@ -65,6 +65,8 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["proxy", "--lookback-coverage", "0.9"], "--lookback-coverage applies only with --mode compact"),
     (["proxy", "--recent-tokens", "20000", "--window", "100000"],
      "--recent-tokens, --window apply only with --mode compact"),
+    (["proxy", "--model-prices", "/nonexistent/prices.json"], "--model-prices /nonexistent/prices.json"),
+    (["whatif", "/nonexistent/logs", "--model-prices", "/nonexistent/p.json"], "--model-prices /nonexistent/p.json"),
     (["bench", "--window", "-5"], "--window must be between 8000 and 10000000"),
     (["bench", "--window", "99999999999"], "--window must be between 8000 and 10000000"),
     (["bench", "--out", "/proc/x"], "--out /proc/x"),
