@@ -189,7 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         emu.serve_forever(ready)
     except OSError as err:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}; pick another --port "
+                         "(--port 0 takes a free one)") from None
     return 0
 
 
@@ -260,7 +261,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     try:
         proxy.serve_forever(ready)
     except OSError as err:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}; pick another --port "
+                         "(--port 0 takes a free one)") from None
     return 0
 
 
@@ -532,6 +534,9 @@ def _check(args: argparse.Namespace) -> None:
         from ..compaction.catalog import get_strategy
 
         get_strategy(args.strategy)
+        if args.recent_tokens is not None and args.lookback_coverage is not None:
+            raise UsageError("--lookback-coverage and --recent-tokens exclude each other: the first learns the "
+                             "recent budget from the agent's look-backs, the second fixes it")
         ProxyConfig(upstream=args.upstream, host=args.host, mode=args.mode, store=args.store,
                     keep_bodies=args.keep_bodies, strategy=args.strategy,
                     auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()

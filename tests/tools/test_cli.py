@@ -61,7 +61,8 @@ def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixt
     (["serve", "--fault-rate", "2"], "--fault-rate must be between 0 and 1"),
     (["serve", "--log", "/nonexistent/dir/log.jsonl"], "/nonexistent/dir"),
     (["proxy", "--mode", "compact", "--lookback-coverage", "1.5"], "--lookback-coverage must be between 0 and 1"),
-    (["proxy", "--mode", "compact", "--lookback-coverage", "0.9", "--recent-tokens", "5"], "not both"),
+    (["proxy", "--mode", "compact", "--lookback-coverage", "0.9", "--recent-tokens", "5"],
+     "--lookback-coverage and --recent-tokens exclude each other"),
     (["proxy", "--lookback-coverage", "0.9"], "--lookback-coverage applies only with --mode compact"),
     (["proxy", "--recent-tokens", "20000", "--window", "100000"],
      "--recent-tokens, --window apply only with --mode compact"),
@@ -117,7 +118,7 @@ def test_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) 
         port = s.getsockname()[1]
         assert main(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot listen" in err
+    assert err.count("\n") == 1 and "cannot listen" in err and "--port 0 takes a free one" in err
 
 
 def test_report_prints_its_text_even_when_the_plot_fails(session_dir: Path, tmp_path: Path,
