@@ -246,6 +246,13 @@ def test_a_tool_agent_runs_150_turns_at_a_40k_window(tmp_path: Path, mode: str) 
     assert s.path is not None and cli_main(["ledger", "verify", str(s.path)]) == 0
 
 
+def _long_result(call: Any) -> dict[str, Any]:
+    """A file with prose after its definitions: its placeholder (preview and key lines) is shorter.
+    A file of definitions alone is all key lines, and L2 leaves it whole."""
+    r = _tool_result(call)
+    return {**r, "content": r["content"] + "".join(f"\n# note {k}: this step scales and offsets" for k in range(200))}
+
+
 def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> None:
     with Emulator(SummarizingResponder(ScriptedResponder(_tool_model))) as emu:
         # with the scratchpad tool on a stored session and on an in-memory one (store=None)
@@ -258,7 +265,7 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                                                messages=messages)
                 messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True)
                                                                   for b in reply.content]})
-                messages.append({"role": "user", "content": [_tool_result(c) for c in reply.content
+                messages.append({"role": "user", "content": [_long_result(c) for c in reply.content
                                                              if c.type == "tool_use"]})
             mw = _mw(client)
             body = mw.sessions()[0].render().body
@@ -582,6 +589,27 @@ def test_a_window_larger_than_the_models_is_said_once(emu: Emulator, caplog: pyt
             client.messages.create(model="claude-haiku-4-5", max_tokens=64, system=SYSTEM,
                                    messages=[{"role": "user", "content": f"hello {k}"}])
     assert caplog.text.count("larger than claude-haiku-4-5's context window") == 1
+
+
+def test_a_callers_1_hour_markers_replaced_are_said_once(emu: Emulator, caplog: pytest.LogCaptureFixture) -> None:
+    """Caller markers are not history (the renderer places its own), so a 1-hour TTL the caller
+    asked went to 5 minutes without a word: after an idle gap that is a cold cache."""
+    system = [{"type": "text", "text": SYSTEM * 3, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    for ttl in (None, "1h"):
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                      summarizer=None, ttl=ttl)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "cachecompact"):
+            hist = [{"role": "user", "content": f"hello {ttl}"}]
+            for k in range(3):  # one conversation, three requests
+                reply = client.messages.create(model=MODEL, max_tokens=64, system=system, messages=hist)
+                hist += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+                         {"role": "user", "content": f"and {k}?"}]
+        said = caplog.text.count("asks a 1-hour TTL")
+        assert said == (1 if ttl is None else 0), caplog.text
+        written = emu.requests[-3]["usage"]["cache_creation"]  # this conversation's first request
+        assert written[f"ephemeral_{ttl or '5m'}_input_tokens"] > 0 and sum(written.values()) == written[
+            f"ephemeral_{ttl or '5m'}_input_tokens"], written
 
 
 @pytest.mark.parametrize("mode", ["sync-create", "sync-stream", "async-create", "async-stream"])
