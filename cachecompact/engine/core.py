@@ -146,7 +146,7 @@ class CompactionEngine:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
-        _check_caller_fields(body)
+        asks_hour = _check_caller_fields(body)
         if self.strict_models and isinstance(body.get("model"), str):
             get_model(body["model"])  # UnknownModelError names the nearest ids and how to price it
         if explicit is not None:
@@ -176,6 +176,11 @@ class CompactionEngine:
                 params["diagnostics"] = {"previous_message_id": live.last_message_id}
             live.strategy.before_request(now, model, max_tokens, params=params)
             ttl, prefix_ttl = self._ttls(live)
+            if asks_hour and live.strategy.renders and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
+                live.told_ttl = True  # once per session: every request of a client like Claude Code asks it
+                log.warning("cachecompact: session %s: the request's cache_control asks a 1-hour TTL; cachecompact "
+                            "places its own breakpoints and chose %s from the session's gaps (wrap(ttl='1h') or "
+                            "EngineOptions(ttl='1h') keeps the hour)", live.sid, ttl or "5m")
             r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
             if live.strategy.renders:
                 out = r.body
@@ -355,18 +360,19 @@ class CompactionEngine:
         return Scratchpad(None).handle_tool_call(tool_input)
 
 
-def _check_caller_fields(body: dict[str, Any]) -> None:
+def _check_caller_fields(body: dict[str, Any]) -> bool:
     """Fields of the caller's request that rendering would otherwise turn valid: a ``max_tokens``
     that is not an integer, and ``cache_control`` markers the API refuses (more than 4, or an
     unknown TTL; the renderer places its own). Such a request goes out as the caller sent it
     (`MalformedMessageError`: fail open), so the caller gets the API's own answer. Markers are
     looked for where clients put them (system, tools, the newest messages): a whole-history
     walk would cost more per turn than the identities do, and a marker further back is dropped
-    as every caller marker is."""
+    as every caller marker is. True when a marker asks the 1-hour TTL: the engine says once that
+    its own choice replaces it."""
     mt = body.get("max_tokens")
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
         raise MalformedMessageError("max_tokens", f"must be an integer, got {type(mt).__name__}")
-    marks = 0
+    marks, hour = 0, False
     msgs = body.get("messages")
     parts: list[Any] = [body.get("system"), body.get("tools"), msgs[-4:] if isinstance(msgs, list) else msgs]
     while parts:
@@ -379,6 +385,8 @@ def _check_caller_fields(body: dict[str, Any]) -> None:
                 marks += 1
                 if not isinstance(cc, dict) or cc.get("ttl", "5m") not in ("5m", "1h"):
                     raise MalformedMessageError("cache_control", f"{str(cc)[:60]} is not a breakpoint the API takes")
+                hour = hour or cc.get("ttl") == "1h"
             parts.extend(v for k, v in x.items() if k in ("content", "messages"))
     if marks > 4:
         raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
+    return hour

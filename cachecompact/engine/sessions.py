@@ -294,6 +294,7 @@ class Live:
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_message_id: str | None = None  # the last response's id (the diagnostics' previous_message_id)
     requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
+    told_ttl: bool = False  # the caller's 1-hour markers were said to be replaced (once per session)
     sim_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = field(default_factory=dict)  # priced blocks
 
     @property
