@@ -23,6 +23,9 @@ engine compares it with the previous request of the same session and classifies:
   and none of its messages, at a person's turn: the client changed the messages in a way its
   log does not record (an injected reminder or system message, a history re-serialized on
   resume, a changed thinking or effort parameter; docs/cache-model.md cites the reports);
+* ``server_edit`` — the request asked the API to edit its context (``context_management``:
+  Anthropic's server-side clearing), which may have changed what the server cached in ways the
+  body does not show; a short read there is that edit's re-write, not the provider's doing;
 * ``provider_suspected`` — nothing changed, nothing expired, the entry was reachable, and
   still nothing (or less) was read.
 
@@ -58,7 +61,7 @@ __all__ = [
 ]
 
 CLASSES = ("read_as_expected", "prefix_churn", "invalidation", "below_minimum", "ttl_expiry", "lookback_miss",
-           "client_compaction", "client_rewrite", "provider_suspected")
+           "client_compaction", "client_rewrite", "server_edit", "provider_suspected")
 ACTIONABLE = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
 _TOLERANCE = 0.05  # a read within 5% (and 32 tokens) of the expected one is as expected
 EXCERPT = 200
@@ -98,6 +101,7 @@ class Snapshot:
     prompt: str | None = None  # the start of the person's prompt this request answers, for the finding
     head_floor: int = 0  # a log's thread: the read of its tools and system alone (its smallest nonzero read)
     client_compaction: str | None = None  # the client compacted since the previous request ("compact", ...)
+    server_edits: bool = False  # the request asked the API to edit its context (context_management edits)
 
     @property
     def total(self) -> int:
@@ -318,7 +322,7 @@ class Forensics:
                         f"none of the messages, at a person's turn {gap:.0f} s after the previous request; the "
                         f"client changed the messages in a way its log does not record")
             return
-        if self._lookback(f, snap, top):
+        if self._lookback(f, snap, top) or self._server_edit(f, snap):
             return
         f.cls = "provider_suspected"
         f.detail = (f"nothing changed, idle {gap:.0f} s within TTL {ttl:.0f} s, entry within the lookback, yet "
@@ -326,12 +330,23 @@ class Forensics:
 
     def _timeless(self, f: Finding, snap: Snapshot, top: int | None) -> None:
         """A request whose idle gap is unknown: a lookback miss can still be told, an expiry cannot."""
-        if self._lookback(f, snap, top):
+        if self._lookback(f, snap, top) or self._server_edit(f, snap):
             return
         f.cls = "provider_suspected"
         f.detail = (f"no idle gap is known here (the log lost this call's time, or its times run backwards), so "
                     f"no expiry can be judged; nothing else changed, yet {f.read} of {f.expected} expected tokens "
                     f"were read")
+
+    @staticmethod
+    def _server_edit(f: Finding, snap: Snapshot) -> bool:
+        """7. the API edited the context it was sent (server-side clearing): what it cached is not
+        the body, so a short read is that edit's cost, asked for by the request."""
+        if not snap.server_edits:
+            return False
+        f.cls = "server_edit"
+        f.detail = (f"the request asks the API to edit its context (context_management); {f.read} of {f.expected} "
+                    f"expected tokens were read: what the server cleared changed what it had cached")
+        return True
 
     @staticmethod
     def _lookback(f: Finding, snap: Snapshot, top: int | None) -> bool:
@@ -412,6 +427,11 @@ def _show(prev: Snapshot, snap: Snapshot, what: list[str]) -> str:
 
 # -- snapshots ------------------------------------------------------------------------------------
 
+def _asks_server_edits(body: dict[str, Any] | None) -> bool:
+    cm = body.get("context_management") if isinstance(body, dict) else None
+    return isinstance(cm, dict) and bool(cm.get("edits"))
+
+
 def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image: bool = False,
                       keep_text: bool = True) -> Snapshot:
     """A snapshot of any request body (the proxy, recorded logs), from the simulator's blocks."""
@@ -442,7 +462,7 @@ def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image
     return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, has_image), chain=chain, cum=cum,
                     pos=pos, breakpoints=bps, locate=lambda k: blocks[k].where if k < len(blocks) else "end",
                     text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]],
-                    head_blocks=req.n_tools + req.n_system)
+                    head_blocks=req.n_tools + req.n_system, server_edits=_asks_server_edits(body))
 
 
 def _block_text(body: dict[str, Any], where: str) -> str:

@@ -273,7 +273,7 @@ class CompactionEngine:
         if f.cls == "read_as_expected":
             return
         level = (logging.DEBUG if f.explained_by is not None or f.cls == "below_minimum" else
-                 logging.INFO if f.cls == "ttl_expiry" else logging.WARNING)
+                 logging.INFO if f.cls in ("ttl_expiry", "server_edit") else logging.WARNING)
         self.events.emit(Event("cache_miss", live.session.session_id, reason=f"{f.cls}: {f.detail}",
                                cost_usd=f.wasted_usd, detail=f.to_dict()), level=level)
 

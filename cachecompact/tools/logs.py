@@ -366,6 +366,7 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
         "lookback_miss": "the cached end fell behind every breakpoint's 20-block lookback {k} times (${u:.2f}): "
                          "put a breakpoint nearer the new end",
         "below_minimum": "{k} requests were shorter than the model's minimum cacheable length (${u:.2f})",
+        "server_edit": "the API's own context editing (context_management) re-wrote the cache {k} times (${u:.2f})",
         "provider_suspected": "{k} misses (${u:.2f}) that nothing in the log explains: -v lists them with their "
                               "times, to match with the provider's records",
     }

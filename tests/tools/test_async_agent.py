@@ -76,3 +76,18 @@ def test_a_compaction_never_summarises_the_result_the_agent_has_not_seen(agent: 
     assert any(b < a for a, b in itertools.pairwise(sizes))  # it did compact
     for k, last in enumerate(lasts[1:], 1):  # every request ends with the result of the call just made
         assert any(b.get("type") == "tool_result" for b in last["content"] if isinstance(b, dict)), k
+
+
+def test_misses_of_the_apis_own_context_editing_are_told_apart(agent: ModuleType,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Anthropic's server-side clearing changes what the server caches without changing the body:
+    forensics called each such miss `provider_suspected` (47 warnings in this run) until the
+    request's `context_management` edits were taken into account."""
+    import logging
+
+    with caplog.at_level(logging.INFO, "cachecompact"):
+        r = agent.run("anthropic-clear-atleast")
+    assert r.failure is None
+    assert "provider_suspected" not in caplog.text
+    assert caplog.text.count("server_edit: the request asks the API to edit its context") >= 10
+    assert not [x for x in caplog.records if "server_edit" in x.getMessage() and x.levelno > logging.INFO]
