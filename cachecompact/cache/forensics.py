@@ -432,8 +432,7 @@ def _asks_server_edits(body: dict[str, Any] | None) -> bool:
     return isinstance(cm, dict) and bool(cm.get("edits"))
 
 
-def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image: bool = False,
-                      keep_text: bool = True) -> Snapshot:
+def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, keep_text: bool = True) -> Snapshot:
     """A snapshot of any request body (the proxy, recorded logs), from the simulator's blocks."""
     chain: list[bytes] = []
     cum: list[int] = []
@@ -459,7 +458,7 @@ def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, has_image
     if keep_text and body is not None:
         def text_of(k: int) -> str:
             return _block_text(body, blocks[k].where)
-    return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, has_image), chain=chain, cum=cum,
+    return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, req.has_image), chain=chain, cum=cum,
                     pos=pos, breakpoints=bps, locate=lambda k: blocks[k].where if k < len(blocks) else "end",
                     text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]],
                     head_blocks=req.n_tools + req.n_system, server_edits=_asks_server_edits(body))

@@ -85,6 +85,7 @@ class SimRequest:
     system_salt: bytes = b""
     messages_salt: bytes = b""
     auto_ttl: str | None = None  # top-level cache_control
+    has_image: bool = False  # an image anywhere in the messages (its presence is part of the messages' cache key)
 
 
 @dataclass(slots=True)
@@ -268,7 +269,7 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
     return SimRequest(
         model=str(body.get("model")), time=time, blocks=blocks, n_tools=n_tools, n_system=n_system,
         system_salt=canonical_bytes(body.get("speed")), messages_salt=salt_msgs,
-        auto_ttl=_ttl_of(top, "") if top is not None else None,
+        auto_ttl=_ttl_of(top, "") if top is not None else None, has_image=has_image,
     )
 
 

@@ -73,6 +73,20 @@ def test_read_as_expected_then_every_class(run: Run) -> None:
     assert run.send(410, model="claude-opus-4-8", messages=_msgs(6)).cls == "invalidation"
 
 
+def test_an_image_added_to_the_conversation_is_an_invalidation(run: Run) -> None:
+    """The presence of images is part of the messages' cache key (the documented invalidation
+    table). The simulator knew, but a snapshot of a plain request body never asked it: a person
+    pasting a screenshot into a Claude Code session (one 2026 log) was `provider_suspected`."""
+    png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+    assert run.send(0, messages=_msgs(3)).cls == "read_as_expected"
+    shot = _msgs(4, mark=False)
+    shot[-1] = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                          "data": png}},
+                                            {**shot[-1]["content"][0], "cache_control": CC}]}
+    f = run.send(10, messages=shot)
+    assert f.cls == "invalidation" and f.read < f.expected, f
+
+
 def test_mixed_ttls_a_1h_prefix_outliving_its_5m_tail_is_ttl_expiry(run: Run) -> None:
     # a 1h breakpoint on the system prompt, 5m on the messages: after 10 idle minutes only the
     # 5m entry is gone, the 1h one is read, and that is the TTL at work, not the provider
