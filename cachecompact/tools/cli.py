@@ -427,18 +427,6 @@ def _int_in(name: str, lo: int, hi: int | None = None) -> Any:
     return parse
 
 
-def _share(name: str) -> Any:
-    def parse(v: str) -> float:
-        try:
-            q = float(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
-        if not 0 < q < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1 (exclusive), got {v}")
-        return q
-    return parse
-
-
 def _bench_window(v: str) -> int:
     """``own`` (each trace at its model's own window, 0) or a window of 8,000 to 10,000,000 tokens."""
     if v.strip().lower() == "own":
@@ -447,14 +435,16 @@ def _bench_window(v: str) -> int:
     return n
 
 
-def _fraction(name: str) -> Any:
+def _fraction(name: str, *, exclusive: bool = False) -> Any:
+    """A share from 0 to 1; ``exclusive`` leaves out both ends (a coverage of 0 or 1 means nothing)."""
     def parse(v: str) -> float:
         try:
             x = float(v)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {v!r}") from None
-        if not 0.0 <= x <= 1.0:
-            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1, got {v}")
+        if not (0.0 < x < 1.0 if exclusive else 0.0 <= x <= 1.0):
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1{' (exclusive)' if exclusive else ''}, "
+                                             f"got {v}")
         return x
     return parse
 
@@ -653,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
                                          "needed only when listening beyond loopback")
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
-    px.add_argument("--lookback-coverage", type=_share("--lookback-coverage"), default=None, metavar="Q",
+    px.add_argument("--lookback-coverage", type=_fraction("--lookback-coverage", exclusive=True), default=None,
+                    metavar="Q",
                     help="compact mode: the cost-versus-recall knob: the newest history kept verbatim covers this "
                          "share of the agent's own look-backs, learnt per session (default 0.93; docs/policy.md)")
     px.add_argument("--recent-tokens", type=_int_in("--recent-tokens", 0), default=None, metavar="N",
