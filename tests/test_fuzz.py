@@ -193,3 +193,109 @@ def test_hostile_bodies_get_4xx_on_every_server(server: str, tmp_path: Path) -> 
                        headers={"content-type": "application/json", "content-encoding": "gzip"})
             assert r.status_code == 400 and "gzip" in r.json()["error"]["message"], r.text[:200]
             _alive(c)
+
+
+# -- every field of the request schema, with every wrong type, on all three servers ------------------------
+
+# A request that uses every field the Messages API documents and the servers read (valid as a
+# whole on the emulator): each of its paths is replaced, one at a time, by values of every JSON
+# type, and removed. A wrong type anywhere is the client's mistake: a 4xx, never a 5xx.
+RICH: dict[str, Any] = {
+    "model": MODEL, "max_tokens": 2048, "stream": False, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+    "stop_sequences": ["STOP"], "metadata": {"user_id": "u-1"}, "service_tier": "auto",
+    "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+    "tools": [{"name": "bash", "description": "Run a command.", "cache_control": {"type": "ephemeral", "ttl": "1h"},
+               "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": False},
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+    "output_config": {"effort": "high"},
+    "diagnostics": {"previous_message_id": None},
+    "context_management": {"edits": [{
+        "type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100_000},
+        "keep": {"type": "tool_uses", "value": 1}, "clear_at_least": {"type": "input_tokens", "value": 0},
+        "exclude_tools": ["bash"], "clear_tool_inputs": False}]},
+    "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Look at this.", "citations": None},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "a document"},
+             "title": "notes"}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "I will list files.", "signature": "c2lnbmF0dXJl"},
+            {"type": "text", "text": "Listing."},
+            {"type": "tool_use", "id": "toolu_01", "name": "bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "is_error": False,
+             "cache_control": {"type": "ephemeral", "ttl": "5m"},
+             "content": [{"type": "text", "text": "a.py"}, {"type": "tool_reference", "tool_name": "bash"}]},
+            {"type": "text", "text": "Go on."}]},
+    ],
+}
+WRONG: tuple[Any, ...] = (None, 0, -1, 2.5, True, "", "x", [], [1], {}, {"a": 1})
+
+
+def _paths(value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield at
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, (*at, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, (*at, i))
+
+
+def _replaced(path: tuple[Any, ...], new: Any, delete: bool = False) -> dict[str, Any]:
+    body = json.loads(json.dumps(RICH))
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = new
+    return body  # type: ignore[no-any-return]
+
+
+def _walk_bodies() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in _paths(RICH):
+        if not path:
+            continue
+        name = ".".join(str(p) for p in path)
+        for new in WRONG:
+            yield f"{name}={json.dumps(new)}", _replaced(path, new)
+        if isinstance(path[-1], str):
+            yield f"{name} removed", _replaced(path, None, delete=True)
+
+
+def test_the_rich_request_is_valid() -> None:
+    """The walk starts from a request the emulator accepts, so every 4xx it sees is the mutation's."""
+    with Emulator() as emu, httpx2.Client(base_url=emu.url, timeout=10) as c:
+        r = c.post("/v1/messages", json=RICH)
+        assert r.status_code == 200, r.text[:300]
+
+
+@pytest.mark.parametrize("server", ["emulator", pytest.param("observe", marks=pytest.mark.slow),
+                                    pytest.param("compact", marks=pytest.mark.slow)])
+def test_every_field_with_every_wrong_type_is_a_4xx(server: str, tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from cachecompact.adapters.proxy import Proxy, ProxyConfig
+
+    with ExitStack() as stack:
+        emu = stack.enter_context(Emulator())
+        url = emu.url
+        if server != "emulator":
+            url = stack.enter_context(Proxy(ProxyConfig(upstream=emu.url, port=0, mode=server,
+                                                        store=str(tmp_path / "store")))).url
+        bad = []
+        n = 0
+        with httpx2.Client(base_url=url, timeout=30, headers={"x-api-key": "k"}) as c:
+            for name, body in _walk_bodies():
+                for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                    r = c.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+                    n += 1
+                    if r.status_code >= 500 or (r.status_code >= 400 and r.json().get("type") != "error"):
+                        bad.append(f"{path} {name}: {r.status_code} {r.text[:160]}")
+            _alive(c)
+        assert n > 1000
+        assert not bad, "\n".join(bad[:40])

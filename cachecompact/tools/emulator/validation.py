@@ -33,7 +33,11 @@ _TTL_ORDER = {"1h": 0, "5m": 1}
 _ROLES = ("user", "assistant", "system")
 # block types the API documents besides the ones checked field by field (server tools' uses and
 # results are recognised by their suffix)
-_OTHER_TYPES = frozenset({"redacted_thinking", "search_result", "container_upload", "tool_reference"})
+_OTHER_TYPES = frozenset({"redacted_thinking", "search_result", "container_upload", "tool_reference", "browser_state"})
+# what a tool_result's content list may hold: the SDK's ``ToolResultBlockParam.Content`` union
+# (anthropic 2.16, ``types/tool_result_block_param.py``). ``tool_reference`` is what Claude Code's
+# ToolSearch returns (``{"type": "tool_reference", "tool_name": ...}``), and the API bills it.
+_RESULT_TYPES = ("text", "image", "document", "search_result", "tool_reference", "browser_state")
 _TOOL_ID = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -58,7 +62,7 @@ def _check_cc(cc: Any, where: str) -> str | None:
     if not isinstance(cc, dict) or cc.get("type") != "ephemeral":
         raise _bad(f"{where}.cache_control", "must be {'type': 'ephemeral', 'ttl'?: '5m' | '1h'}")
     ttl = cc.get("ttl", "5m")
-    if ttl not in _TTL_ORDER:
+    if not isinstance(ttl, str) or ttl not in _TTL_ORDER:
         raise _bad(f"{where}.cache_control.ttl", f"must be '5m' or '1h', got {str(ttl)[:20]!r}")
     return str(ttl)
 
@@ -134,8 +138,9 @@ def _check_block(b: Any, where: str, role: str, markers: list[tuple[str, str]], 
         c = b.get("content")
         if isinstance(c, list):
             for k, x in enumerate(c):
-                if not isinstance(x, dict) or x.get("type") not in ("text", "image", "document", "search_result"):
-                    raise _bad(f"{where}.content[{k}]", "tool_result content blocks must be text, image or document")
+                if not isinstance(x, dict) or x.get("type") not in _RESULT_TYPES:
+                    raise _bad(f"{where}.content[{k}]", "tool_result content blocks must be one of "
+                                                        f"{', '.join(_RESULT_TYPES)}")
                 _check_block(x, f"{where}.content[{k}]", "user", markers, f"{suffix}.content[{k}]")
         elif c is not None and not isinstance(c, str):
             raise _bad(f"{where}.content", "must be a string or a list of blocks")
@@ -156,6 +161,10 @@ def _check_block(b: Any, where: str, role: str, markers: list[tuple[str, str]], 
             raise _bad(f"{where}.content", "Empty string content is not allowed")
     elif t == "redacted_thinking" and not isinstance(b.get("data"), str):
         raise _bad(f"{where}.data", "must be a string")
+    elif t == "tool_reference" and not (isinstance(b.get("tool_name"), str) and b["tool_name"]):
+        raise _bad(f"{where}.tool_name", "must be a non-empty string")
+    elif t == "browser_state" and not isinstance(b.get("tabs"), list):
+        raise _bad(f"{where}.tabs", "must be a list")
     elif t not in _OTHER_TYPES and not t.endswith(("_tool_result", "_tool_use")):
         raise _bad(f"{where}.type", f"Input tag {t[:40]!r} found using 'type' does not match any of the expected "
                                     "tags")
@@ -311,9 +320,7 @@ def _check_params(body: dict[str, Any], max_output: int | None) -> None:
                 raise _bad("thinking.budget_tokens", "must be an integer >= 1024")
             if _is_int(mt) and mt and bt >= mt:
                 raise _bad("thinking.budget_tokens", "must be less than max_tokens")
-    for k in ("context_management", "diagnostics", "output_config"):
-        if k in body and body[k] is not None and not isinstance(body[k], dict):
-            raise _bad(k, "must be an object")
+    _check_objects(body)
     cm = body.get("context_management")
     if isinstance(cm, dict):
         edits = cm.get("edits", [])
@@ -322,6 +329,9 @@ def _check_params(body: dict[str, Any], max_output: int | None) -> None:
         for j, e in enumerate(edits):
             if not isinstance(e, dict) or not isinstance(e.get("type"), str):
                 raise _bad(f"context_management.edits[{j}]", "must be an object with a type")
+            ex = e.get("exclude_tools")
+            if ex is not None and not (isinstance(ex, list) and all(isinstance(x, str) for x in ex)):
+                raise _bad(f"context_management.edits[{j}].exclude_tools", "must be a list of tool names")
             for key in ("trigger", "keep", "clear_at_least"):
                 v = e.get(key)
                 valid = v is None or (key == "keep" and v == "all") or (
@@ -334,6 +344,13 @@ def _check_params(body: dict[str, Any], max_output: int | None) -> None:
         raise _bad("diagnostics.previous_message_id", "must be a string or null")
 
 
+def _check_objects(body: dict[str, Any]) -> None:
+    """The parameters that are objects when present, on ``messages`` and ``count_tokens`` alike."""
+    for k in ("context_management", "diagnostics", "output_config"):
+        if k in body and body[k] is not None and not isinstance(body[k], dict):
+            raise _bad(k, "must be an object")
+
+
 def check_request(body: Any, infos: Sequence[MessageInfo], *, max_output: int | None = None,
                   count_only: bool = False) -> None:
     """Everything but the per-message shapes (already in ``infos``)."""
@@ -343,6 +360,8 @@ def check_request(body: Any, infos: Sequence[MessageInfo], *, max_output: int | 
         raise _bad("model", "Field required")
     if not count_only:
         _check_params(body, max_output)
+    else:
+        _check_objects(body)
     ttls = _check_tools(body["tools"]) if body.get("tools") is not None else []
     ttls += _check_system(body["system"]) if body.get("system") is not None else []
     check_pairing(infos)
