@@ -38,7 +38,7 @@ from ..base.errors import ConfigError, ContextFullError
 from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
-from ..base.pricing import DEFAULT_SUMMARY_MODEL
+from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -247,8 +247,9 @@ class _AsyncUsageTap(httpx2.AsyncByteStream):
 # -- wrap ------------------------------------------------------------------------------------------------
 
 def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
-                        model: str | None) -> SummarizerFactory:
-    """Summaries through a plain client like the caller's (without this middleware)."""
+                        model: str | None, prices: OwnPrices | None = None) -> SummarizerFactory:
+    """Summaries through a plain client like the caller's (without this middleware), priced with
+    the client's own entries first (``prices``)."""
     if isinstance(client, anthropic.AsyncAnthropic):
         sync = anthropic.Anthropic(api_key=client.api_key, auth_token=client.auth_token, base_url=str(client.base_url),
                                    timeout=client.timeout, max_retries=client.max_retries)
@@ -257,7 +258,7 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
 
     def make(strategy_model: str | None, mode: str) -> Summarizer:
         chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
-        return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"})
+        return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"}, prices=prices)
     return make
 
 
@@ -304,13 +305,9 @@ def wrap(
         raise ConfigError(f"wrap() takes an anthropic.Anthropic or AsyncAnthropic client, got {type(client).__name__}")
     if any(isinstance(m, CompactionMiddleware) for m in client.middleware):
         raise ConfigError("this client is already wrapped with cachecompact.wrap(); wrap the original client once")
-    from ..base.pricing import custom, get_model, register_model
+    from ..base.pricing import get_model, own_prices
 
-    if pricing is not None:
-        if not isinstance(pricing, Mapping):
-            raise ConfigError(f"pricing must map model ids to their prices, got {type(pricing).__name__}")
-        for name, prices in pricing.items():
-            register_model(custom(str(name), prices))
+    prices = own_prices(pricing)  # this client's alone: the process-wide table is left as it is
     if summarizer_model is not None:
         if summarizer != "auto":
             raise ConfigError("summarizer_model= applies only to summarizer='auto' (the default)")
@@ -320,10 +317,10 @@ def wrap(
         if not isinstance(summarizer_model, str) or "claude-" not in summarizer_model.lower():
             raise ConfigError(f"summarizer_model={summarizer_model!r} is not a Claude model id (for example "
                               "'claude-haiku-5-5')")
-        get_model(summarizer_model)
+        get_model(summarizer_model, prices)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
-        summ = summarizer_factory(client, summarizer_model)
+        summ = summarizer_factory(client, summarizer_model, prices)
     elif summarizer is None or isinstance(summarizer, Summarizer):
         summ = summarizer
     else:
@@ -331,7 +328,7 @@ def wrap(
     options = EngineOptions(session_id=session_id, strategy=strategy, config=config, window_tokens=window_tokens,
                             prefix_messages=prefix_messages, scratchpad_tool=scratchpad_tool, diagnostics=diagnostics,
                             ttl=ttl, prefix_ttl=prefix_ttl, on_event=on_event, clock=clock, strict_models=True,
-                            recent_tokens=recent_tokens, lookback_coverage=lookback_coverage)
+                            recent_tokens=recent_tokens, lookback_coverage=lookback_coverage, prices=prices or None)
     mw = CompactionMiddleware(store, options=options, summarizer=summ, store_dir=store_dir)
     return client.with_middleware(mw)
 

@@ -26,8 +26,21 @@ from typing import Any
 
 from .errors import ConfigError, UnknownModelError
 
-__all__ = ["DEFAULT_PRICE_MODEL", "DEFAULT_SUMMARY_MODEL", "FAMILIES", "UNKNOWN_MODEL_WINDOW", "ModelInfo", "get_model",
-           "known_models", "model_prices", "override", "priced", "register_model"]
+__all__ = [
+    "DEFAULT_PRICE_MODEL",
+    "DEFAULT_SUMMARY_MODEL",
+    "FAMILIES",
+    "UNKNOWN_MODEL_WINDOW",
+    "ModelInfo",
+    "OwnPrices",
+    "get_model",
+    "known_models",
+    "model_prices",
+    "override",
+    "own_prices",
+    "priced",
+    "register_model",
+]
 
 log = logging.getLogger("cachecompact")
 
@@ -212,20 +225,49 @@ REQUIRED_FIELDS = tuple(f.name for f in fields(ModelInfo))
 
 
 @functools.lru_cache(maxsize=4096)  # pure, and asked several times per request by the proxy's analysis
-def _canonical(model: str) -> str:
+def _spelling(model: str) -> str:
+    """The id without case, date suffix or Claude Code's ``[1m]``: pure, so it may be cached."""
     name = _DATE.sub("", model.strip().lower())
-    name = re.sub(r"\[1m\]$", "", name)  # Claude Code's 1M-context spelling
+    return re.sub(r"\[1m\]$", "", name)  # Claude Code's 1M-context spelling
+
+
+def _canonical(model: str) -> str:
+    # the alias is looked up on every call, never cached: an alias registered after a failed
+    # lookup must take effect at once
+    name = _spelling(model)
     return _ALIASES.get(name, name)
 
 
-def get_model(model: str) -> ModelInfo:
+# A client's own entries (``wrap(pricing=...)``), keyed by canonical id, looked up before the
+# table; they apply to that client alone, never to the process.
+OwnPrices = Mapping[str, "ModelInfo"]
+
+
+def own_prices(pricing: Mapping[str, Mapping[str, Any]] | None) -> dict[str, ModelInfo]:
+    """``wrap(pricing={id: {"input": ..., "output": ...}})`` as entries keyed by canonical id."""
+    if pricing is None:
+        return {}
+    if not isinstance(pricing, Mapping):
+        raise ConfigError(f"pricing must map model ids to their prices, got {type(pricing).__name__}")
+    out = {}
+    for name, prices in pricing.items():
+        info = custom(str(name), prices)
+        out[info.name] = info
+    return out
+
+
+def get_model(model: str, own: OwnPrices | None = None) -> ModelInfo:
     """The entry for an exact model id, an alias or a dated id of one (``-20261001``,
     ``-latest``, Claude Code's ``[1m]``); `UnknownModelError` naming the nearest ids otherwise.
-    No family guess: ``claude-sonnet-4.6`` is not ``claude-sonnet-4-6``."""
-    info = _TABLE.get(_canonical(model))
+    No family guess: ``claude-sonnet-4.6`` is not ``claude-sonnet-4-6``. ``own`` entries (a
+    client's ``pricing=``) come first."""
+    key = _canonical(model)
+    info = own.get(key) if own else None
+    if info is None:
+        info = _TABLE.get(key)
     if info is None:
         name = _canonical(str(model))
-        near = difflib.get_close_matches(name, [*_TABLE, *_ALIASES], n=3, cutoff=0.6)
+        near = difflib.get_close_matches(name, [*(own or {}), *_TABLE, *_ALIASES], n=3, cutoff=0.6)
         raise UnknownModelError(f"unknown model {str(model)[:80]!r}: not an id of the price table"
                                 + (f"; nearest: {', '.join(near)}" if near else f"; known: {', '.join(sorted(_TABLE))}")
                                 + "; to price it on purpose give its prices (wrap(pricing={id: {'input': ..., "
@@ -259,12 +301,12 @@ def custom(name: str, prices: Mapping[str, Any]) -> ModelInfo:
         raise ConfigError(f"pricing[{name!r}]: {err}") from None
 
 
-def model_prices(model: str, default: str | None = None) -> ModelInfo:
+def model_prices(model: str, default: str | None = None, own: OwnPrices | None = None) -> ModelInfo:
     """`get_model`, or for an id missing from the table the newest entry of its family, or else
     ``default``'s prices (a warning, once per id). Raises `UnknownModelError` only when no family
     can be recognised and no ``default`` is given."""
     try:
-        return get_model(model)
+        return get_model(model, own)
     except UnknownModelError:
         name = _canonical(model)
         fam = next((f for f in FAMILIES if f in name), None)
@@ -282,15 +324,16 @@ def model_prices(model: str, default: str | None = None) -> ModelInfo:
 DEFAULT_PRICE_MODEL = "claude-sonnet-4-6"  # a request that names no model, or one of no known family
 
 
-def priced(model: str) -> ModelInfo:
+def priced(model: str, own: OwnPrices | None = None) -> ModelInfo:
     """What the runtime prices a request by: `model_prices`, and for a name of no known family
     (or none) `DEFAULT_PRICE_MODEL`'s entry, with one warning per name. Pricing never stops a
     request: every decision then uses that entry's own write and read prices."""
-    return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL)
+    return model_prices(model or DEFAULT_PRICE_MODEL, default=DEFAULT_PRICE_MODEL, own=own)
 
 
 def register_model(info: ModelInfo, *aliases: str) -> None:
-    """Add or replace a model entry (user overrides take effect everywhere)."""
+    """Add or replace a model entry for the whole process (the command line's ``--model-prices``);
+    ``wrap(pricing=...)`` prices for one client only."""
     with _LOCK:
         _TABLE[_canonical(info.name)] = info
         for a in aliases:

@@ -235,7 +235,7 @@ class CacheAwareCompactor:
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.cfg.window_tokens or self.ctx.window_tokens
-        price = priced(model)
+        price = priced(model, self.ctx.prices)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
         coverage = self.cfg.levels.lookback_coverage
@@ -483,8 +483,9 @@ class CacheAwareCompactor:
         else:
             read = min(self._sent[0], tokens)
         prefix_written = max(0, prefix - read)
-        choice = choose_ttls(priced(model), p_between=self.gaps.between(), prefix_tokens=prefix, total_tokens=tokens,
-                             prefix_written=prefix_written, rest_written=max(0, tokens - max(read, prefix)))
+        choice = choose_ttls(priced(model, self.ctx.prices), p_between=self.gaps.between(), prefix_tokens=prefix,
+                             total_tokens=tokens, prefix_written=prefix_written,
+                             rest_written=max(0, tokens - max(read, prefix)))
         # "5m" is rendered as the API's default (no ttl key), as without a choice
         self.prefix_ttl = "1h" if choice.prefix == "1h" else None
         self.ttl = "1h" if choice.rest == "1h" else None
@@ -530,7 +531,7 @@ class CacheAwareCompactor:
             order = paying or order  # when nothing pays back and the window forces it, the old order
         for p in order:
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
-                price = priced(model)
+                price = priced(model, self.ctx.prices)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,
@@ -591,7 +592,7 @@ class CacheAwareCompactor:
         after = ctr.calibrated(view.total_tokens) - removed
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
         g = max(1, growth, lim.limit // 100)
-        premium = max(0.0, priced(model).write_over_read(self.ttl or "5m") - 1)
+        premium = max(0.0, priced(model, self.ctx.prices).write_over_read(self.ttl or "5m") - 1)
         return (lim.critical - after) / g >= kept * premium / max(1, removed)
 
     def _no_thrash(self, p: Proposal, view: View, lim: Limits, model: str) -> list[Proposal]:

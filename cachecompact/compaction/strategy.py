@@ -20,11 +20,12 @@ registered by name in `cachecompact.compaction.catalog`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..base.events import Event, EventBus
+from ..base.pricing import ModelInfo
 from ..base.wire import TextBlock, content_blocks
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session
@@ -123,6 +124,7 @@ class StrategyContext:
     window_tokens: int  # the context window the strategy must respect
     scratchpad: Scratchpad | None = None
     scratchpad_tool: bool = False  # the agent's requests carry the read_scratchpad tool
+    prices: Mapping[str, ModelInfo] | None = None  # the client's own price entries (wrap(pricing=...))
 
 
 class StrategyConfig(Protocol):

@@ -148,7 +148,7 @@ class CompactionEngine:
             raise MalformedMessageError("messages", "must be a non-empty list")
         asks_hour = _check_caller_fields(body)
         if self.strict_models and isinstance(body.get("model"), str):
-            get_model(body["model"])  # UnknownModelError names the nearest ids and how to price it
+            get_model(body["model"], self.options.prices)  # UnknownModelError names the nearest ids and how to price it
         if explicit is not None:
             check_session_id(explicit, "session id")
         else:
@@ -250,7 +250,7 @@ class CompactionEngine:
             with live.lock:
                 live.strategy.after_response(p.now, usage)
                 live.last_message_id = message_id or live.last_message_id
-                cost = priced(p.model).cost(usage)
+                cost = priced(p.model, self.options.prices).cost(usage)
                 snap = p.snapshot()
                 finding: Finding = live.forensics.observe(snap, usage, cache_miss_reason)
                 self._report(live, finding)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from ..base.errors import ConfigError, PolicyConfigError
 from ..base.events import Event
+from ..base.pricing import ModelInfo
 from ..compaction.catalog import get_strategy, with_policy
 from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
 from ..compaction.strategy import StrategyConfig
@@ -49,6 +50,9 @@ class EngineOptions:
     strict_models: bool = False
     recent_tokens: int | None = None
     lookback_coverage: float | None = None
+    # this engine's own price entries (``wrap(pricing=...)``), keyed by canonical id, looked up
+    # before the process-wide table; they never change that table
+    prices: Mapping[str, ModelInfo] | None = None
 
     def __post_init__(self) -> None:
         if self.session_id is not None:

@@ -56,7 +56,7 @@ from ..base.errors import (
     UnknownModelError,
 )
 from ..base.headers import SESSION_HEADER
-from ..base.pricing import UNKNOWN_MODEL_WINDOW, model_prices, priced
+from ..base.pricing import UNKNOWN_MODEL_WINDOW, OwnPrices, model_prices, priced
 from ..base.wire import canonical_bytes, plain
 from ..cache.forensics import Forensics
 from ..history.transcript import identity_of_bytes, message_hash
@@ -333,7 +333,7 @@ class LiveMaker:
         from ..compaction.strategy import StrategyContext
 
         model = str(body.get("model") or "")
-        own = model_window(model)
+        own = model_window(model, self.options.prices)
         window = self.window_tokens or own
         if window > own and (model, window) not in _LARGER_WARNED:
             _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
@@ -341,9 +341,10 @@ class LiveMaker:
                         "will refuse requests before compaction starts", window, model or "the model", own)
         ctx = StrategyContext(session=session, summarizer=self.summarizer_for(model or None), events=self.events,
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
-                              scratchpad_tool=self.options.scratchpad_tool)
+                              scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
+        prices = self.options.prices
         return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
-                    forensics=Forensics(priced), scratchpad=ctx.scratchpad)
+                    forensics=Forensics(lambda m: priced(m, prices)), scratchpad=ctx.scratchpad)
 
     def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         """A new session ``sid`` in the store for the request ``body`` (`SessionExistsError` if taken)."""
@@ -354,7 +355,7 @@ class LiveMaker:
         if self.options.scratchpad_tool:
             tools.append(READ_SCRATCHPAD_TOOL)
         model = str(body.get("model") or "")
-        ratio = priced(model).token_ratio if model else 1.0
+        ratio = priced(model, self.options.prices).token_ratio if model else 1.0
         prefix = self.options.prefix_messages if self.options.prefix_messages is not None else \
             self.strategy_config.prefix_messages
         session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
@@ -380,11 +381,11 @@ _UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once 
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
 
 
-def model_window(model: str) -> int:
+def model_window(model: str, own: OwnPrices | None = None) -> int:
     """The model's context window from the price table (its family's for a newer id); for a name
     of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
     try:
-        return model_prices(model).context_window if model else UNKNOWN_MODEL_WINDOW
+        return model_prices(model, own=own).context_window if model else UNKNOWN_MODEL_WINDOW
     except UnknownModelError:
         if model not in _UNKNOWN_WARNED:
             _UNKNOWN_WARNED.add(model)

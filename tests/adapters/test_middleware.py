@@ -668,9 +668,8 @@ def test_a_model_id_not_in_the_price_table_is_refused_with_the_nearest_ids(emu: 
     client.messages.create(model="claude-sonnet-4-6-20261001", max_tokens=10, messages=history(1))
     priced = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None,
                   pricing={"claude-lab-1": {"input": 3, "output": 15, "context_window": 200_000}})
-    from cachecompact.base.pricing import get_model
-
-    assert get_model("claude-lab-1").read == pytest.approx(0.3) and priced is not None
+    mw = next(m for m in priced.middleware if isinstance(m, CompactionMiddleware))
+    assert mw.engine.options.prices is not None and mw.engine.options.prices["claude-lab-1"].read == pytest.approx(0.3)
     with pytest.raises(ConfigError, match="input and output"):
         wrap(anthropic.Anthropic(base_url=emu.url, api_key="t"), store=None, pricing={"x": {"in": 1}})
 
@@ -686,3 +685,33 @@ def test_the_claude_code_peer_writes_with_the_1_hour_ttl(emu: Emulator) -> None:
                                messages=[{"role": "user", "content": "go " * 1500}])
         cc = emu.requests[-1]["usage"]["cache_creation"]
         assert cc[field] > 0 and sum(cc.values()) == cc[field], (strategy, cc)
+
+
+def test_pricing_applies_to_the_wrapped_client_only(emu: Emulator) -> None:
+    """``wrap(pricing=...)`` used to register its entries in the process-wide table, so one
+    client's prices changed every other client's (and the emulator's) bill. Now the entry
+    prices that client's requests and nothing else."""
+    from cachecompact.base.errors import UnknownModelError
+    from cachecompact.base.pricing import get_model
+
+    own = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None,
+               pricing={"claude-sonnet-4-6-lab": {"input": 30, "output": 150}})
+    other = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None)
+    with pytest.raises(UnknownModelError):
+        get_model("claude-sonnet-4-6-lab")  # the process's table is as it was
+    with pytest.raises(UnknownModelError, match="claude-sonnet-4-6"):
+        other.messages.create(model="claude-sonnet-4-6-lab", max_tokens=10, messages=history(1))
+    n = len(emu.requests)
+    with pytest.raises(anthropic.NotFoundError):  # priced here, so sent; the emulator does not know the model
+        own.messages.create(model="claude-sonnet-4-6-lab", max_tokens=10, messages=history(1))
+    assert len(emu.requests) == n  # refused by the emulator's model lookup, before billing
+    # a model both know: this client's own entry is what its records are priced with
+    dear = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, summarizer=None,
+                pricing={"claude-sonnet-4-6": {"input": 300, "output": 1500}})
+    dear.messages.create(model=MODEL, max_tokens=10, messages=history(1))
+    [session] = cachecompact.wrapped_sessions(dear)
+    billed = emu.requests[-1]["cost_usd"]
+    assert session.last_request is not None
+    recorded = session.last_request["cost_usd"]
+    assert recorded == pytest.approx(100 * billed, rel=1e-6)
+    assert get_model(MODEL).input == 3.0

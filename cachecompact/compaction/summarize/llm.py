@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from ...base.errors import SummaryRejected
-from ...base.pricing import DEFAULT_SUMMARY_MODEL, get_model, model_prices
+from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_prices
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 from ...store.contract import REF_PATTERN
 from .extractive import GOAL_WORDS, block_texts, summary_facts
@@ -262,6 +262,7 @@ class LLMSummarizer:
     mode: str = "auto"  # "auto" | "forced-tool" | "prefix-reuse"
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
+    prices: OwnPrices | None = None  # the wrapped client's own price entries (wrap(pricing=...))
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
@@ -288,8 +289,8 @@ class LLMSummarizer:
             return self.mode if req.body is not None or self.mode == "forced-tool" else "forced-tool"
         if req.body is None or not req.cache_warm or req.body["messages"][-1].get("role") != "user":
             return "forced-tool"
-        small = get_model(self.model)
-        big = get_model(req.body["model"])
+        small = get_model(self.model, self.prices)
+        big = get_model(req.body["model"], self.prices)
         range_tokens = sum(len(_serialize([m])) for m in req.messages) / 4
         total_tokens = len(canonical_bytes(req.body["messages"])) / 4
         forced = range_tokens * small.input + self.max_tokens * small.output
@@ -298,14 +299,14 @@ class LLMSummarizer:
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
-        return u, model_prices(model).cost(u)
+        return u, model_prices(model, own=self.prices).cost(u)
 
     def _forced(self, req: SummaryRequest) -> SummaryResult:
         """The forced-tool form, or the in-text form for a model that refuses forced tool use
         (by the price table's ``forced_tool_ok``, or by the API's 400 saying so)."""
         import anthropic
 
-        if not model_prices(self.model).forced_tool_ok:
+        if not model_prices(self.model, own=self.prices).forced_tool_ok:
             return self._in_text(req)
         text = _instructions(req, "Call emit_summary.") + "\n<conversation>\n" + _serialize(req.messages) + \
             "\n</conversation>"
