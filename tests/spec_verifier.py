@@ -38,8 +38,12 @@ What it checks (each problem names the file and, for a log, the 1-based line):
   (effective edits, summary messages, targeted summaries, skips), as far as it can be
   rendered: see the first skipped item below. So a ledger or transcript rewritten together
   with every chain and commitment is still caught by the request's own breakpoints;
-* a torn last line (bytes after the last newline) is reported as a *note*, not a problem: the
-  document says loaders keep every line before it and set the bytes aside.
+* ``scratchpad/``: every file is ``<ref>.txt`` whose ``ref`` is ``sp_`` and the first 32 hex
+  digits of the sha256 of its bytes, and every reference a ledger entry's ``summary`` names is
+  there (a deleted blob is a problem);
+* a torn last line (bytes after the last newline), and prefix fields not yet written by a torn
+  first request, are reported as *notes*, not problems: the document says loaders keep every
+  line before a torn one, and that the prefix fields follow from the transcript.
 
 What it skips, and why:
 
@@ -50,8 +54,7 @@ What it skips, and why:
   beyond "validates it as the API would";
 * ``tokens_before``/``tokens_after`` values: they need the tokenizer (only their types are checked);
 * message identity (the canonical form used for matching requests): it is not committed anywhere;
-* ``events.jsonl`` (documented as informational and not chained) and ``scratchpad/`` (the
-  document says "content-addressed" but not by which hash), and the ``<file>.torn.<ms>``
+* ``events.jsonl`` (documented as informational and not chained) and the ``<file>.torn.<ms>``
   files (only listed as notes);
 * the informational request fields (usage, cost, finding, timings, ``strategy_state``): the
   document gives them no rules.
@@ -357,9 +360,13 @@ def _read(path: Path, name: str, problems: list[str]) -> bytes | None:
 def _log_lines(d: Path, name: str, report: Report) -> list[bytes]:
     """The complete lines of a log (without newlines); a torn last line is only noted.
 
-    A missing log reads as empty, as in the document's own standalone verifier.
+    A missing log is a problem (*Verifying a session*: all four files are made with the
+    session, so a deleted log is a change, not an empty one).
     """
-    data = _read(d / name, name, report.problems) or b""
+    raw = _read(d / name, name, report.problems)
+    if raw is None:
+        report.problems.append(f"{name}: missing (a session is created with every log; a deleted log is a change)")
+    data = raw or b""
     cut = data.rfind(b"\n") + 1
     lines = data[:cut].split(b"\n")[:-1]
     if cut < len(data):
@@ -677,12 +684,11 @@ def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], pre
             problems.append(f"{w}: range {start}..{end} splits a tool pair: message {start} holds tool results")
         if _holds(rng[-1], "tool_use"):
             problems.append(f"{w}: range {start}..{end} splits a tool pair: message {end} holds tool calls")
-        if kind == "skip" and start == 0:
-            first = messages[end + 1] if end + 1 < n else None
-            if not (isinstance(first, dict) and first.get("role") == "user"):
-                problems.append(f"{w}: a skip from message 0 must leave a user message first")
     clear = tool_use_id is None and kind == "skip" and all(_holds(m, "tool_result") for m in rng)
     entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear)
+    if kind == "skip" and tool_use_id is None and not clear and _first_shown(
+            _effective([*earlier, entry]), messages, n) != "user":
+        problems.append(f"{w}: with the edits in force, the request would not start with a user message")
     for e in earlier:
         if e.end < start or end < e.start:
             continue
@@ -692,6 +698,22 @@ def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], pre
             problems.append(f"{w}: range {start}..{end} overlaps ledger entry #{e.seq} ({e.start}..{e.end}) "
                             f"without containing it")
     return entry
+
+
+def _first_shown(effective: list[_Entry], messages: list[Any], n: int) -> str | None:
+    """The role of the first message rendered from the first ``n`` messages: a summary renders
+    as a user message, a skip (not a clear in place) renders nothing; None when nothing is left."""
+    i = 0
+    for e in sorted((x for x in effective if x.tool_use_id is None), key=lambda x: x.start):
+        if e.start > i:
+            break
+        if e.kind == "summary":
+            return "user"
+        if e.clear:
+            break
+        i = e.end + 1
+    first = messages[i] if i < n else None
+    return str(first.get("role")) if isinstance(first, dict) else None
 
 
 def _check_ledger(lines: list[bytes], chain: list[str], messages: list[Any], prefix_end: Any,
@@ -830,11 +852,38 @@ def check(session_dir: str | Path) -> Report:
     ledger, entries = _check_ledger(ledger_lines, chain, messages, prefix_end, report)
     digest = _digest(meta) if meta and not SESSION_KEYS - DIGEST_EXCLUDED - meta.keys() else None
     requests = _check_requests(request_lines, chain, ledger, entries, digest, renderer, report)
+    _check_scratchpad(d, entries, report)
     report.prefix_hash = meta.get("prefix_hash") if isinstance(meta.get("prefix_hash"), str) else None
     report.chains = (chain, ledger, requests)
     head = hashlib.sha256(f"{report.prefix_hash}|{chain[-1]}|{ledger[-1]}|{requests[-1]}".encode()).hexdigest()
     report.head = f"{len(chain) - 1}:{len(ledger) - 1}:{len(requests) - 1}:{head}"
     return report
+
+
+REF = re.compile(r"\bsp_[0-9a-f]{32}\b")
+
+
+def _check_scratchpad(d: Path, entries: list[_Entry | None], report: Report) -> None:
+    """*scratchpad/*: each file's name is its content's reference; every named reference exists."""
+    folder = d / "scratchpad"
+    held: set[str] = set()
+    if folder.is_dir() and not folder.is_symlink():
+        for f in sorted(folder.iterdir()):
+            name = f"scratchpad/{f.name}"
+            if not (f.name.endswith(".txt") and re.fullmatch(r"sp_[0-9a-f]{32}", f.name[:-4])):
+                report.problems.append(f"{name}: not <ref>.txt")
+                continue
+            data = _read(f, name, report.problems)
+            if data is None:
+                continue
+            if "sp_" + hashlib.sha256(data).hexdigest()[:32] != f.name[:-4]:
+                report.problems.append(f"{name}: the sha256 of its bytes does not match its name (changed)")
+            held.add(f.name[:-4])
+    for e in entries:
+        for ref in REF.findall(e.summary or "") if e is not None else ():
+            if ref not in held:
+                report.problems.append(f"ledger.jsonl:{e.line}: names scratchpad {ref}, which is missing (deleted)")
+                held.add(ref)
 
 
 def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> tuple[Any, _Renderer | None]:
@@ -846,9 +895,15 @@ def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> 
         return prefix_end, None  # already reported; nothing sound to compare with
     renderer = _Renderer(tools, system, messages)
     expected = _expected_prefix_end(n, messages)
+    prefix_hash = meta.get("prefix_hash")
+    if prefix_end is None and prefix_hash is None and expected is not None:
+        # *Torn writes*: the message completing the prefix was appended and the writer stopped
+        # before it wrote the two prefix fields; they follow from the transcript
+        report.notes.append(f"session.json: fields 'prefix_end' and 'prefix_hash' are not yet written although the "
+                            f"transcript completes the prefix at {expected}: a torn first request (--repair)")
+        return expected, renderer
     if prefix_end != expected:
         p.append(f"session.json: field 'prefix_end' is {prefix_end!r} but the transcript puts it at {expected!r}")
-    prefix_hash = meta.get("prefix_hash")
     if expected is None:
         if prefix_hash is not None:
             p.append("session.json: field 'prefix_hash' is set while the prefix is incomplete")

@@ -8,7 +8,6 @@ folder is refused with `ScratchpadRefError`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..base.errors import ScratchpadRefError
 from ..base.safefs import atomic_replace, ensure_dir
 from ..store import SessionStore
-from ..store.contract import REF_RE, check_ref
+from ..store.contract import REF_RE, blob_ref, check_ref
 
 if TYPE_CHECKING:
     from ..history.session import Session
@@ -78,7 +77,7 @@ class Scratchpad:
 
     @staticmethod
     def ref_for(text: str) -> str:
-        return "sp_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+        return blob_ref(text.encode("utf-8"))
 
     def put(self, text: str) -> str:
         """Store ``text`` (atomically, fsynced, private); return its reference."""
@@ -102,7 +101,11 @@ class Scratchpad:
             p = self.path / f"{ref}.txt"
             data = p.read_bytes() if p.is_file() and not p.is_symlink() else None
         if data is None:
-            raise ScratchpadRefError(f"unknown scratchpad reference {ref!r}")
+            raise ScratchpadRefError(f"unknown scratchpad reference {ref!r}: its content is not in the store "
+                                     "(deleted?); run the tool again")
+        if blob_ref(data) != ref:  # the name is the content's hash: edited or damaged content is never served
+            raise ScratchpadRefError(f"scratchpad content {ref!r} does not match its reference (it was changed or "
+                                     "damaged after it was stored), so it is not served; run the tool again")
         return data.decode("utf-8")
 
     def read(self, ref: str, offset: int = 0, limit: int = MAX_READ) -> str:

@@ -187,13 +187,39 @@ def check_edit(
                      else f"message {e} calls tools answered in message {e + 1}")
             raise EditSplitsToolPairError(f"edit range {s}..{e} splits a tool pair: {where}",
                                           widen_to_pairs(t, s, e) if n == len(t) else None)
-        if s == 0 and isinstance(edit, SkipRange) and (e + 1 >= n or t[e + 1].role != "user"):
-            raise InvalidEditError("skipping the start of the conversation must leave a user message first")
     for prior in earlier:
         if overlaps(edit, prior) and not _contains(edit, prior):
             raise EditOverlapError(
                 f"edit range {s}..{e} overlaps ledger entry #{prior.seq} ({prior.start}..{prior.end}"
                 f"{', result ' + prior.tool_use_id if prior.tool_use_id else ''}) without containing it")
+    if isinstance(edit, SkipRange) and not _is_clear_in_place(edit, t) and _first_shown(edit, t, n, earlier) != "user":
+        # with the skips already in force, not only this one: two skips that are each fine
+        # alone can together leave an assistant message first, or nothing at all
+        raise InvalidEditError("skipping the start of the conversation must leave a user message first")
+
+
+def _first_shown(edit: SkipRange, t: Transcript, n: int, earlier: Sequence[LedgerEntry]) -> str | None:
+    """The role of the first message the request shows once ``edit`` is in force after
+    ``earlier`` ("user" for a summary, which renders as a user message); None when nothing is
+    left of the first ``n`` messages."""
+    eff: list[LedgerEntry | Edit] = []
+    applied: list[LedgerEntry | Edit] = [*earlier, edit]
+    for x in applied:
+        eff = [y for y in eff if not (x.start <= y.start and y.end <= x.end
+                                      and (x.tool_use_id is None or x.tool_use_id == y.tool_use_id))]
+        eff.append(x)
+    whole = sorted((x for x in eff if x.tool_use_id is None), key=lambda x: x.start)
+    i = 0
+    for x in whole:
+        if x.start > i:
+            break
+        if isinstance(x, ReplaceWithSummary) or (isinstance(x, LedgerEntry) and x.kind == "summary"):
+            return "user"
+        if not _is_clear_in_place(x.edit if isinstance(x, LedgerEntry) else x, t):
+            i = x.end + 1
+        else:
+            break
+    return t[i].role if i < n else None
 
 
 def split_effective(entries: Sequence[LedgerEntry]) -> tuple[list[LedgerEntry], dict[int, dict[str, LedgerEntry]]]:

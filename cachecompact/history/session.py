@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from ..store import (
     Store,
     TornTail,
 )
+from ..store.contract import REF_PATTERN, REF_RE, blob_ref
 from ..store.records import GENESIS, record_hash, seal
 from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
 from .render import Renderer, RenderResult
@@ -46,6 +48,7 @@ from .transcript import MessageRecord, Transcript, immutable_prefix_end
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
 
+_NAMED_REF = re.compile(rf"\b{REF_PATTERN}\b")  # a scratchpad reference in a ledger entry's text
 log = logging.getLogger("cachecompact")
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
@@ -113,6 +116,8 @@ class Session:
         self._requests_head = GENESIS
         self._request_hashes: list[str] = [GENESIS]  # request chain value after 0, 1, ... records
         self.last_request: dict[str, Any] | None = None
+        # set by a read-only open that found the prefix fields not yet written (`_check_meta`)
+        self.meta_torn: str | None = None
         # breakpoints of the previous request sent (block index, chain value): an input of the
         # breakpoint planner, persisted in the request log so a reopened session plans the same
         self.previous_breakpoints: list[tuple[int, bytes]] = []
@@ -234,12 +239,21 @@ class Session:
                 raise StoreError(f"{where}: field prefix_end is {stored_pe!r}, but the transcript puts the end of the "
                                  f"immutable prefix at {pe}")
             actual = self.renderer.prefix_hash()
-            if self._prefix_hash is None:
-                if readonly or stored_pe is not None:
-                    raise StoreError(f"{where}: field prefix_hash is missing or null, but the prefix is complete "
-                                     f"(prefix_end {pe})")
+            if self._prefix_hash is None and stored_pe is None:
+                # A benign torn state: the message that completed the prefix was appended, and the
+                # process died before the prefix fields were written (they are derived from the
+                # transcript, which its chain covers, so nothing is lost). A writer fills them in; a
+                # read-only open reports it for `ledger verify --repair`.
                 self._prefix_hash = actual
-                self.store.write_meta(self._meta())
+                if readonly:
+                    self.meta_torn = (f"{where}: the prefix fields were not yet written when the writer stopped "
+                                      f"(prefix_end {stored_pe!r}, prefix_hash null, while the transcript completes "
+                                      f"the prefix at {pe}): a torn first request, not a change")
+                else:
+                    self.store.write_meta(self._meta())
+            elif self._prefix_hash is None:
+                raise StoreError(f"{where}: field prefix_hash is null, but prefix_end is {stored_pe} (the store writes "
+                                 "both at once, so this is a changed file, not a torn write)")
             elif actual != self._prefix_hash:
                 raise ImmutablePrefixError(f"{where}: field prefix_hash {self._prefix_hash} does not match the "
                                            f"tools, system and first {pe} messages ({actual})")
@@ -590,6 +604,37 @@ class Session:
                                     previous=self.previous_breakpoints if live else (),
                                     stable_before=self.stable_before if live else None, ttl=ttl,
                                     prefix_ttl=prefix_ttl, model=model, max_tokens=max_tokens, **params)
+
+    def repair_meta(self) -> None:
+        """Write the prefix fields a torn first request left unwritten (`meta_torn`)."""
+        if self.meta_torn is not None and self.store is not None:
+            self.store.write_meta(self._meta())
+            self.meta_torn = None
+
+    def blob_problems(self) -> list[str]:
+        """What is wrong with the session's scratchpad content (docs/ledger-format.md, *scratchpad*):
+        stored content whose reference is not the hash of its bytes (edited or damaged), and
+        references that a ledger entry's text names but the store does not hold (deleted). Empty
+        when all is well, and for a session without a store."""
+        if self.store is None:
+            return []
+        out = []
+        for ref in self.store.blob_refs():
+            if not REF_RE.match(ref):
+                out.append(f"{self.store.location}: scratchpad {ref!r}: not a scratchpad reference")
+                continue
+            data = self.store.get_blob(ref)
+            if data is not None and blob_ref(data) != ref:
+                out.append(f"{self.store.location}: scratchpad {ref}: its content does not hash to its reference "
+                           "(changed or damaged after it was stored)")
+        held = set(self.store.blob_refs())
+        for e in self.ledger.entries:
+            for ref in _NAMED_REF.findall(e.summary or ""):
+                if ref not in held:
+                    out.append(f"{self.store.where('ledger')}:{e.seq + 1}: entry #{e.seq} names scratchpad {ref}, "
+                               "which the store does not hold (deleted)")
+                    held.add(ref)  # said once
+        return out
 
     def messages(self) -> list[dict[str, Any]]:
         """The full, uncompacted history as plain dicts."""

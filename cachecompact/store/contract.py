@@ -13,6 +13,7 @@ for every backend, so a session verifies with the same verdict in any store.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
 __all__ = ["LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore",
-           "SharedReadLock", "Store", "TornTail", "check_ref", "check_session_id"]
+           "SharedReadLock", "Store", "TornTail", "blob_ref", "check_ref", "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
@@ -31,6 +32,12 @@ SESSION_ID_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 REF_PATTERN = r"sp_[0-9a-f]{32}"  # a scratchpad reference: sp_ + 32 hex digits of a sha256 (the one spelling)
 REF_RE = re.compile(rf"^{REF_PATTERN}$")
+
+
+def blob_ref(data: bytes) -> str:
+    """The reference of scratchpad content: ``sp_`` + the first 32 hex digits of its sha256. The
+    name is the content's hash, so every reader can check what it got (docs/ledger-format.md)."""
+    return "sp_" + hashlib.sha256(data).hexdigest()[:32]
 
 
 def check_ref(ref: object) -> str:

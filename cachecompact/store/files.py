@@ -192,11 +192,15 @@ class FileSessionStore:
     def read_meta(self) -> dict[str, Any]:
         p = self.path / META
         try:
-            meta = _DECODER.decode(_read_file(p))
+            raw = _read_file(p)
+            meta = _DECODER.decode(raw)
         except (OSError, msgspec.DecodeError) as err:
             raise StoreError(f"{p}: unreadable session metadata: {err}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise StoreError(f"{p}: not a {FORMAT} file")
+        if raw.removesuffix(b"\n") != canonical_bytes(meta):  # docs/ledger-format.md, *session.json*
+            raise StoreError(f"{p}: not in canonical JSON (bytes were changed: spacing, indentation, key order or an "
+                             "escape); the store writes it as exactly its canonical JSON and one newline")
         if meta.get("version") != VERSION:
             raise StoreError(f"{p}: format version {meta.get('version')!r} is not supported by this build (it reads "
                              f"version {VERSION}; version 1 sessions cannot be upgraded in place, see CHANGELOG.md)")

@@ -393,11 +393,14 @@ class PostgresSessionStore:
         if row is None:
             raise SessionNotFoundError(f"{self.location}: no such session")
         try:
-            meta = _DECODER.decode(bytes(row[0]))
+            raw = bytes(row[0])
+            meta = _DECODER.decode(raw)
         except msgspec.DecodeError as err:
             raise StoreError(f"{self.location}: unreadable session metadata: {err}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise StoreError(f"{self.location}: not {FORMAT} version {VERSION} metadata")
+        if raw != canonical_bytes(meta):  # docs/ledger-format.md, *session.json*
+            raise StoreError(f"{self.location}: the session metadata is not in canonical JSON (bytes were changed)")
         return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:

@@ -101,6 +101,18 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             print(f"repaired: {torn} (set aside)", file=sys.stderr)
         else:
             print(f"warning: {torn}; `--repair` sets it aside", file=sys.stderr)
+    if sess.meta_torn is not None:
+        if args.repair and sess.store is not None:
+            with sess.store.lock():
+                sess.repair_meta()
+            print("repaired: the prefix fields of session.json were written from the transcript", file=sys.stderr)
+        else:
+            print(f"warning: {sess.meta_torn}; `--repair` writes them", file=sys.stderr)
+    blob_problems = sess.blob_problems()
+    if blob_problems:
+        for problem in blob_problems:
+            print(f"INVALID {problem}", file=sys.stderr)
+        return 1
     if args.head and not sess.extends(args.head):
         print(f"INVALID {sess.store.location if sess.store else args.target}: the stored state does not extend "
               f"head {args.head} (entries it covered were changed, removed or rolled back)", file=sys.stderr)

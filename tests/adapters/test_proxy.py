@@ -337,8 +337,17 @@ def test_api_and_auth_token(emu: Emulator) -> None:
         one = http.get("/api/sessions/a", headers=auth).json()
         assert len(one["requests"]) == 2 and one["requests"][1]["read"] > 0
         r = http.get("/ui?token=t0ken", follow_redirects=False)
-        assert r.status_code == 302 and "cachecompact_token" in r.headers["set-cookie"]
-        http.cookies.set("cachecompact_token", "t0ken")
+        set_cookie = r.headers["set-cookie"]
+        assert r.status_code == 302 and "cachecompact_token" in set_cookie
+        # the cookie holds a value derived from the token, never the token; HttpOnly and SameSite
+        # always, Secure when the browser came over TLS (here through a terminating proxy)
+        assert "t0ken" not in set_cookie and "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
+        assert "Secure" not in set_cookie
+        tls = http.get("/ui?token=t0ken", headers={"x-forwarded-proto": "https"}, follow_redirects=False)
+        assert "Secure" in tls.headers["set-cookie"]
+        http.cookies.set("cachecompact_token", "t0ken")  # the token itself is not a valid cookie
+        assert http.get("/ui").status_code == 401
+        http.cookies.set("cachecompact_token", r.cookies["cachecompact_token"])
         page = http.get("/ui")
         assert page.status_code == 200 and "Content-Security-Policy" in page.headers
         assert http.get("/api/sessions/nope", headers=auth).status_code == 404

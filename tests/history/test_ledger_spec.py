@@ -73,3 +73,98 @@ def test_a_session_whose_prefix_is_empty_verifies_from_its_creation(tmp_path: Pa
     d = tmp_path / "s"
     Session.create(d, system="You are careful.", prefix_messages=0)
     assert _ours(d) == 0 and spec_verify(d) == []
+
+
+# -- issue 37: the cases the two verifiers disagreed on, the scratchpad, a torn first request ----------------
+
+def _session_with_a_blob(d: Path) -> str:
+    """A file session whose ledger names one scratchpad blob, as an L2 edit does."""
+    from cachecompact import Session
+    from cachecompact.compaction.scratchpad import Scratchpad
+    from cachecompact.history.ledger import ReplaceWithSummary
+
+    from ..conftest import history
+
+    s = Session.create(d, system="You are careful.", prefix_messages=1)
+    s.sync(history(4))
+    ref = Scratchpad.for_session(s).put("the whole output\n" * 50)
+    tid = s.messages()[2]["content"][0]["tool_use_id"]
+    s.edit(ReplaceWithSummary(2, 2, f"[shortened; the full output is in the scratchpad as {ref}]", "L2", tid),
+           level="L2")
+    return ref
+
+
+def _verdicts(d: Path) -> tuple[int, list[str], str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        ours = cli(["ledger", "verify", str(d)])
+    return ours, spec_verify(d), err.getvalue()
+
+
+def test_a_changed_or_deleted_scratchpad_blob_is_caught_by_both_verifiers_and_never_served(tmp_path: Path) -> None:
+    """An edited ``sp_<sha256>.txt`` was served to the model as a normal result, and a deleted
+    one went unnoticed: the name is the content's hash, so every side now checks it."""
+    from cachecompact import Session
+    from cachecompact.compaction.scratchpad import Scratchpad
+
+    d = tmp_path / "s"
+    ref = _session_with_a_blob(d)
+    assert _verdicts(d)[:2] == (0, [])
+    blob = d / "scratchpad" / f"{ref}.txt"
+    blob.write_bytes(blob.read_bytes().replace(b"whole", b"forged"))
+    ours, theirs, err = _verdicts(d)
+    assert ours == 1 and ref in err and "does not hash" in err
+    assert theirs and "does not match its name" in theirs[0]
+    text, is_error = Scratchpad.for_session(Session.open(d, readonly=True)).handle_tool_call({"ref": ref})
+    assert is_error and "forged" not in text and "does not match" in text
+    blob.unlink()
+    ours, theirs, err = _verdicts(d)
+    assert ours == 1 and "deleted" in err and ref in err
+    assert theirs and "missing (deleted)" in theirs[0]
+    text, is_error = Scratchpad.for_session(Session.open(d, readonly=True)).handle_tool_call({"ref": ref})
+    assert is_error and "unknown" in text
+
+
+def test_a_pretty_printed_session_json_and_a_deleted_log_are_invalid_for_both(tmp_path: Path) -> None:
+    """The two cases `ledger verify` and the spec verifier disagreed on; the format now settles
+    both (docs/ledger-format.md: *session.json*, *Verifying a session*)."""
+    import json
+
+    d = tmp_path / "s"
+    _session_with_a_blob(d)
+    meta = d / "session.json"
+    original = meta.read_bytes()
+    meta.write_text(json.dumps(json.loads(original), indent=2, sort_keys=True))
+    ours, theirs, err = _verdicts(d)
+    assert ours == 1 and "canonical" in err and theirs
+    meta.write_bytes(original.rstrip(b"\n"))  # without the newline: accepted by both
+    assert _verdicts(d)[:2] == (0, [])
+    meta.write_bytes(original)
+    (d / "requests.jsonl").unlink()
+    ours, theirs, err = _verdicts(d)
+    assert ours == 1 and "requests.jsonl" in err and "missing" in err
+    assert any("requests.jsonl: missing" in t for t in theirs)
+
+
+def test_a_torn_first_request_is_reported_as_torn_and_repaired(tmp_path: Path) -> None:
+    """A kill between appending the message that completes the prefix and writing the prefix
+    fields left both null: `ledger verify` called that INVALID and did not offer `--repair`."""
+    import json
+
+    from cachecompact import Session
+
+    from ..conftest import history
+
+    d = tmp_path / "s"
+    s = Session.create(d, system="You are careful.", prefix_messages=3)
+    meta_before = (d / "session.json").read_bytes()
+    s.sync(history(3))
+    (d / "session.json").write_bytes(meta_before)  # as if the process died before writing the prefix fields
+    ours, theirs, err = _verdicts(d)
+    assert ours == 0 and theirs == [] and "torn first request" in err and "--repair" in err
+    assert json.loads((d / "session.json").read_bytes())["prefix_hash"] is None  # verify never writes
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        assert cli(["ledger", "verify", "--repair", str(d)]) == 0
+    assert json.loads((d / "session.json").read_bytes())["prefix_hash"] == s.prefix_hash
+    ours, theirs, err = _verdicts(d)
+    assert ours == 0 and theirs == [] and "torn" not in err

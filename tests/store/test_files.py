@@ -179,7 +179,7 @@ def test_truncation_below_an_acknowledged_request_is_detected(tmp_path: Path, na
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
-    ("prefix_hash", None, "prefix_hash is missing or null"),
+    ("prefix_hash", None, "prefix_hash is null"),
     ("prefix_end", 99, "prefix_end"),
     ("prefix_hash", "0" * 32, "prefix_hash"),
 ])
@@ -190,7 +190,7 @@ def test_session_json_fields_are_checked_and_verify_never_writes(tmp_path: Path,
     meta_p = tmp_path / "s" / "session.json"
     meta = json.loads(meta_p.read_text())
     meta[field] = value
-    meta_p.write_text(json.dumps(meta))
+    meta_p.write_text(json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n")
     before = meta_p.read_bytes()
     with pytest.raises(Exception, match=match):
         Session.open(tmp_path / "s", readonly=True)

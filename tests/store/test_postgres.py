@@ -344,3 +344,24 @@ def test_a_stale_writer_records_a_request_after_the_other_one(pg_url: str) -> No
     b.record_request(b.render(), {"by": "b"})
     s = Session.open(open_store(pg_url), sid, readonly=True)  # verifies every chain
     assert [r["by"] for _, r in s.store.read_all("requests")] == ["a", "b"]  # type: ignore[union-attr]
+
+
+def test_a_torn_first_request_is_torn_with_repair_in_both_stores(store: Store,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A kill between appending the message that completes the prefix and writing the prefix
+    fields leaves both null: reported as torn, with `--repair`, never as INVALID (issue 37)."""
+    sid = _sid("torn")
+    s = Session.create(store, session_id=sid, system="sys", prefix_messages=3)
+    st = store.open(sid)
+    before = {k: v for k, v in st.read_meta().items() if k not in ("format", "version")}
+    s.sync(history(3))
+    st.write_meta(before)  # as if the writer died before it wrote the prefix fields
+    target = ["--store", store.url, sid] if hasattr(store, "url") else [str(store.open(sid).location)]
+    assert main(["ledger", "verify", *target]) == 0
+    err = capsys.readouterr().err
+    assert "torn first request" in err and "--repair" in err
+    assert st.read_meta()["prefix_hash"] is None  # verify never writes
+    assert main(["ledger", "verify", "--repair", *target]) == 0
+    assert st.read_meta()["prefix_hash"] == s.prefix_hash
+    assert main(["ledger", "verify", *target]) == 0
+    assert "torn" not in capsys.readouterr().err

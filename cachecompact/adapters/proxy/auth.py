@@ -3,6 +3,7 @@ bound beyond loopback, whoever holds the ``--auth-token``."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from ..httpserver import api_error
 from .config import ProxyConfig, is_loopback
 
-__all__ = ["loopback_host_only", "token_auth"]
+__all__ = ["cookie_value", "loopback_host_only", "token_auth"]
 
 _COOKIE = "cachecompact_token"
 
@@ -36,8 +37,22 @@ async def loopback_host_only(request: web.Request, handler: Callable[[web.Reques
     return await handler(request)
 
 
+def cookie_value(token: str) -> str:
+    """What the login cookie holds: a value derived from the token, never the token itself, so a
+    cookie that leaks (a browser profile, a proxy's log) does not give away the credential that
+    ``Authorization: Bearer`` accepts."""
+    return hmac.new(token.encode(), b"cachecompact dashboard cookie v1", hashlib.sha256).hexdigest()
+
+
+def _over_https(request: web.Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a terminating proxy that says
+    so in ``X-Forwarded-Proto``; then the cookie is ``Secure``."""
+    return request.secure or request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower() == "https"
+
+
 def token_auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
     token = cfg.auth_token
+    cookie = cookie_value(token) if token is not None else ""
 
     @web.middleware
     async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -45,14 +60,18 @@ def token_auth(cfg: ProxyConfig) -> Callable[..., Awaitable[web.StreamResponse]]
         path = request.path
         if token is None or not _dashboard_path(path):
             return await handler(request)
-        given = request.headers.get("authorization", "")
-        given = given[7:] if given.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
+        header = request.headers.get("authorization", "")
         query = request.query.get("token")
         if query is not None and hmac.compare_digest(query.encode(), token.encode()):
-            resp = web.HTTPFound(path)  # the token leaves the address bar; a cookie carries it from now on
-            resp.set_cookie(_COOKIE, token, httponly=True, samesite="Strict", path="/")
+            resp = web.HTTPFound(path)  # the token leaves the address bar; a cookie carries the proof from now on
+            resp.set_cookie(_COOKIE, cookie, httponly=True, samesite="Strict", path="/", secure=_over_https(request))
             raise resp
-        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+        if header.lower().startswith("bearer "):
+            ok = hmac.compare_digest(header[7:].encode(), token.encode())
+        else:
+            given = request.cookies.get(_COOKIE, "")
+            ok = bool(given) and hmac.compare_digest(given.encode(), cookie.encode())
+        if not ok:
             return api_error(401, "this proxy's dashboard and API need the auth token: an 'Authorization: Bearer' "
                                   "header, or open /ui?token=... once", kind="authentication_error")
         return await handler(request)

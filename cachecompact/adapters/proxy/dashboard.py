@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...engine.sessions import model_window
+from ...store.contract import blob_ref
 from ..httpserver import api_error
 from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
@@ -130,6 +131,9 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
             try:
                 st = state.store.open(s.sid)
                 blob = st.get_blob(ref)
+                if blob is not None and blob_ref(blob) != ref:  # the name is the content's hash
+                    out["body_error"] = "the stored body does not match its reference (changed or damaged)"
+                    blob = None
                 out["body"] = blob.decode("utf-8", "replace")[:200_000] if blob else None
             except Exception:  # a missing or unreadable body is shown as missing
                 out["body"] = None
