@@ -33,7 +33,9 @@ class Event:
     """One thing that happened to a session's context.
 
     ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
-    context_full | repeated_tool_calls | cache_miss | skipped | recent_budget | restored (lines of
+    context_full | repeated_tool_calls | cache_miss | compaction_rewrite (the request after one of
+    our own compactions re-wrote the cache from the edit on: paid on purpose, priced as the written
+    tokens times write minus read; never a ``cache_miss``) | skipped | recent_budget | restored (lines of
     hidden output a call named, given back beside its result) | first_compaction (the first
     request of a session changed a history the caller brought: said once, a warning).
     """

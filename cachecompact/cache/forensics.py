@@ -40,7 +40,7 @@ could have been read, priced at the difference. Where the API sent
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -56,12 +56,14 @@ __all__ = [
     "Forensics",
     "SessionSummary",
     "Snapshot",
+    "is_compaction_rewrite",
     "params_key",
+    "rewrite_cost",
     "snapshot_from_sim",
 ]
 
-CLASSES = ("read_as_expected", "prefix_churn", "invalidation", "below_minimum", "ttl_expiry", "lookback_miss",
-           "client_compaction", "client_rewrite", "server_edit", "provider_suspected")
+CLASSES = ("read_as_expected", "prefix_churn", "compaction_rewrite", "invalidation", "below_minimum", "ttl_expiry",
+           "lookback_miss", "client_compaction", "client_rewrite", "server_edit", "provider_suspected")
 ACTIONABLE = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
 _TOLERANCE = 0.05  # a read within 5% (and 32 tokens) of the expected one is as expected
 EXCERPT = 200
@@ -69,7 +71,7 @@ EXCERPT = 200
 # which API diagnostics reason each finding corresponds to (None: the API sees no divergence)
 _API_FOR = {"invalidation:model": "model_changed", "invalidation:params": "unavailable",
             "prefix_churn:tools": "tools_changed", "prefix_churn:system": "system_changed",
-            "prefix_churn:messages": "messages_changed"}
+            "prefix_churn:messages": "messages_changed", "compaction_rewrite:messages": "messages_changed"}
 
 
 def params_key(body: dict[str, Any], has_image: bool) -> dict[str, Any]:
@@ -281,7 +283,7 @@ class Forensics:
         if k is None and top is not None and top >= len(snap.chain):
             k = len(snap.chain)  # the request is shorter than what was cached: messages removed
         if k is not None and top is not None and k <= top:
-            self._churn(f, snap, prev, k, ratio, per_token, ideal)
+            self._churn(f, snap, prev, k, ratio, per_token, ideal, price, usage)
             return
         # 3. too short to be cached at all
         if snap.total * ratio < price.min_cacheable:
@@ -363,7 +365,7 @@ class Forensics:
         return False
 
     def _churn(self, f: Finding, snap: Snapshot, prev: Snapshot, k: int, ratio: float, per_token: float,
-               ideal: int) -> None:
+               ideal: int, price: ModelInfo, usage: dict[str, Any]) -> None:
         f.cls = "prefix_churn"
         before_k = snap.cum[k - 1] if k > 0 and k - 1 < len(snap.cum) else 0
         f.wasted_tokens = min(f.wasted_tokens, max(0, round((ideal - before_k) * ratio)))
@@ -381,8 +383,10 @@ class Forensics:
         f.explained_by = (snap.explain(k, prev.n_entries) if snap.explain is not None and k < len(snap.chain)
                           else None)
         f.actionable = f.explained_by is None
-        if f.explained_by is not None:
+        if f.explained_by is not None:  # our own compaction: its deliberate re-write, not a miss
+            f.cls = "compaction_rewrite"
             f.detail += f" (explained by ledger entry #{f.explained_by})"
+            f.wasted_tokens, f.wasted_usd = rewrite_cost(price, usage)
 
     @staticmethod
     def _what_changed(snap: Snapshot, prev: Snapshot, k: int) -> str:
@@ -406,14 +410,36 @@ class Forensics:
             return
         if f.cls == "invalidation":
             mine = _API_FOR["invalidation:model" if f.location == "model" else "invalidation:params"]
-        elif f.cls == "prefix_churn":
+        elif f.cls in ("prefix_churn", "compaction_rewrite"):
             sect = (f.location or "messages").split("[", 1)[0]
-            mine = _API_FOR.get(f"prefix_churn:{sect}", "messages_changed")
+            mine = _API_FOR.get(f"{f.cls}:{sect}", "messages_changed")
         else:
             mine = None  # the API compares structure only: no divergence to report
         if f.api_reason == "unavailable" and mine != "unavailable":
             return  # inconclusive
         f.agrees = mine == f.api_reason
+
+
+def is_compaction_rewrite(finding: Mapping[str, Any]) -> bool:
+    """Whether a stored finding records our own compaction's re-write: its class, or, in records
+    written before that class existed, prefix churn that a ledger entry explains."""
+    cls = finding.get("cls")
+    return cls == "compaction_rewrite" or (cls == "prefix_churn" and finding.get("explained_by") is not None)
+
+
+def rewrite_cost(price: ModelInfo, usage: dict[str, Any]) -> tuple[int, float]:
+    """What a request's cache writes cost over reading them, at its own prices (the prompt's price
+    tier, each TTL's write price): the written tokens and their (write - read) price. This is what a
+    compaction's deliberate re-write actually paid, not what re-writing the previous, uncompacted
+    prompt would have cost."""
+    cc = usage.get("cache_creation") or {}
+    total_w = int(usage.get("cache_creation_input_tokens") or 0)
+    w1h = int(cc.get("ephemeral_1h_input_tokens") or 0) if cc else 0
+    w5m = int(cc.get("ephemeral_5m_input_tokens") or 0) if cc else total_w
+    p = price.at(sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
+                                                        "cache_creation_input_tokens")))
+    usd = (w5m * max(0.0, p.write_5m - p.read) + w1h * max(0.0, p.write_1h - p.read)) / 1e6
+    return max(total_w, w5m + w1h), usd
 
 
 def _show(prev: Snapshot, snap: Snapshot, what: list[str]) -> str:

@@ -272,6 +272,11 @@ class CompactionEngine:
     def _report(self, live: Live, f: Finding) -> None:
         if f.cls == "read_as_expected":
             return
+        if f.cls == "compaction_rewrite":  # our own edit's re-write, paid on purpose: never a cache_miss
+            entries = [f.explained_by] if f.explained_by is not None else []
+            self.events.emit(Event("compaction_rewrite", live.session.session_id, reason=f.detail,
+                                   cost_usd=f.wasted_usd, entries=entries, detail=f.to_dict()), level=logging.DEBUG)
+            return
         level = (logging.DEBUG if f.explained_by is not None or f.cls == "below_minimum" else
                  logging.INFO if f.cls in ("ttl_expiry", "server_edit") else logging.WARNING)
         self.events.emit(Event("cache_miss", live.session.session_id, reason=f"{f.cls}: {f.detail}",

@@ -215,13 +215,41 @@ def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool,
             return Decision("segment", best.sid, "prefix_churn", n)
         # one message in common is only a shared opening: another agent, not this conversation
     same = [c for c in cands if c.head == req.head and c.identities]
-    if same:  # the same agent with another history: a rewrite (at 0: Claude Code's own compaction)
+    if same:  # the same agent with another history, if it kept some of it: a rewrite
         scored = [(_common(req.ids, c.identities), k, c) for k, c in enumerate(same)]
-        at, _, base = max(scored, key=lambda x: (x[0], x[1]))
-        return Decision("segment", base.sid, "rewrite", at)
+        kept = [x for x in scored if _rewrites(req.ids, x[2], x[0], named)]
+        if kept:
+            at, _, base = max(kept, key=lambda x: (x[0], x[1]))
+            return Decision("segment", base.sid, "rewrite", at)
     if named and cands:
-        return Decision("agent", cands[0].sid, "another agent under this name (its tools or system differ)", 0)
+        why = ("another agent under this name (its tools or system differ)" if not same else
+               "another agent under this name (same tools and system, none of a session's history kept)")
+        return Decision("agent", cands[0].sid, why, 0)
     return Decision("new", None, "new conversation", 0)
+
+
+def _is_agent(sid: str) -> bool:
+    """Whether ``sid`` is another agent under a name (``<name>.a<n>``)."""
+    tail = sid.rsplit(".", 1)[-1] if "." in sid else ""
+    return tail[:1] == "a" and tail[1:].isdigit()
+
+
+def _rewrites(req: list[bytes], c: Candidate, at: int, named: bool) -> bool:
+    """Whether a request that parts from ``c`` at ``at`` is ``c``'s own history rewritten.
+
+    - It kept ``c``'s newest message after the change (a redacted or cleared old result, a
+      framework that summarised the middle and kept the recent turns): a rewrite, named or not.
+    - Under a name, on the owner's line (not a sub-agent's ``.aN``): Claude Code's own compaction
+      opens with its summary (nothing in common, ``at`` 0), and a rewind goes back to an earlier
+      turn of the same conversation (more than the opening in common).
+    - Otherwise it shares only what every agent of the family shares, the opening message (and,
+      under a name, a sub-agent's tools and system): another agent, not this conversation.
+      Independent agents with the same first message are separate conversations, and a
+      sub-agent of the same kind as an earlier one is another ``.aN``."""
+    ids = c.identities
+    if ids[-1] in req[at:]:
+        return True
+    return named and not _is_agent(c.sid) and at != 1
 
 
 def in_family(sid: str, base: str) -> bool:

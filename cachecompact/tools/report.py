@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import CacheCompactError
+from ..base.pricing import priced
+from ..cache.forensics import is_compaction_rewrite, rewrite_cost
 from ..history.ledger import GIVEN_BACK_LEVEL
 from ..history.session import Session
 from ..store import Store
-from .terminal import fold
+from .terminal import fold, shorten
 
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
@@ -40,12 +42,14 @@ def session_data(session: Session) -> dict[str, Any]:
     kinds = Counter(str(e.get("kind")) for e in events)
     misses: Counter[str] = Counter()
     wasted: dict[str, float] = {}
-    rewrites, rewrite_usd = 0, 0.0  # misses our own ledger edits caused: paid on purpose, not waste
+    rewrites, rewrite_usd = 0, 0.0  # re-writes our own ledger edits caused: paid on purpose, not misses
     for r in requests:
         f = r.get("finding") or {}
-        if f.get("cls") == "prefix_churn" and f.get("explained_by") is not None:
+        if is_compaction_rewrite(f):
             rewrites += 1
-            rewrite_usd += float(f.get("wasted_usd") or 0.0)
+            # what was paid: the written tokens x (write - read) at the request's own prices, from its
+            # usage (a store written before this was priced as if the old prompt had been re-written)
+            rewrite_usd += rewrite_cost(priced(str(r.get("model") or "")), r.get("usage") or {})[1]
         elif f.get("cls") and f["cls"] != "read_as_expected":
             misses[f["cls"]] += 1
             wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
@@ -165,9 +169,13 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         for i, r in enumerate(reqs):
             u = r["usage"]
             f = r.get("finding") or {}
-            note = "" if f.get("cls") in (None, "read_as_expected") else (
-                f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
-                + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
+            if is_compaction_rewrite(f):
+                note = (f"compaction re-write (ledger entry #{f.get('explained_by')}, "
+                        f"${rewrite_cost(priced(str(r.get('model') or '')), u)[1]:.4f})")
+            else:
+                note = "" if f.get("cls") in (None, "read_as_expected") else (
+                    f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
+                    + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
             lines.append(f"{i:4d} {int(u.get('cache_read_input_tokens') or 0):6d} "
                          f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
                          f"${float(r.get('cost_usd') or 0):.5f}  {note}")
@@ -176,12 +184,12 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
     if trouble:
         lines += ["", "failures, deferrals, the breaker and the recent budget:"]
         for e in trouble[-40:]:
-            lines.append(f"  {e.get('kind')} {e.get('level') or ''} {str(e.get('reason'))[:110]}")
+            lines.append(f"  {e.get('kind')} {e.get('level') or ''} {shorten(str(e.get('reason')), 110)}")
     if d["compactions"] and detail:
         lines += ["", "compactions:"]
         for e in d["compactions"]:
             lines.append(f"  #{e['seq']} {e['level']} {e['kind']} {e['start']}..{e['end']} "
-                         f"{e['tokens_before']}->{e['tokens_after']} {e['reason'][:70]}")
+                         f"{e['tokens_before']}->{e['tokens_after']} {shorten(e['reason'], 70)}")
     # a terminal's 120 columns: a long line (a conversation of many sessions) folds, indented
     text = fold("\n".join(lines))
     if plot is not None and reqs:
@@ -234,8 +242,13 @@ def plot_session(d: dict[str, Any], out: Path) -> None:
     ax[0].bar(xs, read, label="read", color="#4c9f70")
     ax[0].bar(xs, write, bottom=read, label="written", color="#e07a5f")
     ax[0].bar(xs, inp, bottom=[a + b for a, b in zip(read, write, strict=True)], label="uncached", color="#999")
-    miss = [i for i, r in enumerate(reqs) if (r.get("finding") or {}).get("cls") not in (None, "read_as_expected")]
+    findings = [r.get("finding") or {} for r in reqs]
+    ours = [i for i, f in enumerate(findings) if is_compaction_rewrite(f)]
+    miss = [i for i, f in enumerate(findings)
+            if f.get("cls") not in (None, "read_as_expected") and not is_compaction_rewrite(f)]
     ax[0].scatter(miss, [read[i] + write[i] + inp[i] for i in miss], color="red", marker="v", label="miss", zorder=3)
+    ax[0].scatter(ours, [read[i] + write[i] + inp[i] for i in ours], color="#3d5a80", marker="D",
+                  label="re-write after our compaction", zorder=3)
     ax[0].set_ylabel("input tokens")
     ax[0].legend()
     cum, c = [], 0.0

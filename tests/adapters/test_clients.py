@@ -300,8 +300,13 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 sync_api.expect(page.locator("#totals")).to_contain_text(f"{total}")
                 sync_api.expect(page.locator("#totals")).to_contain_text("1 conversations, 2 sessions")
                 sync_api.expect(top).to_contain_text(MODEL)
+                # named by its project folder and first prompt, not by a UUID alone
+                sync_api.expect(top).to_contain_text("work: delegate please")
                 page.fill("#filter", "no-such-session")
-                sync_api.expect(page.locator("#sessions tbody tr")).to_have_count(0)
+                sync_api.expect(page.locator("#sessions tbody tr")).to_have_count(1)  # says the table is empty
+                sync_api.expect(page.locator("#sessions tbody")).to_contain_text('no session matches "no-such-session"')
+                page.fill("#filter", "delegate")  # the title is searched too
+                sync_api.expect(top).to_have_count(1)
                 page.fill("#filter", "")
                 page.click('#sessions th[data-key="requests"]')
                 sync_api.expect(page.locator('#sessions th[data-key="requests"]')).to_have_class(re.compile("sorted"))
@@ -323,7 +328,10 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 row = page.locator('#sessions tbody tr[data-sid="web"]')
                 sync_api.expect(row).to_have_count(1, timeout=10_000)  # the list followed again
                 row.click()
-                sync_api.expect(page.locator("#session-title")).to_have_text("session web")
+                sync_api.expect(page.locator("#session-title")).to_contain_text("session web")
+                assert page.url.endswith("/ui#/session/web")  # every view has its address
+                sync_api.expect(page.locator("#window-note")).to_contain_text("the model's context window")
+                sync_api.expect(page.locator("#compactions tbody")).to_contain_text("no compactions in this session")
                 for chart, y_label in (("cost", "cumulative cost ($)"), ("context", "tokens"),
                                        ("idle", "idle before (s, log)")):
                     svg = page.locator(f"#chart-{chart} svg")
@@ -354,11 +362,22 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 assert page.evaluate("() => window.pwned") is None  # ... never run
                 assert page.locator("#miss-body").inner_text().startswith("{")  # --keep-bodies: the body
                 page.screenshot(path=str(shots / "dashboard-miss.png"), full_page=True)
+                miss_url = page.url
+                assert re.search(r"/ui#/session/web/request/\d+$", miss_url)
+                # a deep link opens the miss in a fresh page, and the back button returns to the session
+                other = browser.new_page(viewport={"width": 1280, "height": 900})
+                other.goto(miss_url)
+                sync_api.expect(other.locator("#miss-title")).to_contain_text("prefix_churn")
+                other.close()
+                page.go_back()
+                sync_api.expect(page.locator("#session-title")).to_contain_text("session web")
+                page.go_forward()
+                sync_api.expect(page.locator("#miss-title")).to_contain_text("prefix_churn")
                 page.click("#back-session")
                 page.click("#back")
                 sync_api.expect(page.locator(f'#sessions tbody tr[data-sid="{sid}"]')).to_have_count(1)
                 page.locator(f'#sessions tbody tr[data-sid="{sid}"]').click()  # the Claude Code session's page
-                sync_api.expect(page.locator("#session-title")).to_have_text(f"session {sid}")
+                sync_api.expect(page.locator("#session-title")).to_have_text(f"work: delegate please (session {sid})")
                 sync_api.expect(page.locator("#context-parts tbody")).to_contain_text("tools")
                 assert part("tools") > 0 and part("tool calls") > 0  # Claude Code's tools, and its Agent call
                 page.screenshot(path=str(shots / "dashboard-claude-code.png"), full_page=True)

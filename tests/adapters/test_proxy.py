@@ -398,6 +398,50 @@ def test_a_request_without_credentials_never_summarises_on_the_operators_key(
     assert any("sk-CALLER" in json.dumps(h) for h, _ in rec.got)
 
 
+def test_compact_mode_records_streams_its_window_and_its_compactions_apart_from_misses(tmp_path: Path) -> None:
+    """Issue 37: the compact proxy recorded ``stream: false`` for streamed requests; the dashboard
+    drew a 1M window for a proxy started with ``--window``; our own compactions' re-writes were
+    counted as misses of class ``prefix_churn`` in the dashboard's API and ``/metrics``."""
+    calls = iter(range(1, 10_000))
+
+    def reader(body: dict[str, Any]) -> Any:
+        from cachecompact.tools.emulator.responders import Reply
+        n = next(calls)
+        return Reply([{"type": "tool_use", "id": f"toolu_{n:04d}", "name": "read", "input": {"path": f"f{n}.py"}}],
+                     "tool_use")
+
+    with Emulator(SummarizingResponder(ScriptedResponder(reader))) as emu, \
+            _proxy(emu.url, mode="compact", store=str(tmp_path), window_tokens=30_000) as px, \
+            httpx2.Client(base_url=px.url) as http:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]
+        tools = [{"name": "read", "description": "read a file", "input_schema": {"type": "object"}}]
+        for k in range(30):
+            with c.messages.stream(model=MODEL, max_tokens=500, system="sys", tools=tools, messages=msgs,
+                                   extra_headers={"x-cachecompact-session": "job", CLOCK_HEADER: str(1000 + k)}) as st:
+                r = st.get_final_message()
+            call = r.content[-1]
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                   "content": f"contents of {call.input}\n" + "code line\n" * 800}]}]
+        px.wait_idle()
+        one = http.get("/api/sessions/job").json()
+        metrics = http.get("/metrics").text
+    engine = px.state.engine
+    assert engine is not None
+    (sess,) = engine.sessions()
+    recs = [r for _, r in sess.store.read_all("requests")] if sess.store is not None else []
+    assert len(recs) == 30 and all(r["stream"] is True for r in recs)
+    assert all(r["stream"] is True for r in one["requests"])
+    assert one["window"] == 30_000 and one["window_source"] == "--window"
+    ours = [r for r in one["requests"] if r["ours"]]
+    assert ours and all(r["cls"] == "compaction_rewrite" for r in ours)
+    assert "prefix_churn" not in one["session"]["misses"]
+    assert one["session"]["compaction_rewrites"] == len(ours)
+    assert f'cachecompact_compaction_rewrites_total{{mode="compact"}} {len(ours)}' in metrics
+    assert 'class="prefix_churn"' not in metrics and 'class="compaction_rewrite"' not in metrics
+
+
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
 def test_compact_mode_retries_after_prompt_too_long_even_when_the_error_is_compressed(compressed: bool) -> None:
     """The upstream's window is smaller than the one the proxy plans for: its 400 (gzipped when

@@ -160,3 +160,53 @@ def test_forensics_command_on_recorded_logs(shared_traces: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "calls with usage" in out and "provider_suspected" in out and "ttl_expiry" in out
     assert main(["forensics", str(shared_traces / "mini-swe-agent")]) == 1  # no usage recorded: nothing ran
+
+
+def test_our_own_compactions_are_their_own_class_never_a_cache_miss(tmp_path: Path) -> None:
+    """Issue 37: each deliberate compaction arrived at ``on_event`` as a ``cache_miss`` of class
+    ``prefix_churn`` (46 in one run), and the report priced its re-write as if the previous,
+    uncompacted prompt had been re-written. Now it is a ``compaction_rewrite`` event and class,
+    priced at what the request actually paid: its written tokens x (write - read)."""
+    import cachecompact
+    from cachecompact.base.events import Event
+    from cachecompact.base.pricing import priced
+    from cachecompact.cache.forensics import is_compaction_rewrite, rewrite_cost
+    from cachecompact.store import FileStore
+    from cachecompact.tools.report import session_data, session_report
+
+    events: list[Event] = []
+    system = "You are a careful agent. " * 300
+    with Emulator() as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                                   summarizer=None, session_id="job", window_tokens=40_000, on_event=events.append)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit every file."}]
+        for t in range(40):
+            client.messages.create(model=MODEL, max_tokens=200, system=system, messages=msgs,
+                                   extra_headers={CLOCK_HEADER: str(10.0 * t)})
+            tid = f"toolu_{t:03d}"
+            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": "read_file",
+                                                        "input": {"path": f"f{t}.py"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": "\n".join(
+                         f"line {t}.{j}: value = {j * t}" for j in range(200))}]}]
+    rewrites = [e for e in events if e.kind == "compaction_rewrite"]
+    assert rewrites, [e.kind for e in events]
+    assert [e for e in events if e.kind == "cache_miss" and e.detail.get("explained_by") is not None] == []
+    session = cachecompact.Session.open(FileStore(tmp_path), "job", readonly=True)
+    recs = [r for _, r in session.store.read_all("requests")] if session.store else []
+    ours = [r for r in recs if is_compaction_rewrite(r.get("finding") or {})]
+    assert len(ours) == len(rewrites) and all(r["finding"]["cls"] == "compaction_rewrite" for r in ours)
+    paid = 0.0
+    for r in ours:
+        u = r["usage"]
+        p = priced(MODEL).at(sum(int(u.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
+                                                              "cache_creation_input_tokens")))
+        expected = int(u["cache_creation_input_tokens"]) * (p.write_5m - p.read) / 1e6
+        assert r["finding"]["wasted_usd"] == pytest.approx(expected, rel=1e-9)
+        assert rewrite_cost(priced(MODEL), u)[1] == pytest.approx(expected, rel=1e-9)
+        paid += expected
+    d = session_data(session)
+    assert d["compaction_rewrites"]["requests"] == len(ours)
+    assert d["compaction_rewrites"]["usd"] == pytest.approx(paid, rel=1e-9)
+    assert "compaction_rewrite" not in d["misses"]
+    text = session_report(session)
+    assert "compaction re-write (ledger entry #" in text and "prefix_churn" not in text

@@ -94,6 +94,85 @@ def test_decide_compares_the_whole_history_not_a_sample() -> None:
     assert d.kind == "continue"
 
 
+def test_independent_agents_with_one_opening_are_separate_conversations() -> None:
+    """Issue 37: agents that share only their first message (or the first reply too, when replies
+    are deterministic) were linked as rewrites of one another, warned of edited history, and
+    totalled as one conversation. A rewrite keeps the old history's newest message after the
+    change; another agent never holds it."""
+    a = convo(7, "a")
+    other = [a[0], *convo(6, "b")[1:]]
+    d = decide(RequestHistory(b"h", ids(other)), [C("s", b"h", a)], named=False)
+    assert (d.kind, d.target) == ("new", None)
+    same_reply = [a[0], a[1], *convo(5, "b")[2:]]  # a deterministic model's identical first reply
+    assert decide(RequestHistory(b"h", ids(same_reply)), [C("s", b"h", a)], named=False).kind == "new"
+    # a redaction that keeps the newest message is still the same conversation
+    red = copy.deepcopy(a)
+    red[2]["content"] = "[redacted]"
+    d = decide(RequestHistory(b"h", ids([*red, *convo(2, "z")])), [C("s", b"h", a)], named=False)
+    assert (d.kind, d.target, d.reason, d.at) == ("segment", "s", "rewrite", 2)
+    # a framework that summarised the middle and kept the newest turns: the same conversation
+    kept = [a[0], {"role": "assistant", "content": "summary of the middle"}, *a[4:], *convo(2, "z")]
+    assert decide(RequestHistory(b"h", ids(kept)), [C("s", b"h", a)], named=False).reason == "rewrite"
+
+
+def test_sub_agents_are_agents_however_many_and_however_nested() -> None:
+    """Issue 37: a second sub-agent of the same kind as ``.a2`` (same tools and system, its own
+    task) was a "rewrite at 0" of ``.a2``, named ``.s2``, ``.s3`` ... (625 segments for one
+    delegating sub-agent). Under a name, only the owner's line is rewritten: Claude Code's own
+    compaction (nothing in common) and a rewind (more than the opening in common)."""
+    main, sub1 = C("n", b"main", convo(5, "main")), C("n.a2", b"sub", convo(3, "sub1"))
+    for task in ("sub2", "sub3", "nested"):
+        d = decide(RequestHistory(b"sub", ids(convo(1, task))), [main, sub1], named=True)
+        assert (d.kind, d.target) == ("agent", "n"), task
+    summary = [{"role": "user", "content": "This session is being continued from a previous conversation."}]
+    d = decide(RequestHistory(b"main", ids(summary)), [main, sub1], named=True)
+    assert (d.kind, d.target, d.reason) == ("segment", "n", "rewrite")
+    rewind = [*convo(5, "main")[:3], {"role": "assistant", "content": "another answer"}]
+    d = decide(RequestHistory(b"main", ids(rewind)), [main, sub1], named=True)
+    assert (d.kind, d.target, d.reason, d.at) == ("segment", "n", "rewrite", 3)
+    # another agent under the name that shares only the owner's opening
+    d = decide(RequestHistory(b"main", ids([convo(5, "main")[0], *convo(3, "x")[1:]])), [main, sub1], named=True)
+    assert (d.kind, d.target) == ("agent", "n")
+
+
+def test_three_async_agents_with_one_opening_get_three_unlinked_sessions(tmp_path: Path) -> None:
+    """End to end, as the issue's trial ran it: three AsyncAnthropic agents through one wrapped
+    client, no session name, the same opening message; no link, no rewrite warning, no waste,
+    and the report counts three conversations."""
+    import asyncio
+    import uuid
+
+    from cachecompact.tools.report import conversation_segments
+
+    events: list[Event] = []
+
+    def model(body: dict[str, Any]) -> Reply:
+        return Reply([{"type": "text", "text": f"reply {uuid.uuid4().hex}"}], "end_turn")
+
+    async def agent(client: Any, k: int) -> None:
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Summarise the repository. " * 200}]
+        for t in range(4):
+            r = await client.messages.create(model=MODEL, max_tokens=50, system=SYSTEM, messages=msgs)
+            msgs += [{"role": "assistant", "content": r.content[0].text},
+                     {"role": "user", "content": f"agent {k} step {t}: go on"}]
+
+    async def run(url: str) -> None:
+        client = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=url, api_key="t", max_retries=0),
+                                   store=tmp_path, summarizer=None, on_event=events.append)
+        await agent(client, 0)  # the first finishes before the others start, as the trial's did
+        await asyncio.gather(agent(client, 1), agent(client, 2))
+        await client.close()
+
+    with Emulator(ScriptedResponder(model)) as emu:
+        asyncio.run(run(emu.url))
+    store = FileStore(tmp_path)
+    sids = store.list()
+    assert len(sids) == 3, sids
+    assert all(Session.open(store, sid, readonly=True).link is None for sid in sids)
+    assert [e for e in events if e.kind == "cache_miss" and "prefix_churn" in e.reason] == []
+    assert all(len(conversation_segments(store, sid)) == 1 for sid in sids)
+
+
 # -- two conversations are never mixed -----------------------------------------------------------------------
 
 SWEEP = [(n, k) for n in (4, 6, 9, 13) for k in range(1, n - 1)]  # 24 cases: every position between

@@ -1,5 +1,8 @@
 """The proxy's dashboard (``/ui``) and its JSON API (``/api/...``).
 
+Every view has an address: ``/ui#/session/<id>`` and ``/ui#/session/<id>/request/<i>`` open a
+session or a miss directly (a link to share, a bookmark, the back button).
+
 The page is four static files shipped in the package (no CDN, no build step); it polls
 ``/api/version`` every second and re-reads what changed, so it follows requests as they arrive.
 The session list has totals, sorting and a filter, with segments and sub-agents under their
@@ -12,9 +15,11 @@ output in an excerpt stays text.
 API:
 
 * ``GET /api/version`` — a counter that grows with every recorded request;
-* ``GET /api/sessions`` — every session: requests, cost, hit rate, wasted dollars, misses;
+* ``GET /api/sessions`` — every session: its title (project folder and first prompt), requests,
+  cost, hit rate, wasted dollars, misses, and the re-writes our own compactions caused (not misses);
 * ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
-  read, written and uncached, cost, timing, the finding of each) and its compactions;
+  read, written and uncached, cost, timing, the finding of each) and its compactions, and the
+  window its context view is drawn against (``--window`` when given, else the model's);
 * ``GET /api/sessions/{id}/requests/{i}`` — one request, with the finding's excerpts and, with
   ``--keep-bodies``, the stored body.
 """
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ...cache.forensics import is_compaction_rewrite
 from ...engine.sessions import model_window
 from ...store.contract import blob_ref
 from ..httpserver import api_error
@@ -110,8 +116,11 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
             recs = [_brief(r) for r in s.records]
             comps = list(s.compactions)
             summary = s.summary()
-        window = model_window(str(summary.get("model") or ""))  # the context view's whole bar
-        return _json({"session": summary, "requests": recs, "compactions": comps, "window": window})
+        # the context view's whole bar: the window compaction works to (--window), else the model's own
+        own = model_window(str(summary.get("model") or ""))
+        window = min(own, state.cfg.window_tokens) if state.cfg.window_tokens else own
+        return _json({"session": summary, "requests": recs, "compactions": comps, "window": window,
+                      "window_source": "--window" if state.cfg.window_tokens else "the model's context window"})
 
     async def one(request: web.Request) -> web.Response:
         s = state.observer.get(request.match_info["sid"])
@@ -164,5 +173,6 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
             "write": u.get("cache_creation_input_tokens") or 0, "input": u.get("input_tokens") or 0,
             "cost_usd": r.get("cost_usd"), "ttfb_ms": r.get("ttfb_ms"), "total_ms": r.get("total_ms"),
             "cls": f.get("cls"), "location": f.get("location"), "wasted_usd": f.get("wasted_usd"),
+            "ours": is_compaction_rewrite(f), "explained_by": f.get("explained_by"),
             "api_reason": f.get("api_reason"), "idle_s": f.get("idle_s"), "ttl": r.get("ttl"),
             "compactions_so_far": r.get("compactions_so_far"), "context": r.get("context")}

@@ -42,8 +42,11 @@ def render(totals: Totals, *, mode: str, sessions: int, unanalysed: int, pending
     lines += _family("cachecompact_cache_wasted_usd_total", "counter",
                      "What cache misses cost beyond a warm cache, in US dollars (forensics).",
                      [(f"{{{m}}}", float(round(totals.wasted_usd, 8)))])
+    lines += _family("cachecompact_compaction_rewrites_total", "counter",
+                     "Requests that re-wrote the cache after cachecompact's own compaction (not misses).",
+                     [(f"{{{m}}}", totals.rewrites)])
     lines += _family("cachecompact_compaction_rewrite_usd_total", "counter",
-                     "What compaction's deliberate cache re-writes cost, in US dollars.",
+                     "What compaction's deliberate cache re-writes cost over reading, in US dollars.",
                      [(f"{{{m}}}", float(round(totals.rewrite_usd, 8)))])
     misses = [(f'{{{m},class="{_label(c)}"}}', n) for c, n in sorted(totals.misses.items())]
     lines += _family("cachecompact_cache_misses_total", "counter",

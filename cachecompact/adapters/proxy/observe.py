@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
+import textwrap
 import threading
 import time
 from collections import OrderedDict, deque
@@ -34,7 +36,7 @@ from ...cache.simulator import SimRequest, request_from_body
 from ...engine.sessions import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
 from ...store import Store
 
-__all__ = ["ObservedSession", "Observer"]
+__all__ = ["ObservedSession", "Observer", "conversation_title"]
 
 log = logging.getLogger("cachecompact")
 
@@ -65,6 +67,7 @@ class ObservedSession:
     last_time: float = 0.0
     first_time: float = 0.0
     model: str = ""  # the newest request's
+    title: str = ""  # what a reader knows it by: the project folder and the first prompt (`conversation_title`)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stored: Any = None  # the session in the proxy's store, once opened
 
@@ -75,7 +78,7 @@ class ObservedSession:
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
                 "first_time": self.first_time, "duration_s": round(self.last_time - self.first_time, 3),
                 "read_tokens": self.read, "prompt_tokens": self.total_in,
-                "model": self.model,
+                "model": self.model, "title": self.title,
                 "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
                 "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
                 "compaction_rewrite_usd": round(self.rewrite_usd, 6), "link": self.link}
@@ -83,6 +86,33 @@ class ObservedSession:
     @property
     def identities(self) -> list[bytes]:
         return self.hashes
+
+
+_WORKDIR = re.compile(r"(?:Primary )?[Ww]orking directory: *([^\s<]+)")
+_TAGGED = re.compile(r"<(system-reminder|command-[a-z-]+|local-command-[a-z-]+)>.*?</\1>", re.S)
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [str(b.get("text") or "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+
+
+def conversation_title(body: dict[str, Any]) -> str:
+    """What a person calls a conversation: the project folder (Claude Code's system prompt names its
+    working directory) and the first thing they asked, without the reminders and command markup
+    Claude Code wraps around it; empty when neither is there (a session is then shown by its id)."""
+    first_user = next((m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"), None)
+    asked = _texts(first_user.get("content")) if first_user is not None else []
+    where = ""
+    for text in [*_texts(body.get("system")), *asked]:
+        found = _WORKDIR.search(text)
+        if found:
+            where = found.group(1).rstrip("/.").rsplit("/", 1)[-1]
+            break
+    prompt = next((c for c in (" ".join(_TAGGED.sub(" ", t).split()) for t in asked) if c), "")
+    prompt = textwrap.shorten(prompt, 80, placeholder=" ...") if prompt else ""
+    return f"{where}: {prompt}" if where and prompt else where or prompt
 
 
 # what fills a request's context, by part (the dashboard's context view)
@@ -131,7 +161,8 @@ class Totals:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS.values(), 0))
     cost_usd: float = 0.0
     wasted_usd: float = 0.0  # the misses' cost (forensics), compaction's deliberate re-writes apart
-    rewrite_usd: float = 0.0  # compaction's re-writes (compact mode)
+    rewrites: int = 0  # requests that re-wrote the cache after our own compaction (compact mode): not misses
+    rewrite_usd: float = 0.0  # what those re-writes cost over reading: written tokens x (write - read)
     misses: dict[str, int] = field(default_factory=dict)  # by forensics class
 
 
@@ -240,6 +271,8 @@ class Observer:
             log.debug("cachecompact proxy: request not analysed: %s", str(err)[:200])
             return None
         with s.lock:
+            if not s.title:
+                s.title = conversation_title(body)
             kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
             if status != 200 or not usage:
                 s.errors += 1
@@ -275,6 +308,8 @@ class Observer:
         with s.lock:
             if compactions is not None:
                 s.compactions = compactions
+            if sent is not None and not s.title:
+                s.title = conversation_title(sent)  # its system and first message are what the caller sent
             rec: dict[str, Any] = {"time": now, "status": status, "stream": stream, "model": model,
                                    "compactions_so_far": len(s.compactions), **timing}
             if sent is not None and usage:
@@ -300,7 +335,7 @@ class Observer:
         s.cost_usd += cost
         s.read += read
         s.total_in += total
-        if f.cls == "prefix_churn" and f.explained_by is not None:
+        if f.cls == "compaction_rewrite":
             s.rewrites += 1  # our own compaction: a deliberate re-write, not waste
             s.rewrite_usd += f.wasted_usd
         elif f.cls != "read_as_expected":
@@ -314,7 +349,8 @@ class Observer:
             t.cost_usd += cost
             for field_name, kind in TOKEN_KINDS.items():
                 t.tokens[kind] += int(usage.get(field_name) or 0)
-            if f.cls == "prefix_churn" and f.explained_by is not None:
+            if f.cls == "compaction_rewrite":
+                t.rewrites += 1
                 t.rewrite_usd += f.wasted_usd
             elif f.cls != "read_as_expected":
                 t.misses[f.cls] = t.misses.get(f.cls, 0) + 1

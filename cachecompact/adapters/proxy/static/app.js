@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 const state = { version: -1, session: null, miss: null, sort: { key: "last_time", dir: -1 }, filter: "" };
 const COLORS = { read: "#4c9f70", write: "#e07a5f", input: "#999", miss: "#c0392b", idle: "#5b8bd0",
-  compaction: "#6c3483", cost: "#2c6e9b" };
+  compaction: "#6c3483", rewrite: "#3d5a80", cost: "#2c6e9b" };
 const PARTS = [["system", "system prompt", "#8e6c8a"], ["tools", "tools", "#b08d57"],
   ["mcp_tools", "MCP tools", "#d4a373"], ["user", "user messages", "#5b8bd0"],
   ["assistant", "assistant messages", "#4c9f70"], ["tool_use", "tool calls", "#7fb8a4"],
@@ -47,6 +47,31 @@ function show(view) {
   for (const v of ["sessions-view", "session-view", "miss-view"]) $(v).hidden = v !== view;
 }
 
+// A request's finding is a miss unless our own compaction caused it: that re-write was paid on
+// purpose (its own class, compaction_rewrite) and is never shown as a miss.
+const isMiss = (r) => r.cls && r.cls !== "read_as_expected" && !r.ours;
+
+// One row saying a table is empty, across its columns.
+function emptyRow(body, columns, message) {
+  const tr = document.createElement("tr");
+  const td = cell(tr, message, "muted empty");
+  td.colSpan = columns;
+  body.appendChild(tr);
+}
+
+// Every view has an address (#/session/<id>, #/session/<id>/request/<i>), so a session or a miss
+// can be linked to, bookmarked and reached with the back button.
+function route() {
+  const m = location.hash.match(/^#\/session\/([^/]+)(?:\/request\/(\d+))?$/);
+  if (!m) { state.session = null; state.miss = null; show("sessions-view"); renderSessions(); return; }
+  const sid = decodeURIComponent(m[1]);
+  if (m[2] === undefined) { openSession(sid); return; }
+  state.session = sid;
+  openMiss(Number(m[2]));
+}
+const sessionLink = (sid) => `#/session/${encodeURIComponent(sid)}`;
+const missLink = (sid, i) => `${sessionLink(sid)}/request/${i}`;
+
 // -- the session list ---------------------------------------------------------------------------
 
 function sortValue(s, key) {  // the value the row shows: the conversation's first session's own
@@ -58,13 +83,18 @@ function row(body, s, segment) {
   const tr = document.createElement("tr");
   tr.dataset.sid = s.id;
   if (segment) tr.className = "segment";
-  cell(tr, segment ? `\u21b3 ${s.id} (${(s.link && s.link.reason) || "linked"})` : s.id);
+  const name = s.title ? `${s.title} (${s.id})` : s.id;
+  const td = cell(tr, "");
+  const a = document.createElement("a");
+  a.href = sessionLink(s.id);
+  a.textContent = segment ? `\u21b3 ${name}, ${(s.link && s.link.reason) || "linked"}` : name;
+  td.appendChild(a);
   cell(tr, s.model || "");
   cell(tr, s.requests, "num"); cell(tr, usd(s.cost_usd), "num"); cell(tr, usd(s.wasted_usd), "num");
   cell(tr, (100 * s.hit_rate).toFixed(1) + "%", "num");
   cell(tr, when(s.first_time)); cell(tr, when(s.last_time)); cell(tr, duration(s.duration_s), "num");
   cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
-  tr.addEventListener("click", () => openSession(s.id));
+  tr.addEventListener("click", () => { location.hash = sessionLink(s.id); });
   body.appendChild(tr);
 }
 
@@ -73,7 +103,7 @@ async function renderSessions() {
   const body = $("sessions").tBodies[0];
   clear(body);
   const f = state.filter.trim().toLowerCase();
-  const match = (s) => !f || s.id.toLowerCase().includes(f) || String(s.model || "").toLowerCase().includes(f);
+  const match = (s) => !f || [s.id, s.model, s.title].some((x) => String(x || "").toLowerCase().includes(f));
   const shown = data.sessions.filter((c) => [c, ...(c.segments || [])].some(match));
   const { key, dir } = state.sort;
   shown.sort((a, b) => {
@@ -101,6 +131,7 @@ async function renderSessions() {
   cell(totals, prompt ? (100 * sum("read_tokens") / prompt).toFixed(1) + "%" : "", "num");
   cell(totals, ""); cell(totals, ""); cell(totals, ""); cell(totals, "");
   $("no-sessions").hidden = data.sessions.length > 0;
+  if (data.sessions.length > 0 && shown.length === 0) emptyRow(body, 10, `no session matches "${state.filter}"`);
 }
 
 // -- charts: axes with labels and ticks, a value on hover -------------------------------------------
@@ -197,12 +228,17 @@ function contextChart(reqs) {
       hover(tri, "readout-context", `request #${r.i}: compaction (${n - before} ledger entr${n - before > 1 ? "ies" : "y"})`);
     }
     before = Math.max(before, n);
-    if (r.cls && r.cls !== "read_as_expected") {
+    if (isMiss(r)) {
       const m = el("rect", { x: x0, y: f.H - f.B + 20, width: f.bw, height: 6, fill: COLORS.miss, class: "miss-mark" },
         f.svg);
       m.dataset.i = r.i;
       hover(m, "readout-context", `request #${r.i}: ${r.cls} at ${r.location || "-"} (${usd(r.wasted_usd)})`);
-      m.addEventListener("click", () => openMiss(r.i));
+      m.addEventListener("click", () => { location.hash = missLink(state.session, r.i); });
+    } else if (r.ours) {  // the re-write our own compaction caused: paid on purpose, not a miss
+      const m = el("rect", { x: x0, y: f.H - f.B + 20, width: f.bw, height: 6, fill: COLORS.rewrite,
+        class: "rewrite-mark" }, f.svg);
+      hover(m, "readout-context", `request #${r.i}: cache re-written after our compaction (ledger entry ` +
+        `#${r.explained_by}), ${usd(r.wasted_usd)} over reading`);
     }
   });
 }
@@ -258,23 +294,31 @@ async function openSession(sid) {
   const data = await api(`/api/sessions/${encodeURIComponent(sid)}`);
   if (state.session !== sid || state.miss !== null) return;  // the reader moved on while this was fetched
   const s = data.session;
-  $("session-title").textContent = `session ${s.id}`;
+  $("session-title").textContent = s.title ? `${s.title} (session ${s.id})` : `session ${s.id}`;
   $("session-summary").textContent = `${s.model || "model unknown"}: ${s.requests} requests over ` +
     `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
     `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
-    `${s.api_agree} of ${s.api_conclusive}`;
+    `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${s.compaction_rewrites} re-writes after ` +
+    `our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "");
+  $("window-note").textContent = `the window: ${tokens(data.window)} tokens (${data.window_source})`;
   const reqs = data.requests.filter((r) => r.status === 200 || r.status === undefined || r.status === null);
   costChart(reqs); contextChart(reqs); idleChart(reqs);
   contextView([...reqs].reverse().find((r) => r.context), data.window);
   const mb = $("misses").tBodies[0];
   clear(mb);
-  for (const r of data.requests.filter((x) => x.cls && x.cls !== "read_as_expected")) {
+  const misses = data.requests.filter(isMiss);
+  for (const r of misses) {
     const tr = document.createElement("tr");
     tr.dataset.i = r.i;
-    cell(tr, r.i); cell(tr, r.cls); cell(tr, r.location || "-"); cell(tr, usd(r.wasted_usd)); cell(tr, r.api_reason || "");
-    tr.addEventListener("click", () => openMiss(r.i));
+    const td = cell(tr, "");
+    const a = document.createElement("a");
+    a.href = missLink(s.id, r.i); a.textContent = `#${r.i}`;
+    td.appendChild(a);
+    cell(tr, r.cls); cell(tr, r.location || "-"); cell(tr, usd(r.wasted_usd)); cell(tr, r.api_reason || "");
+    tr.addEventListener("click", () => { location.hash = missLink(s.id, r.i); });
     mb.appendChild(tr);
   }
+  if (!misses.length) emptyRow(mb, 5, "no cache misses in this session");
   const cb = $("compactions").tBodies[0];
   clear(cb);
   for (const c of data.compactions) {
@@ -283,6 +327,7 @@ async function openSession(sid) {
     cell(tr, `${c.tokens_before} -> ${c.tokens_after}`); cell(tr, c.reason);
     cb.appendChild(tr);
   }
+  if (!data.compactions.length) emptyRow(cb, 6, "no compactions in this session");
   show("session-view");
 }
 
@@ -292,6 +337,7 @@ async function openMiss(i) {
   if (state.miss !== i) return;
   const f = r.finding || {};
   $("miss-title").textContent = `request #${r.i}: ${f.cls}`;
+  $("miss-link").href = missLink(state.session, r.i);
   const dl = $("miss-facts");
   clear(dl);
   const fact = (k, v) => {
@@ -327,8 +373,9 @@ async function poll() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  $("back").addEventListener("click", (e) => { e.preventDefault(); state.session = null; show("sessions-view"); renderSessions(); });
-  $("back-session").addEventListener("click", (e) => { e.preventDefault(); state.miss = null; openSession(state.session); });
+  $("back").addEventListener("click", (e) => { e.preventDefault(); location.hash = "#/"; });
+  $("back-session").addEventListener("click", (e) => { e.preventDefault(); location.hash = sessionLink(state.session); });
+  window.addEventListener("hashchange", route);
   $("filter").addEventListener("input", (e) => { state.filter = e.target.value; renderSessions(); });
   for (const th of $("sessions").tHead.rows[0].cells) {
     if (!th.dataset.key) continue;
@@ -338,6 +385,7 @@ document.addEventListener("DOMContentLoaded", () => {
       renderSessions();
     });
   }
+  route();
   poll();
   setInterval(poll, 1000);
 });
