@@ -670,12 +670,37 @@ class CacheAwareCompactor:
         if tokens > lim.limit:
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
-            raise ContextFullError(
-                f"context is full: {tokens} estimated input tokens remain after dropping every older round, and the "
-                f"request reserves {lim.max_tokens} output tokens (the client's max_tokens) plus "
-                f"{lim.window - lim.limit - max(0, lim.max_tokens)} for estimate error in a {lim.window}-token "
-                f"window; use a window of at least {lim.window_for(tokens)}, lower max_tokens, or start a new session")
+            raise ContextFullError(self._full_message(tokens, lim))
         return tokens
+
+    def _full_message(self, tokens: int, lim: Limits) -> str:
+        """What is true and what to do when the request cannot fit: what is left, what fills it
+        (the immutable prefix when that is most of it, with the setting that shrinks it), and
+        how the window is shared between input, the reply and the estimate margin."""
+        s = self.session
+        r = s.render(breakpoints=False)  # while the prefix forms, every message so far is fixed
+        prefix = s.counter.calibrated(r.prefix_tokens if s.prefix_end is not None else r.tokens)
+        n_fixed = s.prefix_end if s.prefix_end is not None else len(s)
+        margin = int(lim.estimate_error * lim.window)
+        if lim.window - margin - max(0, lim.max_tokens) < lim.window // 4:  # `policy.limits`' floor
+            budget = (f"max_tokens={lim.max_tokens:,} is most of the {lim.window:,}-token window, which leaves a "
+                      f"quarter, {lim.limit:,} tokens, for input")
+        else:
+            budget = (f"the input may use {lim.limit:,} of the {lim.window:,}-token window: {max(0, lim.max_tokens):,} "
+                      f"are kept for the reply (max_tokens) and {lim.window - lim.limit - max(0, lim.max_tokens):,} "
+                      f"for estimate error")
+        what = f"context is full: {tokens:,} input tokens (estimated) remain after every compaction level"
+        if prefix * 2 >= tokens and n_fixed > 1:
+            what += (f"; {prefix:,} of them are the immutable prefix (tools, system and the first {n_fixed} messages), "
+                     f"which no compaction edits: wrap(..., prefix_messages=1) fixes only the first message, so the "
+                     f"rest can be compacted")
+        elif prefix * 2 >= tokens:
+            what += (f"; {prefix:,} of them are the tools, system prompt and first message, which no compaction edits "
+                     f"(the task itself): shorten them")
+        else:
+            what += ", the newest round included, which is always kept"
+        return (f"{what}; {budget}. Use a window of at least {lim.window_for(tokens):,} tokens, lower max_tokens, or "
+                f"start a new session")
 
     def _apply_or_refuse(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> list[LedgerEntry]:
         try:

@@ -313,10 +313,19 @@ class CompactionEngine:
             return Retry(body, "")
         n, limit, out = info
         reserved = out or p.max_tokens
-        return Retry(None, f"context is full: the prompt has {n} tokens and the request reserves {reserved} output "
-                           f"tokens (its max_tokens) within the API's {limit}-token limit (it would take a window "
-                           f"of at least {n + reserved}), and compaction cannot remove enough; lower max_tokens or "
-                           "start a new session")
+        s = p.live.session
+        fixed = s.prefix_end if s.prefix_end is not None else len(s)
+        r = s.render(breakpoints=False)  # while the prefix forms, every message so far is fixed
+        prefix = s.counter.calibrated(r.prefix_tokens if s.prefix_end is not None else r.tokens)
+        why = "compaction cannot remove enough"
+        if prefix * 2 >= n:
+            why = (f"{prefix:,} of them (estimated) are the immutable prefix (tools, system and the first {fixed} "
+                   f"message{'s' if fixed != 1 else ''}), which no compaction edits"
+                   + (": wrap(..., prefix_messages=1) fixes only the first message, so the rest can be compacted"
+                      if fixed > 1 else ": the task itself is over the limit; shorten it"))
+        return Retry(None, f"context is full: the prompt has {n:,} tokens and the request reserves {reserved:,} output "
+                           f"tokens (its max_tokens) within the API's {limit:,}-token limit, so it would take a window "
+                           f"of at least {n + reserved:,}; {why}. Lower max_tokens or start a new session")
 
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""

@@ -42,8 +42,10 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def ledger_table(sess: Session) -> str:
+    from .terminal import shorten
+
     rows = [[str(e.seq), e.level, e.kind, f"{e.start}..{e.end}", f"{e.tokens_before}->{e.tokens_after}",
-             str(e.transcript_len), e.created_at[:19], (e.reason or "")[:60]] for e in sess.ledger.entries]
+             str(e.transcript_len), e.created_at[:19], shorten(e.reason or "", 60)] for e in sess.ledger.entries]
     return _table(rows, ["seq", "level", "kind", "range", "tokens", "at_len", "created", "reason"])
 
 
@@ -59,6 +61,20 @@ def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
     default = Path(DEFAULT_STORE) / args.target
     if not target.exists() and "/" not in args.target and default.is_dir():
         target = default  # a bare id: the session in wrap()'s default store
+    if not target.exists():
+        from ..base.errors import SessionNotFoundError
+
+        where = [f"{target.absolute()} (a session folder)"]
+        if "/" not in args.target:
+            where.append(f"{default.absolute()} (wrap()'s default store)")
+        near = []
+        if Path(DEFAULT_STORE).is_dir():
+            import difflib
+
+            near = difflib.get_close_matches(args.target, [p.name for p in Path(DEFAULT_STORE).iterdir()], n=3)
+        raise SessionNotFoundError(f"no session {args.target!r}: looked in {' and '.join(where)}"
+                                   + (f"; similar ids there: {', '.join(near)}" if near else "")
+                                   + "; for another store give --store DIR_OR_URL")
     return Session.open(target, readonly=readonly)
 
 
@@ -315,9 +331,14 @@ def cmd_forensics(args: argparse.Namespace) -> int:
         print(f"... and {len(done) - len(shown)} more logs (the {_MOST} that wasted most are shown; -v lists all)")
     for s in skipped:
         print(f"skipped {s['file']}: {s['reason']}")
-    print(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
-          f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own), "
-          f"${totals['cost_usd']:.2f} as billed")
+    main = totals["cost_usd"] - totals["subagent_cost_usd"]
+    print(_wrapped(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
+                   f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own), "
+                   f"${totals['cost_usd']:.2f} as billed = ${main:.2f} (main chains) + "
+                   f"${totals['subagent_cost_usd']:.2f} (sub-agents); each response counted once, a resumed log's "
+                   f"copies included. `cachecompact whatif` on the same files replays the main chains only, and "
+                   f"splits the same total by which sessions it replayed" + (
+                       f"; the {len(skipped)} skipped files are in neither" if skipped else "")))
     for title, groups in (("project", totals["by_project"]), ("day", totals["by_day"])):
         if len(groups) > 1:
             rows = [[k[:40], str(g["logs"]), str(g["calls"]), f"${g['cost_usd']:.2f}", f"${g['wasted_usd']:.2f}"]

@@ -185,6 +185,7 @@ class LogForensics:
     first: float | None = None  # the first and last recorded times
     last: float | None = None
     cost_usd: float = 0.0  # every recorded call, sub-agents included, at the prices of the log's day
+    subagent_cost_usd: float = 0.0  # the sub-agents' part of it (whatif replays main chains only)
     extra_1h_usd: float = 0.0  # what its 5-minute writes would have cost more with the 1-hour TTL
 
     @property
@@ -230,7 +231,9 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
         return model_prices(model).as_of(out.first)
 
     mine: set[str] = set()
-    out.cost_usd, out.extra_1h_usd = billed((trace, *trace.subagents), prices, rs.model, seen, mine)
+    main_usd, main_extra = billed((trace,), prices, rs.model, seen, mine)
+    out.subagent_cost_usd, sub_extra = billed(trace.subagents, prices, rs.model, seen, mine)
+    out.cost_usd, out.extra_1h_usd = main_usd + out.subagent_cost_usd, main_extra + sub_extra
     for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
         if thread is None:
             continue
@@ -323,6 +326,7 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     totals: dict[str, Any] = {"logs": len(done), "calls": sum(r.calls for r in done),
                               "subagent_calls": sum(r.subagent_calls for r in done),
                               "cost_usd": sum(r.cost_usd for r in done),
+                              "subagent_cost_usd": sum(r.subagent_cost_usd for r in done),
                               "misses": _misses(), "wasted_usd": {c: 0.0 for c in _misses()}}
     for r in done:
         for k, v in r.misses.items():
@@ -347,16 +351,25 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
         beyond = usd["ttl_expiry"] - within
         extra = sum(r.extra_1h_usd for r in done)
         if within > 0:
-            out.append(f"ttl_expiry: idle gaps over 5 min ({n['ttl_expiry']} misses): the 1-hour TTL would have "
-                       f"cost at most ${extra + beyond:.2f} instead of ${usd['ttl_expiry']:.2f} (every 5-minute write "
-                       f"at the 1-hour price: +${extra:.2f}; gaps over an hour: ${beyond:.2f})")
+            bound = extra + beyond  # 1 h at its worst: every 5-minute write dearer, gaps over an hour missed anyway
+            said = (f"ttl_expiry: idle gaps over 5 min ({n['ttl_expiry']} misses) cost ${usd['ttl_expiry']:.2f}; the "
+                    f"1-hour TTL would have cost at most ${bound:.2f} instead (every 5-minute write at the 1-hour "
+                    f"price: +${extra:.2f}; gaps over an hour, missed anyway: ${beyond:.2f}). ")
+            if bound < usd["ttl_expiry"]:
+                said += (f"Switch to the 1-hour TTL: it saves at least ${usd['ttl_expiry'] - bound:.2f} on these logs "
+                         "(Claude Code on an API key: ENABLE_PROMPT_CACHING_1H=1 or the promptCacheTtl setting; "
+                         "cachecompact chooses per request unless ttl= is fixed)")
+            else:
+                said += (f"Keep the 5-minute TTL: on these logs the 1-hour one could cost up to "
+                         f"${bound - usd['ttl_expiry']:.2f} more than the misses it avoids")
+            out.append(said)
         else:
             out.append(f"ttl_expiry: {n['ttl_expiry']} misses after gaps over an hour cost "
-                       f"${usd['ttl_expiry']:.2f}; no TTL keeps a cache that long, only a shorter pause avoids them")
+                       f"${usd['ttl_expiry']:.2f}; no TTL keeps a cache that long, so keep the TTL you have: only a "
+                       "shorter pause, or compacting before the cache expires, avoids them")
     lines = {
         "client_rewrite": "a person's turn re-wrote the whole conversation {k} times (${u:.2f}): Claude Code changed "
-                          "messages its log does not record (reported as anthropics/claude-code#96101, #93490); "
-                          "keep Claude Code current and prefer continuing a session to --resume",
+                          "messages its log does not record; prefer continuing a session to --resume",
         "client_compaction": "Claude Code's own compactions re-wrote the context {k} times (${u:.2f}); compacting "
                              "with the cache in mind (cachecompact proxy --mode compact) keeps the prefix",
         "prefix_churn": "an earlier block changed {k} times (${u:.2f}): keep the system prompt and tools fixed "

@@ -30,7 +30,8 @@ from .logs import billed, written_ttl
 from .terminal import fold
 from .traces import Trace
 
-__all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "plot", "recorded_cost", "table", "what_if"]
+__all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "left_out", "plot", "recorded_cost", "recorded_split", "table",
+           "what_if"]
 
 BASELINE = "as recorded"  # per session: claude-code at the TTL its log wrote with
 OPTIONS = ("claude-code", "claude-code@5m", "none", "none@1h", "cachecompact", "cachecompact@5m", "cachecompact@1h",
@@ -66,18 +67,53 @@ class WhatIf:
     skipped: list[dict[str, str]] = field(default_factory=list)
     wall_s: float = 0.0
     per_session: dict[str, dict[str, float]] = field(default_factory=dict)  # session -> option -> cost
+    # every (session, option) that did not replay to the end, with its whole reason
+    failures: list[dict[str, str]] = field(default_factory=list)
+    # the sessions some option could not finish: what each option that did finish cost
+    partial: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the recorded bill, split so that it adds up to `cachecompact forensics` on the same files
+    recorded: dict[str, float] = field(default_factory=dict)
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
 
 
-def recorded_cost(trace: Trace) -> float | None:
+def _day_prices(trace: Trace) -> Any:
+    """Prices as of the session's first recorded time (its sub-agents' included), as forensics prices it."""
+    times = [t for th in (trace, *trace.subagents) for t in th.timestamps if t is not None]
+    first = min(times, default=None)
+    return lambda m: model_prices(m).as_of(first)
+
+
+def recorded_cost(trace: Trace, seen: set[str] | None = None) -> float | None:
     """What the session's main chain cost as billed (its sub-agents are not replayed), at the
-    prices of the day it was recorded; None when the log records no usage."""
+    prices of the day it was recorded; None when the log records no usage. ``seen``: response
+    ids an earlier log billed (a resumed session's copied history is billed once); updated."""
     if not any(trace.usage):
         return None
-    first = next((t for t in trace.timestamps if t is not None), None)
-    return billed([trace], lambda m: model_prices(m).as_of(first), trace_model(trace))[0]
+    mine: set[str] = set()
+    cost = billed([trace], _day_prices(trace), trace_model(trace), seen or frozenset(), mine)[0]
+    if seen is not None:
+        seen |= mine
+    return cost
+
+
+def recorded_split(corpus: Sequence[Trace], replayed: set[str]) -> dict[str, float]:
+    """The recorded bill of every loaded log, as `cachecompact forensics` counts it (each
+    response once, in file order), split into what the replays cover and what they do not:
+    the main chains of the sessions every option replayed, the main chains of the sessions
+    left out, and the sub-agents (never replayed)."""
+    seen: set[str] = set()
+    out = {"replayed_usd": 0.0, "left_out_usd": 0.0, "subagents_usd": 0.0}
+    for t in corpus:
+        mine: set[str] = set()
+        prices = _day_prices(t)
+        main = billed([t], prices, trace_model(t), seen, mine)[0]
+        out["replayed_usd" if t.name in replayed else "left_out_usd"] += main
+        out["subagents_usd"] += billed(t.subagents, prices, trace_model(t), seen, mine)[0]
+        seen |= mine
+    out["total_usd"] = out["replayed_usd"] + out["left_out_usd"] + out["subagents_usd"]
+    return out
 
 
 def recorded_ttl(trace: Trace) -> str:
@@ -109,6 +145,12 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             runs[(t.name, BASELINE)] = own
     names = [BASELINE, *names]
     complete = [t for t in corpus if all((t.name, s) in runs and runs[(t.name, s)].completed for s in names)]
+    failures = [{"session": t.name, "option": s, "reason": (runs[(t.name, s)].failure or "no reason recorded")
+                 if (t.name, s) in runs else "not run"}
+                for t in corpus for s in names[1:] if not ((t.name, s) in runs and runs[(t.name, s)].completed)]
+    partial = {t.name: {s: runs[(t.name, s)].cost_usd for s in names
+                        if (t.name, s) in runs and runs[(t.name, s)].completed}
+               for t in corpus if t not in complete}
     out: list[Option] = []
     for s in names:
         o = Option(s, failed=sum(1 for t in corpus if not ((t.name, s) in runs and runs[(t.name, s)].completed)))
@@ -122,25 +164,32 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             got += r.evidence_recall * r.references
         o.recall = got / refs if refs else 1.0
         out.append(o)
-    sessions = [{"name": t.name, "model": trace_model(t), "turns": t.turns, "recorded_usd": recorded_cost(t),
+    seen: set[str] = set()
+    sessions = [{"name": t.name, "model": trace_model(t), "turns": t.turns, "recorded_usd": recorded_cost(t, seen),
                  "recorded_ttl": recorded_ttl(t), "replayed_by_every_option": t in complete} for t in corpus]
     per = {t.name: {s: runs[(t.name, s)].cost_usd for s in names} for t in complete}
-    return WhatIf(sessions, out, window, len(complete), skipped + res.skipped, time.perf_counter() - t0, per)
+    return WhatIf(sessions, out, window, len(complete), skipped + res.skipped, time.perf_counter() - t0, per,
+                  failures, partial, recorded_split(corpus, {t.name for t in complete}))
 
 
 def table(w: WhatIf, top: int = 3) -> str:
     """The short table a terminal shows (at most 120 columns), a legend, and the sessions that
     would have saved most."""
     base = w.option(BASELINE)
-    recorded = [s["recorded_usd"] for s in w.sessions
-                if s["recorded_usd"] is not None and s["replayed_by_every_option"]]
-    head = (f"{len(w.sessions)} sessions, {sum(s['turns'] for s in w.sessions):,} turns, replayed at "
-            f"{window_label(w.window)} window, priced by each session's model; "
-            f"{w.paired} replayed to the end under every option")
+    left = len(w.sessions) - w.paired
+    head = (f"{len(w.sessions)} sessions loaded ({sum(s['turns'] for s in w.sessions):,} turns), replayed at "
+            f"{window_label(w.window)} window, priced by each session's model; {w.paired} replayed to the end under "
+            f"every option, and the rows below sum those {w.paired}"
+            + (f"; {left} left out, listed below with why" if left else ""))
     lines = [head]
-    if recorded:
-        lines.append(f"recorded: ${sum(recorded):,.2f} as billed (their main chains); the replays lack the system "
-                     "prompt and tools a log omits, so compare the rows with each other")
+    rc = w.recorded
+    if rc and rc.get("total_usd"):
+        lines.append(f"recorded, as billed: ${rc['total_usd']:,.2f} in all, which `cachecompact forensics` on the same "
+                     f"files also totals = ${rc['replayed_usd']:,.2f} (main chains of the {w.paired} sessions replayed)"
+                     f" + ${rc['left_out_usd']:,.2f} (main chains of the {left} left out) + "
+                     f"${rc['subagents_usd']:,.2f} (sub-agents, which whatif does not replay); each response once, "
+                     "a resumed log's copies included. The replays lack the system prompt and tools a log omits, "
+                     "so compare the rows with each other")
     rows = [("option", "cost", "vs own way", "saving", "adjusted", "recall", "failed")]
     for o in w.options:
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
@@ -159,9 +208,31 @@ def table(w: WhatIf, top: int = 3) -> str:
         shown = [f"{n} ${g:,.2f}" for g, n in gains[:top] if g > 0]
         if shown:
             lines.append(f"most saved by {best.label}: " + "; ".join(shown))
-    for s in w.skipped[:5]:
+    lines += left_out(w)
+    for s in w.skipped:
         lines.append(f"skipped {s['file']}: {s['reason']}")
     return fold("\n".join(lines))
+
+
+def left_out(w: WhatIf) -> list[str]:
+    """Every session some option could not replay to the end: the options that failed, grouped
+    by their whole reason, and what the options that did finish cost on it."""
+    if not w.partial:
+        return []
+    out = [f"left out of the sums ({len(w.partial)} sessions some option could not replay to the end):"]
+    recorded = {s["name"]: s["recorded_usd"] for s in w.sessions}
+    for name, done in w.partial.items():
+        rec = recorded.get(name)
+        out.append(f"- {name}" + (f" (recorded ${rec:,.2f})" if rec is not None else "") + ":")
+        reasons: dict[str, list[str]] = {}
+        for f in w.failures:
+            if f["session"] == name:
+                reasons.setdefault(f["reason"], []).append(_SAID.get(f["option"], f["option"]))
+        for reason, options in reasons.items():
+            out.append(f"    not finished by {', '.join(options)}: {reason}")
+        if done:
+            out.append("    finished: " + "; ".join(f"{_SAID.get(o, o)} ${c:,.2f}" for o, c in done.items()))
+    return out
 
 
 def _usd(x: float) -> str:
@@ -202,7 +273,7 @@ def write(w: WhatIf, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = {"window": w.window, "paired": w.paired, "wall_s": w.wall_s, "sessions": w.sessions,
             "options": [{**asdict(o), "label": o.label} for o in w.options], "per_session": w.per_session,
-            "skipped": w.skipped}
+            "skipped": w.skipped, "failures": w.failures, "partial": w.partial, "recorded": w.recorded}
     (out / "whatif.json").write_text(json.dumps(data, indent=1))
     png = plot(w, out / "whatif.png")
     return [out / "whatif.json", *([png] if png else [])]

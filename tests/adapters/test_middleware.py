@@ -450,8 +450,28 @@ def test_context_full_when_nothing_can_be_removed(emu: Emulator) -> None:
     huge = " ".join(f"t{j}" for j in range(110_000))  # the task itself is over the window
     with pytest.raises(ContextFullError, match="start a new session") as err:
         client.messages.create(model="claude-haiku-4-5", max_tokens=10, messages=[{"role": "user", "content": huge}])
-    assert "reserves 10 output tokens (its max_tokens)" in str(err.value)
-    assert "take a window of at least" in str(err.value)
+    msg = str(err.value)
+    assert "reserves 10 output tokens (its max_tokens)" in msg and "take a window of at least" in msg
+    # the first message is the prefix, and it is what is full: said, with what to do
+    assert "immutable prefix" in msg and "the task itself is over the limit" in msg, msg
+    assert "-" not in msg.split("window of at least")[1].split(";")[0], msg  # no negative reserve
+
+
+def test_context_full_names_prefix_messages_when_the_prefix_is_full(emu: Emulator) -> None:
+    """Issue 37: the README's fix for a first tool result too big for the window is
+    ``prefix_messages=1``, and the error did not name it."""
+    client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                  window_tokens=30_000, summarizer=None)
+    big = " ".join(f"r{j}" for j in range(40_000))
+    msgs = [{"role": "user", "content": "read the file"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash",
+                                               "input": {"command": "cat big"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": big}]}]
+    with pytest.raises(ContextFullError) as err:
+        client.messages.create(model="claude-haiku-4-5", max_tokens=100, messages=msgs)
+    msg = str(err.value)
+    assert "prefix_messages=1" in msg and "immutable prefix" in msg, msg
+    assert "estimate error" not in msg or "-" not in msg.split("estimate error")[0].rsplit(" and ", 1)[-1], msg
 
 
 def test_fail_open_sends_the_original_request(emu: Emulator, caplog: pytest.LogCaptureFixture) -> None:

@@ -330,3 +330,26 @@ def test_each_trace_is_priced_by_its_recorded_model_and_runs_at_its_own_window()
     assert {t["name"]: t["model"] for t in res.traces} == {"opus": "claude-opus-4-6", "haiku": "claude-haiku-4-5"}
     rows = {r["strategy"]: r for r in aggregate(res, OWN_WINDOW, long_only=False)}
     assert rows["none"]["completed"] == 2 and 0 <= rows["none"]["rewrite_share"] < 1
+
+
+def test_runs_that_do_not_finish_are_listed_with_their_whole_reason(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: the terminal said only "done 0/4", and results.json cut the reason at 160
+    characters ("... must b"). Every run that did not finish is now listed, once, with the
+    request it stopped at and the whole reason, on the terminal and in report.md."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    t = synthetic_trace(3)
+    (d / "s3.json").write_text(json.dumps({"system": t.system, "tools": t.tools, "messages": t.messages}))
+    out = tmp_path / "out"
+    assert main(["bench", str(d), "--strategy", "none", "--strategy", "cachecompact", "--out", str(out),
+                 "--workers", "1", "--window", "8000", "--no-tasks"]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    (failed,) = [r for r in data["results"] if not r["completed"]]
+    assert failed["strategy"] == "none" and failed["failure"].startswith("request ")
+    assert "context full" in failed["failure"] and failed["failure"].rstrip().endswith("start a new session")
+    flat = " ".join(printed.split())
+    line = f"none at 8,000 tokens on {failed['trace']}: {failed['failure']}"
+    assert "runs that did not finish" in flat and line in flat
+    assert f"- {line}" in (out / "report.md").read_text()

@@ -52,7 +52,19 @@ def test_render_at_entry(session_dir: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ledger", "show", str(tmp_path / "nope")]) == 2
-    assert "no such session directory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no session" in err and str(tmp_path / "nope") in err and "--store" in err
+
+
+def test_report_of_an_unknown_id_says_where_it_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: ``report <id>`` without ``--store`` did not say where it had looked."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".cachecompact" / "sessions" / "job-42").mkdir(parents=True)
+    assert main(["report", "job-41"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "job-41") in err and str(tmp_path / ".cachecompact" / "sessions" / "job-41") in err
+    assert "similar ids there: job-42" in err and "--store" in err
 
 
 @pytest.mark.parametrize(("argv", "says"), [

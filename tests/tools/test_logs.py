@@ -176,7 +176,8 @@ def test_a_log_shows_its_cost_beside_its_waste_and_a_folder_its_days_projects_an
     assert math.isclose(totals["cost_usd"], sum(r.cost_usd for r in done))
     ttl = next(line for line in totals["advice"] if line.startswith("ttl_expiry"))
     assert "1-hour TTL would have cost at most $" in ttl
-    assert f"instead of ${totals['wasted_usd']['ttl_expiry']:.2f}" in ttl
+    assert f"cost ${totals['wasted_usd']['ttl_expiry']:.2f}; the 1-hour TTL" in ttl
+    assert "Keep the 5-minute TTL" in ttl or "Switch to the 1-hour TTL" in ttl  # it says which
     assert main(["forensics", str(tmp_path), "-v"]) == 0
     out = capsys.readouterr().out
     assert "wasted $" in out and 'after "build the page"' in out and "2026-02-03 10:20" in out
@@ -241,3 +242,20 @@ def test_at_most_a_tenth_of_the_shared_logs_misses_are_unexplained(shared_sets: 
     unexplained = sum(t["unexplained"] for _, t in shared_sets.values())
     misses = sum(sum(t["misses"].values()) for _, t in shared_sets.values())
     assert unexplained <= 0.10 * misses
+
+
+@pytest.mark.parametrize(("extra", "says"), [(0.50, "Switch to the 1-hour TTL: it saves at least $1.50"),
+                                              (4.00, "Keep the 5-minute TTL")])
+def test_the_ttl_advice_says_whether_to_switch(extra: float, says: str) -> None:
+    """Issue 37: the advice gave two prices and left the reader to decide; it now says which."""
+    from cachecompact.cache.forensics import Finding
+    from cachecompact.tools.logs import LogForensics, advice
+
+    misses = [Finding(request=k, cls="ttl_expiry", time=float(k), read=0, expected=1000, wasted_tokens=1000,
+                      wasted_usd=1.0, idle_s=900.0) for k in range(2)]
+    done = [LogForensics("log", 10, findings=misses, extra_1h_usd=extra)]
+    totals = {"misses": {"ttl_expiry": 2}, "wasted_usd": {"ttl_expiry": 2.0}}
+    totals["misses"].update({k: 0 for k in ("client_rewrite", "client_compaction", "prefix_churn", "invalidation",
+                                            "lookback_miss", "below_minimum", "server_edit", "provider_suspected")})
+    (line,) = [a for a in advice(done, totals) if a.startswith("ttl_expiry")]
+    assert says in line, line

@@ -97,3 +97,29 @@ def test_whatif_refuses_a_strategy_with_no_ttl_to_choose_and_a_folder_with_no_se
     assert main(["whatif", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert "no session could be loaded" in capsys.readouterr().err
     assert BASELINE not in OPTIONS  # composed per session, not a strategy
+
+
+def test_a_session_an_option_cannot_finish_is_listed_with_its_whole_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: whatif left out sessions without a word ("12 replayed to the end under every
+    option"). At a window too small for ``none``, the long session is listed under that option
+    with the whole reason, the options that did finish are reported for it, and the recorded
+    bill is split into what the rows cover and what they do not."""
+    d = tmp_path / "projects" / "-home-me-parser"
+    d.mkdir(parents=True)
+    _session(d / "short.jsonl", 1, turns=3)
+    _session(d / "long.jsonl", 2, turns=14)
+    out = tmp_path / "out"
+    assert main(["whatif", str(d), "--out", str(out), "--workers", "1", "--window", "20000",
+                 "--option", "none", "--option", "cachecompact"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # folded at 120 columns
+    data = json.loads((out / "whatif.json").read_text())
+    assert data["paired"] == 1 and "1 replayed to the end under every option" in text and "1 left out" in text
+    (fail,) = [f for f in data["failures"] if f["option"] == "none"]
+    assert fail["session"].endswith("long") and "context full" in fail["reason"]
+    assert fail["reason"].startswith("request ") and fail["reason"].endswith("start a new session")  # whole
+    assert "not finished by no compaction, 5 min TTL: request" in text
+    assert "cachecompact (TTL it chooses) $" in text.split("left out of the sums")[1]
+    rec = data["recorded"]
+    assert rec["total_usd"] == pytest.approx(rec["replayed_usd"] + rec["left_out_usd"] + rec["subagents_usd"])
+    assert rec["left_out_usd"] > 0 and rec["replayed_usd"] > 0

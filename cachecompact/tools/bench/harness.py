@@ -94,6 +94,18 @@ def rewrite_cost(log: list[dict[str, Any]], price: ModelInfo) -> float:
     return out
 
 
+MAX_REASON = 2000  # a failure's reason, whole: the API's message, never its first 160 characters
+
+
+def api_message(err: anthropic.APIStatusError) -> str:
+    """The API's own error message, whole (the SDK's ``message`` wraps it in "Error code: 400 -
+    {...}", which used most of the 160 characters a reason was once cut to)."""
+    body = err.body
+    inner = body.get("error") if isinstance(body, dict) else None
+    msg = inner.get("message") if isinstance(inner, dict) else None
+    return str(msg if isinstance(msg, str) else err.message)[:MAX_REASON]
+
+
 def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000) -> TraceResult:
     """Run one trace under one strategy; never raises for a failing trace (see ``failure``)."""
     get_strategy(strategy)  # an unknown name is an error, not a failed trace
@@ -127,11 +139,12 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
                     history.append(trace.messages[i])
                     i += 1
         except anthropic.BadRequestError as err:
-            res.completed, res.failure = False, f"API 400: {str(err.message)[:160]}"
+            res.completed, res.failure = False, f"request {len(ledger_sizes) + 1}: API 400: {api_message(err)}"
         except ContextFullError as err:
-            res.completed, res.failure = False, f"context full: {str(err)[:160]}"
+            res.completed, res.failure = False, f"request {len(ledger_sizes) + 1}: context full: {err}"[:MAX_REASON]
         except Exception as err:  # a strategy bug is a failed trace, reported, not a crashed benchmark
-            res.completed, res.failure = False, f"{type(err).__name__}: {err}"[:200]
+            res.completed, res.failure = False, \
+                f"request {len(ledger_sizes) + 1}: {type(err).__name__}: {err}"[:MAX_REASON]
         log = list(emu.requests)
     agent = [r for r in log if r.get("status") == 200 and not r.get("internal")]
     internal = [r for r in log if r.get("status") == 200 and r.get("internal")]

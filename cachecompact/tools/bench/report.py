@@ -244,8 +244,27 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
     return parts
 
 
+def failed_runs(b: BenchResult) -> list[str]:
+    """Every run that did not finish, with its whole reason: one line per trace, window and
+    reason, naming the strategies that failed that way (none is ever left out of a table
+    without a word: its table counts it in "done", and here is why)."""
+    groups: dict[tuple[int, str, str], list[str]] = {}
+    for r in b.results:  # a run the own-window table shares with a numbered window is listed once
+        if not r.completed:
+            strategies = groups.setdefault((r.window, r.trace, r.failure or "no reason recorded"), [])
+            if r.strategy not in strategies:
+                strategies.append(r.strategy)
+    return [f"{', '.join(strategies)} at {window:,} tokens on {trace}: {reason}"
+            for (window, trace, reason), strategies in groups.items()]
+
+
 def text_report(b: BenchResult) -> str:
-    return "\n".join(_sections(b, md=False))
+    lines = _sections(b, md=False)
+    failed = failed_runs(b)
+    if failed:
+        lines += [f"runs that did not finish ({len(failed)} groups; not in the sums, counted in 'done'):",
+                  *(textwrap.fill(x, WIDTH, subsequent_indent="    ", break_on_hyphens=False) for x in failed), ""]
+    return "\n".join(lines)
 
 
 def markdown(b: BenchResult, command: str) -> str:
@@ -267,11 +286,10 @@ def markdown(b: BenchResult, command: str) -> str:
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]
-    failed = [r for r in b.results if not r.completed]
+    failed = failed_runs(b)
     if failed:
-        parts += ["", "## Failed runs (counted as failed, not in the sums)", ""]
-        parts += [f"- {r.strategy} at {r.window:,} on `{r.trace}`: {r.failure}" for r in failed
-                  if r.window_key in (-1, r.window)]  # a shared own-window run once
+        parts += ["", "## Runs that did not finish (counted in *done*, not in the sums)", ""]
+        parts += [f"- {x}" for x in failed]
     return "\n".join(parts) + "\n"
 
 

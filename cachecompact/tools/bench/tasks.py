@@ -30,6 +30,7 @@ from ...base.errors import ContextFullError
 from ...base.headers import CLOCK_HEADER
 from ...compaction.catalog import get_strategy
 from ..emulator import Emulator, Reply, SummarizingResponder
+from .harness import MAX_REASON, api_message
 
 __all__ = ["STEP_ATTEMPTS", "Fact", "Task", "TaskResult", "TaskScript", "make_task", "run_task"]
 
@@ -239,8 +240,10 @@ def run_task(task: Task, strategy: str, *, model: str = "claude-sonnet-4-6", win
                     {"type": "tool_result", "tool_use_id": c["id"],
                      "content": task.files.get(c["input"].get("path", ""), "no such file")
                      if c["name"] == "read_file" else "recorded"} for c in calls]})
-        except (anthropic.BadRequestError, ContextFullError) as err:
-            res.failure = f"{type(err).__name__}: {str(err)[:160]}"
+        except anthropic.BadRequestError as err:
+            res.failure = f"turn {res.turns}: API 400: {api_message(err)}"
+        except ContextFullError as err:
+            res.failure = f"turn {res.turns}: context full: {err}"[:MAX_REASON]
         log = list(emu.requests)
     res.passed = res.failure is None and script.failed is None and script.step >= len(task.steps)
     if res.failure is None and script.failed is not None:
