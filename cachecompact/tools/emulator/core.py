@@ -7,8 +7,6 @@ from the `CacheSimulator`; every request is appended to the request log.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 import random
@@ -17,7 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,12 @@ from ...base.safefs import append_bytes
 from ...base.tokens import TokenCounter
 from ...base.wire import canonical_bytes
 from ...cache.simulator import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
-from .compaction import after_last_compaction, compact_edit, summary_block, summary_prompt
+from . import ondemand, thinking as th
+from .compaction import CompactEdit, after_last_compaction, compact_edit, summary_block, summary_prompt
 from .context_editing import apply_context_management
 from .responders import Reply, Responder, ResponderFn, ScriptedResponder, SummarizingResponder
 from .validation import MessageInfo, check_message, check_request
+from .versions import check_version, version_of
 
 __all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply", "output_tokens"]
 
@@ -140,6 +140,7 @@ class EmulatorCore:
         log_path: str | Path | None = None,
         counter: TokenCounter | None = None,
         context_window: int | None = None,
+        thinking: th.ThinkingRules | None = None,
     ) -> None:
         self.responder: Responder = _as_responder(responder)
         self.faults = faults or FaultConfig()
@@ -147,7 +148,11 @@ class EmulatorCore:
         self.counter = counter or TokenCounter()
         self.sim = CacheSimulator(lambda m: get_model(m).min_cacheable)
         self.context_window = context_window  # overrides every model's window (benchmarks at small windows)
-        self._secret = secrets.token_bytes(16)  # signs thinking blocks: bound to model and conversation
+        self._secret = secrets.token_bytes(16)  # signs thinking and compaction blocks
+        self.signer = th.Signer(self._secret)
+        self.thinking = th.ThinkingCheck(self.signer, thinking or th.ThinkingRules())
+        # every 400 the prefix check or the latest-turn rule gave, by message: what a test counts as refused
+        self.refusals: list[dict[str, Any]] = []
         self.log: list[dict[str, Any]] = []
         self.log_path = Path(log_path) if log_path else None
         self._fingerprints: dict[str, _Fingerprint] = {}
@@ -165,9 +170,11 @@ class EmulatorCore:
 
     @staticmethod
     def _error(status: int, message: str, request_id: str, extra_headers: dict[str, str] | None = None,
-               error_type: str | None = None) -> HttpReply:
-        body = {"type": "error", "error": {"type": error_type or _ERROR_TYPES.get(status, "api_error"),
-                                           "message": message}, "request_id": request_id}
+               error_type: str | None = None, code: str | None = None) -> HttpReply:
+        err: dict[str, Any] = {"type": error_type or _ERROR_TYPES.get(status, "api_error"), "message": message}
+        if code is not None:
+            err["details"] = {"error_code": code}
+        body = {"type": "error", "error": err, "request_id": request_id}
         headers = {"content-type": "application/json", "request-id": request_id, **(extra_headers or {})}
         return HttpReply(status, headers, json.dumps(body).encode())
 
@@ -213,10 +220,12 @@ class EmulatorCore:
                 now = self._clock(headers)
                 body, keys = self._decode(raw)
                 if route == "count_tokens":
-                    return self._count_tokens(body, keys, request_id)
+                    return self._count_tokens(body, keys, headers, request_id)
                 return self._messages(body, keys, headers, now, request_id, msg_id, xxhash.xxh3_64_hexdigest(raw))
             except MalformedMessageError as err:
-                return self._error(400, str(err), request_id)
+                if "thinking" in err.problem and ("signature" in err.problem or "latest assistant" in err.problem):
+                    self.refusals.append({"request_id": request_id, "where": err.where, "message": err.problem})
+                return self._error(400, str(err), request_id, code=getattr(err, "code", None))
             except UnknownModelError:
                 return self._error(404, f"model: {str(body.get('model'))[:100]}", request_id)
 
@@ -291,10 +300,20 @@ class EmulatorCore:
         except UnknownModelError:
             return self._error(404, f"model: {name[:100]}", request_id)
 
-    def _count_tokens(self, body: dict[str, Any], keys: list[bytes], request_id: str) -> HttpReply:
+    def _count_tokens(self, body: dict[str, Any], keys: list[bytes], headers: Mapping[str, str],
+                      request_id: str) -> HttpReply:
         info = get_model(str(body.get("model")))
         check_request(body, body.pop(_INFOS), count_only=True)
-        req = request_from_body(body, 0.0, self.counter, self._blocks_memo, ratio=info.token_ratio, keys=keys)
+        check_version(body, version_of(headers))
+        betas = _betas(headers)
+        cfg = th.config(body, info.name, betas)
+        recorded = ondemand.check_blocks(body, betas, self._secret)
+        verdict = self.thinking.check(body, info.name, cfg.asked, th.BETA in betas, recorded=recorded) \
+            if _has_thinking(body) else th.Verdict()  # "The token counting endpoint runs the same prefix check"
+        view = _without(body, verdict)
+        req = request_from_body(view, 0.0, self.counter, self._blocks_memo, ratio=info.token_ratio,
+                                keys=keys if view is body else None)
+        req = self._thinking_tokens(req, view, info.token_ratio)
         total = sum(b.tokens for b in req.blocks)
         headers = {"content-type": "application/json", "request-id": request_id}
         return HttpReply(200, headers, json.dumps({"input_tokens": total}).encode())
@@ -305,17 +324,31 @@ class EmulatorCore:
             raise MalformedMessageError("model", "Field required")
         info = get_model(body["model"])
         check_request(body, body.pop(_INFOS), max_output=info.max_output)
+        version = version_of(headers)
+        check_version(body, version)
+        betas = _betas(headers)
+        cfg = th.config(body, info.name, betas)
         choice = body.get("tool_choice")
         if isinstance(choice, dict) and choice.get("type") in ("tool", "any") and not info.forced_tool_ok:
             raise MalformedMessageError("tool_choice", f"forcing tool use (tool_choice type {choice.get('type')!r}) "
                                                        f"is not supported by {body['model']}; use 'auto' or 'none'")
-        self._check_thinking(body, info.name)
-        edit = compact_edit(body, str(headers.get("anthropic-beta") or ""))
+        od = ondemand.request_of(body, betas, info.name)
+        recorded = ondemand.check_blocks(body, betas, self._secret)
+        verdict = self.thinking.check(body, info.name, cfg.asked, th.BETA in betas, recorded=recorded) \
+            if _has_thinking(body) else th.Verdict()
+        if not th.preserved(info.name):
+            self._tool_loop_thinking(body, cfg)
+        sent = _without(body, verdict)  # what reaches the model: dropped blocks are gone, and not billed
+        edit = compact_edit(sent, str(headers.get("anthropic-beta") or ""))
         # what the model sees: from the last compaction block on (everything before it dropped)
-        seen = after_last_compaction(body["messages"])
-        view = body if seen is body["messages"] else {**body, "messages": seen}
-        req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio,
-                                keys=keys if view is body else None)
+        seen = after_last_compaction(sent["messages"])
+        view = sent if seen is sent["messages"] else {**sent, "messages": seen}
+
+        def build(v: dict[str, Any], memo_keys: list[bytes] | None = None) -> SimRequest:
+            r = request_from_body(v, now, self.counter, self._blocks_memo, ratio=info.token_ratio, keys=memo_keys)
+            return self._thinking_tokens(r, v, info.token_ratio)
+
+        req = build(view, keys if view is body else None)
         window = self.context_window or info.context_window
         total = sum(b.tokens for b in req.blocks)
         applied: list[dict[str, Any]] = []
@@ -327,7 +360,7 @@ class EmulatorCore:
                     per_block[(int(m.group(1)), int(m.group(2)))] = b.tokens
             view, applied = apply_context_management(view, total, per_block, self._clearing)
             if applied:
-                req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+                req = build(view)
                 total = sum(b.tokens for b in req.blocks)
         if total > window:  # the API's exact wording, which clients parse
             return self._error(400, f"prompt is too long: {total} tokens > {window} maximum", request_id)
@@ -340,7 +373,7 @@ class EmulatorCore:
         if edit is not None and total >= edit.trigger:
             # the summarization step sees the whole prompt and the summary prompt (one more sampling)
             summarize = {**view, "messages": [*view["messages"], summary_prompt(edit)]}
-            s_req = request_from_body(summarize, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+            s_req = build(summarize)
             s_usage = {**self.sim.process(s_req).usage()}
             block = summary_block(view["messages"], edit)
             s_usage["output_tokens"] = output_tokens([{"text": block["content"]}], self.counter, info.token_ratio)
@@ -351,10 +384,19 @@ class EmulatorCore:
             else:  # the model answers from the summary: tools, system and the compaction block that
                 # starts its response
                 view = {**view, "messages": [{"role": "assistant", "content": [block]}]}
-                req = request_from_body(view, now, self.counter, self._blocks_memo, ratio=info.token_ratio)
+                req = build(view)
                 total = sum(b.tokens for b in req.blocks)
                 answer = self._reply(view)
                 reply = Reply([block, *answer.content], answer.stop_reason)
+        elif od is not None:  # on demand: the summary alone, no reply, billed as the compaction iteration
+            summarize = {**view, "messages": [*view["messages"], summary_prompt(compaction_prompt(od))]}
+            s_usage = {**self.sim.process(build(summarize)).usage()}
+            prefix = self.thinking.prefixes(body, recorded)[-1].hex()
+            block = ondemand.sign_block(self._secret, view["messages"], od, prefix)
+            s_usage["output_tokens"] = output_tokens([{"text": block["content"]}], self.counter, info.token_ratio)
+            iterations = [{"type": "compaction", **s_usage}]
+            stop = "compaction"
+            reply = Reply([block], "compaction")
         else:
             reply = self._reply(view)
             block = None
@@ -366,9 +408,11 @@ class EmulatorCore:
             out_tokens = 0
         else:
             result = self.sim.process(req)
-            reply = Reply(self._sign(reply.content, info.name, body), reply.stop_reason)
-            answered = [b for b in reply.content if b.get("type") != "compaction"]
-            out_tokens = output_tokens(answered, self.counter, info.token_ratio)
+            content, thought = self._think(reply, cfg, info.name, body, recorded, verdict)
+            reply = Reply(content, reply.stop_reason)
+            answered = [b for b in reply.content
+                        if b.get("type") not in ("compaction", "thinking", "redacted_thinking")]
+            out_tokens = output_tokens(answered, self.counter, info.token_ratio) + thought
             stop = reply.stop_reason
             if body["max_tokens"] == 0:
                 reply, out_tokens, stop = Reply([]), 0, "max_tokens"
@@ -389,6 +433,8 @@ class EmulatorCore:
             message["diagnostics"] = diag
         if "context_management" in body:
             message["context_management"] = {"applied_edits": applied}
+        if th.BETA in betas:  # "Present on every such response ... as [] when there is no entry to report"
+            message["input_transformations"] = verdict.transformations()
         cost = info.cost(usage)  # with iterations, their sum
         self._record({
             "request_id": request_id, "message_id": msg_id, "time": now, "model": body["model"], "status": 200,
@@ -401,6 +447,13 @@ class EmulatorCore:
             "diagnostics": diag, "internal": INTERNAL_HEADER in headers, "body_hash": body_hash,
             "session": headers.get(SESSION_HEADER),
             "cleared_tool_uses": sum(int(a.get("cleared_tool_uses", 0)) for a in applied),
+            "api_version": version,
+            # the thinking blocks the request sent back and what the API did with them
+            "thinking": {"sent": verdict.kept + len(verdict.dropped), "kept": verdict.kept,
+                         "kept_tokens": sum(verdict.tokens.values()), "dropped": len(verdict.dropped),
+                         "dropped_paths": [f"messages.{i}.content.{j}" for i, j, _ in verdict.dropped],
+                         "dropped_reasons": sorted({r for _, _, r in verdict.dropped}),
+                         "allowed": len(verdict.allowed), "asked": cfg.asked},
         })
         hdrs = {"request-id": request_id}
         if body.get("stream"):
@@ -410,51 +463,78 @@ class EmulatorCore:
 
     # -- thinking blocks ---------------------------------------------------------------------------
 
-    def _signature(self, model: str, body: dict[str, Any], thinking: str) -> str:
-        """Bound to the model, the conversation's first message (its content, not where the client
-        put cache markers, which move between requests) and the thinking text."""
-        first = body["messages"][0] if body.get("messages") else None
-        if isinstance(first, dict):
-            c = first.get("content")
-            blocks = [{"type": "text", "text": c}] if isinstance(c, str) else c
-            if isinstance(blocks, list):
-                first = {"role": first.get("role"), "content": [
-                    {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
-                    for b in blocks]}
-        mac = hmac.new(self._secret, canonical_bytes([model, first, thinking]), hashlib.sha256)
-        return "emu" + mac.hexdigest()[:40]
-
-    def _sign(self, content: list[dict[str, Any]], model: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """Thinking blocks the model returns carry a signature bound to the model and conversation."""
-        return [{**b, "signature": self._signature(model, body, str(b.get("thinking", "")))}
-                if b.get("type") == "thinking" else b for b in content]
-
-    def _check_thinking(self, body: dict[str, Any], model: str) -> None:
-        """Thinking blocks must come back unmodified (their signature verifies), and with thinking
-        on, the assistant turn a tool loop continues must still start with its thinking."""
-        msgs = body["messages"]
-        for i, m in enumerate(msgs):
-            content = m.get("content")
-            if m.get("role") != "assistant" or not isinstance(content, list):
+    def _thinking_tokens(self, req: SimRequest, view: dict[str, Any], ratio: float) -> SimRequest:
+        """Bill each thinking block sent back as the tokens its model thought (its signature carries
+        them: a block whose text was omitted is still billed in full)."""
+        msgs = view.get("messages") or []
+        fixed = list(req.blocks)
+        changed = False
+        for k, blk in enumerate(fixed):
+            if blk.kind not in ("thinking", "redacted_thinking"):
                 continue
-            for j, b in enumerate(content):
-                if isinstance(b, dict) and b.get("type") == "thinking":
-                    sig = b.get("signature")
-                    if not isinstance(sig, str) or not sig.startswith("emu"):
-                        continue  # not signed by this emulator (a recorded trace): nothing to verify
-                    if sig != self._signature(model, body, str(b.get("thinking", ""))):
-                        raise MalformedMessageError(f"messages[{i}].content[{j}].signature",
-                                                    "Invalid `signature` in `thinking` block")
-        thinking = body.get("thinking")
-        if not (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")) or len(msgs) < 2:
+            m = _WHERE.match(blk.where)
+            if m is None:
+                continue
+            b = msgs[int(m.group(1))]["content"][int(m.group(2))]
+            sig = str(b.get("signature") or b.get("data") or "")
+            bound = self.signer.read(sig) or self.signer.foreign(sig)
+            if bound is not None and bound.tokens:
+                fixed[k] = replace(blk, tokens=max(blk.tokens, round(bound.tokens * ratio)))
+                changed = True
+        return replace(req, blocks=fixed) if changed else req
+
+    def _think(self, reply: Reply, cfg: th.Config, model: str, body: dict[str, Any], recorded: str | None,
+               verdict: th.Verdict) -> tuple[list[dict[str, Any]], int]:
+        """The reply with its thinking, each block signed: bound to the model, the prefix it follows
+        and the kept block before it; and the tokens the model thought (billed as output). A model
+        with preserved thinking thinks before it answers (``display: "omitted"``, the default, sends
+        the block with empty text and a signature); ``between_tools`` writes a short progress note
+        between tool calls instead."""
+        content = [dict(b) for b in reply.content]
+        answer = output_tokens([b for b in content if b.get("type") not in ("thinking", "redacted_thinking")],
+                               self.counter)
+        hints = list(reply.thinking_tokens or [])
+        if th.preserved(model) and cfg.on and reply.thinks is not False:
+            has = any(b.get("type") in ("thinking", "redacted_thinking") for b in content)
+            if cfg.mode == "between_tools":
+                uses = [k for k, b in enumerate(content) if b.get("type") == "tool_use"]
+                for k in reversed(uses[1:]):
+                    content.insert(k, {"type": "thinking", "thinking": "Next, the following call."})
+            elif not has:
+                content.insert(0, {"type": "thinking", "thinking": ""})
+                hints.insert(0, th.thought_tokens(answer))
+        pre = self.thinking.prefixes(body, recorded)[-1]
+        prev, thought, n = verdict.last_sig, 0, 0
+        for j, b in enumerate(content):
+            if b.get("type") != "thinking":
+                continue
+            text = str(b.get("thinking", ""))
+            if th.preserved(model) and cfg.display == "omitted" and cfg.mode != "between_tools":
+                text = ""  # "thinking content is redacted but a signature is returned"
+            tokens = hints[n] if n < len(hints) else max(th.thought_tokens(answer) if not text else 0,
+                                                         output_tokens([{"text": text}], self.counter))
+            n += 1
+            binding = th.Binding(model, self.thinking.within(pre, content, j), prev, th.text_id(text), tokens)
+            sig = self.signer.sign(binding)
+            content[j] = {"type": "thinking", "thinking": text, "signature": sig}
+            prev, thought = th.sig_id(sig), thought + tokens
+        self.thinking.issued(content)
+        return content, thought
+
+    @staticmethod
+    def _tool_loop_thinking(body: dict[str, Any], cfg: th.Config) -> None:
+        """Before preserved thinking (and with ``enabled`` thinking): "a final `assistant` message must
+        start with a thinking block" when a tool loop continues and it had one."""
+        msgs = body["messages"]
+        if cfg.mode not in ("enabled", "adaptive") or len(msgs) < 2:
             return
         last, prev = msgs[-1], msgs[-2]
         pc = prev.get("content")
         if last.get("role") == "user" and prev.get("role") == "assistant" and isinstance(pc, list) and any(
                 isinstance(b, dict) and b.get("type") == "tool_use" for b in pc):
             first = pc[0] if pc else {}
-            signed = any(isinstance(b, dict) and b.get("type") == "thinking" and str(b.get("signature", ""))
-                         .startswith("emu") for b in pc)
+            signed = any(isinstance(b, dict) and b.get("type") == "thinking"
+                         and str(b.get("signature", "")).startswith(th.Signer.PREFIX) for b in pc)
             if signed and first.get("type") not in ("thinking", "redacted_thinking"):
                 raise MalformedMessageError(f"messages[{len(msgs) - 2}].content[0].type",
                                             "Expected `thinking` or `redacted_thinking`, but found "
@@ -517,6 +597,34 @@ class EmulatorCore:
         return None
 
 
+def _betas(headers: Mapping[str, str]) -> set[str]:
+    return {b.strip() for b in str(headers.get("anthropic-beta") or "").split(",") if b.strip()}
+
+
+def _has_thinking(body: dict[str, Any]) -> bool:
+    return any(isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+               for m in body.get("messages") or [] if isinstance(m, dict) and isinstance(m.get("content"), list)
+               for b in m["content"])
+
+
+def _without(body: dict[str, Any], verdict: th.Verdict) -> dict[str, Any]:
+    """The body without the thinking blocks the API dropped (a message left empty keeps nothing)."""
+    if not verdict.dropped:
+        return body
+    gone: dict[int, set[int]] = {}
+    for i, j, _ in verdict.dropped:
+        gone.setdefault(i, set()).add(j)
+    msgs = list(body["messages"])
+    for i, js in gone.items():
+        msgs[i] = {**msgs[i], "content": [b for j, b in enumerate(msgs[i]["content"]) if j not in js]}
+    return {**body, "messages": msgs}
+
+
+def compaction_prompt(od: ondemand.OnDemand) -> CompactEdit:
+    """The summarization prompt of an on-demand compaction (its ``instructions``, else the default)."""
+    return CompactEdit(instructions=od.instructions)
+
+
 def _reason(kind: str, missed: int) -> dict[str, Any]:
     return {"cache_miss_reason": {"type": kind, "cache_missed_input_tokens": max(0, missed)}}
 
@@ -540,6 +648,9 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             for k in range(0, max(len(text), 1), 64):
                 events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
                                                        "delta": {"type": "text_delta", "text": text[k:k + 64]}}))
+        elif t == "compaction" and block.get("signature") is not None:  # on demand: whole, no delta (§3.5)
+            events.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                   "content_block": block}))
         elif t == "compaction":  # one delta with the whole summary (anthropic-cache-facts.md §3.2)
             events.append(("content_block_start", {"type": "content_block_start", "index": i,
                                                    "content_block": {"type": "compaction", "content": None}}))

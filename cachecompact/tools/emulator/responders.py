@@ -35,8 +35,15 @@ def replayed_blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(slots=True)
 class Reply:
+    """A model's answer. With thinking on, a model with preserved thinking thinks before it answers
+    unless ``thinks`` is False (a recorded turn that had no thinking); ``thinking_tokens`` gives,
+    per thinking block of ``content`` in order, the tokens it stands for (a recorded block whose
+    text was omitted: its tokens come from the recorded usage)."""
+
     content: list[dict[str, Any]]
     stop_reason: str = "end_turn"
+    thinks: bool | None = None
+    thinking_tokens: list[int] | None = None
 
 
 class Responder(Protocol):

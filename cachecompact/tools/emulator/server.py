@@ -22,6 +22,7 @@ from aiohttp import web
 from ...adapters.httpserver import ServerThread, api_errors, read_body, serve_forever
 from .core import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder, ResponderFn
+from .thinking import ThinkingRules
 
 __all__ = ["Emulator", "make_app"]
 
@@ -89,8 +90,10 @@ class Emulator:
         port: int = 0,
         context_window: int | None = None,
         gzip: bool = False,
+        thinking: ThinkingRules | None = None,
     ) -> None:
-        self.core = EmulatorCore(responder, faults=faults, log_path=log, context_window=context_window)
+        self.core = EmulatorCore(responder, faults=faults, log_path=log, context_window=context_window,
+                                 thinking=thinking)
         self._gzip = gzip
         self._server = ServerThread(lambda: make_app(self.core, gzip_responses=gzip), host, port)
 

@@ -75,6 +75,7 @@ class MessageInfo:
     use_ids: tuple[str, ...]
     result_ids: tuple[str, ...]
     markers: tuple[tuple[str, str], ...]  # (path suffix within the message, ttl)
+    compaction_first: bool = False  # opens with a compaction block: may start the conversation as an assistant turn
 
 
 def _check_text(b: dict[str, Any], where: str) -> None:
@@ -151,9 +152,12 @@ def _check_block(b: Any, where: str, role: str, markers: list[tuple[str, str]], 
             raise _bad(f"{where}.thinking", "must be a string")
         if "signature" in b and not isinstance(b["signature"], str):
             raise _bad(f"{where}.signature", "must be a string")
-    elif t == "compaction":  # a server compaction's summary, sent back (anthropic-cache-facts.md §3.2)
-        if role != "assistant":
-            raise _bad(where, "compaction blocks belong in assistant messages")
+    elif t == "compaction":  # a server compaction's summary, sent back (anthropic-cache-facts.md §3.2, §3.5: "as
+        # an assistant message of its own or as the first content block of the first message, whether that is a
+        # user or assistant message")
+        if role != "assistant" and (role != "user" or b.get("signature") is None):
+            raise _bad(where, "compaction blocks belong in assistant messages (a signed on-demand block may also "
+                              "open a user message)")
         c = b.get("content")
         if c is not None and not isinstance(c, str):
             raise _bad(f"{where}.content", "must be a string or null")
@@ -205,7 +209,8 @@ def check_message(m: Any, i: int) -> MessageInfo:
             raise _bad(f"{where}.content", "duplicate tool_use ids")
     else:
         raise _bad(f"{where}.content", "must be a string or a list of blocks")
-    return MessageInfo(str(role), tuple(uses), tuple(results), tuple(markers))
+    opens = isinstance(content, list) and isinstance(content[0], dict) and content[0].get("type") == "compaction"
+    return MessageInfo(str(role), tuple(uses), tuple(results), tuple(markers), opens)
 
 
 def check_pairing(infos: Sequence[MessageInfo]) -> None:
@@ -214,7 +219,9 @@ def check_pairing(infos: Sequence[MessageInfo]) -> None:
     if not infos:
         raise _bad("messages", "at least one message is required")
     first = next((k for k, x in enumerate(infos) if x.role != "system"), None)
-    if first is None or infos[first].role != "user":
+    # "Put the block first in messages, either as an assistant message of its own or as the first content
+    # block of the first message" (on-demand compaction): then an assistant turn may come first
+    if first is None or (infos[first].role != "user" and not infos[first].compaction_first):
         raise _bad(f"messages[{first or 0}].role", "the first message must be from the user")
     seen: set[str] = set()
     pending: tuple[str, ...] = ()
@@ -311,9 +318,9 @@ def _check_params(body: dict[str, Any], max_output: int | None) -> None:
             raise _bad("tool_choice.name", f"no tool named {str(tc['name'])[:60]!r}")
     th = body.get("thinking")
     if th is not None:
-        if not isinstance(th, dict) or th.get("type") not in ("enabled", "disabled", "adaptive"):
+        if not isinstance(th, dict) or th.get("type") not in ("enabled", "disabled", "adaptive", "between_tools"):
             raise _bad("thinking", "must be {'type': 'enabled', 'budget_tokens': N} | {'type': 'disabled'} | "
-                                   "{'type': 'adaptive'}")
+                                   "{'type': 'adaptive'} | {'type': 'between_tools'}")
         if th["type"] == "enabled":
             bt = th.get("budget_tokens")
             if not _is_int(bt) or bt < 1024:
