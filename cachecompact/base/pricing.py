@@ -216,6 +216,10 @@ FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "
 # 1M window takes any range, and it reads and writes at a tenth of Haiku 4.5's prices
 UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
 DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
+# The models with preserved thinking: they think adaptively by default and bind each thinking block to
+# everything before it (the prefix-checks page's supportedModels; docs/cache-model.md, *Preserved thinking*)
+PRESERVED_THINKING = frozenset({"claude-fable-5-2", "claude-mythos-5-2", "claude-fable-5-1", "claude-mythos-5-1",
+                                "claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"})
 _ALIASES = {"claude-3-5-haiku": "claude-haiku-3-5", "claude-opus-4-0": "claude-opus-4",
             "claude-sonnet-4-0": "claude-sonnet-4"}
 _LOCK = threading.Lock()
@@ -236,6 +240,12 @@ def _canonical(model: str) -> str:
     # lookup must take effect at once
     name = _spelling(model)
     return _ALIASES.get(name, name)
+
+
+def canonical_id(model: str) -> str:
+    """``model`` as the table spells it (lower case, no date suffix, no ``[1m]``, aliases resolved),
+    whether or not the table lists it."""
+    return _canonical(model)
 
 
 # A client's own entries (``wrap(pricing=...)``), keyed by canonical id, looked up before the

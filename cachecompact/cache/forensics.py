@@ -46,7 +46,7 @@ from typing import Any
 
 from ..base.pricing import ModelInfo
 from ..base.wire import canonical_bytes
-from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position
+from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
 from .simulator import SimRequest
 
 __all__ = [
@@ -76,7 +76,8 @@ _API_FOR = {"invalidation:model": "model_changed", "invalidation:params": "unava
 
 def params_key(body: dict[str, Any], has_image: bool) -> dict[str, Any]:
     """The request parameters whose change invalidates the messages cache (or more)."""
-    return {"tool_choice": body.get("tool_choice"), "thinking": body.get("thinking"),
+    return {"tool_choice": body.get("tool_choice"),
+            "thinking": thinking_key(body.get("thinking"), str(body.get("model") or "")),
             "effort": (body.get("output_config") or {}).get("effort") if isinstance(body.get("output_config"), dict)
             else None, "speed": body.get("speed"), "images": has_image}
 

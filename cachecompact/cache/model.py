@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from ..base.pricing import PRESERVED_THINKING, canonical_id
 from ..base.wire import canonical_bytes
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "next_position",
     "positions",
     "strip_for_key",
+    "thinking_key",
     "tool_key",
 ]
 
@@ -99,3 +101,18 @@ def first_mismatch(a: Sequence[bytes], b: Sequence[bytes], n: int) -> int | None
         else:
             hi = mid
     return lo
+
+
+def thinking_key(thinking: Any, model: str = "") -> Any:
+    """The part of a request's ``thinking`` parameter the message cache is keyed on: "Changes to
+    thinking parameters (enabled/disabled or budget allocation) invalidate message cache
+    breakpoints" (prompt caching, *What invalidates the cache*). ``block_binding`` says what the API
+    does with blocks that fail the prefix check, and ``display`` how blocks come back: neither is
+    among them (our reading; the docs list only the mode and the budget), so a request that asks
+    ``drop_block`` once reads the cache its neighbours wrote. A model with preserved thinking
+    thinks adaptively when the parameter is absent, so absent and ``adaptive`` are one mode there."""
+    if thinking is None and canonical_id(model) in PRESERVED_THINKING:
+        return {"type": "adaptive"}
+    if not isinstance(thinking, dict):
+        return thinking
+    return {k: v for k, v in thinking.items() if k in ("type", "budget_tokens")}

@@ -46,6 +46,7 @@ from .model import (
     is_cacheable,
     positions,
     strip_for_key,
+    thinking_key,
     tool_key,
 )
 
@@ -263,7 +264,8 @@ def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
         has_image = has_image or img
     if ratio != 1.0:
         blocks = [replace(b, tokens=round(b.tokens * ratio)) for b in blocks]
-    salt_msgs = canonical_bytes([body.get("tool_choice"), body.get("thinking"),
+    thinking = thinking_key(body.get("thinking"), str(body.get("model") or ""))
+    salt_msgs = canonical_bytes([body.get("tool_choice"), thinking,
                                  (body.get("output_config") or {}).get("effort"), has_image])
     top = body.get("cache_control")
     return SimRequest(

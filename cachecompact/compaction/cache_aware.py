@@ -24,6 +24,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any
 
 import xxhash
@@ -31,8 +32,18 @@ import xxhash
 from ..base.errors import ContextFullError, InvalidEditError, SummaryRejected
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
-from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, canonical_bytes, content_blocks, tool_result_ids
+from ..base.wire import (
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    call_key,
+    canonical_bytes,
+    content_blocks,
+    tool_result_ids,
+)
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
+from ..history.thinking import latest_tool_turn
 from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from .levels import (
     Proposal,
@@ -115,6 +126,10 @@ class CacheAwareCompactor:
         self.gaps = GapMeter()
         self._first = True  # the session's first request: a compaction of it is said out loud, once
         self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
+        # preserved thinking: the output tokens of each turn of the task under way (since the latest
+        # person's message), by transcript index: what an edit before them throws away
+        self._thought: dict[int, int] = {}
+        self._producing: int | None = None  # the transcript index the pending response will take
 
     @property
     def _ttl_s(self) -> float:
@@ -159,6 +174,7 @@ class CacheAwareCompactor:
                 "learnt": self._learnt,
                 "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
                 "sent": list(self._sent) if self._sent is not None else None,
+                "thought": {str(k): v for k, v in self._thought.items()},
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
 
@@ -178,6 +194,8 @@ class CacheAwareCompactor:
             self._first = False
             sent = st.get("sent")
             self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
+            thought = st.get("thought")
+            self._thought = {int(k): int(v) for k, v in thought.items()} if isinstance(thought, dict) else {}
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -374,6 +392,9 @@ class CacheAwareCompactor:
             return report
         lim = self._limits(max_tokens, model)
         self._note_recent_budget(lim, report)
+        self._producing = len(s)
+        human = self._task_start()
+        self._thought = {k: v for k, v in self._thought.items() if k > human}
         tokens0 = self._now_tokens()
         report.tokens_before = report.tokens_after = tokens0
         lv = self.cfg.levels
@@ -405,6 +426,12 @@ class CacheAwareCompactor:
             trig = Trigger(None, "deferred before; not enough new old output since")  # no view every turn
         if trig.max_level is None and cold and self._pending:
             trig = Trigger(self._pending, "cache is cold: applying the deferred compaction at no re-write cost")
+        if trig.max_level in (None, "L1", "L2") and self.cfg.economics.cache_aware and not self.tripped:
+            ahead = self._loop_ahead(tokens)
+            if ahead is not None and tokens + ahead >= lim.hard:
+                trig = Trigger("L3", f"a person's turn: the tool loop ahead (about {ahead} tokens, by the session's "
+                                     "own loops) would reach the hard threshold mid-loop, where an edit costs the "
+                                     "thinking of the turn it answers; compacting now, where nothing is lost")
         if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
             trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
                                  "costs no extra write", cold=True, fallback=trig.max_level)
@@ -529,20 +556,33 @@ class CacheAwareCompactor:
                 more = self._candidates(view, trig, lim, stop_at_target=False)[len(cands):]
                 paying = [q for p in more for q in self._no_thrash(p, view, lim, model)]
             order = paying or order  # when nothing pays back and the window forces it, the old order
+        loop = self._mid_tool_loop_thinking()
         for p in order:
+            if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop:
+                # the turn whose tool calls this request answers thinks: an edit before it invalidates that
+                # thinking, which may not be removed (the API would drop it). Wait for a turn where it can be.
+                self._pending = p.level
+                report.events.append(self._emit(
+                    "deferred", level=p.level, tokens_before=tokens, tokens_after=tokens,
+                    reason=f"{trig.reason}; mid tool loop: an edit now would invalidate the thinking of the turn whose "
+                           f"calls this request answers (messages[{loop}]), which may not be removed; deferred to the "
+                           "next request where it can be left out (a person's turn, or a turn without thinking)"))
+                return tokens
             if cfg.economics.cache_aware and not trig.forced and p.break_at is not None:
                 price = priced(model, self.ctx.prices)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
-                                 steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m")
+                                 steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m",
+                                 reasoning_tokens=self._reasoning_lost(p.break_at))
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
                     why = (f"removes {p.tokens_removed} < {lim.min_batch} tokens" if small else
-                           f"re-write ${econ.rewrite_cost:.4f} + summary ${econ.summary_cost:.4f} > saving "
-                           f"${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
+                           f"re-write ${econ.rewrite_cost:.4f} + summary ${econ.summary_cost:.4f}"
+                           + (f" + reasoning lost ${econ.reasoning_cost:.4f}" if econ.reasoning_cost else "")
+                           + f" > saving ${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
                     report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
                                                     tokens_before=tokens, tokens_after=tokens,
                                                     detail={"net_usd": econ.net}))
@@ -576,6 +616,57 @@ class CacheAwareCompactor:
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
             return after
         return tokens
+
+    def _loop_ahead(self, tokens: int) -> int | None:
+        """At a person's turn of a session whose turns think (preserved thinking), the tokens the tool
+        loop that starts now is expected to add before the next person's turn: the median number of
+        assistant turns of the session's own finished loops times its typical growth per turn. None
+        elsewhere, or before one loop has finished (nothing to go by)."""
+        t = self.session.transcript
+        n = len(t)
+        if n < 2 or t[n - 1].role != "user" or t.is_tool_result_message(n - 1) or not self._growth:
+            return None
+        if not any(t[i].role == "assistant" and any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
+                                                    for b in content_blocks(t[i])) for i in range(n - 1, -1, -1)):
+            return None
+        people = [i for i in range(n) if t[i].role == "user" and not t.is_tool_result_message(i)]
+        loops = [sum(1 for k in range(a + 1, b) if t[k].role == "assistant") for a, b in pairwise(people)]
+        if not loops:
+            return None
+        turns = sorted(loops)[len(loops) // 2]
+        growth = sorted(self._growth)[len(self._growth) // 2]
+        return turns * growth
+
+    def _mid_tool_loop_thinking(self) -> int | None:
+        """The latest assistant message when this request answers its tool calls and it carries
+        thinking (`history.thinking`: its thinking may not be left out), else None."""
+        t = self.session.transcript
+        a = latest_tool_turn(t, len(t))
+        if a is None or not any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(t[a])):
+            return None
+        return a
+
+    def _task_start(self) -> int:
+        """The latest message a person wrote (a user message that is not tool results): the task
+        under way starts after it (-1 when there is none)."""
+        t = self.session.transcript
+        for i in range(len(t) - 1, -1, -1):
+            if t[i].role == "user" and not t.is_tool_result_message(i):
+                return i
+        return -1
+
+    def _reasoning_lost(self, break_at: int) -> int:
+        """The output tokens of the turns of the task under way that carry thinking an edit at
+        ``break_at`` invalidates (preserved thinking: `history.thinking`): the turns after both the
+        edit and the person's latest message. Turns of a finished task are not counted: the agent
+        has moved on from that reasoning. Zero at a person's turn, so edits go there when they can."""
+        t = self.session.transcript
+        lost = 0
+        for i, n in self._thought.items():
+            if i > break_at and i < len(t) and t[i].role == "assistant" and any(
+                    isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(t[i])):
+                lost += n
+        return lost
 
     def _pays_back(self, p: Proposal, view: View, lim: Limits, model: str) -> bool:
         """The no-thrash rule (docs/policy.md, "No thrash"): an edit re-writes what it keeps after
@@ -725,6 +816,8 @@ class CacheAwareCompactor:
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         """Record the request time (for TTL reasoning) and calibrate token estimates."""
         self.last_request_at = now
+        if usage and self._producing is not None:
+            self._thought[self._producing] = int(usage.get("output_tokens") or 0)
         if usage:
             total = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
                                                           "cache_read_input_tokens"))

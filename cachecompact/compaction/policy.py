@@ -292,10 +292,14 @@ class Economy:
     saving_per_turn: float
     remaining_turns: int
     summary_cost: float = 0.0
+    # the reasoning the edit throws away: the thinking of the turns of the task under way that it
+    # invalidates (preserved thinking), priced as producing it again, at the output price
+    reasoning_cost: float = 0.0
 
     @property
     def net(self) -> float:
-        return self.saving_per_turn * self.remaining_turns - self.rewrite_cost - self.summary_cost
+        return (self.saving_per_turn * self.remaining_turns - self.rewrite_cost - self.summary_cost
+                - self.reasoning_cost)
 
     @property
     def pays(self) -> bool:
@@ -303,18 +307,22 @@ class Economy:
 
 
 def economics(cfg: PolicyConfig, price: ModelInfo, *, removed: int, suffix: int, steps: int, cold: bool,
-              summary_cost: float = 0.0, ttl: str = "5m") -> Economy:
+              summary_cost: float = 0.0, ttl: str = "5m", reasoning_tokens: int = 0) -> Economy:
     """The cache model of docs/policy.md.
 
     Without the edit the next request reads the ``suffix`` (tokens from the edit point to the
     end) from cache; with it, ``suffix - removed`` is written instead. From then on every turn
-    reads ``removed`` fewer tokens. A cold cache is re-written anyway, so the edit is free.
+    reads ``removed`` fewer tokens. A cold cache is re-written anyway, so the edit is free of
+    re-writes. ``reasoning_tokens`` is the thinking the edit invalidates in the turns of the task under
+    way (preserved thinking: docs/policy.md, *The reasoning an edit throws away*), priced at the output
+    price, cold or not.
     """
     write = price.write_1h if ttl == "1h" else price.write_5m
     rewrite = 0.0 if cold else max(0.0, ((suffix - removed) * write - suffix * price.read) / 1e6)
     e = cfg.economics
     remaining = max(e.min_remaining_turns, min(e.max_remaining_turns, steps))
-    return Economy(rewrite, removed * price.read / 1e6, remaining, summary_cost)
+    # a cold cache is re-written anyway, but the reasoning is lost all the same
+    return Economy(rewrite, removed * price.read / 1e6, remaining, summary_cost, reasoning_tokens * price.output / 1e6)
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,8 +202,7 @@ class CompactionEngine:
                     keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
-        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, betas)
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r))
         with self._lock:
             self._last_prepared = {fp: p}
         return p
@@ -339,6 +338,7 @@ class CompactionEngine:
                                     **p.params)
             p.render = r
             p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
+            p.betas = _betas(live, r)
             return p.body
 
     # -- the read_scratchpad tool ---------------------------------------------------------------------
@@ -372,6 +372,13 @@ class CompactionEngine:
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+
+def _betas(live: Live, r: RenderResult) -> tuple[str, ...]:
+    """The ``anthropic-beta`` values a prepared body needs: the strategy's (a server-side peer's),
+    and the render's when it asks the API to drop the latest turn's invalidated thinking."""
+    betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
+    return tuple(dict.fromkeys((*betas, *r.betas))) if live.strategy.renders else betas
 
 
 def _check_caller_fields(body: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from ...base.tokens import TokenCounter
 from ...base.wire import TextBlock, ToolDef
 from ...cache.model import chain_step
 from ..ledger import Ledger, LedgerEntry, split_effective
+from ..thinking import DROP_BLOCK, ThinkingPlan, plan_thinking
 from ..transcript import Transcript
 from .blocks import BlockCache, RenderedMessage
 from .breakpoints import plan_breakpoints
@@ -58,6 +59,7 @@ class Renderer:
         self._arr.extend(0)
         self._arr_entries = 0  # ledger entries the arrays reflect
         self._arr_src = 0  # transcript messages the arrays reflect
+        self._arr_plan = ThinkingPlan({})  # the thinking plan the arrays reflect
         # the last plain render (no breakpoints, scalar parameters) and the state it was made from: the
         # policy asks for one several times a turn, and each would copy the O(history) message list
         self._plain: tuple[tuple[Any, ...], RenderResult] | None = None
@@ -115,7 +117,7 @@ class Renderer:
 
     # -- rendering -------------------------------------------------------------------------------
 
-    def _messages(self, entries: list[LedgerEntry], n: int) -> Iterator[RenderedMessage]:
+    def _messages(self, entries: list[LedgerEntry], n: int, plan: ThinkingPlan) -> Iterator[RenderedMessage]:
         whole, targeted = split_effective(entries)
         idx, k = 0, 0
         while idx < n:
@@ -125,26 +127,35 @@ class Renderer:
                 yield from self.cache.entry_messages(e)
                 idx = e.end + 1
             else:
-                yield self.cache.targeted(idx, targeted[idx]) if idx in targeted else self.cache.plain(idx)
+                m = self.cache.targeted(idx, targeted[idx]) if idx in targeted else self.cache.plain(idx)
+                strip = plan.strip.get(idx)
+                yield self.cache.without_thinking(idx, m, strip) if strip else m
                 idx += 1
 
-    def _arrays(self, n_entries: int, n: int, historical: bool) -> tuple[ChainArrays, int]:
-        """Arrays for the requested state, and how many leading blocks are already hashed."""
+    def _arrays(self, n_entries: int, n: int, historical: bool) -> tuple[ChainArrays, int, ThinkingPlan]:
+        """Arrays for the requested state, how many leading blocks are already hashed, and the
+        thinking plan they were rendered with (`history.thinking`)."""
         arr = self._arr
-        if not historical and n_entries == self._arr_entries and n >= self._arr_src:
+        if not historical and n_entries == self._arr_entries and n >= self._arr_src and (
+                self._arr_plan.kept_invalid is None or n == self._arr_src):
+            # fast path: append the new messages in place (no entry was made, so none of them loses its
+            # thinking; after a request that sent a tool-loop turn's invalidated thinking, the slow path
+            # leaves it out now that the turn is no longer the latest)
             common = len(arr.chain)
-            for i in range(self._arr_src, n):  # fast path: append the new messages in place
+            for i in range(self._arr_src, n):
                 arr.add_message(self.cache.plain(i))
             self._arr_src = n
-            return arr, common
+            return arr, common, self._arr_plan
+        entries = self.ledger.entries[:n_entries]
+        plan = plan_thinking(self.t, entries, n)
         new = self._fresh()
-        for m in self._messages(self.ledger.effective(n_entries), n):
+        for m in self._messages(self.ledger.effective(n_entries), n, plan):
             new.add_message(m)
         common = arr.common_prefix(new)
         new.adopt_prefix(arr, common)
         if not historical:
-            self._arr, self._arr_entries, self._arr_src = new, n_entries, n
-        return new, common
+            self._arr, self._arr_entries, self._arr_src, self._arr_plan = new, n_entries, n, plan
+        return new, common, plan
 
     def render(
         self,
@@ -172,7 +183,7 @@ class Renderer:
                      tuple(sorted(params.items())))
             if self._plain is not None and self._plain[0] == state:
                 return self._plain[1]  # the state is append-only: same lengths, same render
-        arr, common = self._arrays(n_entries, n, historical)
+        arr, common, thinking = self._arrays(n_entries, n, historical)
         arr.extend(common)
         nb, nm = len(arr.flat), len(arr.msgs)
 
@@ -195,6 +206,13 @@ class Renderer:
         body: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
         if breakpoints:
             body.pop("cache_control", None)
+        if thinking.drop_block:
+            # the latest tool-loop turn's invalidated thinking may not be removed: the API drops it
+            # (history.thinking); a caller's own block_binding stands
+            th = body.get("thinking")
+            th = dict(th) if isinstance(th, dict) else {"type": "adaptive"}
+            th.setdefault("block_binding", dict(DROP_BLOCK))
+            body["thinking"] = th
         tool_dicts = [b.d for b in arr.flat[: self._n_tools]]
         sys_dicts = [b.d for b in arr.flat[self._n_tools: self._n_tools + self._n_system]]
         cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
@@ -227,7 +245,7 @@ class Renderer:
                             breakpoint_ttls=bp_ttls, prefix_tokens=arr.cum[prefix_last] if prefix_last >= 0 else 0,
                             _arr=arr, _nb=nb, _nm=nm,
                             _n_tools=self._n_tools, _n_system=self._n_system, _patched=patched,
-                            _ledger=self.ledger.entries)
+                            _ledger=self.ledger.entries, thinking=thinking)
         if plain:
             self._plain = (state, result)
         return result

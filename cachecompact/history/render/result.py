@@ -15,6 +15,7 @@ from typing import Any
 from ...base.wire import canonical_bytes
 from ...cache.model import first_mismatch
 from ..ledger import LedgerEntry
+from ..thinking import BINDING_BETA, ThinkingPlan
 from .chain import ChainArrays
 
 __all__ = ["BlockInfo", "BlockLocation", "Divergence", "RenderResult"]
@@ -96,6 +97,15 @@ class RenderResult:
     _patched: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
     _ledger: Sequence[LedgerEntry] = field(default=(), repr=False)
     _json: bytes | None = field(default=None, repr=False)
+    # the thinking blocks left out and whether the request asks the API to drop the latest turn's
+    # (`history.thinking`); betas names the header that needs
+    thinking: ThinkingPlan = field(default_factory=lambda: ThinkingPlan({}))
+
+    @property
+    def betas(self) -> tuple[str, ...]:
+        """The ``anthropic-beta`` values the body needs (``block_binding``'s)."""
+        th = self.body.get("thinking")
+        return (BINDING_BETA,) if isinstance(th, dict) and "block_binding" in th else ()
 
     # -- bytes -----------------------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ from typing import Any, Literal
 import xxhash
 
 from ...base.errors import MalformedMessageError
+from ...base.pricing import PRESERVED_THINKING
 from ...base.wire import canonical_bytes
 
 __all__ = [
@@ -81,9 +82,7 @@ __all__ = [
 ]
 
 BETA = "thinking-binding-controls-2026-08-01"
-# the models with preserved thinking (the prefix-checks page's supportedModels)
-PRESERVED = frozenset({"claude-fable-5-2", "claude-mythos-5-2", "claude-fable-5-1", "claude-mythos-5-1",
-                       "claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"})
+PRESERVED = PRESERVED_THINKING  # the prefix-checks page's supportedModels
 # Who reads whose blocks besides its own (preserved-thinking, *Switching models*; Fable 5.2's what's-new
 # page; Bedrock's thinking-block-binding page):
 # - Fable/Mythos 5.1 "read thinking blocks produced by each other and by earlier Claude models", and "on the

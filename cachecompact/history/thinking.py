@@ -1,0 +1,114 @@
+"""Which thinking blocks a request may carry, decided from the ledger alone.
+
+Models with preserved thinking bind each thinking block to everything before it: "A thinking
+block sent back is valid only if `system`, `tools` and every message before it are unchanged
+since the model produced it" (build-with-claude/preserved-thinking; docs/cache-model.md). Every
+ledger edit changes what a later request shows before the blocks that follow it, so:
+
+* **The rule.** Assistant message ``i`` was produced by the request rendered from the first ``i``
+  messages, under the ledger entries made by then (``transcript_len <= i``). A thinking block of
+  it is *invalidated* by an entry made later (``transcript_len > i``) that changes something
+  before the block: a whole-message edit starting before ``i``, or an edit of a tool call of
+  message ``i`` itself that comes before the block (an earlier ``tool_use`` whose input a targeted
+  edit replaced).
+* **What the renderer does with them.** It leaves them out: "remove the thinking in the turns it
+  keeps" is the docs' own advice for code that collapses or summarizes earlier turns. Removed this
+  way, the blocks a request keeps are always an unbroken run of the original sequence ("You can
+  remove thinking blocks from the start of the history, from the end, or all of them. What fails
+  is a gap"): a block is invalidated only by an edit before it, and that edit invalidates every
+  block between it and the edit's request too, while a block produced after an edit was made after
+  the blocks the edit invalidated were already gone, so it follows the last block that stays.
+* **The one exception: a tool loop's latest assistant turn.** "With tool use, every `thinking` and
+  `redacted_thinking` block from the assistant turn must be passed back exactly as received": when
+  an edit is made on the request that answers a tool call, the calling turn's thinking is
+  invalidated and may not be removed. It is sent as it is, and the request asks the API to drop it
+  (``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``, the documented escape hatch,
+  with the ``thinking-binding-controls-2026-08-01`` beta). From the next request on that turn is no
+  longer the latest, and its thinking is left out like any other.
+
+Only the ledger and the transcript decide this, so ``render --at-entry``, ``ledger verify`` and a
+restarted process give the same bytes (docs/ledger-format.md, *Thinking blocks*). The transcript
+keeps every block as received; ``render --uncompacted`` shows them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..base.wire import RedactedThinkingBlock, ThinkingBlock, ToolUseBlock, content_blocks
+from .ledger import LedgerEntry
+from .transcript import Transcript
+
+__all__ = ["BINDING_BETA", "DROP_BLOCK", "ThinkingPlan", "plan_thinking"]
+
+BINDING_BETA = "thinking-binding-controls-2026-08-01"
+DROP_BLOCK = {"prefix_mismatch_behavior": "drop_block"}
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingPlan:
+    """For one render: the thinking blocks to leave out, per message, and whether the request
+    must ask the API to drop the latest tool-loop turn's (``drop_block``)."""
+
+    strip: dict[int, frozenset[int]]
+    drop_block: bool = False
+    kept_invalid: int | None = None  # the latest tool-loop turn whose invalidated thinking is sent
+
+    @property
+    def blocks(self) -> int:
+        return sum(len(v) for v in self.strip.values())
+
+
+def _is_thinking(b: object) -> bool:
+    return isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
+
+
+def latest_tool_turn(t: Transcript, n: int) -> int | None:
+    """The latest assistant message of a request rendered from ``n`` messages when that request
+    answers its tool calls (message ``n - 1`` holds their results), else None."""
+    a = n - 2
+    if a < 0 or t[a].role != "assistant" or not t.is_tool_result_message(n - 1):
+        return None
+    return a if any(isinstance(b, ToolUseBlock) for b in content_blocks(t[a])) else None
+
+
+def plan_thinking(t: Transcript, entries: Sequence[LedgerEntry], n: int) -> ThinkingPlan:
+    """The thinking plan of a request rendered from the first ``n`` messages under ``entries``
+    (see the module docstring)."""
+    late = [e for e in entries if e.transcript_len > e.start]
+    if not late:
+        return ThinkingPlan({})
+    # messages strictly after an entry's start and before the request it was made for: every thinking
+    # block there is invalidated (the entry's own first message only after the call it edits, below)
+    spans = sorted((e.start + 1, min(e.transcript_len, n) - 1) for e in late)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if lo > hi:
+            continue
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    strip: dict[int, frozenset[int]] = {}
+    for lo, hi in merged:
+        for i in range(lo, hi + 1):
+            if t[i].role != "assistant":
+                continue
+            js = frozenset(j for j, b in enumerate(content_blocks(t[i])) if _is_thinking(b))
+            if js:
+                strip[i] = js
+    for e in late:  # an edit of a tool call's input: the thinking after that call, in the same message
+        if e.tool_use_id is None or e.start >= n or t[e.start].role != "assistant":
+            continue
+        blocks = content_blocks(t[e.start])
+        at = next((j for j, b in enumerate(blocks) if isinstance(b, ToolUseBlock) and b.id == e.tool_use_id), None)
+        if at is not None:
+            after = frozenset(j for j, b in enumerate(blocks) if j > at and _is_thinking(b))
+            if after:
+                strip[e.start] = strip.get(e.start, frozenset()) | after
+    latest = latest_tool_turn(t, n)
+    if latest is not None and latest in strip:
+        del strip[latest]
+        return ThinkingPlan(strip, drop_block=True, kept_invalid=latest)
+    return ThinkingPlan(strip)
