@@ -429,9 +429,13 @@ class CacheAwareCompactor:
         if trig.max_level in (None, "L1", "L2") and self.cfg.economics.cache_aware and not self.tripped:
             ahead = self._loop_ahead(tokens)
             if ahead is not None and tokens + ahead >= lim.hard:
+                # the edit comes within the loop anyway, re-write and all: the choice is only where, and here
+                # no reasoning is lost, so the window's economics do not hold it back (forced)
                 trig = Trigger("L3", f"a person's turn: the tool loop ahead (about {ahead} tokens, by the session's "
                                      "own loops) would reach the hard threshold mid-loop, where an edit costs the "
-                                     "thinking of the turn it answers; compacting now, where nothing is lost")
+                                     "thinking of the turn it answers; compacting now, where nothing is lost",
+                               forced=True)
+                lim = self._room_for(lim, ahead)
         if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
             trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
                                  "costs no extra write", cold=True, fallback=trig.max_level)
@@ -636,6 +640,16 @@ class CacheAwareCompactor:
         turns = sorted(loops)[len(loops) // 2]
         growth = sorted(self._growth)[len(self._growth) // 2]
         return turns * growth
+
+    def _room_for(self, lim: Limits, ahead: int) -> Limits:
+        """``lim`` for a compaction at a person's turn that makes room for the loop ahead: it aims under
+        the hard threshold less the loop's expected growth, and keeps at most what fits beside it."""
+        s = self.session
+        prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
+        summary = self.cfg.levels.summary_tokens
+        aim = max(prefix + summary, lim.hard - ahead)
+        keep = max(0, min(lim.keep_recent, aim - prefix - summary))
+        return replace(lim, target=min(lim.aim(), aim), keep_recent=keep, collapse_keep=min(lim.collapse_keep, keep))
 
     def _mid_tool_loop_thinking(self) -> int | None:
         """The latest assistant message when this request answers its tool calls and it carries

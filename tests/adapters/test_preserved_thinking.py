@@ -1,0 +1,126 @@
+"""No request carries a thinking block the API would refuse or drop (issue 38).
+
+A wrapped agent on each current model, thinking adaptively by default, works through tool loops
+between a person's turns long enough to compact several times, in the four client modes of
+``wrap()`` (sync, async, streamed sync, streamed async) and through the compact proxy. The
+emulator checks every thinking block it is sent against the documented prefix check
+(`cachecompact.tools.emulator.thinking`), and the test reads its verdicts, not the product's own
+accounting: no refusal, no block dropped, and compaction really happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import anthropic
+import pytest
+
+import cachecompact
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.base.pricing import PRESERVED_THINKING
+from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.tools.emulator.responders import Reply
+
+TOOLS = [{"name": "read", "description": "Read a file.",
+          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+SYSTEM = "You are a careful agent. " * 200
+TURNS = 70
+LOOP = 7  # turns of a tool loop, a person's turn between them
+RESULT = 200  # lines of each tool result (about 1,800 tokens): a loop adds about 11k tokens
+WINDOW = 60_000
+MODELS = sorted(PRESERVED_THINKING)
+
+
+def _model() -> ScriptedResponder:
+    """Reads a file a turn; every `LOOP`-th turn it reports, and a person asks for the next part."""
+    calls = itertools.count(1)
+
+    def answer(body: dict[str, Any]) -> Reply:
+        n = next(calls)
+        if n % LOOP == 0:
+            return Reply([{"type": "text", "text": f"Part {n // LOOP} done."}])
+        return Reply([{"type": "tool_use", "id": f"toolu_{n:05d}", "name": "read",
+                       "input": {"path": f"src/m{n}.py"}}], "tool_use")
+    return ScriptedResponder(answer)
+
+
+def _next(msgs: list[dict[str, Any]], content: list[dict[str, Any]], k: int) -> None:
+    msgs.append({"role": "assistant", "content": content})
+    calls = [b for b in content if b["type"] == "tool_use"]
+    if calls:
+        msgs.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": f"module {k}\n" + f"def f{k}(x): return x\n" * RESULT}
+            for b in calls]})
+    else:
+        msgs.append({"role": "user", "content": f"Now part {k}."})
+
+
+def _sync(client: Any, model: str, stream: bool) -> None:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project, part by part."}]
+    for k in range(TURNS):
+        kw = dict(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS, messages=msgs)
+        if stream:
+            with client.messages.stream(**kw) as s:
+                r = s.get_final_message()
+        else:
+            r = client.messages.create(**kw)
+        _next(msgs, [b.model_dump(exclude_none=True) for b in r.content], k)
+
+
+async def _async(client: Any, model: str, stream: bool) -> None:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project, part by part."}]
+    for k in range(TURNS):
+        kw = dict(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS, messages=msgs)
+        if stream:
+            async with client.messages.stream(**kw) as s:
+                r = await s.get_final_message()
+        else:
+            r = await client.messages.create(**kw)
+        _next(msgs, [b.model_dump(exclude_none=True) for b in r.content], k)
+
+
+def _verdict(emu: Emulator) -> tuple[int, int, int, int]:
+    """What the emulator saw: refusals, blocks dropped, blocks kept, requests that asked drop_block."""
+    agent = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+    return (len(emu.core.refusals), sum(r["thinking"]["dropped"] for r in agent),
+            sum(r["thinking"]["kept"] for r in agent), sum(r["thinking"]["asked"] == "drop_block" for r in agent))
+
+
+def _run(mode: str, model: str) -> tuple[tuple[int, int, int, int], int]:
+    with Emulator(SummarizingResponder(_model())) as emu:
+        if mode == "proxy":
+            with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW)) as px:
+                _sync(anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0), model, stream=False)
+                px.wait_idle()
+                engine = px.state.engine
+                assert engine is not None
+                edits = sum(len(s.ledger) for s in engine.sessions())
+        elif mode.startswith("async"):
+            client = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                       store=None, window_tokens=WINDOW)
+            asyncio.run(_async(client, model, stream=mode == "async-stream"))
+            edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
+        else:
+            client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                       store=None, window_tokens=WINDOW)
+            _sync(client, model, stream=mode == "sync-stream")
+            edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
+        return _verdict(emu), edits
+
+
+def test_a_wrapped_agent_on_opus_5_5_compacts_without_a_refused_or_dropped_block() -> None:
+    (refused, dropped, kept, asked), edits = _run("sync", "claude-opus-5-5")
+    assert edits >= 3, edits  # compacted several times
+    assert (refused, dropped, asked) == (0, 0, 0) and kept > TURNS  # earlier turns' thinking went back, valid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async", "sync-stream", "async-stream", "proxy"])
+@pytest.mark.parametrize("model", MODELS)
+def test_every_current_model_in_every_client_mode(mode: str, model: str) -> None:
+    (refused, dropped, kept, asked), edits = _run(mode, model)
+    assert edits >= 3, (model, mode, edits)
+    assert (refused, dropped) == (0, 0), (model, mode, refused, dropped, asked)
+    assert kept > TURNS
