@@ -258,6 +258,11 @@ class CompactionEngine:
                        "sent_tokens": snap.total, "finding": finding.to_dict()}
                 if isinstance(live.strategy, StatefulStrategy):
                     rec["strategy_state"] = live.strategy.state()
+                plan = p.render.thinking
+                if plan.strip or plan.drop_block:  # preserved thinking that edits invalidated (history.thinking)
+                    rec["thinking"] = {"left_out": sorted(plan.strip), "left_out_blocks": plan.blocks,
+                                       "left_out_tokens": p.render.left_out_tokens,
+                                       "drop_block": plan.kept_invalid}
                 if live.strategy.renders:
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded

@@ -53,8 +53,25 @@ def session_data(session: Session) -> dict[str, Any]:
         elif f.get("cls") and f["cls"] != "read_as_expected":
             misses[f["cls"]] += 1
             wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
+    turns: set[int] = set()
+    left_out_tokens, asked_drop = 0, 0
+    for r in requests:
+        th = r.get("thinking") or {}
+        turns.update(int(i) for i in th.get("left_out") or [])
+        if th.get("drop_block") is not None:
+            turns.add(int(th["drop_block"]))
+            asked_drop += 1
+        left_out_tokens += int(th.get("left_out_tokens") or 0)
+    msgs = session.messages()
+    invalidated = sum(1 for i in turns if i < len(msgs) and isinstance(msgs[i].get("content"), list)
+                      for b in msgs[i]["content"] if isinstance(b, dict) and b.get("type") in ("thinking",
+                                                                                              "redacted_thinking"))
     return {
         "session_id": session.session_id, "location": store.location if store is not None else None,
+        # preserved thinking: blocks our edits invalidated, the tokens of them requests left out (summed over the
+        # requests), and the requests that asked the API to drop a tool-loop turn's (history.thinking)
+        "thinking": {"blocks_invalidated": invalidated, "turns": len(turns), "left_out_tokens": left_out_tokens,
+                     "drop_block_requests": asked_drop},
         "messages": len(session), "ledger_entries": len(session.ledger), "prefix_hash": session.prefix_hash,
         "head": session.head, "requests": requests, "events": events,
         "cost": {"requests_usd": usage_cost, "summaries_usd": summary_cost, "total_usd": usage_cost + summary_cost},
@@ -115,6 +132,7 @@ def conversation_data(segments: list[Session]) -> dict[str, Any]:
     d["misses"] = dict(sum((Counter(p["misses"]) for p in parts), Counter()))
     d["wasted_usd"] = {k: sum(p["wasted_usd"].get(k, 0.0) for p in parts) for k in d["misses"]}
     d["compaction_rewrites"] = {k: sum(p["compaction_rewrites"][k] for p in parts) for k in ("requests", "usd")}
+    d["thinking"] = {k: sum(p["thinking"][k] for p in parts) for k in parts[0]["thinking"]}
     d["segments"] = [{"session_id": s.session_id, "link": s.link, "messages": len(s),
                       "requests": s.requests_recorded} for s in segments]
     return d
@@ -159,6 +177,12 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
     if d["misses"]:
         lines.append("cache misses: " + ", ".join(f"{k} {v} (${d['wasted_usd'][k]:.4f} wasted)"
                                                   for k, v in sorted(d["misses"].items())))
+    th = d["thinking"]
+    if th["blocks_invalidated"] or th["drop_block_requests"]:
+        lines.append(f"thinking: {th['blocks_invalidated']} blocks in {th['turns']} turns invalidated by our edits "
+                     f"(preserved thinking), left out of later requests ({th['left_out_tokens']:,} tokens in all, "
+                     f"estimated); {th['drop_block_requests']} requests asked the API to drop a tool-loop turn's "
+                     "thinking it could not leave out")
     cr = d["compaction_rewrites"]
     if cr["requests"]:
         lines.append(f"cache re-writes caused by our compactions (deliberate, each paid for by what it saves): "

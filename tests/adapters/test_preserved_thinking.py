@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -22,6 +23,7 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.pricing import PRESERVED_THINKING
 from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
+from cachecompact.tools.report import session_report
 
 TOOLS = [{"name": "read", "description": "Read a file.",
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
@@ -88,7 +90,7 @@ def _verdict(emu: Emulator) -> tuple[int, int, int, int]:
             sum(r["thinking"]["kept"] for r in agent), sum(r["thinking"]["asked"] == "drop_block" for r in agent))
 
 
-def _run(mode: str, model: str) -> tuple[tuple[int, int, int, int], int]:
+def _run(mode: str, model: str, store: Path | None = None) -> tuple[tuple[int, int, int, int], int]:
     with Emulator(SummarizingResponder(_model())) as emu:
         if mode == "proxy":
             with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW)) as px:
@@ -97,6 +99,8 @@ def _run(mode: str, model: str) -> tuple[tuple[int, int, int, int], int]:
                 engine = px.state.engine
                 assert engine is not None
                 edits = sum(len(s.ledger) for s in engine.sessions())
+                (seen,) = px.state.observer.sessions()  # the dashboard's API counts what our edits invalidated
+                assert seen.summary()["thinking"]["turns"] > 0
         elif mode.startswith("async"):
             client = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0),
                                        store=None, window_tokens=WINDOW)
@@ -104,14 +108,18 @@ def _run(mode: str, model: str) -> tuple[tuple[int, int, int, int], int]:
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
         else:
             client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
-                                       store=None, window_tokens=WINDOW)
+                                       store=store, window_tokens=WINDOW)
             _sync(client, model, stream=mode == "sync-stream")
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
+            if store is not None:
+                (session,) = cachecompact.wrapped_sessions(client)
+                report = session_report(session, detail=False)  # the report counts what our edits invalidated
+                assert "blocks in" in report and "invalidated by our edits" in report, report
         return _verdict(emu), edits
 
 
-def test_a_wrapped_agent_on_opus_5_5_compacts_without_a_refused_or_dropped_block() -> None:
-    (refused, dropped, kept, asked), edits = _run("sync", "claude-opus-5-5")
+def test_a_wrapped_agent_on_opus_5_5_compacts_without_a_refused_or_dropped_block(tmp_path: Path) -> None:
+    (refused, dropped, kept, asked), edits = _run("sync", "claude-opus-5-5", tmp_path)
     assert edits >= 3, edits  # compacted several times
     assert (refused, dropped, asked) == (0, 0, 0) and kept > TURNS  # earlier turns' thinking went back, valid
 

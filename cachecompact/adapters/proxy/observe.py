@@ -68,6 +68,11 @@ class ObservedSession:
     first_time: float = 0.0
     model: str = ""  # the newest request's
     title: str = ""  # what a reader knows it by: the project folder and the first prompt (`conversation_title`)
+    # preserved thinking (compact mode): the turns whose thinking our edits invalidated, the tokens of it that
+    # requests left out (summed), and the requests that asked the API to drop a tool-loop turn's
+    thinking_turns: set[int] = field(default_factory=set)
+    thinking_left_out_tokens: int = 0
+    thinking_drop_requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stored: Any = None  # the session in the proxy's store, once opened
 
@@ -79,6 +84,8 @@ class ObservedSession:
                 "first_time": self.first_time, "duration_s": round(self.last_time - self.first_time, 3),
                 "read_tokens": self.read, "prompt_tokens": self.total_in,
                 "model": self.model, "title": self.title,
+                "thinking": {"turns": len(self.thinking_turns), "left_out_tokens": self.thinking_left_out_tokens,
+                             "drop_block_requests": self.thinking_drop_requests},
                 "api_agree": self.api_agree, "api_conclusive": self.api_conclusive,
                 "compactions": len(self.compactions), "compaction_rewrites": self.rewrites,
                 "compaction_rewrite_usd": round(self.rewrite_usd, 6), "link": self.link}
@@ -300,7 +307,7 @@ class Observer:
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
              status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
              link: dict[str, Any] | None = None, raw: bytes | None = None,
-             sent: dict[str, Any] | None = None) -> dict[str, Any]:
+             sent: dict[str, Any] | None = None, thinking: dict[str, Any] | None = None) -> dict[str, Any]:
         """Record a request the compaction engine prepared and analysed (compact mode); ``raw``
         is the body the client sent, kept when ``keep_bodies`` is on; ``sent`` the body the
         engine sent, whose parts the context view shows."""
@@ -310,6 +317,12 @@ class Observer:
                 s.compactions = compactions
             if sent is not None and not s.title:
                 s.title = conversation_title(sent)  # its system and first message are what the caller sent
+            if thinking:
+                s.thinking_turns.update(thinking.get("left_out") or ())
+                s.thinking_left_out_tokens += int(thinking.get("left_out_tokens") or 0)
+                if thinking.get("drop_block") is not None:
+                    s.thinking_turns.add(int(thinking["drop_block"]))
+                    s.thinking_drop_requests += 1
             rec: dict[str, Any] = {"time": now, "status": status, "stream": stream, "model": model,
                                    "compactions_so_far": len(s.compactions), **timing}
             if sent is not None and usage:

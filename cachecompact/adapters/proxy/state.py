@@ -189,7 +189,11 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
                  for e in sess.ledger.entries]
+        plan = p.render.thinking
+        thinking = {"left_out": sorted(plan.strip), "left_out_tokens": p.render.left_out_tokens,
+                    "drop_block": plan.kept_invalid} if (plan.strip or plan.drop_block) else None
         state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
-                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw, sent=p.body)
+                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw, sent=p.body,
+                            thinking=thinking)
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")

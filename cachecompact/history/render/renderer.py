@@ -245,10 +245,19 @@ class Renderer:
                             breakpoint_ttls=bp_ttls, prefix_tokens=arr.cum[prefix_last] if prefix_last >= 0 else 0,
                             _arr=arr, _nb=nb, _nm=nm,
                             _n_tools=self._n_tools, _n_system=self._n_system, _patched=patched,
-                            _ledger=self.ledger.entries, thinking=thinking)
+                            _ledger=self.ledger.entries, thinking=thinking,
+                            left_out_tokens=self._left_out_tokens(thinking))
         if plain:
             self._plain = (state, result)
         return result
+
+    def _left_out_tokens(self, plan: ThinkingPlan) -> int:
+        """Estimated tokens of the thinking blocks the plan leaves out (their text as sent; a block
+        whose text was omitted is billed for more, as the tokens its model thought)."""
+        if not plan.strip:
+            return 0
+        return self.counter.calibrated(sum(self.cache.plain(i).blocks[j].tokens
+                                           for i, js in plan.strip.items() for j in js))
 
     def _last_block_before(self, arr: ChainArrays, index: int) -> int:
         """Flat index of the last block rendered from transcript messages before ``index`` (a

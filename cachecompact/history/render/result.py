@@ -101,6 +101,8 @@ class RenderResult:
     # (`history.thinking`); betas names the header that needs
     thinking: ThinkingPlan = field(default_factory=lambda: ThinkingPlan({}))
 
+    left_out_tokens: int = 0  # estimated tokens of the thinking blocks left out (`thinking`)
+
     @property
     def betas(self) -> tuple[str, ...]:
         """The ``anthropic-beta`` values the body needs (``block_binding``'s)."""

@@ -299,7 +299,10 @@ async function openSession(sid) {
     `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
     `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
     `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${s.compaction_rewrites} re-writes after ` +
-    `our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "");
+    `our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "") +
+    (s.thinking && (s.thinking.turns || s.thinking.drop_block_requests) ? `; thinking: ${s.thinking.turns} turns' ` +
+      `blocks invalidated by our edits, ${tokens(s.thinking.left_out_tokens)} tokens of them left out of requests, ` +
+      `${s.thinking.drop_block_requests} requests asked the API to drop a tool-loop turn's` : "");
   $("window-note").textContent = `the window: ${tokens(data.window)} tokens (${data.window_source})`;
   const reqs = data.requests.filter((r) => r.status === 200 || r.status === undefined || r.status === null);
   costChart(reqs); contextChart(reqs); idleChart(reqs);
