@@ -53,8 +53,8 @@ def _next(msgs: list[dict[str, Any]], content: list[dict[str, Any]], k: int) -> 
     calls = [b for b in content if b["type"] == "tool_use"]
     if calls:
         msgs.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": b["id"], "content": f"module {k}\n" + f"def f{k}(x): return x\n" * RESULT}
-            for b in calls]})
+            {"type": "tool_result", "tool_use_id": b["id"],
+             "content": f"module {k}\n" + f"def f{k}(x): return x\n" * RESULT} for b in calls]})
     else:
         msgs.append({"role": "user", "content": f"Now part {k}."})
 
