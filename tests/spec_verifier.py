@@ -870,14 +870,17 @@ def _check_scratchpad(d: Path, entries: list[_Entry | None], report: Report) -> 
     if folder.is_dir() and not folder.is_symlink():
         for f in sorted(folder.iterdir()):
             name = f"scratchpad/{f.name}"
-            if not (f.name.endswith(".txt") and re.fullmatch(r"sp_[0-9a-f]{32}", f.name[:-4])):
+            ref = f.name[:-4]
+            if not (f.name.endswith(".txt") and re.fullmatch(r"(sp|body)_[0-9a-f]{32}", ref)):
                 report.problems.append(f"{name}: not <ref>.txt")
                 continue
             data = _read(f, name, report.problems)
             if data is None:
                 continue
-            if "sp_" + hashlib.sha256(data).hexdigest()[:32] != f.name[:-4]:
-                report.problems.append(f"{name}: the sha256 of its bytes does not match its name (changed)")
+            want = ("body_" + xxhash.xxh3_128_hexdigest(data)) if ref.startswith("body_") else \
+                ("sp_" + hashlib.sha256(data).hexdigest()[:32])
+            if want != ref:
+                report.problems.append(f"{name}: the hash of its bytes does not match its name (changed)")
             held.add(f.name[:-4])
     for e in entries:
         for ref in REF.findall(e.summary or "") if e is not None else ():

@@ -40,7 +40,7 @@ from ..store import (
     Store,
     TornTail,
 )
-from ..store.contract import REF_PATTERN, REF_RE, blob_ref
+from ..store.contract import BODY_REF_RE, REF_PATTERN, REF_RE, blob_matches
 from ..store.records import GENESIS, record_hash, seal
 from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
 from .render import Renderer, RenderResult
@@ -620,11 +620,11 @@ class Session:
             return []
         out = []
         for ref in self.store.blob_refs():
-            if not REF_RE.match(ref):
-                out.append(f"{self.store.location}: scratchpad {ref!r}: not a scratchpad reference")
+            if not (REF_RE.match(ref) or BODY_REF_RE.match(ref)):
+                out.append(f"{self.store.location}: scratchpad {ref!r}: not a scratchpad reference or a kept body")
                 continue
             data = self.store.get_blob(ref)
-            if data is not None and blob_ref(data) != ref:
+            if data is not None and not blob_matches(ref, data):
                 out.append(f"{self.store.location}: scratchpad {ref}: its content does not hash to its reference "
                            "(changed or damaged after it was stored)")
         held = set(self.store.blob_refs())

@@ -19,10 +19,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import xxhash
+
 from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
-__all__ = ["LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore",
-           "SharedReadLock", "Store", "TornTail", "blob_ref", "check_ref", "check_session_id"]
+__all__ = ["BODY_REF_RE", "LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore",
+           "SharedReadLock", "Store", "TornTail", "blob_matches", "blob_ref", "check_ref", "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
@@ -38,6 +40,18 @@ def blob_ref(data: bytes) -> str:
     """The reference of scratchpad content: ``sp_`` + the first 32 hex digits of its sha256. The
     name is the content's hash, so every reader can check what it got (docs/ledger-format.md)."""
     return "sp_" + hashlib.sha256(data).hexdigest()[:32]
+
+
+BODY_REF_RE = re.compile(r"^body_[0-9a-f]{32}$")  # a request body the proxy kept (--keep-bodies)
+
+
+def blob_matches(ref: str, data: bytes) -> bool:
+    """Whether stored content is what its name says: a scratchpad reference is ``sp_`` and the first
+    32 hex digits of the content's sha256 (`blob_ref`); a kept request body is ``body_`` and the
+    content's xxh3-128 (docs/ledger-format.md, *scratchpad*)."""
+    if ref.startswith("body_"):
+        return bool(BODY_REF_RE.match(ref)) and xxhash.xxh3_128_hexdigest(data) == ref[5:]
+    return blob_ref(data) == ref
 
 
 def check_ref(ref: object) -> str:

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from ...cache.forensics import is_compaction_rewrite
 from ...engine.sessions import model_window
-from ...store.contract import blob_ref
+from ...store.contract import blob_matches
 from ..httpserver import api_error
 from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
@@ -140,7 +140,7 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
             try:
                 st = state.store.open(s.sid)
                 blob = st.get_blob(ref)
-                if blob is not None and blob_ref(blob) != ref:  # the name is the content's hash
+                if blob is not None and not blob_matches(ref, blob):  # the name is the content's hash
                     out["body_error"] = "the stored body does not match its reference (changed or damaged)"
                     blob = None
                 out["body"] = blob.decode("utf-8", "replace")[:200_000] if blob else None

@@ -656,6 +656,15 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
                                                    "content_block": {"type": "compaction", "content": None}}))
             events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
                 "type": "compaction_delta", "content": block.get("content"), "encrypted_content": None}}))
+        elif t == "thinking":  # as the API streams it: opened empty, the text in deltas, then its signature
+            events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}}))
+            text = str(block.get("thinking", ""))
+            for k in range(0, len(text), 64):
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                       "delta": {"type": "thinking_delta", "thinking": text[k:k + 64]}}))
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
+                "type": "signature_delta", "signature": block.get("signature", "")}}))
         elif t == "tool_use":
             events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
                 "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
