@@ -632,3 +632,43 @@ def test_the_auth_token_help_says_when_it_is_needed(capsys: pytest.CaptureFixtur
         main(["proxy", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "needed only when listening beyond loopback" in out and "required for the dashboard" not in out
+
+
+def test_compact_mode_passes_todays_request_fields_through(tmp_path: Path) -> None:
+    """Issue 38: what the SDKs and Claude Code send in December 2026 reaches the API as sent:
+    ``Authorization: Bearer`` (anthropic 2.x and the TypeScript SDK 1.x), API version 2026-10-21,
+    ``?beta=true``, the callers' betas, ``thinking.block_binding``, ``fallbacks``,
+    ``output_config``, ``context_management`` and a mid-conversation ``role: "system"`` message."""
+    got: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+    with Emulator() as emu, _proxy(emu.url, mode="compact", store=str(tmp_path)) as px:
+        real = emu.core.handle
+
+        def spy(method: str, path: str, headers: Any, raw: bytes) -> Any:
+            got.append((path, dict(headers), json.loads(raw) if raw else {}))
+            return real(method, path, headers, raw)
+
+        emu.core.handle = spy  # type: ignore[method-assign]
+        betas = "thinking-binding-controls-2026-08-01,server-side-fallback-2026-07-01,context-management-2025-06-27"
+        body = {
+            "model": "claude-opus-5-5", "max_tokens": 2000, "system": [{"type": "text", "text": "Be exact. " * 300}],
+            "thinking": {"type": "adaptive", "display": "omitted",
+                         "block_binding": {"prefix_mismatch_behavior": "drop_block"}},
+            "fallbacks": [{"model": "claude-sonnet-5-5"}], "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses",
+                                                                                            "value": 3}}]},
+            "messages": [{"role": "user", "content": "Start the review."},
+                         {"role": "system", "content": "From now on, answer in French."}]}
+        r = httpx2.post(px.url + "/v1/messages?beta=true", json=body, timeout=30,
+                        headers={"authorization": "Bearer sk-ant-test", "anthropic-version": "2026-10-21",
+                                 "anthropic-beta": betas})
+        assert r.status_code == 200, r.text[:300]
+        px.wait_idle()
+    ((path, headers, sent),) = [g for g in got if g[0].startswith("/v1/messages")]
+    assert path == "/v1/messages?beta=true"
+    assert headers["authorization"] == "Bearer sk-ant-test" and headers["anthropic-version"] == "2026-10-21"
+    assert set(betas.split(",")) <= {b.strip() for b in headers["anthropic-beta"].split(",")}
+    for key in ("thinking", "fallbacks", "output_config", "context_management"):
+        assert sent[key] == body[key], key
+    assert [m["role"] for m in sent["messages"]] == ["user", "system"]
+    assert sent["messages"][1]["content"] in ("From now on, answer in French.",  # where the caller put it, as
+                                              [{"type": "text", "text": "From now on, answer in French."}])  # sent

@@ -115,6 +115,9 @@ class BlockCache:
         if m is None:
             msg = self.t[i]
             blocks = [self.block(b, i, None, j == 0) for j, b in enumerate(content_blocks(msg))]
+            if msg.role == "system":  # a mid-conversation system message: left as the caller put it, no marker
+                for b in blocks:
+                    b.cacheable = False
             m = self._plain[i] = self._message(msg.role, blocks, msg.extra)
         return m
 
