@@ -23,8 +23,9 @@ import xxhash
 
 from ..base.errors import InvalidSessionIdError, ScratchpadRefError
 
-__all__ = ["BODY_REF_RE", "LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName", "SessionStore",
-           "SharedReadLock", "Store", "TornTail", "blob_matches", "blob_ref", "check_ref", "check_session_id"]
+__all__ = ["BODY_REF_RE", "LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName",
+           "SessionStore", "SharedReadLock", "Store", "TornTail", "blob_matches", "blob_ref", "check_ref",
+           "check_session_id"]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")

@@ -661,8 +661,8 @@ def _sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
                 "type": "thinking", "thinking": "", "signature": ""}}))
             text = str(block.get("thinking", ""))
             for k in range(0, len(text), 64):
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                       "delta": {"type": "thinking_delta", "thinking": text[k:k + 64]}}))
+                delta = {"type": "thinking_delta", "thinking": text[k:k + 64]}
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
             events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
                 "type": "signature_delta", "signature": block.get("signature", "")}}))
         elif t == "tool_use":
