@@ -434,7 +434,7 @@ class CacheAwareCompactor:
                 trig = Trigger("L3", f"a person's turn: the tool loop ahead (about {ahead} tokens, by the session's "
                                      "own loops) would reach the hard threshold mid-loop, where an edit costs the "
                                      "thinking of the turn it answers; compacting now, where nothing is lost",
-                               forced=True)
+                               forced=True, min_removed=lim.min_batch)  # a batch, or it is not worth it
                 lim = self._room_for(lim, ahead)
         if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
             trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
@@ -549,6 +549,8 @@ class CacheAwareCompactor:
         cands = self._candidates(view, trig, lim, stop_at_target=not trig.cold)
         reached = [p for p in cands if tokens - s.counter.calibrated(p.tokens_removed) <= lim.aim()]
         order = reached + sorted([p for p in cands if p not in reached], key=lambda x: -x.tokens_removed)
+        if trig.min_removed:  # only a plan big enough to make the room it is for
+            order = [p for p in order if s.counter.calibrated(p.tokens_removed) >= trig.min_removed]
         if trig.cold:  # nothing extra to re-write: the plan that removes most, if it is a batch worth a summary
             big = sorted([p for p in cands if p.tokens_removed >= lim.min_batch], key=lambda x: -x.tokens_removed)
             low = LEVEL_ORDER.index(trig.fallback) if trig.fallback else -1

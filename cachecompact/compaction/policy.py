@@ -266,6 +266,7 @@ class Trigger:
     forced: bool = False  # the window forces it: cache economics do not apply
     cold: bool = False  # the cache expired: the next request re-writes everything anyway, so cut the most
     fallback: str | None = None  # for a cold cut: the level the thresholds alone allow, if no cut is a batch
+    min_removed: int = 0  # a plan that removes fewer tokens is not worth it now (a look-ahead, not a need)
 
 
 def evaluate(lim: Limits, *, tokens: int, old_tool_tokens: int) -> Trigger:
