@@ -7,6 +7,7 @@ settings are tested."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -407,3 +408,52 @@ def test_on_demand_compactions_documented_errors(emu: Emulator) -> None:
     # and it runs the same prefix check: without the system prompt the blocks are bound elsewhere
     with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
         c.messages.count_tokens(model=OPUS, messages=[*msgs[:2], _result("toolu_001", "x")])
+
+
+def test_server_compaction_starts_the_checked_prefix_at_its_block() -> None:
+    """"With server-side compaction, the checked prefix starts at the most recent compaction
+    block": the history before it goes back as it was (the server drops it unchecked), and the
+    thinking after the block, in the compacting reply and later, stays valid."""
+    calls = itertools.count(1)  # the model sees only the block after compaction: ids from a counter
+
+    def reads(body: dict[str, Any]) -> Reply:
+        n = next(calls)
+        return Reply([{"type": "tool_use", "id": f"toolu_{n:03d}", "name": "read", "input": {"path": f"f{n}.py"}}],
+                     "tool_use")
+    with Emulator(ScriptedResponder(reads)) as emu:
+        _server_compaction(emu)
+
+
+def _server_compaction(emu: Emulator) -> None:
+    c = _client(emu)
+    msgs = _loop(c, 4)
+    msgs[-1]["content"][0]["content"] = "word " * 60_000  # past the smallest trigger, 50k
+    edit = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50_000}}]}
+
+    def send(m: list[dict[str, Any]]) -> dict[str, Any]:
+        r = c.messages.with_raw_response.create(
+            model=OPUS, max_tokens=2000, system=SYSTEM, tools=TOOLS, messages=m,
+            extra_body={"context_management": edit},
+            thinking={"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}},
+            extra_headers={"anthropic-beta": f"compact-2026-01-12,{BETA}"})
+        return json.loads(r.http_response.text)  # type: ignore[no-any-return]
+
+    reply = send(msgs)
+    assert [b["type"] for b in reply["content"]][:2] == ["compaction", "thinking"]
+    msgs.append({"role": "assistant", "content": reply["content"]})
+    call = next(b for b in reply["content"] if b["type"] == "tool_use")
+    msgs.append(_result(call["id"], "more"))
+    for _ in range(2):
+        data = send(msgs)
+        assert data["input_transformations"] == [] and emu.requests[-1]["thinking"]["dropped"] == 0
+        assert emu.requests[-1]["thinking"]["kept"] >= 1
+        msgs.append({"role": "assistant", "content": data["content"]})
+        call = next(b for b in data["content"] if b["type"] == "tool_use")
+        msgs.append(_result(call["id"], "more"))
+    # an edit after the block still counts: the thinking after it is bound to what was sent
+    edited = copy.deepcopy(msgs)
+    edited[-3]["content"][0]["content"] = "changed"
+    with pytest.raises(anthropic.BadRequestError, match="bound to a different conversation"):
+        c.messages.create(model=OPUS, max_tokens=2000, system=SYSTEM, tools=TOOLS, messages=edited,
+                          extra_body={"context_management": edit},
+                          extra_headers={"anthropic-beta": "compact-2026-01-12"})

@@ -451,7 +451,14 @@ class EmulatorCore:
             # the thinking blocks the request sent back and what the API did with them
             "thinking": {"sent": verdict.kept + len(verdict.dropped), "kept": verdict.kept,
                          "kept_tokens": sum(verdict.tokens.values()), "dropped": len(verdict.dropped),
+                         # of the thinking the emulator issued with the turns the request shows: left out, and
+                         # what reaches the model valid (reasoning kept = kept_of_issued / issued_tokens)
+                         "stripped": verdict.stripped, "issued_tokens": verdict.issued_tokens,
+                         "kept_of_issued": verdict.kept_tokens,
                          "dropped_paths": [f"messages.{i}.content.{j}" for i, j, _ in verdict.dropped],
+                         # of those, in the latest assistant message (a tool loop's turn, kept whole as the API
+                         # requires, whose thinking an earlier edit invalidated: what drop_block is for)
+                         "dropped_latest": sum(1 for i, _, _ in verdict.dropped if i == _latest_assistant(body)),
                          "dropped_reasons": sorted({r for _, _, r in verdict.dropped}),
                          "allowed": len(verdict.allowed), "asked": cfg.asked},
         })
@@ -490,7 +497,9 @@ class EmulatorCore:
         with preserved thinking thinks before it answers (``display: "omitted"``, the default, sends
         the block with empty text and a signature); ``between_tools`` writes a short progress note
         between tool calls instead."""
-        content = [dict(b) for b in reply.content]
+        # a replayed redacted block is this model's reasoning too: sent as a thinking block with its text omitted
+        content = [{"type": "thinking", "thinking": ""} if b.get("type") == "redacted_thinking" else dict(b)
+                   for b in reply.content]
         answer = output_tokens([b for b in content if b.get("type") not in ("thinking", "redacted_thinking")],
                                self.counter)
         hints = list(reply.thinking_tokens or [])
@@ -500,11 +509,19 @@ class EmulatorCore:
                 uses = [k for k, b in enumerate(content) if b.get("type") == "tool_use"]
                 for k in reversed(uses[1:]):
                     content.insert(k, {"type": "thinking", "thinking": "Next, the following call."})
-            elif not has:
-                content.insert(0, {"type": "thinking", "thinking": ""})
+            elif not has:  # first, or first after the compaction block that starts a server compaction's reply
+                content.insert(int(bool(content) and content[0].get("type") == "compaction"),
+                               {"type": "thinking", "thinking": ""})
                 hints.insert(0, th.thought_tokens(answer))
         pre = self.thinking.prefixes(body, recorded)[-1]
-        prev, thought, n = verdict.last_sig, 0, 0
+        prev = verdict.last_sig
+        if content and content[0].get("type") == "compaction":
+            # a server compaction's reply: the checked prefix will start at its block, and the thinking
+            # before it is dropped by the server, so the chain starts afresh after the block
+            pre, prev = self.thinking.prefixes({**body, "messages": [{"role": "assistant",
+                                                                       "content": content[:1]}]})[0], ""
+        thought, n = 0, 0
+        spent: list[int] = []
         for j, b in enumerate(content):
             if b.get("type") != "thinking":
                 continue
@@ -518,7 +535,8 @@ class EmulatorCore:
             sig = self.signer.sign(binding)
             content[j] = {"type": "thinking", "thinking": text, "signature": sig}
             prev, thought = th.sig_id(sig), thought + tokens
-        self.thinking.issued(content)
+            spent.append(tokens)
+        self.thinking.issued(content, spent)
         return content, thought
 
     @staticmethod
@@ -618,6 +636,11 @@ def _without(body: dict[str, Any], verdict: th.Verdict) -> dict[str, Any]:
     for i, js in gone.items():
         msgs[i] = {**msgs[i], "content": [b for j, b in enumerate(msgs[i]["content"]) if j not in js]}
     return {**body, "messages": msgs}
+
+
+def _latest_assistant(body: dict[str, Any]) -> int:
+    return max((i for i, m in enumerate(body.get("messages") or []) if isinstance(m, dict)
+                and m.get("role") == "assistant"), default=-1)
 
 
 def compaction_prompt(od: ondemand.OnDemand) -> CompactEdit:

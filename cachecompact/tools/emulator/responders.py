@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import xxhash
 
+from ...base.tokens import TokenCounter
 from ...base.wire import canonical_bytes
 from ...compaction.summarize.extractive import block_texts, summary_facts
 
@@ -25,9 +26,24 @@ __all__ = ["ReplayResponder", "Reply", "Responder", "ScriptedResponder", "Summar
            "replayed_blocks"]
 
 
+def _blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
+    content = m["content"]
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+_COUNTER: list[TokenCounter] = []
+
+
+def _counter() -> TokenCounter:
+    if not _COUNTER:
+        _COUNTER.append(TokenCounter())
+    return _COUNTER[0]
+
+
 def replayed_blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
-    """The content blocks a recorded assistant message is replayed as: without its thinking (a
-    recorded signature would not verify), unless thinking is all it has."""
+    """A recorded assistant message's blocks without its thinking, unless thinking is all it has
+    (how traces were replayed before the emulator re-signed replayed thinking: `ReplayResponder`
+    with ``thinking=False``)."""
     content = m["content"]
     blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
     return [b for b in blocks if b.get("type") not in ("thinking", "redacted_thinking")] or blocks
@@ -116,6 +132,10 @@ class ReplayResponder:
     """
 
     messages: Sequence[dict[str, Any]]
+    # the recorded usage of each message (a trace's ``usage``): a replayed thinking block whose text was
+    # omitted is billed as the tokens its turn thought, the turn's output less what it shows
+    usage: Sequence[dict[str, Any] | None] = ()
+    thinking: bool = True  # replay the recorded thinking blocks (False: leave them out, as before 2026-12)
     _by_user: dict[bytes, int] = field(default_factory=dict)
     _cursor: int = 0
 
@@ -141,9 +161,30 @@ class ReplayResponder:
         if idx is None:
             return _text_reply("[replay finished: the trace has no further assistant message]")
         self._cursor = idx + 1
-        blocks = replayed_blocks(self.messages[idx])
+        m = self.messages[idx]
+        blocks = _blocks(m) if self.thinking else replayed_blocks(m)
         stop = "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
-        return Reply([dict(b) for b in blocks], stop)
+        thought = [b for b in blocks if b.get("type") in ("thinking", "redacted_thinking")]
+        if not self.thinking:
+            return Reply([dict(b) for b in blocks], stop)
+        return Reply([dict(b) for b in blocks], stop, thinks=bool(thought),
+                     thinking_tokens=self._thought(idx, blocks) if thought else None)
+
+    def _thought(self, idx: int, blocks: list[dict[str, Any]]) -> list[int]:
+        """The tokens of each recorded thinking block: its text's, or, omitted, an equal share of
+        what the turn's recorded output spent beyond its visible blocks."""
+        counter = _counter()
+        shown = sum(counter.count_text(json.dumps(b.get("input")) if b.get("type") == "tool_use" else
+                                       str(b.get("text", ""))) for b in blocks
+                    if b.get("type") not in ("thinking", "redacted_thinking"))
+        u = self.usage[idx] if idx < len(self.usage) else None
+        out = int((u or {}).get("output_tokens") or 0)
+        empty = [b for b in blocks if b.get("type") == "redacted_thinking" or
+                 (b.get("type") == "thinking" and not b.get("thinking"))]
+        share = max(0, out - shown) // max(1, len(empty))
+        return [share if (b.get("type") == "redacted_thinking" or not b.get("thinking")) else
+                counter.count_text(str(b.get("thinking"))) for b in blocks
+                if b.get("type") in ("thinking", "redacted_thinking")]
 
 
 # -- an offline summarizer, standing in for a model -------------------------------------------------

@@ -269,6 +269,11 @@ class Verdict:
     dropped: list[tuple[int, int, str]] = field(default_factory=list)  # (message, block, reason)
     allowed: list[tuple[int, int]] = field(default_factory=list)  # failing, let through: thinking_mismatch_allowed
     kept: int = 0  # blocks that reach the model
+    # the turns the request shows that the emulator answered: the thinking it issued with them (tokens), the
+    # blocks of it left out of the request, and the tokens of it that reach the model valid
+    issued_tokens: int = 0
+    stripped: int = 0
+    kept_tokens: int = 0
     tokens: dict[tuple[int, int], int] = field(default_factory=dict)  # (message, block) -> tokens billed as input
     last_sig: str = ""  # the kept block a new one follows ("" for none)
 
@@ -278,6 +283,16 @@ class Verdict:
         out += [{"type": "thinking_mismatch_allowed", "path": f"messages.{i}.content.{j}",
                  "reason": "prefix_binding_mismatch"} for i, j in self.allowed]
         return sorted(out, key=lambda x: [int(p) for p in x["path"].split(".")[1::2]])
+
+
+def turn_key(content: Sequence[Any]) -> bytes:
+    """What names an assistant turn across requests: its first tool call's id, else its text (a
+    turn keeps these when compaction edits it: a cleared call keeps its id)."""
+    for b in content:
+        if isinstance(b, dict) and b.get("type") == "tool_use":
+            return b"u" + str(b.get("id")).encode()
+    text = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+    return b"t" + xxhash.xxh3_128_digest(canonical_bytes(text))
 
 
 def _bad(where: str, problem: str) -> MalformedMessageError:
@@ -292,12 +307,30 @@ LATEST = ("`thinking` or `redacted_thinking` blocks in the latest assistant mess
           "must remain as they were in the original response.")
 
 
+def _index_of_compaction(content: list[Any]) -> int:
+    """The position of the last compaction block in a message's content (-1 without one)."""
+    return max((j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "compaction"), default=-1)
+
+
+def last_compaction(msgs: Sequence[Any]) -> tuple[int, dict[str, Any] | None]:
+    """The index of the message with the most recent compaction block, and the block (0 and None
+    without one): where the checked prefix starts."""
+    for i in range(len(msgs) - 1, -1, -1):
+        c = msgs[i].get("content") if isinstance(msgs[i], dict) else None
+        found = [b for b in c if isinstance(b, dict) and b.get("type") == "compaction"] if isinstance(c, list) else []
+        if found:
+            return i, found[-1]
+    return 0, None
+
+
 class ThinkingCheck:
     """The check of every thinking block a request sends back (see the module docstring)."""
 
     def __init__(self, signer: Signer, rules: ThinkingRules) -> None:
         self.signer, self.rules = signer, rules
         self._issued: dict[str, tuple[str, ...]] = {}  # a response's first tool_use id -> the signatures it issued
+        # every response's turn key -> the tokens of each thinking block it issued (for what a request leaves out)
+        self._turns: dict[bytes, tuple[int, ...]] = {}
 
     def prefixes(self, body: Mapping[str, Any], recorded: str | None = None) -> list[bytes]:
         """The prefix digest before each message, and after the last one. "With server-side
@@ -305,14 +338,7 @@ class ThinkingCheck:
         on-demand block stands for the messages it summarized (``recorded``: the digest they left),
         so the kept turns after it are checked as if those messages were still there."""
         msgs = body.get("messages") or []
-        start, block = 0, None
-        for i in range(len(msgs) - 1, -1, -1):
-            c = msgs[i].get("content") if isinstance(msgs[i], dict) else None
-            found = [b for b in c if isinstance(b, dict) and b.get("type") == "compaction"] if isinstance(c, list) \
-                else []
-            if found:
-                start, block = i, found[-1]
-                break
+        start, block = last_compaction(msgs)
         d = head_key(body)
         if block is not None:
             d = bytes.fromhex(recorded) if recorded else _step(d, canonical_bytes(block.get("content")))
@@ -347,12 +373,14 @@ class ThinkingCheck:
         outcome = self.rules.outcome(model, asked) if preserved(model) else "allow"
         latest = max((i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "assistant"),
                      default=-1)
+        start, _ = last_compaction(msgs)
         for i, m in enumerate(msgs):
             c = m.get("content") if isinstance(m, dict) else None
-            if not isinstance(c, list):
+            if not isinstance(c, list) or i < start:  # before a compaction block: the server drops it unchecked
                 continue
+            first = _index_of_compaction(c) + 1 if i == start else 0
             for j, b in enumerate(c):
-                if not isinstance(b, dict) or b.get("type") not in _THINKING:
+                if not isinstance(b, dict) or b.get("type") not in _THINKING or j < first:
                     continue
                 where = f"messages.{i}.content.{j}"
                 sig = str(b.get("signature") or b.get("data") or "")
@@ -389,8 +417,21 @@ class ThinkingCheck:
                 prev = sig_id(sig)
             if i == latest:
                 self._latest(c, i, v)
+            if isinstance(m, dict) and m.get("role") == "assistant":
+                self._account(c, i, v)
         v.last_sig = prev
         return v
+
+    def _account(self, content: list[Any], i: int, v: Verdict) -> None:
+        """For a turn the emulator answered: the thinking it issued, what the request left out of
+        it, and what of it reaches the model valid ("reasoning kept")."""
+        issued = self._turns.get(turn_key(content))
+        if issued is None:
+            return
+        sent = [j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") in _THINKING]
+        v.issued_tokens += sum(issued)
+        v.stripped += max(0, len(issued) - len(sent))
+        v.kept_tokens += sum(v.tokens.get((i, j), 0) for j in sent)
 
     def _latest(self, content: list[Any], i: int, v: Verdict) -> None:
         """A tool loop's latest assistant message must carry every block issued with it, unchanged."""
@@ -406,14 +447,18 @@ class ThinkingCheck:
             j = next((k for k, b in enumerate(content) if isinstance(b, dict) and b.get("type") in _THINKING), 0)
             raise _bad(f"messages.{i}.content.{j}", LATEST)
 
-    def issued(self, content: Sequence[Mapping[str, Any]]) -> None:
-        """Remember the signatures a response issued with its tool calls (for `_latest`)."""
+    def issued(self, content: Sequence[Mapping[str, Any]], tokens: Sequence[int] = ()) -> None:
+        """Remember what a response issued: the signatures with its tool calls (for `_latest`), and
+        the tokens of each thinking block (for what later requests leave out of the turn)."""
         uses = [b.get("id") for b in content if b.get("type") == "tool_use"]
         sigs = tuple(str(b.get("signature") or b.get("data") or "") for b in content if b.get("type") in _THINKING)
+        if len(self._issued) > 500_000:
+            self._issued.clear()
+            self._turns.clear()
         if uses and sigs:
-            if len(self._issued) > 500_000:
-                self._issued.clear()
             self._issued[str(uses[0])] = sigs
+        if sigs:
+            self._turns[turn_key(content)] = tuple(tokens) if len(tokens) == len(sigs) else (0,) * len(sigs)
 
 
 # -- the request's thinking configuration ---------------------------------------------------------------
