@@ -45,6 +45,7 @@ _PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "anthropic-clear": ("AnthropicClearConfig", {}),
     "anthropic-clear-atleast": ("AnthropicClearConfig", {"clear_at_least_fraction": 0.125}),
     "anthropic-compact": ("AnthropicCompactConfig", {}),
+    "anthropic-ondemand": ("OnDemandConfig", {}),
     "masking": ("MaskingConfig", {}),
     "openhands": ("OpenHandsConfig", {}),
     "claude-code": ("ClaudeCodeConfig", {}),

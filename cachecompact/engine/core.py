@@ -25,7 +25,7 @@ from ..base.errors import (
 )
 from ..base.events import Event, EventBus
 from ..base.http import too_long
-from ..base.pricing import get_model, priced
+from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
 from ..cache.forensics import Finding, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
@@ -41,6 +41,7 @@ from ..compaction.strategy import (
 from ..compaction.summarize.llm import Summarizer
 from ..history.render import RenderResult
 from ..history.session import Session
+from ..history.thinking import BINDING_BETA, DROP_BLOCK
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
 from .options import EngineOptions
 from .sessions import Live, LiveMaker, RequestHistory, SessionRegistry, SummarizerFactory
@@ -191,7 +192,7 @@ class CompactionEngine:
                 whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
                                          **{k: body[k] for k in ("system", "tools") if k in body},
                                          "messages": messages}
-                out = live.strategy.shape(whole)
+                out = _escape_hatch(live.strategy.shape(whole), model)
                 memo = live.sim_memo
                 t = live.session.transcript
                 same = len(messages) == len(t) and out.get("messages") is messages
@@ -202,7 +203,7 @@ class CompactionEngine:
                     keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r))
+        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r, out))
         with self._lock:
             self._last_prepared = {fp: p}
         return p
@@ -343,7 +344,7 @@ class CompactionEngine:
                                     **p.params)
             p.render = r
             p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
-            p.betas = _betas(live, r)
+            p.betas = _betas(live, r, p.body)
             return p.body
 
     # -- the read_scratchpad tool ---------------------------------------------------------------------
@@ -379,11 +380,30 @@ class CompactionEngine:
         return Scratchpad(None).handle_tool_call(tool_input)
 
 
-def _betas(live: Live, r: RenderResult) -> tuple[str, ...]:
+def _betas(live: Live, r: RenderResult, out: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The ``anthropic-beta`` values a prepared body needs: the strategy's (a server-side peer's),
-    and the render's when it asks the API to drop the latest turn's invalidated thinking."""
+    and the one ``thinking.block_binding`` needs (the render's, or a body peer's escape hatch)."""
     betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
-    return tuple(dict.fromkeys((*betas, *r.betas))) if live.strategy.renders else betas
+    if live.strategy.renders:
+        return tuple(dict.fromkeys((*betas, *r.betas)))
+    th = (out or {}).get("thinking")
+    return tuple(dict.fromkeys((*betas, BINDING_BETA))) if isinstance(th, dict) and "block_binding" in th else betas
+
+
+def _escape_hatch(out: dict[str, Any], model: str) -> dict[str, Any]:
+    """A peer that shapes bodies its own way keeps no ledger to tell which thinking its edits
+    invalidated, so on a model with preserved thinking it asks the API to drop what fails the
+    prefix check: the documented escape hatch (``prefix_mismatch_behavior: "drop_block"``), as its
+    real counterpart would have to. A caller's own ``block_binding`` stands."""
+    if canonical_id(model) not in PRESERVED_THINKING or not any(
+            isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+            for m in out.get("messages") or [] if isinstance(m, dict) and isinstance(m.get("content"), list)
+            for b in m["content"]):
+        return out
+    th = out.get("thinking")
+    th = dict(th) if isinstance(th, dict) else {"type": "adaptive"}
+    th.setdefault("block_binding", dict(DROP_BLOCK))
+    return {**out, "thinking": th}
 
 
 def _check_caller_fields(body: dict[str, Any]) -> bool:

@@ -635,9 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
                            parents=[common, priced])
     bench.add_argument("paths", nargs="*", help="trace files or folders (default: ../shared/traces, else synthetic)")
     bench.add_argument("--strategy", action="append", help="strategy to run (repeatable; default: all)")
-    bench.add_argument("--model", default=None,
-                       help="price every trace as this model (an id of the price table; default: each trace's "
-                            "recorded model, claude-sonnet-4-6 for a non-Claude one)")
+    bench.add_argument("--as-model", "--model", dest="model", default=None, metavar="MODEL",
+                       help="replay every trace as this model: its rules (preserved thinking, for the current "
+                            "models), its prices and its own window (an id of the price table; default: each "
+                            "trace's recorded model, claude-sonnet-4-6 for a non-Claude one)")
     bench.add_argument("--window", type=_bench_window, nargs="+", action="extend", metavar="N",
                        help="context windows in tokens, or 'own' for each trace's model's own window "
                             "(repeatable; default: own 200000 50000)")

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .body import AnthropicClearConfig, AnthropicCompactConfig, MaskingConfig, NoneConfig, WindowConfig
     from .claude_code import ClaudeCodeConfig
+    from .ondemand import OnDemandConfig
     from .openhands import OpenHandsConfig
     from .seed import SeedPipelineConfig
 
 _MODULES = {"NoneConfig": "body", "WindowConfig": "body", "AnthropicClearConfig": "body",
             "AnthropicCompactConfig": "body", "MaskingConfig": "body", "SeedPipelineConfig": "seed",
-            "OpenHandsConfig": "openhands", "ClaudeCodeConfig": "claude_code"}
+            "OpenHandsConfig": "openhands", "ClaudeCodeConfig": "claude_code", "OnDemandConfig": "ondemand"}
 
 __all__ = [
     "AnthropicClearConfig",
@@ -24,6 +25,7 @@ __all__ = [
     "ClaudeCodeConfig",
     "MaskingConfig",
     "NoneConfig",
+    "OnDemandConfig",
     "OpenHandsConfig",
     "SeedPipelineConfig",
     "WindowConfig",

@@ -60,6 +60,19 @@ class TraceResult:
     token_series: list[int] = field(default_factory=list)  # input tokens of each request
     event_turns: list[tuple[int, str]] = field(default_factory=list)  # (request index, level)
     wall_s: float = 0.0
+    # preserved thinking, as the emulator saw it (docs/benchmarks.md, *The columns*): requests it refused,
+    # thinking blocks it dropped, blocks left out of the turns a request showed, and the thinking it issued
+    # with those turns against what of it reached the model valid (reasoning kept = kept / issued)
+    refused: int = 0
+    thinking_dropped: int = 0
+    thinking_dropped_latest: int = 0  # of those, in a request's latest assistant turn (drop_block's case)
+    thinking_stripped: int = 0
+    thinking_issued_tokens: int = 0
+    thinking_kept_tokens: int = 0
+
+    @property
+    def reasoning_kept(self) -> float:
+        return self.thinking_kept_tokens / self.thinking_issued_tokens if self.thinking_issued_tokens else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +124,7 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
     get_strategy(strategy)  # an unknown name is an error, not a failed trace
     price = get_model(model)
     t_start = time.perf_counter()
-    probe = RecallProbe(ReplayResponder(trace.messages))
+    probe = RecallProbe(ReplayResponder(trace.messages, trace.usage))
     res = TraceResult(trace=trace.name, strategy=strategy, window=window, turns=trace.turns, completed=True,
                       model=price.name)
     with Emulator(SummarizingResponder(probe), context_window=window) as emu:
@@ -146,7 +159,15 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
             res.completed, res.failure = False, \
                 f"request {len(ledger_sizes) + 1}: {type(err).__name__}: {err}"[:MAX_REASON]
         log = list(emu.requests)
+        res.refused = len(emu.core.refusals)
     agent = [r for r in log if r.get("status") == 200 and not r.get("internal")]
+    for r in agent:
+        th = r.get("thinking") or {}
+        res.thinking_dropped += int(th.get("dropped") or 0)
+        res.thinking_dropped_latest += int(th.get("dropped_latest") or 0)
+        res.thinking_stripped += int(th.get("stripped") or 0)
+        res.thinking_issued_tokens += int(th.get("issued_tokens") or 0)
+        res.thinking_kept_tokens += int(th.get("kept_of_issued") or 0)
     internal = [r for r in log if r.get("status") == 200 and r.get("internal")]
     res.summary_cost_usd = sum(r["cost_usd"] for r in internal)  # what the emulator billed the summarizer
     total = 0.0

@@ -91,6 +91,13 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "peak_tokens": max((r.peak_tokens for r in ok), default=0),
             "compactions": comps,
             "overhead_ms_per_turn": statistics.fmean([r.overhead_ms_per_turn for r in ok]) if ok else 0.0,
+            # preserved thinking (the emulator's own counts): every run, finished or not
+            "refused": sum(r.refused for r in rs),
+            "thinking_dropped": sum(r.thinking_dropped for r in rs),
+            "thinking_stripped": sum(r.thinking_stripped for r in rs),
+            "thinking_issued_tokens": sum(r.thinking_issued_tokens for r in ok),
+            "reasoning_kept": (sum(r.thinking_kept_tokens for r in ok) / issued
+                               if (issued := sum(r.thinking_issued_tokens for r in ok)) else None),
         })
     return rows
 
@@ -154,7 +161,7 @@ def _fmt(v: Any, kind: str = "") -> str:
 def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "adj vs ours", "vs oracle",
             "evidence recall", "name recall", "re-reads", "summaries", "hit rate", "re-writes", "breaks", "peak tok",
-            "compactions"]
+            "refused", "dropped", "stripped", "reasoning kept", "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
@@ -163,7 +170,9 @@ def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
                     _fmt(r["adjusted_vs_ours"], "x"), _fmt(r["cost_vs_oracle"], "x"),
                     _fmt(r["evidence_recall"], "%"), _fmt(r["name_recall"], "%"),
                     str(r["rereads"]), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
-                    _fmt(r["rewrite_share"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}", comps])
+                    _fmt(r["rewrite_share"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}",
+                    str(r["refused"]), str(r["thinking_dropped"]), str(r["thinking_stripped"]),
+                    _fmt(r["reasoning_kept"], "%"), comps])
     return out
 
 
@@ -179,9 +188,15 @@ def tasks_table(rows: list[dict[str, Any]]) -> list[list[str]]:
 # The terminal shows these columns of a trace table, within `WIDTH`; report.md has them all.
 TERMINAL_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "hit rate",
                     "re-writes", "re-reads", "compactions")
-TERMINAL_HEADS = {"adj vs none": "adj/none", "adj vs ours": "adj/ours", "evidence recall": "recall"}
+# a table whose runs carried thinking (a model with preserved thinking) shows what the API did with it instead
+THINKING_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "refused",
+                    "dropped", "stripped", "reasoning kept", "hit rate")
+TERMINAL_HEADS = {"adj vs none": "adj/none", "adj vs ours": "adj/ours", "evidence recall": "recall",
+                  "reasoning kept": "reasoning"}
 TRACE_LEGEND = ("adjusted: cost + a re-read turn per lost result; adj/none, adj/ours: paired ratios; recall: of "
                 "evidence")
+THINKING_LEGEND = ("refused: requests the API refused; dropped: thinking blocks it dropped; stripped: blocks left out "
+                   "of the turns a request showed; reasoning: of the thinking in those turns, the share sent and valid")
 TASKS_LEGEND = "passed: every step done within its turn budget; re-reads: quotes that needed the tool run again"
 
 
@@ -205,6 +220,18 @@ def _render(rows: list[list[str]], md: bool, columns: tuple[str, ...] | None = N
     return "\n".join(lines)
 
 
+def _thinks(rows: list[dict[str, Any]]) -> bool:
+    return any(r["thinking_issued_tokens"] or r["refused"] or r["thinking_dropped"] for r in rows)
+
+
+def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    return THINKING_COLUMNS if _thinks(rows) else TERMINAL_COLUMNS
+
+
+def _legend(rows: list[dict[str, Any]]) -> list[str]:
+    return [TRACE_LEGEND, THINKING_LEGEND] if _thinks(rows) else [TRACE_LEGEND]
+
+
 def _verdict(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
     text = (f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
@@ -225,7 +252,7 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                 rows = aggregate(b, w, long_only, half)
                 n = len(_names(b, long_only, half))
                 parts += [f"{h}window {window_label(w)}: {label} ({n} traces)", "",
-                          _render(trace_table(rows), md, None if md else TERMINAL_COLUMNS), TRACE_LEGEND, ""]
+                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows), ""]
                 if half is None:
                     parts += _verdict(rows, md)
             sets = trace_sets(b)
@@ -235,7 +262,7 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                     continue
                 rows = aggregate(b, w, long_only, None, set_)
                 parts += [f"{h}window {window_label(w)}: {kind}, set {set_} ({n} traces)", "",
-                          _render(trace_table(rows), md, None if md else TERMINAL_COLUMNS), TRACE_LEGEND, "",
+                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows), "",
                           *_verdict(rows, md)]
         trows = task_rows(b, w)
         if trows:
@@ -282,7 +309,13 @@ def markdown(b: BenchResult, command: str) -> str:
         "written, 150 output tokens) the first time a tool result's evidence is lost; *vs oracle* against the billed "
         "masking oracle (never above none); re-writes = the share of the cost spent writing again what the previous "
         "request had cached (edits and idle expiries); evidence recall = share of references whose evidence lines "
-        "were still visible verbatim; name recall = share whose identifier appeared anywhere.",
+        "were still visible verbatim; name recall = share whose identifier appeared anywhere. Preserved thinking "
+        "(a model whose turns think and whose API checks each thinking block against what precedes it), as the "
+        "emulator saw it: *refused* = requests it refused (a 400 on a thinking block); *dropped* = thinking blocks "
+        "it dropped (invalid, or unreadable by the model, when the request asked drop_block or the model drops "
+        "silently); *stripped* = thinking blocks the emulator had issued with a turn the request still showed, left "
+        "out of it; *reasoning kept* = of the thinking tokens issued with the turns a request showed, the share sent "
+        "and valid.",
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]
