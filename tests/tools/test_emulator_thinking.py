@@ -207,6 +207,14 @@ def _drop_block(emu: Emulator) -> None:
     billed = rec["total_input_tokens"]
     _send(c, by_hand[:5] + by_hand[5:], beta=True)
     assert emu.requests[-1]["total_input_tokens"] == billed
+    # "the request succeeds" even where a dropped block was all an assistant message held: the message
+    # goes with it (a replayed 2026 log has such turns); the emulator used to refuse the emptied message
+    alone = copy.deepcopy(edited)
+    alone[5:6] = [{"role": "assistant", "content": [alone[5]["content"][0]]},
+                  {"role": "user", "content": "go on"}, alone[5]]
+    data = json.loads(_send(c, alone, drop=True).http_response.text)
+    assert [t["path"] for t in data["input_transformations"]] == \
+        ["messages.5.content.0", "messages.7.content.0", "messages.9.content.0"]
 
 
 @pytest.mark.parametrize(("rules", "model", "outcome"), [

@@ -626,15 +626,22 @@ def _has_thinking(body: dict[str, Any]) -> bool:
 
 
 def _without(body: dict[str, Any], verdict: th.Verdict) -> dict[str, Any]:
-    """The body without the thinking blocks the API dropped (a message left empty keeps nothing)."""
+    """The body without the thinking blocks the API dropped. "The API drops each failing block … and
+    the request succeeds" (preserved-thinking): an assistant message that held nothing but dropped
+    blocks goes with them, so the model sees the turns around it as adjacent (the API combines
+    consecutive turns of one role), rather than an empty message it would refuse."""
     if not verdict.dropped:
         return body
     gone: dict[int, set[int]] = {}
     for i, j, _ in verdict.dropped:
         gone.setdefault(i, set()).add(j)
-    msgs = list(body["messages"])
-    for i, js in gone.items():
-        msgs[i] = {**msgs[i], "content": [b for j, b in enumerate(msgs[i]["content"]) if j not in js]}
+    msgs: list[Any] = []
+    for i, m in enumerate(body["messages"]):
+        if i in gone:
+            m = {**m, "content": [b for j, b in enumerate(m["content"]) if j not in gone[i]]}
+            if not m["content"]:
+                continue
+        msgs.append(m)
     return {**body, "messages": msgs}
 
 
