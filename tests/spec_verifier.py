@@ -35,7 +35,8 @@ What it checks (each problem names the file and, for a log, the 1-based line):
   ``transcript_len``/``transcript_head`` and ``ledger_len``/``ledger_head`` commitments, the
   shape of ``breakpoints`` and ``stable_before``, and the chained block hash of every
   breakpoint, on the request rendered from that state as *How the ledger is applied* says
-  (effective edits, summary messages, targeted summaries, skips), as far as it can be
+  (effective edits, summary messages, targeted summaries, skips, and the thinking blocks
+  *Thinking blocks* leaves out), as far as it can be
   rendered: see the first skipped item below. So a ledger or transcript rewritten together
   with every chain and commitment is still caught by the request's own breakpoints;
 * ``scratchpad/``: every file is ``<ref>.txt`` whose ``ref`` is ``sp_`` and the first 32 hex
@@ -137,6 +138,7 @@ class _Entry:
     tool_use_id: str | None
     summary: str | None
     clear: bool  # a clear in place: a skip whose messages all hold tool results
+    transcript_len: int = 0  # the entry's commitment: rules 1 and 2 of *Thinking blocks*
 
 
 def _contains(a: _Entry, b: _Entry) -> bool:
@@ -441,15 +443,42 @@ class _Renderer:
         self._cache: dict[tuple[Any, ...], list[bytes | None]] = {}
         self._effective: dict[int, list[_Entry]] = {}
 
-    def _message(self, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...]) -> list[bytes | None]:
+    def _message(self, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...],
+                 left_out: frozenset[int]) -> list[bytes | None]:
         """The digests of message ``i`` rendered under its effective edits (cached)."""
-        key = (i, whole.line if whole else None, tuple(e.line for e in targeted))
+        key = (i, whole.line if whole else None, tuple(e.line for e in targeted), left_out)
         if key not in self._cache:
-            self._cache[key] = self._render(self.messages[i], i, whole, targeted)
+            self._cache[key] = self._render(self.messages[i], i, whole, targeted, left_out)
         return self._cache[key]
 
+    def _thinking_left_out(self, n: int, entries: list[_Entry]) -> dict[int, frozenset[int]]:
+        """*Thinking blocks*: the thinking blocks (by index in the message) a request rendered
+        from ``n`` messages under ``entries`` leaves out, rules 1, 2 and 4."""
+        def thinking(i: int, after: int = -1) -> set[int]:
+            return {j for j, b in enumerate(_message_render_blocks(self.messages[i])) if j > after
+                    and isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")}
+
+        out: dict[int, set[int]] = {}
+        for e in entries:
+            if e.transcript_len <= e.start:
+                continue
+            for i in range(e.start + 1, min(e.transcript_len, n)):  # rule 1
+                if isinstance(self.messages[i], dict) and self.messages[i].get("role") == "assistant":
+                    out.setdefault(i, set()).update(thinking(i))
+            if e.tool_use_id is not None and e.start < n and self.messages[e.start].get("role") == "assistant":
+                blocks = _message_render_blocks(self.messages[e.start])  # rule 2
+                at = next((j for j, b in enumerate(blocks) if isinstance(b, dict) and b.get("type") == "tool_use"
+                           and b.get("id") == e.tool_use_id), None)
+                if at is not None:
+                    out.setdefault(e.start, set()).update(thinking(e.start, at))
+        if n >= 2 and _holds(self.messages[n - 1], "tool_result") and \
+                self.messages[n - 2].get("role") == "assistant" and _holds(self.messages[n - 2], "tool_use"):
+            out.pop(n - 2, None)  # rule 4: sent whole, the API drops it (drop_block)
+        return {i: frozenset(js) for i, js in out.items() if js}
+
     @staticmethod
-    def _render(message: Any, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...]) -> list[bytes | None]:
+    def _render(message: Any, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...],
+                left_out: frozenset[int] = frozenset()) -> list[bytes | None]:
         if whole is not None and whole.kind == "summary":
             if i != whole.start:
                 return []
@@ -459,7 +488,11 @@ class _Renderer:
         if whole is not None and not whole.clear:
             return []  # a skip renders nothing
         out: list[bytes | None] = []
-        for block in _message_render_blocks(message):
+        if left_out and len(left_out) == len(_message_render_blocks(message)):
+            return []  # rule 3: a message of nothing but left-out blocks is not rendered
+        for j, block in enumerate(_message_render_blocks(message)):
+            if j in left_out:
+                continue  # rule 3 of *Thinking blocks*
             btype = block.get("type") if isinstance(block, dict) else None
             if whole is not None and btype == "tool_result":
                 out.append(None)  # the clear-in-place placeholder holds ~N tokens
@@ -489,9 +522,10 @@ class _Renderer:
                 whole.update(dict.fromkeys(range(e.start, e.end + 1), e))
             else:
                 targeted.setdefault(e.start, []).append(e)
+        left_out = self._thinking_left_out(transcript_len, entries)
         digests: list[bytes | None] = list(self.base)
         for i in range(transcript_len):
-            digests += self._message(i, whole.get(i), tuple(targeted.get(i, ())))
+            digests += self._message(i, whole.get(i), tuple(targeted.get(i, ())), left_out.get(i, frozenset()))
         chain: list[bytes] = []
         for d in digests:
             if d is None:
@@ -685,7 +719,7 @@ def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], pre
         if _holds(rng[-1], "tool_use"):
             problems.append(f"{w}: range {start}..{end} splits a tool pair: message {end} holds tool calls")
     clear = tool_use_id is None and kind == "skip" and all(_holds(m, "tool_result") for m in rng)
-    entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear)
+    entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear, n)
     if kind == "skip" and tool_use_id is None and not clear and _first_shown(
             _effective([*earlier, entry]), messages, n) != "user":
         problems.append(f"{w}: with the edits in force, the request would not start with a user message")

@@ -12,7 +12,8 @@ ledger edit changes what a later request shows before the blocks that follow it,
   message ``i`` itself that comes before the block (an earlier ``tool_use`` whose input a targeted
   edit replaced).
 * **What the renderer does with them.** It leaves them out: "remove the thinking in the turns it
-  keeps" is the docs' own advice for code that collapses or summarizes earlier turns. Removed this
+  keeps" is the docs' own advice for code that collapses or summarizes earlier turns (a turn of
+  nothing but such blocks is left out whole: the API refuses an empty message). Removed this
   way, the blocks a request keeps are always an unbroken run of the original sequence ("You can
   remove thinking blocks from the start of the history, from the end, or all of them. What fails
   is a gap"): a block is invalidated only by an edit before it, and that edit invalidates every

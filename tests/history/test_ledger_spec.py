@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import random
 import shutil
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -128,7 +130,6 @@ def test_a_changed_or_deleted_scratchpad_blob_is_caught_by_both_verifiers_and_ne
 def test_a_pretty_printed_session_json_and_a_deleted_log_are_invalid_for_both(tmp_path: Path) -> None:
     """The two cases `ledger verify` and the spec verifier disagreed on; the format now settles
     both (docs/ledger-format.md: *session.json*, *Verifying a session*)."""
-    import json
 
     d = tmp_path / "s"
     _session_with_a_blob(d)
@@ -149,7 +150,6 @@ def test_a_pretty_printed_session_json_and_a_deleted_log_are_invalid_for_both(tm
 def test_a_torn_first_request_is_reported_as_torn_and_repaired(tmp_path: Path) -> None:
     """A kill between appending the message that completes the prefix and writing the prefix
     fields left both null: `ledger verify` called that INVALID and did not offer `--repair`."""
-    import json
 
     from cachecompact import Session
 
@@ -168,3 +168,48 @@ def test_a_torn_first_request_is_reported_as_torn_and_repaired(tmp_path: Path) -
     assert json.loads((d / "session.json").read_bytes())["prefix_hash"] == s.prefix_hash
     ours, theirs, err = _verdicts(d)
     assert ours == 0 and theirs == [] and "torn" not in err
+
+
+def test_the_thinking_rule_is_exact_enough_for_the_spec_verifier(tmp_path: Path) -> None:
+    """docs/ledger-format.md, *Thinking blocks*: a second program that knows only the document
+    leaves out the same thinking blocks, so every recorded breakpoint's chained hash matches,
+    with blocks left out (rules 1-3) and with a tool loop's latest turn sent whole (rule 4)."""
+    from cachecompact import Session
+    from cachecompact.history.ledger import ReplaceWithSummary
+
+    def turn(k: int) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": f"sig{k}"},
+                                                  {"type": "tool_use", "id": f"t{k}", "name": "read",
+                                                   "input": {"path": f"f{k}.py"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{k}",
+                                              "content": f"contents of f{k}\n" * 40}]}]
+
+    d = tmp_path / "s"
+    s = Session.create(d, system="You are careful.", prefix_messages=1)
+    h: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
+    for k in range(6):
+        h += turn(k)
+        s.sync(h)
+        s.record_request(s.render(model="claude-opus-5-5", max_tokens=100), {})
+    s.edit(ReplaceWithSummary(1, 4, "read f0 and f1", "L3"), level="L3")  # made after messages 5-12
+    r = s.render(model="claude-opus-5-5", max_tokens=100)  # answers message 11's call: rule 4
+    assert r.thinking.drop_block and r.thinking.kept_invalid == 11
+    assert set(r.thinking.strip) == {3, 5, 7, 9}  # 3 is summarized anyway
+    s.record_request(r, {})
+    h += turn(6)
+    s.sync(h)
+    r = s.render(model="claude-opus-5-5", max_tokens=100)
+    assert not r.thinking.drop_block and set(r.thinking.strip) == {3, 5, 7, 9, 11}  # 13 came after the edit
+    s.record_request(r, {})
+    # a turn of nothing but thinking, invalidated by a later edit, is not rendered at all
+    h += [{"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "sig-alone"}]},
+          {"role": "user", "content": "go on"}]
+    s.sync(h)
+    s.record_request(s.render(model="claude-opus-5-5", max_tokens=100), {})
+    s.edit(ReplaceWithSummary(5, 8, "read f2 and f3", "L3"), level="L3")
+    r = s.render(model="claude-opus-5-5", max_tokens=100)
+    assert 15 in r.thinking.strip and "sig-alone" not in json.dumps(r.body)
+    assert [m["role"] for m in r.body["messages"]][-2:] == ["user", "user"]
+    s.record_request(r, {})
+    ours, theirs, err = _verdicts(d)
+    assert (ours, theirs) == (0, []), (theirs, err)

@@ -175,16 +175,18 @@ class BlockCache:
             return self.inputs(i, by_id, cache)
         return self.results(i, by_id, None, cache)
 
-    def without_thinking(self, i: int, m: RenderedMessage, drop: frozenset[int]) -> RenderedMessage:
+    def without_thinking(self, i: int, m: RenderedMessage, drop: frozenset[int]) -> RenderedMessage | None:
         """Message ``i`` as rendered (``m``), without the thinking blocks at ``drop`` (an edit before
-        them invalidated them: `history.thinking`); every other block is shared. A message that
-        would be left empty keeps them (the API's drop, not ours, removes them then)."""
+        them invalidated them: `history.thinking`); every other block is shared. A message of
+        nothing but such blocks is not rendered at all (None): the API refuses an empty message, and
+        sending the invalid blocks would be refused too. Its neighbours then are turns of one role,
+        which the API combines."""
         key = (i, (-2, *sorted(drop), id(m)))
         out = self._edited.get(key)
         if out is None:
             blocks = [b for j, b in enumerate(m.blocks) if j not in drop]
             if not blocks:
-                return m
+                return None
             extra = {k: v for k, v in m.d.items() if k not in ("role", "content")}
             out = self._edited[key] = self._message(m.role, blocks, extra)
         return out

@@ -129,7 +129,9 @@ class Renderer:
             else:
                 m = self.cache.targeted(idx, targeted[idx]) if idx in targeted else self.cache.plain(idx)
                 strip = plan.strip.get(idx)
-                yield self.cache.without_thinking(idx, m, strip) if strip else m
+                kept = self.cache.without_thinking(idx, m, strip) if strip else m
+                if kept is not None:
+                    yield kept
                 idx += 1
 
     def _arrays(self, n_entries: int, n: int, historical: bool) -> tuple[ChainArrays, int, ThinkingPlan]:

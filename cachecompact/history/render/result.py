@@ -125,6 +125,20 @@ class RenderResult:
     # -- read API ------------------------------------------------------------------------------
 
     @property
+    def has_image(self) -> bool:
+        """Whether an image is anywhere in the request, a tool result's included: the message cache
+        is keyed on it ("Images: adding or removing images anywhere in the prompt" invalidates it,
+        prompt caching, *What invalidates the cache*), so forensics must know when it flips."""
+        for b in self._arr.flat[:self._nb]:
+            if b.kind == "image":
+                return True
+            if b.kind == "tool_result":
+                c = b.d.get("content")
+                if isinstance(c, list) and any(isinstance(x, dict) and x.get("type") == "image" for x in c):
+                    return True
+        return False
+
+    @property
     def applied(self) -> range:
         """Sequence numbers of the ledger entries this render reflects."""
         return range(self.n_entries)
