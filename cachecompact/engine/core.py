@@ -187,7 +187,7 @@ class CompactionEngine:
                 out = r.body
 
                 def snap() -> Snapshot:
-                    return _snapshot_from_render(r, time=now, model=model, params=params_key(out, False))
+                    return _snapshot_from_render(r, time=now, model=model, params=params_key(out, r.has_image))
             else:
                 whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
                                          **{k: body[k] for k in ("system", "tools") if k in body},

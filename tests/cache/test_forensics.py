@@ -210,3 +210,28 @@ def test_our_own_compactions_are_their_own_class_never_a_cache_miss(tmp_path: Pa
     assert "compaction_rewrite" not in d["misses"]
     text = session_report(session)
     assert "compaction re-write (ledger entry #" in text and "prefix_churn" not in text
+
+
+def test_an_image_pasted_into_a_wrapped_session_is_an_invalidation() -> None:
+    """The same rule for a request cachecompact rendered: its snapshot said "no image" always, so a
+    replayed 2026 session that pasted a screenshot logged a `provider_suspected` warning ("nothing
+    changed ... yet 0 of 39862 expected tokens were read") where the image had flipped the key."""
+    import cachecompact
+
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+    events: list[Any] = []
+    with Emulator() as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                                   on_event=events.append)
+        msgs = _msgs(3, mark=False)
+        for k in range(3):
+            if k == 2:  # a screenshot in the person's next message
+                msgs[-1] = {"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+                    *msgs[-1]["content"]]}
+            r = client.messages.create(model=MODEL, max_tokens=10, system=SYSTEM, messages=msgs,
+                                       extra_headers={CLOCK_HEADER: str(10 * k)})
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "text", "text": f"next {k} " + "line\n" * 100}]}]
+    misses = [e for e in events if e.kind == "cache_miss"]
+    assert [e.detail.get("cls") for e in misses] == ["invalidation"], [(e.reason, e.detail) for e in misses]
