@@ -10,7 +10,7 @@ render (hashing and token-counting only the new blocks), then recording the answ
 history length. Before each timed turn the CPU caches are flushed (a 64 MiB buffer is
 copied): between two real turns the model call and the tools run and the caches are cold.
 Medians per window, side by side in one run. Every turn the session resolution compares the
-whole history by identity (one canonical encoding and one xxh3 per message: `engine/sessions`),
+whole history by identity (one canonical encoding and one xxh3 per message: `engine/identity`),
 so this is also the cost of that check.
 
     python benchmarks/bench_render.py [--turns 10010] [--write docs/benchmarks.md]

@@ -181,7 +181,7 @@ def test_each_folder_is_a_layer() -> None:
      "cachecompact.cache is not allowed to import cachecompact.history"),
     ("tools/emulator/core.py", "from ...engine import core", "cachecompact.tools.emulator is not allowed to import "
                                                                "cachecompact.engine"),
-    ("engine/sessions.py", "from .. import strategies", "cachecompact.engine is not allowed to import "
+    ("engine/registry.py", "from .. import strategies", "cachecompact.engine is not allowed to import "
                                                          "cachecompact.strategies"),
 ])
 def test_a_bad_import_fails_the_rules(tmp_path: Path, module: str, bad_import: str, message: str) -> None:
@@ -200,6 +200,8 @@ def test_a_bad_import_fails_the_rules(tmp_path: Path, module: str, bad_import: s
     ("cachecompact.report", "cachecompact.tools.report", "session_report"),
     ("cachecompact.strategies", "cachecompact.compaction.catalog", "register"),
     ("cachecompact.strategies", "cachecompact.compaction.peers", "OpenHandsConfig"),
+    ("cachecompact.engine.sessions", "cachecompact.engine.identity", "decide"),
+    ("cachecompact.engine.sessions", "cachecompact.engine.registry", "SessionRegistry"),
 ])
 def test_the_documented_old_paths_work_for_one_release(old: str, new: str, name: str) -> None:
     """Code written against 0.3 keeps importing the same objects, and is told where they went."""
@@ -219,7 +221,7 @@ def test_observe_mode_does_not_load_the_compaction_runtime() -> None:
              "from cachecompact.adapters.proxy import ProxyConfig, make_app\n"
              "make_app(ProxyConfig(upstream='http://127.0.0.1:9', mode=sys.argv[1]))\n"
              "print(' '.join(sorted(m for m in sys.modules if m.startswith(('cachecompact.compaction', "
-             "'cachecompact.engine.core', 'cachecompact.history.session')))))\n")
+             "'cachecompact.engine.core', 'cachecompact.engine.registry', 'cachecompact.history.session')))))\n")
     observe = subprocess.run([sys.executable, "-c", probe, "observe"], capture_output=True, text=True, timeout=120)
     compact = subprocess.run([sys.executable, "-c", probe, "compact"], capture_output=True, text=True, timeout=120)
     assert observe.returncode == 0 and compact.returncode == 0, observe.stderr + compact.stderr

@@ -36,6 +36,7 @@ __all__ = [
     "get_model",
     "known_models",
     "model_prices",
+    "model_window",
     "override",
     "own_prices",
     "priced",
@@ -360,3 +361,19 @@ def override(model: str, **changes: Any) -> ModelInfo:
 def known_models() -> list[str]:
     """Every model id in the table (the CLI lists them in its errors)."""
     return sorted(_TABLE)
+
+
+_UNKNOWN_WARNED: set[str] = set()  # models whose window was assumed, said once each
+
+
+def model_window(model: str, own: OwnPrices | None = None) -> int:
+    """The model's context window from the price table (its family's for a newer id); for a name
+    of no known family, `UNKNOWN_MODEL_WINDOW`, said once per name."""
+    try:
+        return model_prices(model, own=own).context_window if model else UNKNOWN_MODEL_WINDOW
+    except UnknownModelError:
+        if model not in _UNKNOWN_WARNED:
+            _UNKNOWN_WARNED.add(model)
+            log.warning("cachecompact: model %r is not in the price table; assuming a %d-token context window "
+                        "(pass window_tokens=... to set it)", model, UNKNOWN_MODEL_WINDOW)
+        return UNKNOWN_MODEL_WINDOW

@@ -43,8 +43,9 @@ from ..history.render import RenderResult
 from ..history.session import Session
 from ..history.thinking import BINDING_BETA, DROP_BLOCK
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
+from .identity import RequestHistory
 from .options import EngineOptions
-from .sessions import Live, LiveMaker, RequestHistory, SessionRegistry, SummarizerFactory
+from .registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
 
 __all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "Retry", "SummarizerFactory"]
 

@@ -269,8 +269,7 @@ def test_an_unknown_model_gets_its_familys_prices_with_one_warning(caplog: pytes
     assert "using claude-haiku-4-5 prices" in caplog.text
     # the runtime: any name is priced (the default model's prices for one of no known family), and
     # the window of such a name is assumed 200k, not the default model's, said once
-    from cachecompact.base.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, priced
-    from cachecompact.engine.sessions import model_window
+    from cachecompact.base.pricing import DEFAULT_PRICE_MODEL, UNKNOWN_MODEL_WINDOW, model_window, priced
 
     assert priced("my-local-model").input == get_model(DEFAULT_PRICE_MODEL).input
     assert priced("").name == get_model(DEFAULT_PRICE_MODEL).name

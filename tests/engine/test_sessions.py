@@ -1,4 +1,4 @@
-"""One conversation is one session (`cachecompact.engine.sessions`: the one rule, acted on by the
+"""One conversation is one session (`cachecompact.engine.identity`: the one rule, acted on by the
 registry and the proxy's observer): never mixed with another, never stale, never split, and a
 changed system prompt reported. The end-to-end cases go through the real SDK into the emulator,
 and what the emulator received is compared, message by message, with what the caller sent; the
@@ -24,7 +24,7 @@ from cachecompact.adapters.middleware import SESSION_HEADER
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.events import Event
 from cachecompact.engine.core import CompactionEngine
-from cachecompact.engine.sessions import RequestHistory, decide
+from cachecompact.engine.identity import RequestHistory, decide
 from cachecompact.history.transcript import message_hash
 from cachecompact.store import FileStore, open_store
 from cachecompact.tools.emulator import Emulator, ScriptedResponder

@@ -19,7 +19,7 @@ after the response), `observe` (per-session records), `upstream` (the pooled cli
 `dashboard` (the UI's JSON).
 """
 
-from ...engine.sessions import session_hint
+from ...engine.identity import session_hint
 from .config import ProxyConfig
 from .observe import Observer
 from .server import Proxy, make_app

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ...base.pricing import model_window
 from ...cache.forensics import is_compaction_rewrite
-from ...engine.sessions import model_window
 from ...store.contract import blob_matches
 from ..httpserver import api_error
 from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics

@@ -33,7 +33,7 @@ from ...base.pricing import priced
 from ...base.tokens import TokenCounter
 from ...cache.forensics import Finding, Forensics, snapshot_from_sim
 from ...cache.simulator import SimRequest, request_from_body
-from ...engine.sessions import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
+from ...engine.identity import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
 from ...store import Store
 
 __all__ = ["ObservedSession", "Observer", "conversation_title"]

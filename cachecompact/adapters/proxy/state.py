@@ -18,7 +18,7 @@ from aiohttp import web
 from ...base.errors import ConfigError, ContextFullError, InvalidSessionIdError
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
-from ...engine.sessions import session_hint
+from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
 from .config import ProxyConfig

@@ -1,0 +1,261 @@
+"""The live sessions of one engine: the live record, its maker and the registry.
+
+**The maker** (`LiveMaker`) builds the live record (`Live`) of a new or a stored session: the
+session over the store, the strategy built for its model and window with its summarizer, its
+forensics and its scratchpad.
+
+**The registry** (`SessionRegistry`) keeps the candidates of the rule (`engine.identity`):
+sessions in memory, least recently used first out, and the store's for the rest, so it serves
+one process or many replicas over a shared store alike. It acts on the decision: it syncs the
+chosen session, or creates the new one, syncs it before any other request can see it, and
+links it to the session it continues.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
+from ..base.events import EventBus
+from ..base.pricing import model_window, priced
+from ..cache.forensics import Forensics
+from ..cache.simulator import SimBlock
+from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
+from ..compaction.strategy import Strategy, StrategyConfig, StrategyContext
+from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
+from ..history.session import Session
+from ..store import Store, check_session_id
+from .identity import Decision, RequestHistory, decide, family_key, family_order, head_key, in_family, new_id
+from .options import EngineOptions
+
+__all__ = ["Live", "LiveMaker", "Resolved", "SessionRegistry", "SummarizerFactory"]
+
+log = logging.getLogger("cachecompact")
+
+
+# -- the live record and its maker ---------------------------------------------------------------
+
+SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
+
+
+@dataclass(slots=True, eq=False)
+class Live:
+    """A session in memory with what the engine keeps beside it, each field typed and named (no
+    bag of keys): the engine writes them, and the registry only hands a new segment its
+    parent's forensics."""
+
+    session: Session
+    strategy: Strategy
+    head: bytes  # `head_key` of the caller's tools and system the session was made for
+    forensics: Forensics  # compares each request with the one before it in this conversation
+    scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    last_message_id: str | None = None  # the last response's id (the diagnostics' previous_message_id)
+    requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
+    told_ttl: bool = False  # the caller's 1-hour markers were said to be replaced (once per session)
+    sim_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = field(default_factory=dict)  # priced blocks
+
+    @property
+    def sid(self) -> str:
+        return self.session.session_id
+
+    @property
+    def identities(self) -> Sequence[bytes]:
+        return self.session.transcript.identities
+
+
+class LiveMaker:
+    """Makes the live record of a new or a stored session for one engine's settings."""
+
+    def __init__(self, store: Store | None, options: EngineOptions, strategy_config: StrategyConfig,
+                 summarizer: Summarizer | SummarizerFactory | None, events: EventBus,
+                 window_tokens: int | None) -> None:
+        self.store, self.options, self.strategy_config = store, options, strategy_config
+        self._summarizer, self.events, self.window_tokens = summarizer, events, window_tokens
+
+    def summarizer_for(self, model: str | None) -> Summarizer:
+        """The summarizer a session on ``model`` gets: the caller's, or one made for the strategy's summary model."""
+        s = self._summarizer
+        if s is None:
+            return ExtractiveSummarizer()
+        if isinstance(s, Summarizer):
+            return s
+        cfg = self.strategy_config
+        return s(cfg.summary_model or model, cfg.summary_mode)
+
+    def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
+        """The live record: the strategy built for the session's model and window, fresh forensics."""
+        model = str(body.get("model") or "")
+        own = model_window(model, self.options.prices)
+        window = self.window_tokens or own
+        if window > own and (model, window) not in _LARGER_WARNED:
+            _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
+            log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
+                        "will refuse requests before compaction starts", window, model or "the model", own)
+        ctx = StrategyContext(session=session, summarizer=self.summarizer_for(model or None), events=self.events,
+                              window_tokens=window, scratchpad=Scratchpad.for_session(session),
+                              scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
+        prices = self.options.prices
+        return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
+                    forensics=Forensics(lambda m: priced(m, prices)), scratchpad=ctx.scratchpad)
+
+    def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
+        """A new session ``sid`` in the store for the request ``body`` (`SessionExistsError` if taken)."""
+        tools = list(body.get("tools") or [])
+        if self.options.scratchpad_tool:
+            tools.append(READ_SCRATCHPAD_TOOL)
+        model = str(body.get("model") or "")
+        ratio = priced(model, self.options.prices).token_ratio if model else 1.0
+        prefix = self.options.prefix_messages if self.options.prefix_messages is not None else \
+            self.strategy_config.prefix_messages
+        session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
+                                 prefix_messages=prefix, token_ratio=ratio, link=link)
+        return self._live(session, body, head_key(body.get("tools"), body.get("system")))
+
+    def open(self, sid: str) -> Live:
+        """The stored session ``sid``, live (`SessionNotFoundError` if there is none)."""
+        assert self.store is not None
+        session = Session.open(self.store, sid)
+        tools = session.tools_param
+        if self.options.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
+            tools = tools[:-1]
+        body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
+                "system": session.system_param}
+        return self._live(session, body, head_key(tools or None, session.system_param))
+
+
+_LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
+
+
+# -- the registry --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A request's session, the transcript indices its sync appended, and the decision taken."""
+
+    live: Live
+    new: list[int]
+    decision: Decision
+
+
+class SessionRegistry:
+    """Resolves requests to sessions and keeps them live; thread-safe."""
+
+    def __init__(self, store: Store | None, maker: LiveMaker, *, keep: int = 512) -> None:
+        self.store = store
+        self.maker = maker  # new and stored sessions come from it, already live
+        self._keep = keep
+        self._live: OrderedDict[str, Live] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def sessions(self) -> list[Live]:
+        with self._lock:
+            return list(self._live.values())
+
+    def get(self, sid: str) -> Live | None:
+        with self._lock:
+            return self._live.get(sid)
+
+    def _remember(self, sid: str, live: Live) -> Live:
+        self._live[sid] = live
+        self._live.move_to_end(sid)
+        while len(self._live) > self._keep:
+            self._live.popitem(last=False)
+        return live
+
+    def _load(self, sid: str) -> Live | None:
+        live = self._live.get(sid)
+        if live is not None:
+            self._live.move_to_end(sid)
+            return live
+        if self.store is None:
+            return None
+        try:
+            return self._remember(sid, self.maker.open(sid))
+        except SessionNotFoundError:
+            return None
+
+    def _family(self, base: str, stored: bool) -> list[str]:
+        """Ids of ``base``'s family in number order: live ones, and with ``stored`` the store's too."""
+        ids = {k for k in self._live if in_family(k, base)}
+        if stored and self.store is not None:
+            ids |= {k for k in self.store.list(base) if in_family(k, base)}
+        return sorted(ids, key=family_order)
+
+    # -- resolution ----------------------------------------------------------------------------------
+
+    def resolve(self, body: dict[str, Any], explicit: str | None = None,
+                req: RequestHistory | None = None) -> Resolved:
+        """The live session this request continues (`decide`), synced with its history.
+
+        A sync that finds the session moved on (another thread or process appended first)
+        decides again with what it now holds; after repeated races the request gets a session
+        of its own rather than an error.
+        """
+        messages = body["messages"]
+        req = req or RequestHistory.of(body)
+        if not req.ids:
+            raise MalformedMessageError("messages", "must be a non-empty list")
+        named = explicit is not None
+        base = check_session_id(explicit) if explicit is not None else family_key(req.ids[0])
+        for _ in range(8):
+            with self._lock:
+                chosen = self._choose(base, named, req)
+                if isinstance(chosen, Decision):
+                    return self._start(base, named, req, chosen, body)
+            with chosen.lock:
+                try:
+                    new = chosen.session.sync(messages, identities=req.ids)
+                except HistoryRewrittenError:
+                    continue  # it moved on under us; what it holds now is decided on again
+                return Resolved(chosen, new, Decision("continue", chosen.sid, "extends", len(chosen.session)))
+        with self._lock:
+            return self._start(base, named, req, Decision("new", None, "no stored history settled after repeated "
+                                                                       "concurrent appends"), body)
+
+    def _choose(self, base: str, named: bool, req: RequestHistory) -> Live | Decision:
+        """The live session to continue, or the decision to start one. Memory first; the store's
+        members of the family (another process's, or ones this process let go) when memory has
+        no session to continue. Caller holds ``_lock``."""
+        members = [self._live[k] for k in self._family(base, stored=False)]
+        d = decide(req, members, named=named)
+        if d.kind != "continue" and self.store is not None:
+            unloaded = [k for k in self._family(base, stored=True) if k not in self._live]
+            if unloaded:
+                for sid in unloaded:
+                    self._load(sid)
+                members = [x for k in self._family(base, stored=False) if (x := self._live.get(k)) is not None]
+                d = decide(req, members, named=named)
+        if d.kind == "continue":
+            assert d.target is not None
+            live = self._live[d.target]
+            self._live.move_to_end(d.target)
+            return live
+        return d
+
+    def _start(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
+        """Create the session ``d`` asks for and sync it before anyone else can see it. Caller
+        holds ``_lock``."""
+        link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
+        taken = set(self._family(base, stored=True))
+        for _ in range(100):
+            sid = new_id(base, d.kind, named, taken)
+            try:
+                live = self.maker.create(sid, body, link)
+                break
+            except SessionExistsError:  # another process took it: the next number
+                taken.add(sid)
+        else:
+            raise SessionExistsError(f"could not find a free session id in the family of {base}")
+        parent = self._live.get(d.target) if d.target is not None else None
+        if parent is not None and d.kind == "segment":
+            live.forensics = parent.forensics.fork()  # compared with the request before it
+        with live.lock:
+            new = live.session.sync(body["messages"], identities=req.ids)
+        self._remember(sid, live)
+        return Resolved(live, new, d)
