@@ -278,3 +278,18 @@ def test_no_module_reads_another_modules_private_fields() -> None:
                 if n.attr not in own:
                     bad.append(f"{mod}:{n.lineno} reads .{n.attr}")
     assert not bad, bad
+
+
+def test_the_lowest_floor_loads_no_sdk() -> None:
+    """`base/` is the floor everything stands on, the emulator and observe mode included: it
+    imports no `anthropic` module (the SDK-flavoured `ContextFullError` lives in `adapters/`)."""
+    probe = ("import sys, pkgutil, importlib, cachecompact.base as b\n"
+             "[importlib.import_module(f\"cachecompact.base.{m.name}\") for m in pkgutil.iter_modules(b.__path__)]\n"
+             "print(sorted(m for m in sys.modules if m == 'anthropic' or m.startswith('anthropic.')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+    import anthropic
+
+    import cachecompact
+    assert issubclass(cachecompact.ContextFullError, anthropic.APIError)
+    assert issubclass(cachecompact.ContextFullError, cachecompact.CacheCompactError)

@@ -34,11 +34,12 @@ import anthropic
 import httpx2
 from anthropic import APIRequest, APIResponse, AsyncAPIResponse, AsyncCallNext, CallNext, Middleware
 
-from ..base.errors import ConfigError, ContextFullError
+from ..base.errors import ConfigError
 from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
+from ..base.records import ContextFull
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -46,6 +47,7 @@ from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, Summarizer
 from ..engine.options import EngineOptions
 from ..history.session import Session
 from ..store import Store
+from .errors import ContextFullError
 
 __all__ = ["SESSION_HEADER", "CompactionMiddleware", "scratchpad_handler", "summarizer_factory", "wrap",
            "wrapped_sessions"]
@@ -111,13 +113,17 @@ class CompactionMiddleware(Middleware):
                 and INTERNAL_HEADER not in headers)
 
     def _prepare(self, request: APIRequest) -> Prepared | None:
+        """The engine's prepared request, None to send the caller's unchanged, or `ContextFullError`."""
         headers = request.headers if isinstance(request.headers, dict) else {}
         explicit = headers.get(SESSION_HEADER)
         body = request.json
         assert isinstance(body, dict)
-        return self.engine.prepare_or_fail_open(
+        p = self.engine.prepare_or_fail_open(
             body, explicit=explicit if isinstance(explicit, str) else None,
             now=clock_from(headers, CLOCK_HEADER, self.engine.clock), retry=bool(request.retries_taken))
+        if isinstance(p, ContextFull):
+            raise ContextFullError(p.message)
+        return p
 
     def _retry_body(self, p: Prepared, payload: Any, request: httpx2.Request) -> dict[str, Any] | None:
         """The body to send again after a 400 (reactive compaction), or None if the 400 is not a

@@ -2,19 +2,17 @@
 
 Each error names the place it is about (a message path, a file and line, a session id), so
 a user can fix the input. Mixins (`ValueError`, `KeyError`) are kept where callers reasonably
-catch the builtin kind; `ContextFullError` is also an `anthropic.APIError`, so code that
-catches the SDK's errors around ``messages.create`` sees it too.
+catch the builtin kind. Nothing here imports the SDK: "the context is full" is a decision the
+compactor returns as data (`TurnReport.context_full`), and each adapter turns it into its
+transport's error (`wrap()`: `adapters.errors.ContextFullError`, an `anthropic.APIError`; the
+proxy: a 400).
 """
 
 from __future__ import annotations
 
-import anthropic
-import httpx2
-
 __all__ = [
     "CacheCompactError",
     "ConfigError",
-    "ContextFullError",
     "EditOverlapError",
     "EditSplitsToolPairError",
     "EditTouchesPrefixError",
@@ -208,19 +206,3 @@ class SummaryRejected(CacheCompactError):
     def __init__(self, message: str, cost_usd: float = 0.0) -> None:
         super().__init__(message)
         self.cost_usd = cost_usd
-
-
-_PLACEHOLDER_REQUEST = httpx2.Request("POST", "http://cachecompact.invalid/v1/messages")
-
-
-class ContextFullError(CacheCompactError, anthropic.APIError):
-    """The context is still too full after every compaction level, L5 included.
-
-    Start a new session. It is an `anthropic.APIError` as well, so ``except anthropic.APIError``
-    around ``messages.create`` catches it; ``request`` is the HTTP request when one was made,
-    else a placeholder, and ``body`` is None.
-    """
-
-    def __init__(self, message: str, request: httpx2.Request | None = None) -> None:
-        anthropic.APIError.__init__(self, message, request if request is not None else _PLACEHOLDER_REQUEST,
-                                    body=None)

@@ -14,8 +14,8 @@ Per turn, with the session synced to the agent's history and before the request 
 5. The edits are appended (L3/L4 summarise first). A proposal the ledger refuses is a
    planning bug: it is logged and dropped and the next candidate is tried; it is not a
    failure. A summarizer failure counts toward the breaker. When the request still does
-   not fit, L5 runs, even with the breaker open; `ContextFullError` is raised only when
-   not even L5 can make it fit.
+   not fit, L5 runs, even with the breaker open; only when not even L5 can make it fit does
+   the report say the context is full (`TurnReport.context_full`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import xxhash
 
-from ..base.errors import ContextFullError, InvalidEditError, SummaryRejected
+from ..base.errors import InvalidEditError, SummaryRejected
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
 from ..base.wire import (
@@ -382,7 +382,8 @@ class CacheAwareCompactor:
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> TurnReport:
-        """Decide and apply this turn's compaction; raises `ContextFullError` when nothing fits."""
+        """Decide and apply this turn's compaction; ``context_full`` in the report says why when
+        nothing fits (the adapters turn it into their transport's error)."""
         report = TurnReport(0, 0)
         since = self._observe_new(now, report)
         s = self.session
@@ -454,6 +455,8 @@ class CacheAwareCompactor:
                 # has accrued, not every turn (each look builds a view of the whole session)
                 self._deferred_old = old if (self._pending or tokens >= before) else None
         report.tokens_after = self._ensure_fits(tokens, lim, report)
+        if report.context_full is not None:
+            return report
         self._last_tokens = report.tokens_after
         # what changes bytes already sent: not the shortening of new results, nor lines given back to them
         self._choose_ttl(model, report.tokens_after, edited=any(e.start < since for e in report.entries), cold=cold)
@@ -767,7 +770,7 @@ class CacheAwareCompactor:
     def _ensure_fits(self, tokens: int, lim: Limits, report: TurnReport) -> int:
         """Past the critical threshold, L5 until the request fits, and if the newest round beside a
         leading summary still does not (the prefix fills most of the window), L5 again with the
-        summary dropped; `ContextFullError` if even that cannot fit."""
+        summary dropped; ``report.context_full`` says why if even that cannot fit."""
         if tokens < lim.critical:
             return tokens
         tokens = self._truncate(tokens, lim, report, "over the critical threshold after the other levels")
@@ -777,7 +780,7 @@ class CacheAwareCompactor:
         if tokens > lim.limit:
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
-            raise ContextFullError(self._full_message(tokens, lim))
+            report.context_full = self._full_message(tokens, lim)
         return tokens
 
     def _full_message(self, tokens: int, lim: Limits) -> str:

@@ -58,10 +58,15 @@ __all__ = [
 
 @dataclass(slots=True)
 class TurnReport:
+    """What a strategy decided for one request: the edits it made, the events, and, when even
+    its last resort cannot fit the request, why (``context_full``: the message the adapter gives
+    the caller as its transport's error)."""
+
     tokens_before: int
     tokens_after: int
     events: list[Event] = field(default_factory=list)
     entries: list[LedgerEntry] = field(default_factory=list)
+    context_full: str | None = None
 
 
 @runtime_checkable

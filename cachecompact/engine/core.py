@@ -18,7 +18,6 @@ from typing import Any
 
 from ..base.errors import (
     CacheCompactError,
-    ContextFullError,
     InvalidSessionIdError,
     MalformedMessageError,
     UnknownModelError,
@@ -26,6 +25,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
+from ..base.records import ContextFull
 from ..cache.forensics import Finding, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
@@ -47,7 +47,7 @@ from .identity import RequestHistory
 from .options import EngineOptions
 from .registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
 
-__all__ = ["STILL_TOO_LONG", "CompactionEngine", "Prepared", "Retry", "SummarizerFactory"]
+__all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Retry", "SummarizerFactory"]
 
 log = logging.getLogger("cachecompact")
 
@@ -138,8 +138,8 @@ class CompactionEngine:
     # -- preparing a request ---------------------------------------------------------------------
 
     def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
-                raw: bytes | None = None) -> Prepared:
-        """The session, strategy and render for ``body``; raises for bad input.
+                raw: bytes | None = None) -> Prepared | ContextFull:
+        """The session, strategy and render for ``body``, or `ContextFull`; raises for bad input.
 
         ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
         (same fingerprint), so nothing is appended twice. ``raw`` is the body as the client sent
@@ -176,7 +176,9 @@ class CompactionEngine:
             max_tokens = int(params.pop("max_tokens", 0) or 0)
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.last_message_id}
-            live.strategy.before_request(now, model, max_tokens, params=params)
+            report = live.strategy.before_request(now, model, max_tokens, params=params)
+            if report.context_full is not None:
+                return ContextFull(report.context_full)
             ttl, prefix_ttl = self._ttls(live)
             if asks_hour and live.strategy.renders and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
                 live.told_ttl = True  # once per session: every request of a client like Claude Code asks it
@@ -222,13 +224,13 @@ class CompactionEngine:
         live.requests_seen = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
-                             retry: bool = False, raw: bytes | None = None) -> Prepared | None:
-        """`prepare`, or None (send the original request) on anything but `ContextFullError`."""
+                             retry: bool = False, raw: bytes | None = None) -> Prepared | ContextFull | None:
+        """`prepare`, or None (send the original request) on anything but an unknown model."""
         t0 = time.perf_counter()
         try:
             return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
-        except (ContextFullError, UnknownModelError):
-            raise  # cannot fit at all, even after L5, or a model nobody priced: say so clearly
+        except UnknownModelError:
+            raise  # a model nobody priced: say so clearly
         except (MalformedMessageError, InvalidSessionIdError) as err:
             log.warning("cachecompact: request passed through unchanged: %s", err)
             return None

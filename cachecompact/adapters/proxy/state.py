@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...base.errors import ConfigError, ContextFullError, InvalidSessionIdError
+from ...base.errors import ConfigError, InvalidSessionIdError
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
+from ...base.records import ContextFull
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
@@ -112,11 +113,11 @@ class ProxyState:
             hint = session_hint(headers, body)
         except InvalidSessionIdError as err:
             return api_error(400, str(err))
-        try:
-            with self.holding(headers):
-                return self.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
-        except ContextFullError as err:
-            return api_error(400, str(err))
+        with self.holding(headers):
+            p = self.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
+        if isinstance(p, ContextFull):
+            return api_error(400, p.message)
+        return p
 
     def after_too_long(self, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
         """The engine's reactive path, with the caller's credentials for its summaries."""
