@@ -7,6 +7,7 @@ Callbacks get every event; a failing callback is logged and never breaks compact
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -57,12 +58,19 @@ class Event:
 
 
 class EventBus:
-    """Fan-out to callbacks, plus an in-memory history for reports and tests."""
+    """Fan-out to callbacks, plus an in-memory history for reports and tests.
 
-    def __init__(self, callbacks: list[Callable[[Event], None]] | None = None, keep: int = 10_000) -> None:
+    With ``unsaved=True`` it also holds each session's events until its owner takes them
+    (`drain`): the request cycle persists a session's events after each of its steps, so nothing
+    subscribes back into the cycle from below."""
+
+    def __init__(self, callbacks: list[Callable[[Event], None]] | None = None, keep: int = 10_000,
+                 unsaved: bool = False) -> None:
         self.callbacks = list(callbacks or [])
         self.history: list[Event] = []
         self._keep = keep
+        self._unsaved: dict[str, list[Event]] | None = {} if unsaved else None
+        self._lock = threading.Lock()
 
     def subscribe(self, fn: Callable[[Event], None]) -> None:
         self.callbacks.append(fn)
@@ -72,6 +80,9 @@ class EventBus:
         self.history.append(event)
         if len(self.history) > self._keep:
             del self.history[: len(self.history) - self._keep]
+        if self._unsaved is not None:
+            with self._lock:
+                self._unsaved.setdefault(event.session_id, []).append(event)
         if level is None:
             level = logging.WARNING if event.kind in WARNING_KINDS else logging.INFO
         if log.isEnabledFor(level):
@@ -85,6 +96,15 @@ class EventBus:
                 log.exception("cachecompact event callback failed")
         _to_span(event)
         return event
+
+
+    def drain(self, session_id: str) -> list[Event]:
+        """The events of ``session_id`` emitted since the last drain, in order (none without
+        ``unsaved``)."""
+        if self._unsaved is None:
+            return []
+        with self._lock:
+            return self._unsaved.pop(session_id, [])
 
 
 def _to_span(event: Event) -> None:

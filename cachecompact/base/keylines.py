@@ -11,11 +11,23 @@ later step can quote them exactly.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from .identifiers import candidate_tokens
 
-__all__ = ["MAX_LINE", "key_lines"]
+__all__ = ["MAX_LINE", "Focus", "key_lines"]
+
+
+@dataclass(frozen=True, slots=True)
+class Focus:
+    """What the agent worked with after a result (its working set since): ``last_use`` maps each
+    identifier its calls used to the last message that used it, shared by every result, and
+    ``after`` is the result's message. A line names the focus when one of its identifiers was
+    used after ``after``. Plain data: the lines are chosen here, with nothing to call back."""
+
+    last_use: Mapping[str, int]
+    after: int
 
 MAX_LINE = 240  # longer lines are data, not definitions: never kept
 
@@ -40,7 +52,7 @@ def _is_key(line: str) -> bool:
                 or _HIT.match(line))
 
 
-def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[str] = frozenset()) -> list[str]:
+def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Focus | None = None) -> list[str]:
     """Key lines of ``text`` in file order, at most ``budget_chars`` in all; lines that also occur
     in ``skip`` (e.g. a preview shown anyway) are left out. Lines naming an identifier in
     ``focus`` (what the agent's own later calls used) take up to half the budget first, so a
@@ -64,8 +76,10 @@ def key_lines(text: str, budget_chars: int, *, skip: str = "", focus: Container[
             picked[k] = None
             used += len(line) + 1
 
+    last, after = (focus.last_use, focus.after) if focus is not None else ({}, 0)
+
     def named(body: str) -> bool:
-        return any(x in focus for x in candidate_tokens(body))
+        return any(last.get(x, -1) > after for x in candidate_tokens(body))
 
     if focus:
         take(named, budget_chars // 2)

@@ -39,12 +39,13 @@ could have been read, priced at the difference. Where the API sent
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
-from ..base.pricing import ModelInfo
+from ..base.pricing import ModelInfo, OwnPrices, priced
 from ..base.wire import canonical_bytes
 from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
 from .simulator import SimRequest
@@ -52,8 +53,10 @@ from .simulator import SimRequest
 __all__ = [
     "ACTIONABLE",
     "CLASSES",
+    "BlockOrigin",
     "Finding",
     "Forensics",
+    "Layout",
     "SessionSummary",
     "Snapshot",
     "is_compaction_rewrite",
@@ -82,9 +85,90 @@ def params_key(body: dict[str, Any], has_image: bool) -> dict[str, Any]:
             else None, "speed": body.get("speed"), "images": has_image}
 
 
+class BlockOrigin(Protocol):
+    """A rendered block as data: its JSON, its canonical bytes, the transcript message it shows
+    and the ledger entry that wrote it (the renderer's blocks have these fields)."""
+
+    @property
+    def d(self) -> Mapping[str, Any]: ...
+
+    @property
+    def raw(self) -> bytes: ...
+
+    @property
+    def transcript_index(self) -> int | None: ...
+
+    @property
+    def entry_seq(self) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each block of a request sits and where it came from, as data its snapshot's maker
+    fills in (no callback): a rendered request's blocks and message starts, or a plain body's
+    block paths and the body itself. Sequences may be longer than the request; only its first
+    blocks (and ``n_messages`` starts) are read."""
+
+    n_tools: int = 0
+    n_system: int = 0
+    starts: Sequence[int] = ()  # rendered: flat index of each message's first block
+    n_messages: int = 0
+    blocks: Sequence[BlockOrigin] = ()  # rendered: each block's dict, bytes and origin
+    edit_starts: Sequence[int] = ()  # rendered: each ledger entry's first message, by sequence number
+    paths: Sequence[str] = ()  # a plain body: each block's path
+    body: Mapping[str, Any] | None = None  # a plain body, for excerpts (None: its text is not kept)
+
+    def path(self, k: int) -> str:
+        """Block ``k``'s place in the body: ``tools[2]``, ``system[0]``, ``messages[5].content[1]``."""
+        if self.paths or not self.blocks:
+            return self.paths[k] if k < len(self.paths) else "end"
+        if k < self.n_tools:
+            return f"tools[{k}]"
+        if k < self.n_tools + self.n_system:
+            return f"system[{k - self.n_tools}]"
+        mi = bisect.bisect_right(self.starts, k, 0, self.n_messages) - 1
+        return f"messages[{mi}].content[{k - self.starts[mi]}]"
+
+    def text(self, k: int) -> str | None:
+        """Block ``k``'s text for excerpts (a text block's text, a string tool result, else its
+        JSON); None when the snapshot keeps no text."""
+        if self.blocks and not self.paths:
+            b = self.blocks[k]
+            if b.d.get("type") == "text":
+                return str(b.d.get("text", ""))
+            if b.d.get("type") == "tool_result" and isinstance(b.d.get("content"), str):
+                return str(b.d["content"])
+            return b.raw.decode()
+        if self.body is None or k >= len(self.paths):
+            return None
+        return _block_text(self.body, self.paths[k])
+
+    def explained_by(self, k: int, since: int, n_entries: int) -> int | None:
+        """The earliest of our ledger entries made after the first ``since`` (of ``n_entries``)
+        that starts at or before block ``k``'s source message: the edit that moved the bytes
+        there (messages between its end and ``k`` may be hidden by older edits). A divergence in
+        tools or system, or with no new edit before it, is unexplained."""
+        if not self.blocks or k < self.n_tools + self.n_system or since >= n_entries or k >= len(self.blocks):
+            return None
+        b = self.blocks[k]
+        if b.entry_seq is not None and since <= b.entry_seq < n_entries:
+            return b.entry_seq
+        ti = b.transcript_index
+        if ti is None and b.entry_seq is not None and b.entry_seq < len(self.edit_starts):
+            ti = self.edit_starts[b.entry_seq]
+        if ti is None:
+            return None
+        best: int | None = None
+        for seq in range(since, min(n_entries, len(self.edit_starts))):
+            start = self.edit_starts[seq]
+            if start <= ti and (best is None or start < self.edit_starts[best]):
+                best = seq
+        return best
+
+
 @dataclass(slots=True)
 class Snapshot:
-    """One request as the cache sees it. Sequences may be views shared with later requests."""
+    """One request as the cache sees it: plain data, filled in by whoever makes it."""
 
     time: float
     model: str
@@ -93,10 +177,8 @@ class Snapshot:
     cum: Sequence[int]
     pos: Sequence[int]
     breakpoints: list[tuple[int, str]]  # (block index, ttl)
-    locate: Callable[[int], str]  # block index -> "tools[2]", "system[0]", "messages[5].content[1]"
-    text_of: Callable[[int], str] | None = None  # block text for excerpts (None: bodies not available)
+    layout: Layout = field(default_factory=Layout)  # where each block sits and came from
     tool_keys: Sequence[bytes] = ()  # per tool definition, to tell reordering from editing
-    explain: Callable[[int, int], int | None] | None = None  # (block k, entries before) -> our explaining edit
     n_entries: int = 0  # ledger entries applied in this request (ours)
     head_blocks: int = 0  # leading blocks that are tools and system (the rest are messages)
     from_log: bool = False  # rebuilt from a client's log: its parameters and injected content are not recorded
@@ -185,8 +267,10 @@ def _diff_offset(a: str, b: str) -> int:
 class Forensics:
     """Per-session analysis: call `observe` for each request in order."""
 
-    def __init__(self, prices: Callable[[str], ModelInfo]) -> None:
-        self.prices = prices
+    def __init__(self, prices: OwnPrices | None = None, as_of: float | None = None) -> None:
+        """Prices come from the table (`pricing.priced`), with ``prices`` (a client's own entries)
+        first, at the day ``as_of`` (a recorded log's; None: today's)."""
+        self.own, self.as_of = prices, as_of
         self.prev: Snapshot | None = None
         self.prev_cached = 0  # the previous request's tokens read from or written to the cache, as billed
         self.entries: dict[bytes, _Entry] = {}  # what this session's requests wrote, by chain value
@@ -196,7 +280,7 @@ class Forensics:
     def fork(self) -> Forensics:
         """A continuation for a new segment of the session (a rewrite, or another agent under the
         same name): it compares its first request with this one's last, then goes its own way."""
-        f = Forensics(self.prices)
+        f = Forensics(self.own, self.as_of)
         f.prev, f.entries, f.n, f.prev_cached = self.prev, dict(self.entries), self.n, self.prev_cached
         return f
 
@@ -225,6 +309,9 @@ class Forensics:
         self.n += 1
         self.summary.add(f)
         return f
+
+    def prices(self, model: str) -> ModelInfo:
+        return priced(model, self.own).as_of(self.as_of)
 
     # -- what the previous requests left cached -----------------------------------------------------
 
@@ -320,7 +407,7 @@ class Forensics:
         # turn, within the TTL: the client changed what the log does not record (module docstring)
         floor = snap.head_floor
         if snap.from_log and snap.human_turn and floor and abs(f.read - floor) <= max(32, _TOLERANCE * floor):
-            f.cls, f.location = "client_rewrite", snap.locate(snap.head_blocks)
+            f.cls, f.location = "client_rewrite", snap.layout.path(snap.head_blocks)
             f.detail = (f"{f.read} tokens read: the tools and system prompt alone (this thread's floor, {floor}), "
                         f"none of the messages, at a person's turn {gap:.0f} s after the previous request; the "
                         f"client changed the messages in a way its log does not record")
@@ -357,7 +444,7 @@ class Forensics:
         if top is not None and top < len(snap.pos) and not any(
                 b >= top and snap.pos[b] - snap.pos[top] < LOOKBACK for b, _ in snap.breakpoints):
             f.cls, f.actionable = "lookback_miss", True
-            f.location = snap.locate(top)
+            f.location = snap.layout.path(top)
             near = min((snap.pos[b] - snap.pos[top] for b, _ in snap.breakpoints if b >= top), default=None)
             f.detail = (f"the previous cached end ({f.location}) is {near} positions behind the nearest breakpoint "
                         f"(a read looks back {LOOKBACK})" if near is not None else
@@ -372,16 +459,17 @@ class Forensics:
         f.wasted_tokens = min(f.wasted_tokens, max(0, round((ideal - before_k) * ratio)))
         f.wasted_usd = f.wasted_tokens * per_token
         if k >= len(snap.chain):
-            f.location = prev.locate(k) if k < len(prev.chain) else "messages"
+            f.location = prev.layout.path(k) if k < len(prev.chain) else "messages"
             f.detail = f"the request is shorter than the cached prefix: {f.location} and later were removed"
         else:
-            f.location = snap.locate(k)
+            f.location = snap.layout.path(k)
             f.detail = self._what_changed(snap, prev, k)
-            if snap.text_of is not None and prev.text_of is not None and k < len(prev.chain):
-                a, b = prev.text_of(k), snap.text_of(k)
+            a = prev.layout.text(k) if k < len(prev.chain) else None
+            b = snap.layout.text(k)
+            if a is not None and b is not None:
                 off = _diff_offset(a, b)
                 f.offset, f.before, f.after = off, _excerpt(a, off), _excerpt(b, off)
-        f.explained_by = (snap.explain(k, prev.n_entries) if snap.explain is not None and k < len(snap.chain)
+        f.explained_by = (snap.layout.explained_by(k, prev.n_entries, snap.n_entries) if k < len(snap.chain)
                           else None)
         f.actionable = f.explained_by is None
         if f.explained_by is not None:  # our own compaction: its deliberate re-write, not a miss
@@ -391,7 +479,7 @@ class Forensics:
 
     @staticmethod
     def _what_changed(snap: Snapshot, prev: Snapshot, k: int) -> str:
-        loc = snap.locate(k)
+        loc = snap.layout.path(k)
         if loc.startswith("tools"):
             a, b = list(prev.tool_keys), list(snap.tool_keys)
             if a and b and sorted(a) == sorted(b):
@@ -481,17 +569,14 @@ def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, keep_text
             k -= 1
         if k >= 0 and all(k != x for x, _ in bps):
             bps = sorted([*bps, (k, req.auto_ttl)])
-    text_of = None
-    if keep_text and body is not None:
-        def text_of(k: int) -> str:
-            return _block_text(body, blocks[k].where)
+    layout = Layout(req.n_tools, req.n_system, paths=[b.where for b in blocks],
+                    body=body if keep_text and body is not None else None)
     return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, req.has_image), chain=chain, cum=cum,
-                    pos=pos, breakpoints=bps, locate=lambda k: blocks[k].where if k < len(blocks) else "end",
-                    text_of=text_of, tool_keys=[b.key for b in blocks[: req.n_tools]],
+                    pos=pos, breakpoints=bps, layout=layout, tool_keys=[b.key for b in blocks[: req.n_tools]],
                     head_blocks=req.n_tools + req.n_system, server_edits=_asks_server_edits(body))
 
 
-def _block_text(body: dict[str, Any], where: str) -> str:
+def _block_text(body: Mapping[str, Any], where: str) -> str:
     """The text of the block at a path like ``messages[3].content[1]`` (JSON for non-text)."""
     import re
 

@@ -26,7 +26,7 @@ from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
 from ..base.records import ContextFull
-from ..cache.forensics import Finding, Snapshot, params_key, snapshot_from_sim
+from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
 from ..compaction.scratchpad import REF_RE, Scratchpad
@@ -55,19 +55,17 @@ STILL_TOO_LONG = "context is full: still too long after reactive compaction; sta
 
 
 def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
-    """A snapshot of a request cachecompact rendered (no copy of its arrays), for forensics: the
-    engine adapts the render, so the cache layer never reads the history layer."""
+    """A snapshot of a request cachecompact rendered, for forensics: the engine copies the render's
+    arrays and hands over where each block came from, as data, so the cache layer never calls
+    back into the history layer."""
     bps = list(zip(r.breakpoints, r.breakpoint_ttls or ["5m"] * len(r.breakpoints), strict=True))
-    head = r.head_blocks
-    tools = [r.block(k).key for k in range(min(head, r.n_tools))]
-
-    def explain(k: int, since: int) -> int | None:
-        e = r.explain(r.location(k), since)
-        return e.seq if e is not None else None
-
-    return Snapshot(time=time, model=model, params=params, chain=r.block_hashes, cum=r.cumulative_tokens,
-                    pos=r.positions, breakpoints=bps, locate=lambda k: r.location(k).path, text_of=r.block_text,
-                    tool_keys=tools, explain=explain, n_entries=r.n_entries)
+    blocks = r.flat_blocks
+    tools = [blocks[k].key for k in range(r.n_tools)]
+    chain, cum, pos = r.cache_arrays()
+    layout = Layout(r.n_tools, r.n_system, starts=r.message_starts, n_messages=r.n_messages, blocks=blocks,
+                    edit_starts=r.edit_starts)
+    return Snapshot(time=time, model=model, params=params, chain=chain, cum=cum, pos=pos, breakpoints=bps,
+                    layout=layout, tool_keys=tools, n_entries=r.n_entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +112,7 @@ class CompactionEngine:
         self.scratchpad_tool = opts.scratchpad_tool
         self.diagnostics = opts.diagnostics
         self.ttl, self.prefix_ttl = opts.ttl, opts.prefix_ttl
-        self.events = EventBus(opts.hooks)
-        self.events.subscribe(self._persist_event)
+        self.events = EventBus(opts.hooks, unsaved=True)  # each session's, persisted by the cycle (`_save_events`)
         self.clock = opts.clock
         # refuse a request whose model the price table does not list (wrap(); the proxy, which
         # serves clients it does not configure, prices such a request as the default model)
@@ -177,6 +174,7 @@ class CompactionEngine:
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.last_message_id}
             report = live.strategy.before_request(now, model, max_tokens, params=params)
+            self._save_events(live)
             if report.context_full is not None:
                 return ContextFull(report.context_full)
             ttl, prefix_ttl = self._ttls(live)
@@ -236,8 +234,13 @@ class CompactionEngine:
             return None
         except Exception as err:  # fail open: the user's request still goes out
             log.exception("cachecompact: compaction failed; sending the original request")
-            self.events.emit(Event("failure", self.session_id or "-", reason=f"compaction: {type(err).__name__}: "
-                                                                           f"{err}"))
+            sid = self.session_id or "-"
+            self.events.emit(Event("failure", sid, reason=f"compaction: {type(err).__name__}: {err}"))
+            live = self.registry.get(sid)
+            if live is not None:
+                self._save_events(live)
+            else:
+                self.events.drain(sid)  # no session to keep it in: the log line and the hooks had it
             return None
         finally:
             self.overhead_s += time.perf_counter() - t0
@@ -257,6 +260,7 @@ class CompactionEngine:
                 snap = p.snapshot()
                 finding: Finding = live.forensics.observe(snap, usage, cache_miss_reason)
                 self._report(live, finding)
+                self._save_events(live)
                 rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
                        "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
                        "sent_tokens": snap.total, "finding": finding.to_dict()}
@@ -290,9 +294,13 @@ class CompactionEngine:
         self.events.emit(Event("cache_miss", live.session.session_id, reason=f"{f.cls}: {f.detail}",
                                cost_usd=f.wasted_usd, detail=f.to_dict()), level=level)
 
-    def _persist_event(self, ev: Event) -> None:
-        live = self.registry.get(ev.session_id)
-        if live is not None and live.session.store is not None:
+    def _save_events(self, live: Live) -> None:
+        """Persist what ``live``'s step emitted (the event log is informational: a store that
+        fails here is logged, and the request goes on)."""
+        events = self.events.drain(live.sid)
+        if live.session.store is None:
+            return
+        for ev in events:
             try:
                 live.session.log_event(ev.to_dict())
             except (OSError, CacheCompactError):
@@ -340,7 +348,9 @@ class CompactionEngine:
         n, limit, out = info
         live = p.live
         with live.lock:
-            if not live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens):
+            freed = live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens)
+            self._save_events(live)
+            if not freed:
                 return None
             ttl, prefix_ttl = self._ttls(live)
             r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=ttl, prefix_ttl=prefix_ttl,

@@ -102,7 +102,7 @@ class LiveMaker:
                               scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
         prices = self.options.prices
         return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
-                    forensics=Forensics(lambda m: priced(m, prices)), scratchpad=ctx.scratchpad)
+                    forensics=Forensics(prices), scratchpad=ctx.scratchpad)
 
     def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         """A new session ``sid`` in the store for the request ``body`` (`SessionExistsError` if taken)."""

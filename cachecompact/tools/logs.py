@@ -237,7 +237,7 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
     for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
         if thread is None:
             continue
-        engine = Forensics(prices)  # a thread's cache entries are its own (another system prompt)
+        engine = Forensics(as_of=out.first)  # a thread's cache entries are its own (another system prompt)
         body = {"messages": thread.messages}
         floor = min((c.recorded["read"] for c in thread.calls if c.recorded["read"]), default=0)
         counted = 0

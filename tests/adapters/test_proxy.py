@@ -377,7 +377,7 @@ def test_a_request_without_credentials_never_summarises_on_the_operators_key(
     summarizer must not, so a caller without a key gets an offline summary and no upstream call."""
     import threading
 
-    from cachecompact.adapters.proxy.credentials import UpstreamSummarizer as _UpstreamSummarizer
+    from cachecompact.compaction.summarize.caller_key import CallerKeySummarizer as _UpstreamSummarizer
     from cachecompact.compaction.summarize.llm import SummaryRequest
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-OPERATOR")

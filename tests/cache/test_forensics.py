@@ -11,7 +11,6 @@ from typing import Any
 import anthropic
 import pytest
 
-from cachecompact.base.pricing import model_prices
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.cache.forensics import Finding, Forensics, snapshot_from_sim
 from cachecompact.cache.simulator import request_from_body
@@ -41,7 +40,7 @@ class Run:
 
     def __init__(self, emu: Emulator) -> None:
         self.client = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
-        self.f = Forensics(model_prices)
+        self.f = Forensics()
         self.counter = TokenCounter()
 
     def send(self, t: float, **body: Any) -> Finding:
@@ -115,7 +114,7 @@ def test_below_minimum_and_tools_reordered(run: Run) -> None:
 
 
 def test_provider_suspected_when_nothing_explains_a_miss() -> None:
-    f = Forensics(model_prices)
+    f = Forensics()
     counter = TokenCounter()
     body = {"model": MODEL, "max_tokens": 10, "system": SYSTEM, "messages": _msgs(3)}
     total = sum(b.tokens for b in request_from_body(body, 0, counter).blocks)

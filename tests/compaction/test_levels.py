@@ -10,7 +10,7 @@ import anthropic
 import pytest
 
 from cachecompact import Session
-from cachecompact.base.keylines import key_lines
+from cachecompact.base.keylines import Focus, key_lines
 from cachecompact.base.pricing import DEFAULT_SUMMARY_MODEL
 from cachecompact.compaction.levels import (
     build_view,
@@ -213,15 +213,17 @@ def test_focus_is_only_what_calls_after_the_result_used() -> None:
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
     focus = LaterIdentifiers(build_view(s)).after(2)
-    assert "compute_3" in focus and "compute_1" not in focus and "compute_2" not in focus and focus
-    assert not LaterIdentifiers(build_view(s)).after(4)  # nothing came after the last result
+    assert focus is not None
+    used = {x for x, at in focus.last_use.items() if at > focus.after}
+    assert "compute_3" in used and "compute_1" not in used and "compute_2" not in used
+    assert LaterIdentifiers(build_view(s)).after(4) is None  # nothing came after the last result
     assert key_lines(body, 1_000, focus=focus) == ["    y3 = compute_3(state)"]
 
 
 def test_a_common_name_cannot_crowd_out_the_definitions() -> None:
     # focus lines take at most half the budget first; the key lines still get in
     text = "\n".join([*(f"import os.path  # {k}" for k in range(40)), "def load(path):", "MAX_SIZE = 10"])
-    kept = key_lines(text, 200, focus=frozenset({"os.path"}))
+    kept = key_lines(text, 200, focus=Focus({"os.path": 1}, 0))
     assert "def load(path):" in kept and "MAX_SIZE = 10" in kept and any(x.startswith("import") for x in kept)
     assert sum(len(x) + 1 for x in kept) <= 200
 

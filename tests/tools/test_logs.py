@@ -52,7 +52,7 @@ def test_a_read_of_the_head_alone_at_a_persons_turn_is_the_clients_rewrite() -> 
     does not show; in a tool loop nothing explains it, so it stays provider_suspected."""
     keys = [f"m{i}" for i in range(6)]
     for human, expected in ((True, "client_rewrite"), (False, "provider_suspected")):
-        f = Forensics(model_prices)
+        f = Forensics()
         _observe(f, _request(0, keys[:4]), _usage(0, HEAD + 20_000))
         got = _observe(f, _request(60, keys), _usage(HEAD, 30_000), human_turn=human, prompt="fix the parser",
                        head_floor=HEAD)
@@ -62,7 +62,7 @@ def test_a_read_of_the_head_alone_at_a_persons_turn_is_the_clients_rewrite() -> 
 
 
 def test_claude_codes_own_compaction_is_priced_as_what_it_wrote_again() -> None:
-    f = Forensics(model_prices)
+    f = Forensics()
     _observe(f, _request(0, ["a", "b", "c", "d"]), _usage(0, HEAD + 20_000))
     got = _observe(f, _request(30, ["summary", "e"]), _usage(HEAD, 10_000), client_compaction="compact")
     p = model_prices(MODEL)
@@ -73,7 +73,7 @@ def test_claude_codes_own_compaction_is_priced_as_what_it_wrote_again() -> None:
 def test_what_a_request_should_read_is_capped_by_what_the_last_one_cached() -> None:
     """The previous call sent 12,000 tokens uncached after its cached part: a read of the
     cached part alone is as expected, whatever the token estimate of the messages says."""
-    f = Forensics(model_prices)
+    f = Forensics()
     _observe(f, _request(0, ["a", "b"]), _usage(0, 18_000, inp=12_000))
     got = _observe(f, _request(5, ["a", "b", "c"]), _usage(18_000, 6_000))
     assert got.cls == "read_as_expected" and got.expected == 18_000

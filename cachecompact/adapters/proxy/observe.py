@@ -49,7 +49,7 @@ class ObservedSession:
     head: bytes = b""  # tools + system (`sessions.head_key`)
     hashes: list[bytes] = field(default_factory=list)  # identities of the last request's messages
     link: dict[str, Any] | None = None  # the session this one continues (`sessions.Decision`)
-    forensics: Forensics = field(default_factory=lambda: Forensics(priced))
+    forensics: Forensics = field(default_factory=Forensics)
     memo: dict[tuple[bytes, int], Any] = field(default_factory=dict)
     records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
     compactions: list[dict[str, Any]] = field(default_factory=list)

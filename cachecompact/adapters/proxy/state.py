@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ...base.errors import ConfigError, InvalidSessionIdError
+from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
 from ...base.records import ContextFull
@@ -23,7 +24,6 @@ from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
 from .config import ProxyConfig
-from .credentials import CREDENTIALS, UpstreamSummarizer
 from .observe import Observer
 from .tap import ResponseTap
 
@@ -62,6 +62,7 @@ class ProxyState:
         self.creds = threading.local()
         self.engine: CompactionEngine | None = None
         if cfg.mode == "compact":
+            from ...compaction.summarize.caller_key import CallerKeySummarizer
             from ...engine.core import CompactionEngine
             from ...engine.options import EngineOptions
 
@@ -69,7 +70,7 @@ class ProxyState:
             upstream = cfg.upstream
 
             def summarizer(model: str | None, mode: str) -> Any:
-                return UpstreamSummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
+                return CallerKeySummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
 
             clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))
             if clash:
@@ -96,7 +97,7 @@ class ProxyState:
     def holding(self, headers: Mapping[str, str]) -> Iterator[None]:
         """The request's credentials (and its ``anthropic-beta``) in ``self.creds`` for the
         duration of the block, on this thread only, for the summaries made in it
-        (`credentials.UpstreamSummarizer`); empty before and after, and never stored."""
+        (`compaction.summarize.caller_key`); empty before and after, and never stored."""
         self.creds.headers = {k: v for k, v in headers.items() if k in (*CREDENTIALS, "anthropic-beta")}
         try:
             yield

@@ -10,10 +10,10 @@ eligible results are cleared in one batch, so one cache break removes as much as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from typing import Any
 
-from ...base.keylines import key_lines
+from ...base.keylines import Focus, key_lines
 from ...base.tokens import TokenCounter
 from ...history.ledger import ReplaceWithSummary, SkipRange
 from .view import PLACEHOLDER_TOKENS, LaterIdentifiers, Proposal, ResultInfo, View, older_tool_blocks
@@ -32,7 +32,7 @@ def is_write_op(r: ResultInfo, write_tools: frozenset[str],
     return r.name in write_tools or (predicate is not None and predicate(r.name, r.input))
 
 
-def cleared_text(r: ResultInfo, key_budget: int = 0, focus: Container[str] = frozenset()) -> str:
+def cleared_text(r: ResultInfo, key_budget: int = 0, focus: Focus | None = None) -> str:
     """The placeholder: what was cleared, its key lines (verbatim, within ``key_budget``
     characters; lines naming a ``focus`` identifier first), and how to get the rest back with
     the agent's own tools."""

@@ -14,9 +14,9 @@ says to run the tool again (or re-read the file), and never mentions a tool the 
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 
-from ...base.keylines import key_lines
+from ...base.keylines import Focus, key_lines
 from ...base.tokens import TokenCounter
 from ...history.ledger import ReplaceWithSummary
 from ..scratchpad import Scratchpad
@@ -56,7 +56,7 @@ def rule_summary(r: ResultInfo) -> str:
 
 
 def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0,
-                      focus: Container[str] = frozenset()) -> str:
+                      focus: Focus | None = None) -> str:
     """The tool result the model sees instead of the full output: a rule-based summary, the first
     lines (``preview_chars``), and the key lines after them (``key_chars``), all verbatim."""
     preview = r.text[:preview_chars]
@@ -84,7 +84,7 @@ def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
         ref = scratchpad.ref_for(r.text) if scratchpad is not None else None
         text = externalized_text(r, ref, preview_chars, key_chars,
-                                 later.after(r.message) if later is not None else frozenset())
+                                 later.after(r.message) if later is not None else None)
         saved = r.tokens - counter.count_text(text)
         if saved <= 0:
             # an output whose lines are nearly all key lines (definitions, grep hits, listings)

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...base.identifiers import identifiers_in_input
+from ...base.keylines import Focus
 from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
 from ...history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 
 if TYPE_CHECKING:
     from ...history.session import Session
 
-__all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "LaterIdentifiers", "LaterUse", "Proposal", "ResultInfo", "View",
+__all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "LaterIdentifiers", "Proposal", "ResultInfo", "View",
            "build_view", "message_results", "older_results", "older_tool_blocks", "results_since"]
 
 PLACEHOLDER_TOKENS = 60  # what a cleared result still costs (its placeholder text)
@@ -159,31 +160,17 @@ def older_tool_blocks(view: View, keep_recent: int, keep_recent_tokens: int) -> 
     return [r for r in results if id(r) not in kept], [c for c in inputs if id(c) not in kept]
 
 
-@dataclass(frozen=True, slots=True)
-class LaterUse:
-    """The identifiers the agent's calls used after message ``after`` (its working set since):
-    ``x in focus`` asks whether a later call used x. Shares one map for every message."""
-
-    last_use: dict[str, int]  # identifier -> the last message whose results answer a call that used it
-    newest: int
-    after: int
-
-    def __contains__(self, x: object) -> bool:
-        return isinstance(x, str) and self.last_use.get(x, -1) > self.after
-
-    def __bool__(self) -> bool:
-        return self.newest > self.after
-
-
 class LaterIdentifiers:
-    """`LaterUse` for any message of a view, built on first use in one pass over its calls."""
+    """The `Focus` of any message of a view (the identifiers the agent's calls used after it),
+    built on first use in one pass over its calls: one map, shared by every message."""
 
     def __init__(self, view: View) -> None:
         self.view = view
         self._last: dict[str, int] | None = None
         self._newest = -1
 
-    def after(self, message: int) -> LaterUse:
+    def after(self, message: int) -> Focus | None:
+        """The focus after ``message``; None when no call came after it."""
         if self._last is None:
             last: dict[str, int] = {}
             for r in self.view.results:  # in message order: later uses overwrite earlier ones
@@ -191,7 +178,7 @@ class LaterIdentifiers:
                     last[x] = r.message
                 self._newest = max(self._newest, r.message)
             self._last = last
-        return LaterUse(self._last, self._newest, message)
+        return Focus(self._last, message) if self._newest > message else None
 
 
 def older_results(view: View, keep_recent: int, keep_recent_tokens: int) -> list[ResultInfo]:

@@ -16,6 +16,7 @@ from ...base.wire import canonical_bytes
 from ...cache.model import first_mismatch
 from ..ledger import LedgerEntry
 from ..thinking import BINDING_BETA, ThinkingPlan
+from .blocks import RenderedBlock
 from .chain import ChainArrays
 
 __all__ = ["BlockInfo", "BlockLocation", "Divergence", "RenderResult"]
@@ -154,6 +155,33 @@ class RenderResult:
     @property
     def n_tools(self) -> int:
         return self._n_tools
+
+    @property
+    def n_system(self) -> int:
+        return self._n_system
+
+    def cache_arrays(self) -> tuple[list[bytes], list[int], list[int]]:
+        """Copies of the chained hashes, cumulative raw tokens and lookback positions of this
+        render's blocks: plain lists for the cache layer (forensics), which keeps them."""
+        nb, arr = self._nb, self._arr
+        return arr.chain[:nb], arr.cum[:nb], arr.pos[:nb]
+
+    @property
+    def flat_blocks(self) -> Sequence[RenderedBlock]:
+        """Every block as rendered (tools, system, message blocks), shared with later renders that
+        extend it: read-only, and only the first `n_blocks` are this render's."""
+        return self._arr.flat
+
+    @property
+    def message_starts(self) -> Sequence[int]:
+        """The flat index of each rendered message's first block (shared like `flat_blocks`; the
+        first `n_messages` are this render's)."""
+        return self._arr.starts
+
+    @property
+    def edit_starts(self) -> list[int]:
+        """The first transcript message of each ledger entry this render applied, by sequence."""
+        return [e.start for e in self._ledger[:self.n_entries]]
 
     @property
     def head_blocks(self) -> int:

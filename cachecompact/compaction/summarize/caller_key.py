@@ -1,37 +1,35 @@
-"""Summaries on the caller's credentials: which headers carry them, and the summarizer that
-reads them while `state.ProxyState.holding` holds them for the request being compacted. Its
-summaries go upstream on the caller's key, never on the operator's, and nothing is stored."""
+"""Summaries on the caller's own credentials: an LLM summarizer built per summary from the
+credential headers of the request being compacted, which the adapter that holds that request
+(the compact proxy) puts in a thread-local for its duration. The summary goes upstream on the
+caller's key, never on the operator's, and nothing is stored.
+
+It lives on the compaction floor, beside the summarizers it chooses between, so a compacting
+request calls only down the floors: the adapter hands the credentials down as data instead of
+being called back (issue 39)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+
+import anthropic
 
 from ...base.headers import INTERNAL_HEADER
+from .llm import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 
-if TYPE_CHECKING:
-    from ...compaction.summarize.llm import SummaryRequest, SummaryResult
-
-__all__ = ["CREDENTIALS", "UpstreamSummarizer"]
+__all__ = ["CallerKeySummarizer"]
 
 log = logging.getLogger("cachecompact")
 
-CREDENTIALS = ("x-api-key", "authorization")
-
-
-class UpstreamSummarizer:
-    """Summaries through the upstream with the credentials of the request being compacted
-    (held for the duration of that request only, in a thread-local)."""
+class CallerKeySummarizer:
+    """Summaries through ``upstream`` with the credentials in ``creds.headers`` (a thread-local
+    the adapter fills for the request being compacted only); extractive when the request
+    carried none."""
 
     def __init__(self, upstream: str, model: str, mode: str, creds: threading.local) -> None:
         self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
-        import anthropic
-
-        from ...compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer
-
         h: dict[str, str] = getattr(self.creds, "headers", {})
         key = h.get("x-api-key")
         bearer = h.get("authorization", "")

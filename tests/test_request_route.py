@@ -1,0 +1,178 @@
+"""A request flows one way (issue 39): a profile of one compacting turn, through `wrap()` and
+through the compact proxy, shows no call from a lower floor of the package into a higher one,
+and names the files the turn runs code in, in the order it meets them (docs/architecture.md,
+*Following one request*, lists the same).
+
+The API is the emulator in a process of its own, so the profile holds the product alone. Run
+this file as a script to print both routes: ``python tests/test_request_route.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import anthropic
+import httpx2
+
+import cachecompact
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+
+PKG = Path(cachecompact.__file__).resolve().parent
+FLOORS = {"base": 1, "cache": 2, "store": 3, "history": 4, "compaction": 5, "engine": 6, "adapters": 7, "tools": 8}
+WINDOW = 30_000
+TOOLS = [{"name": "read", "description": "Read a file.",
+          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+SYSTEM = "You are a careful agent. " * 100
+
+
+def _floor(filename: str) -> tuple[int, str] | None:
+    """The floor and package path of a file of the package (None for any other file)."""
+    try:
+        rel = Path(filename).resolve().relative_to(PKG)
+    except ValueError:
+        return None
+    return FLOORS.get(rel.parts[0], 0), str(rel)
+
+
+@dataclass
+class Route:
+    """What one turn ran: package files in the order first entered, and every call that went
+    from a file of a lower floor into one of a higher floor."""
+
+    files: list[str] = field(default_factory=list)
+    up: list[tuple[str, str]] = field(default_factory=list)
+    on: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call" or not self.on:
+            return
+        callee = _floor(frame.f_code.co_filename)
+        if callee is None:
+            return
+        caller_frame = frame.f_back
+        caller = None
+        while caller_frame is not None and caller is None:  # the nearest caller in the package
+            caller = _floor(caller_frame.f_code.co_filename)
+            caller_frame = caller_frame.f_back if caller is None else caller_frame
+        with self._lock:
+            if callee[1] not in self.files:
+                self.files.append(callee[1])
+            if caller is not None and 0 < caller[0] < callee[0]:
+                assert caller_frame is not None
+                self.up.append((f"{caller[1]}:{caller_frame.f_code.co_name}",
+                                f"{callee[1]}:{frame.f_code.co_name}"))
+
+
+@contextlib.contextmanager
+def _api() -> Iterator[str]:
+    """The emulator in a process of its own; its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cachecompact.tools.cli", "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx2.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("the emulator did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _turns(client: anthropic.Anthropic, edits: Callable[[], int], route: Route) -> Route:
+    """An agent that reads a file a turn (its own tool calls, whatever the model answers) until
+    a turn makes a ledger edit; that turn's route."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
+    for k in range(80):
+        before = edits()
+        route.files.clear()
+        route.up.clear()
+        route.on = True
+        client.messages.create(model="claude-sonnet-4-6", max_tokens=1000, system=SYSTEM, tools=TOOLS,
+                               messages=msgs)
+        route.on = False
+        if edits() > before and k > 2:
+            return route
+        msgs.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{k:04d}", "name": "read",
+                                                       "input": {"path": f"src/m{k}.py"}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{k:04d}",
+                                                  "content": f"m{k}\n" + "def f(x): return x\n" * 300}]})
+    raise AssertionError("no turn compacted")
+
+
+def wrap_route(url: str) -> Route:
+    route = Route()
+    client = cachecompact.wrap(anthropic.Anthropic(base_url=url, api_key="t", max_retries=0), store=None,
+                               window_tokens=WINDOW)
+    sys.setprofile(route.hook)
+    try:
+        return _turns(client, lambda: sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client)), route)
+    finally:
+        sys.setprofile(None)
+
+
+def proxy_route(url: str) -> Route:
+    route = Route()
+    threading.setprofile(route.hook)  # the proxy's threads, started below
+    try:
+        with Proxy(ProxyConfig(upstream=url, port=0, mode="compact", window_tokens=WINDOW)) as px:
+            engine = px.state.engine
+            assert engine is not None
+            client = anthropic.Anthropic(base_url=px.url, api_key="t", max_retries=0)
+
+            def edits() -> int:
+                px.wait_idle()
+                return sum(len(s.ledger) for s in engine.sessions())
+            sys.setprofile(route.hook)
+            return _turns(client, edits, route)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+
+
+def test_a_compacting_wrap_turn_calls_only_down_the_floors() -> None:
+    with _api() as url:
+        route = wrap_route(url)
+    assert route.up == [], route.up
+    # measured 39 (2026-12-03); issue 39 asked for 30, not reached without merging modules (see
+    # docs/architecture.md): this ceiling keeps the route from growing unnoticed
+    assert len(route.files) <= 39, route.files
+
+
+def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
+    with _api() as url:
+        route = proxy_route(url)
+    assert route.up == [], route.up
+    # measured 47 (2026-12-03); issue 39 asked for 32: the compact proxy also feeds the dashboard's
+    # analysis (observe.py, cache/simulator.py) on every request
+    assert len(route.files) <= 47, route.files
+
+
+if __name__ == "__main__":
+    with _api() as api_url:
+        for name, fn in (("wrap()", wrap_route), ("compact proxy", proxy_route)):
+            r = fn(api_url)
+            print(f"{name}: {len(r.files)} files, {len(r.up)} calls up a floor")
+            for i, f in enumerate(r.files, 1):
+                print(f"  {i:2d} {f}")
+            for a, b in sorted(set(r.up)):
+                print(f"  up: {a} -> {b}")
