@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from cachecompact.base.records import Answer
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.compaction.summarize.extractive import block_texts
 from cachecompact.engine.core import CompactionEngine
@@ -112,7 +113,7 @@ def main() -> int:
         t0 = time.perf_counter()
         p = eng.prepare(body, explicit=None, now=1_800_000_000.0 + 10 * t)
         t_prepare = time.perf_counter() - t0
-        eng.record(p, {**usage, "cache_read_input_tokens": p.render.raw_tokens}, f"msg_{t}", None, False)
+        eng.record(p, Answer({**usage, "cache_read_input_tokens": p.render.raw_tokens}, f"msg_{t}"))
         t_turn = time.perf_counter() - t0
         if t % 100 == 0:
             gc.collect()

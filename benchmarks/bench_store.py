@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from cachecompact.base.records import Answer
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -82,7 +84,7 @@ def _per_turn(store: Store, turns: int, windows: list[tuple[int, int]]) -> dict[
         body = {"model": "claude-sonnet-4-6", "max_tokens": 1000, "system": "You audit code.", "messages": msgs}
         t0 = time.perf_counter()
         p = eng.prepare(body, explicit=None, now=1_800_000_000 + 10.0 * k)
-        eng.record(p, {**USAGE, "cache_read_input_tokens": p.render.tokens}, f"msg_{k}", None, False)
+        eng.record(p, Answer({**USAGE, "cache_read_input_tokens": p.render.tokens}, f"msg_{k}"))
         times[k] = time.perf_counter() - t0
     return {w: 1000 * statistics.median(times[k] for k in range(w[0], w[1])) for w in windows}
 

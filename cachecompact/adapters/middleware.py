@@ -39,7 +39,7 @@ from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
-from ..base.records import ContextFull
+from ..base.records import Answer, ContextFull
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -133,9 +133,8 @@ class CompactionMiddleware(Middleware):
             raise ContextFullError(retry.message, request)
         return retry.body if retry is not None else None
 
-    def _record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
-                cache_miss_reason: dict[str, Any] | None, stream: bool) -> None:
-        self.engine.record(p, usage, message_id, cache_miss_reason, stream)
+    def _record(self, p: Prepared, answer: Answer) -> None:
+        self.engine.record(p, answer)
 
     # -- sync client --------------------------------------------------------------------------------
 
@@ -156,10 +155,10 @@ class CompactionMiddleware(Middleware):
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response = _tapped(resp.http_response, _UsageTap(
-                    resp.http_response, lambda u, i, d: self._record(p, u, i, d, True)))
+                    resp.http_response, lambda answer: self._record(p, answer)))
             else:
                 msg = resp.parse()
-                self._record(p, _usage_dict(msg.usage), getattr(msg, "id", None), _diag(msg), False)
+                self._record(p, _answer(msg))
         return resp
 
     # -- async client ---------------------------------------------------------------------------------
@@ -182,12 +181,16 @@ class CompactionMiddleware(Middleware):
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response = _tapped(resp.http_response, _AsyncUsageTap(
-                    resp.http_response, lambda u, i, d: self._record(p, u, i, d, True)))
+                    resp.http_response, lambda answer: self._record(p, answer)))
             else:
                 msg = await resp.parse()
-                await asyncio.to_thread(self._record, p, _usage_dict(msg.usage), getattr(msg, "id", None),
-                                        _diag(msg), False)
+                await asyncio.to_thread(self._record, p, _answer(msg))
         return resp
+
+
+def _answer(msg: Any) -> Answer:
+    """A parsed (not streamed) message as the engine records it."""
+    return Answer(_usage_dict(msg.usage), getattr(msg, "id", None), _diag(msg), stream=False)
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -219,7 +222,7 @@ def _tapped(original: httpx2.Response, stream: httpx2.SyncByteStream | httpx2.As
 class _UsageTap(httpx2.SyncByteStream):
     """The caller's stream, decoded, passed through unchanged while usage is read from it."""
 
-    def __init__(self, original: httpx2.Response, done: Callable[..., None]) -> None:
+    def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
         self.original = original
         self.parser = SSEUsage(done)
 
@@ -235,7 +238,7 @@ class _UsageTap(httpx2.SyncByteStream):
 
 
 class _AsyncUsageTap(httpx2.AsyncByteStream):
-    def __init__(self, original: httpx2.Response, done: Callable[..., None]) -> None:
+    def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
         self.original = original
         self.parser = SSEUsage(done)
 

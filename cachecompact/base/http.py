@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .records import Answer
+
 __all__ = ["SSEUsage", "clock_from", "json_or_none", "too_long", "with_betas"]
 
 
@@ -60,7 +62,7 @@ def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], fl
 class SSEUsage:
     """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
 
-    def __init__(self, done: Callable[[dict[str, Any], str | None, dict[str, Any] | None], None]) -> None:
+    def __init__(self, done: Callable[[Answer], None]) -> None:
         self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
         self._tail = b""  # its last 3 bytes: where a separator that ends in the next chunk may begin
         self.usage: dict[str, Any] = {}
@@ -138,4 +140,4 @@ class SSEUsage:
             self._frame(tail, 0, len(tail))
         if not self.reported and self.usage:
             self.reported = True
-            self.done(dict(self.usage), self.message_id, self.diag)
+            self.done(Answer(dict(self.usage), self.message_id, self.diag, stream=True))

@@ -25,7 +25,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.records import ContextFull
+from ..base.records import Answer, ContextFull
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
@@ -247,10 +247,10 @@ class CompactionEngine:
 
     # -- after the response --------------------------------------------------------------------
 
-    def record(self, p: Prepared, usage: dict[str, Any], message_id: str | None,
-               cache_miss_reason: dict[str, Any] | None, stream: bool) -> Finding | None:
+    def record(self, p: Prepared, answer: Answer) -> Finding | None:
         """Usage and forensics of one response; never raises."""
         t0 = time.perf_counter()
+        usage, message_id = answer.usage, answer.message_id
         try:
             live = p.live
             with live.lock:
@@ -258,11 +258,11 @@ class CompactionEngine:
                 live.last_message_id = message_id or live.last_message_id
                 cost = priced(p.model, self.options.prices).cost(usage)
                 snap = p.snapshot()
-                finding: Finding = live.forensics.observe(snap, usage, cache_miss_reason)
+                finding: Finding = live.forensics.observe(snap, usage, answer.cache_miss_reason)
                 self._report(live, finding)
                 self._save_events(live)
                 rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
-                       "est_tokens": p.render.tokens, "message_id": message_id, "stream": stream,
+                       "est_tokens": p.render.tokens, "message_id": message_id, "stream": answer.stream,
                        "sent_tokens": snap.total, "finding": finding.to_dict()}
                 if isinstance(live.strategy, StatefulStrategy):
                     rec["strategy_state"] = live.strategy.state()

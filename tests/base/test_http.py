@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import given, settings, strategies as st
 
 from cachecompact.base.http import SSEUsage
+from cachecompact.base.records import Answer
 
 EVENTS = [
     {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 10, "cache_read_input_tokens": 3},
@@ -48,9 +49,13 @@ def _reference(raw: bytes) -> tuple[dict[str, Any], str | None, Any]:
     return usage, mid, diag
 
 
+def _triple(a: Answer | None) -> tuple[dict[str, Any], str | None, Any] | None:
+    return None if a is None else (a.usage, a.message_id, a.cache_miss_reason)
+
+
 def _parse(parts: list[bytes]) -> tuple[dict[str, Any], str | None, Any] | None:
     got: list[Any] = []
-    p = SSEUsage(lambda u, m, d: got.append((u, m, d)))
+    p = SSEUsage(lambda a: got.append((a.usage, a.message_id, a.cache_miss_reason)))
     for part in parts:
         p.feed(part)
     p.finish()
@@ -85,7 +90,7 @@ def test_a_separator_split_over_tiny_pieces_ends_the_frame_at_once() -> None:
     line arrives one byte at a time (compact mode records a stream before its last bytes)."""
     raw = _stream(EVENTS, ["\r\n\r\n"])
     got: list[Any] = []
-    p = SSEUsage(lambda u, m, d: got.append((u, m, d)))
+    p = SSEUsage(lambda a: got.append((a.usage, a.message_id, a.cache_miss_reason)))
     p.feed(raw[:-4])
     for k in range(4, 0, -1):
         p.feed(raw[-k:len(raw) - k + 1])
@@ -111,7 +116,24 @@ def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() 
     for i in range(0, len(wire), 16384):
         tap.feed(wire[i:i + 16384])
         assert tap.size <= _Tap.SSE_DEFER + 16384
-    assert tap.finish() == _reference(raw)
+    assert _triple(tap.finish()) == _reference(raw)
     small = _Tap("text/event-stream", "gzip")
     small.feed(gzip.compress(_stream(EVENTS, ["\n\n"])))
-    assert small.parser is None and small.finish() == _reference(_stream(EVENTS, ["\n\n"]))  # parsed only at the end
+    # parsed only at the end
+    assert small.parser is None and _triple(small.finish()) == _reference(_stream(EVENTS, ["\n\n"]))
+
+
+def test_the_reader_that_saw_the_stream_says_so() -> None:
+    """Whether an answer was streamed is set by the reader of the transport (issue 39: as the
+    third of a positional tuple it was once recorded as ``false`` for a streamed request)."""
+    from cachecompact.adapters.proxy.tap import ResponseTap as _Tap
+
+    got: list[Answer] = []
+    p = SSEUsage(got.append)
+    p.feed(_stream(EVENTS, ["\n\n"]))
+    p.finish()
+    body = json.dumps({"id": "msg_1", "usage": {"input_tokens": 3, "output_tokens": 1}}).encode()
+    tap = _Tap("application/json", "")
+    tap.feed(body)
+    assert [a.stream for a in got] == [True]
+    assert tap.finish() == Answer({"input_tokens": 3, "output_tokens": 1}, "msg_1", None, stream=False)

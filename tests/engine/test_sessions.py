@@ -23,6 +23,7 @@ from cachecompact import Session
 from cachecompact.adapters.middleware import SESSION_HEADER
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.events import Event
+from cachecompact.base.records import Answer
 from cachecompact.engine.core import CompactionEngine
 from cachecompact.engine.identity import RequestHistory, decide
 from cachecompact.history.transcript import message_hash
@@ -457,7 +458,7 @@ def _body(*turns: str) -> dict[str, Any]:
 
 def record(eng: CompactionEngine, b: dict[str, Any], now: float) -> str:
     p = eng.prepare(b, explicit=None, now=now)
-    eng.record(p, {"input_tokens": 10, "output_tokens": 5}, f"msg_{now}", None, False)
+    eng.record(p, Answer({"input_tokens": 10, "output_tokens": 5}, f"msg_{now}"))
     return p.live.session.session_id
 
 
@@ -477,7 +478,7 @@ def test_a_new_segment_gets_a_fork_of_its_parents_forensics(tmp_path: Path) -> N
     eng = CompactionEngine(FileStore(tmp_path), summarizer=None)
     turns = ["task", "a1", "u2", "a2", "u3"]
     parent = eng.prepare(_body(*turns), explicit="conv", now=1)
-    eng.record(parent, {"input_tokens": 10, "output_tokens": 5}, "m1", None, False)
+    eng.record(parent, Answer({"input_tokens": 10, "output_tokens": 5}, "m1"))
     seg = eng.prepare(_body("task", "a summary of what happened", "u3"), explicit="conv", now=2)
     assert seg.live.session.session_id != "conv" and seg.live.session.link is not None
     assert seg.live.forensics is not parent.live.forensics

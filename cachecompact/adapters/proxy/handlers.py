@@ -155,8 +155,7 @@ class Handlers:
             got = tap.finish()
             if got is not None:
                 finding = await asyncio.get_running_loop().run_in_executor(
-                    state.compute, state.engine.record, prepared, got[0], got[1], got[2],  # type: ignore[union-attr]
-                    tap.sse)  # the stream flag is the response's own: an SSE answer was streamed
+                    state.compute, state.engine.record, prepared, got)  # type: ignore[union-attr]
                 recorded.append(finding)
 
         try:

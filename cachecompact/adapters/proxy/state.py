@@ -180,13 +180,14 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
         ex.stream
     try:
         got = ex.tap.finish()  # here, not on the request path
-        usage, mid, diag = got if got is not None else (None, None, None)
         if p is None or state.engine is None:
-            state.observer.observe(raw, headers, status=status, usage=usage, message_id=mid, cache_miss_reason=diag,
+            state.observer.observe(raw, headers, status=status, usage=got.usage if got else None,
+                                   message_id=got.message_id if got else None,
+                                   cache_miss_reason=got.cache_miss_reason if got else None,
                                    now=now, timing=timing, stream=stream)
             return
         finding = ex.recorded[0] if ex.recorded else (
-            state.engine.record(p, usage, mid, diag, stream) if usage else None)
+            state.engine.record(p, got) if got is not None and got.usage else None)
         sess = p.live.session
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
@@ -194,8 +195,8 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
         plan = p.render.thinking
         thinking = {"left_out": sorted(plan.strip), "left_out_tokens": p.render.left_out_tokens,
                     "drop_block": plan.kept_invalid} if (plan.strip or plan.drop_block) else None
-        state.observer.note(sess.session_id, usage=usage, finding=finding, model=p.model, now=now, status=status,
-                            timing=timing, stream=stream, compactions=comps, link=sess.link, raw=raw, sent=p.body,
-                            thinking=thinking)
+        state.observer.note(sess.session_id, usage=got.usage if got else None, finding=finding, model=p.model,
+                            now=now, status=status, timing=timing, stream=stream, compactions=comps,
+                            link=sess.link, raw=raw, sent=p.body, thinking=thinking)
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")

@@ -8,6 +8,7 @@ import zlib
 from typing import Any
 
 from ...base.http import SSEUsage, json_or_none
+from ...base.records import Answer
 
 __all__ = ["ResponseTap", "decoded"]
 
@@ -23,7 +24,6 @@ class ResponseTap:
 
     CAP = 8 * 1024 * 1024
     SSE_DEFER = 1024 * 1024  # a longer stream is parsed as it passes: the catch-up stays short, memory small
-    Usage = tuple[dict[str, Any], str | None, dict[str, Any] | None]
 
     def __init__(self, content_type: str, encoding: str, *, live: bool = False) -> None:
         self.sse = "text/event-stream" in content_type
@@ -32,7 +32,7 @@ class ResponseTap:
         self.unreadable = encoding not in ("", "identity", "gzip", "deflate") or not (self.sse or self.json)
         self.parts: list[bytes] = []
         self.size = 0
-        self.result: ResponseTap.Usage | None = None
+        self.result: Answer | None = None
         self.parser: SSEUsage | None = None
         self.z: Any = None
         self.first_byte: float | None = None
@@ -40,8 +40,8 @@ class ResponseTap:
         if live and self.sse and not self.unreadable:
             self._go_live()
 
-    def _done(self, usage: dict[str, Any], mid: str | None, diag: dict[str, Any] | None) -> None:
-        self.result = (usage, mid, diag)
+    def _done(self, answer: Answer) -> None:
+        self.result = answer
 
     def _go_live(self) -> None:
         """From now on, parse SSE as it passes (what was kept so far first)."""
@@ -77,7 +77,7 @@ class ResponseTap:
             self.unreadable = True
             self.parts = []
 
-    def finish(self) -> ResponseTap.Usage | None:
+    def finish(self) -> Answer | None:
         """The usage, message id and diagnostics, once the response is complete (idempotent)."""
         if self._finished or self.unreadable:
             return self.result
@@ -92,7 +92,7 @@ class ResponseTap:
         d = json_or_none(decoded(b"".join(self.parts), self.encoding, self.CAP))
         if isinstance(d, dict) and isinstance(d.get("usage"), dict):
             reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
-            self.result = d["usage"], d.get("id"), reason if isinstance(reason, dict) else None
+            self.result = Answer(d["usage"], d.get("id"), reason if isinstance(reason, dict) else None)
         return self.result
 
 
