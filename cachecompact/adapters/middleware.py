@@ -39,7 +39,7 @@ from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
-from ..base.records import Answer, ContextFull
+from ..base.records import Answer, ContextFull, SummaryMode
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -265,7 +265,7 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
     else:
         sync = client
 
-    def make(strategy_model: str | None, mode: str) -> Summarizer:
+    def make(strategy_model: str | None, mode: SummaryMode) -> Summarizer:
         chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
         return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"}, prices=prices)
     return make

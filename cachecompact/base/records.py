@@ -9,15 +9,29 @@ keys or an exception.
   and hand the engine this one value; whether it was a stream is set by the reader that saw the
   stream, so it cannot be mislabelled on the way (it once was, as the third of a positional
   tuple).
+* The closed vocabularies as `Literal` types, so a misspelt value is a type error where it is
+  written, not a silent miss where it is compared: `TTL`, `Level` (the compactor's five and `restore`),
+  `SummaryMode`, `ProxyMode` and `MissClass` (forensics' classes of a request's cache read).
+  Values read back from storage or another program stay ``str``: a ledger written by a peer may
+  name its own level.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 
-__all__ = ["Answer", "ContextFull"]
+__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "Level", "MissClass", "ProxyMode", "SummaryMode"]
+
+TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
+Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back
+SummaryMode = Literal["auto", "forced-tool", "prefix-reuse", "in-text", "extractive"]  # how a summary is asked for
+ProxyMode = Literal["observe", "compact"]
+MissClass = Literal["read_as_expected", "prefix_churn", "compaction_rewrite", "invalidation", "below_minimum",
+                    "ttl_expiry", "lookback_miss", "client_compaction", "client_rewrite", "server_edit",
+                    "provider_suspected"]
+MISS_CLASSES: tuple[MissClass, ...] = get_args(MissClass)
 
 
 class ContextFull(msgspec.Struct, frozen=True):

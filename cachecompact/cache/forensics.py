@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ..base.pricing import ModelInfo, OwnPrices, priced
+from ..base.records import MISS_CLASSES, TTL, MissClass
 from ..base.wire import canonical_bytes
 from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
 from .simulator import SimRequest
@@ -65,9 +66,8 @@ __all__ = [
     "snapshot_from_sim",
 ]
 
-CLASSES = ("read_as_expected", "prefix_churn", "compaction_rewrite", "invalidation", "below_minimum", "ttl_expiry",
-           "lookback_miss", "client_compaction", "client_rewrite", "server_edit", "provider_suspected")
-ACTIONABLE = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
+CLASSES = MISS_CLASSES  # in the order reports list them (docs/forensics.md)
+ACTIONABLE: frozenset[MissClass] = frozenset({"prefix_churn", "invalidation", "lookback_miss"})
 _TOLERANCE = 0.05  # a read within 5% (and 32 tokens) of the expected one is as expected
 EXCERPT = 200
 
@@ -176,7 +176,7 @@ class Snapshot:
     chain: Sequence[bytes]
     cum: Sequence[int]
     pos: Sequence[int]
-    breakpoints: list[tuple[int, str]]  # (block index, ttl)
+    breakpoints: list[tuple[int, TTL]]  # (block index, ttl)
     layout: Layout = field(default_factory=Layout)  # where each block sits and came from
     tool_keys: Sequence[bytes] = ()  # per tool definition, to tell reordering from editing
     n_entries: int = 0  # ledger entries applied in this request (ours)
@@ -196,7 +196,7 @@ class Snapshot:
 @dataclass(slots=True)
 class Finding:
     request: int
-    cls: str
+    cls: MissClass
     time: float
     read: int  # tokens read (API's count)
     expected: int  # tokens the previous request left cached that this one should have read (API units)
@@ -248,7 +248,7 @@ class _Entry:
     index: int
     tokens: int
     expires: float
-    ttl: str
+    ttl: TTL
 
 
 def _excerpt(text: str, at: int) -> str:

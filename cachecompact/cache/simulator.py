@@ -26,6 +26,7 @@ from typing import Any
 import xxhash
 
 from ..base.errors import MalformedMessageError
+from ..base.records import TTL
 from ..base.tokens import BLOCK_OVERHEAD, TokenCounter, block_tokens
 from ..base.wire import (
     Block,
@@ -71,7 +72,7 @@ class SimBlock:
     key: bytes
     tokens: int
     kind: str
-    ttl: str | None = None  # explicit cache_control on this block: "5m" or "1h"
+    ttl: TTL | None = None  # explicit cache_control on this block
     cacheable: bool = True
     where: str = ""
 
@@ -85,7 +86,7 @@ class SimRequest:
     n_system: int = 0
     system_salt: bytes = b""
     messages_salt: bytes = b""
-    auto_ttl: str | None = None  # top-level cache_control
+    auto_ttl: TTL | None = None  # top-level cache_control
     has_image: bool = False  # an image anywhere in the messages (its presence is part of the messages' cache key)
 
 
@@ -98,7 +99,7 @@ class SimResult:
     ephemeral_1h_input_tokens: int
     total_tokens: int
     hit_block: int | None
-    breakpoints: list[tuple[int, str]]
+    breakpoints: list[tuple[int, TTL]]
     chain: list[bytes] = field(repr=False)
     cumulative: list[int] = field(repr=False)
 
@@ -123,7 +124,7 @@ class CacheSimulator:
 
     def __init__(self, min_cacheable: Callable[[str], int]) -> None:
         self._min = min_cacheable
-        self.entries: dict[bytes, tuple[float, str]] = {}  # chain key -> (expires_at, ttl)
+        self.entries: dict[bytes, tuple[float, TTL]] = {}  # chain key -> (expires_at, ttl)
 
     def _live(self, key: bytes, now: float) -> bool:
         e = self.entries.get(key)
@@ -198,7 +199,7 @@ class CacheSimulator:
         )
 
     @staticmethod
-    def _auto(blocks: list[SimBlock], bps: list[tuple[int, str]], ttl: str) -> list[tuple[int, str]]:
+    def _auto(blocks: list[SimBlock], bps: list[tuple[int, TTL]], ttl: TTL) -> list[tuple[int, TTL]]:
         """Automatic caching: a breakpoint on the last cacheable block (walking back silently)."""
         k = len(blocks) - 1
         while k >= 0 and not blocks[k].cacheable:
@@ -217,13 +218,13 @@ class CacheSimulator:
         return sorted([*bps, (k, ttl)])
 
 
-def _ttl_of(cc: Any, where: str) -> str | None:
+def _ttl_of(cc: Any, where: str) -> TTL | None:
     if not isinstance(cc, dict):
         return None
     ttl = cc.get("ttl", "5m")
     if cc.get("type") != "ephemeral" or ttl not in TTL_SECONDS:
         raise MalformedMessageError(f"{where}.cache_control", "expected {'type': 'ephemeral', 'ttl': '5m'|'1h'}")
-    return str(ttl)
+    return "1h" if ttl == "1h" else "5m"
 
 
 def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,

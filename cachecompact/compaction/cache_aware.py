@@ -32,6 +32,7 @@ import xxhash
 from ..base.errors import InvalidEditError, SummaryRejected
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
+from ..base.records import TTL, Level
 from ..base.wire import (
     RedactedThinkingBlock,
     ThinkingBlock,
@@ -121,8 +122,8 @@ class CacheAwareCompactor:
         # the cache TTL: what this turn's request is rendered with (the engine reads both), and
         # the gaps it is chosen from
         fixed = self.cfg.economics.ttl
-        self.ttl: str | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
-        self.prefix_ttl: str | None = self.ttl
+        self.ttl: TTL | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
+        self.prefix_ttl: TTL | None = self.ttl
         self.gaps = GapMeter()
         self._first = True  # the session's first request: a compaction of it is said out loud, once
         self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
@@ -297,7 +298,7 @@ class CacheAwareCompactor:
 
     # -- levels --------------------------------------------------------------------------------
 
-    def _propose(self, level: str, view: View, lim: Limits) -> Proposal:
+    def _propose(self, level: Level, view: View, lim: Limits) -> Proposal:
         """A level's plan, with every superseded result after its break cleared too: the break
         re-writes them anyway, and the newer result shows all they share with it."""
         p = self._plan(level, view, lim)
@@ -317,7 +318,7 @@ class CacheAwareCompactor:
                        tokens_removed=p.tokens_removed + removed,
                        reason=f"{p.reason}; and {len(extra)} superseded result(s) after it")
 
-    def _plan(self, level: str, view: View, lim: Limits) -> Proposal:
+    def _plan(self, level: Level, view: View, lim: Limits) -> Proposal:
         lv, ctr = self.cfg.levels, self.session.counter
         target_raw = int(lim.aim() / max(ctr.calibration, 1e-9))
         if level == "L1":
@@ -356,7 +357,7 @@ class CacheAwareCompactor:
         summarize = p.summarize if p.summarize is None or p.summarize[0] >= pe else None
         return replace(p, edits=keep, summarize=summarize) if (keep or summarize) else Proposal(p.level, p.reason)
 
-    def _planning_bug(self, level: str, why: str) -> None:
+    def _planning_bug(self, level: Level, why: str) -> None:
         log.error("cachecompact: planning bug: %s", why)
         self._emit("refused", level=level, reason=f"planning bug: {why}")
 
@@ -820,7 +821,7 @@ class CacheAwareCompactor:
             self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
             return []
 
-    def _fail(self, level: str, why: str, tokens: int, cost: float, report: TurnReport) -> None:
+    def _fail(self, level: Level, why: str, tokens: int, cost: float, report: TurnReport) -> None:
         self.failures += 1
         report.events.append(self._emit("failure", level=level, reason=why, tokens_before=tokens,
                                         tokens_after=tokens, cost_usd=cost,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..base.pricing import DEFAULT_SUMMARY_MODEL
+from ..base.records import SummaryMode
 from .cache_aware import CacheAwareCompactor
 from .policy import PolicyConfig
 from .strategy import Strategy, StrategyContext
@@ -21,7 +22,7 @@ class CachecompactConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     prefix_messages: int = 3
     summary_model: str | None = DEFAULT_SUMMARY_MODEL
-    summary_mode: str = "auto"
+    summary_mode: SummaryMode = "auto"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         c = CacheAwareCompactor(ctx, self.policy)

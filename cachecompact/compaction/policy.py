@@ -15,6 +15,7 @@ from typing import Any
 
 from ..base.errors import PolicyConfigError
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, ModelInfo
+from ..base.records import Level
 from .levels.l1_micro import DEFAULT_WRITE_TOOLS
 from .levels.view import PLACEHOLDER_TOKENS
 
@@ -37,7 +38,7 @@ __all__ = [
     "limits",
 ]
 
-LEVEL_ORDER = ("L1", "L2", "L3", "L4", "L5")
+LEVEL_ORDER: tuple[Level, ...] = ("L1", "L2", "L3", "L4", "L5")  # cheapest first
 MIN_WINDOW_TOKENS = 8_000
 DEFAULT_WRITE_OVER_READ = 12.5  # 5-minute cache write (1.25x input) over cache read (0.1x input)
 

@@ -17,7 +17,7 @@ brought, so nothing comes back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..base.identifiers import identifiers_in_input
 from ..base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["RESTORE_LEVEL", "RESTORE_REASON", "restore_edits"]
 
 RESTORE_REASON = "lines the agent reached for, given back"
-RESTORE_LEVEL = GIVEN_BACK_LEVEL
+RESTORE_LEVEL: Final = GIVEN_BACK_LEVEL
 RESTORE_HEADER = ("[cachecompact: earlier tool output naming what this call used, which compaction had cleared "
                   "from the context:]")
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..base.events import Event, EventBus
 from ..base.pricing import ModelInfo
+from ..base.records import TTL, SummaryMode
 from ..base.wire import TextBlock, content_blocks
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session
@@ -109,14 +110,14 @@ class ChoosesTTL(Protocol):
     """A strategy that chooses its breakpoints' cache TTL (None: the API's default, 5 minutes):
     the policy's per-request choice, or a peer's model of its client (Claude Code's 1 hour)."""
 
-    ttl: str | None
+    ttl: TTL | None
 
 
 @runtime_checkable
 class ChoosesPrefixTTL(Protocol):
     """A strategy that chooses the immutable prefix's TTL apart from the rest (None: as the rest)."""
 
-    prefix_ttl: str | None
+    prefix_ttl: TTL | None
 
 
 @dataclass(slots=True)
@@ -138,7 +139,7 @@ class StrategyConfig(Protocol):
     name: ClassVar[str]
     prefix_messages: int  # immutable prefix size in messages for sessions it manages
     summary_model: str | None  # model its summaries use (None: the agent's own model)
-    summary_mode: str  # "auto" | "forced-tool" | "prefix-reuse" (see LLMSummarizer)
+    summary_mode: SummaryMode  # see LLMSummarizer
 
     def build(self, ctx: StrategyContext) -> Strategy: ...
 

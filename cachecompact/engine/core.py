@@ -25,7 +25,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.records import Answer, ContextFull
+from ..base.records import TTL, Answer, ContextFull
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
@@ -58,7 +58,8 @@ def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: d
     """A snapshot of a request cachecompact rendered, for forensics: the engine copies the render's
     arrays and hands over where each block came from, as data, so the cache layer never calls
     back into the history layer."""
-    bps = list(zip(r.breakpoints, r.breakpoint_ttls or ["5m"] * len(r.breakpoints), strict=True))
+    default: list[TTL] = ["5m"] * len(r.breakpoints)
+    bps = list(zip(r.breakpoints, r.breakpoint_ttls or default, strict=True))
     blocks = r.flat_blocks
     tools = [blocks[k].key for k in range(r.n_tools)]
     chain, cum, pos = r.cache_arrays()
@@ -306,7 +307,7 @@ class CompactionEngine:
             except (OSError, CacheCompactError):
                 log.exception("cachecompact: could not persist an event")
 
-    def _ttls(self, live: Live) -> tuple[str | None, str | None]:
+    def _ttls(self, live: Live) -> tuple[TTL | None, TTL | None]:
         """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
         strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
         never follows a 5-minute one."""

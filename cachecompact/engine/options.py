@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace as dc_replace
-from typing import Any, Literal
+from typing import Any
 
 from ..base.errors import ConfigError, PolicyConfigError
 from ..base.events import Event
 from ..base.pricing import ModelInfo
+from ..base.records import TTL
 from ..compaction.catalog import get_strategy, with_policy
 from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
 from ..compaction.strategy import StrategyConfig
@@ -43,8 +44,8 @@ class EngineOptions:
     prefix_messages: int | None = None
     scratchpad_tool: bool = False
     diagnostics: bool = False
-    ttl: Literal["5m", "1h"] | None = None
-    prefix_ttl: Literal["5m", "1h"] | None = None
+    ttl: TTL | None = None
+    prefix_ttl: TTL | None = None
     on_event: EventHooks = None
     clock: Callable[[], float] = time.time
     strict_models: bool = False

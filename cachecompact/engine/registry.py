@@ -23,6 +23,7 @@ from typing import Any
 from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
 from ..base.events import EventBus
 from ..base.pricing import model_window, priced
+from ..base.records import SummaryMode
 from ..cache.forensics import Forensics
 from ..cache.simulator import SimBlock
 from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
@@ -40,7 +41,7 @@ log = logging.getLogger("cachecompact")
 
 # -- the live record and its maker ---------------------------------------------------------------
 
-SummarizerFactory = Callable[[str | None, str], Summarizer]  # (model or None: the agent's, mode) -> summarizer
+SummarizerFactory = Callable[[str | None, SummaryMode], Summarizer]  # (model or None: the agent's, mode) -> summarizer
 
 
 @dataclass(slots=True, eq=False)

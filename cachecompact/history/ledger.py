@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 GENESIS_HASH = "0" * 64
-GIVEN_BACK_LEVEL = "restore"  # an edit that adds hidden lines back to a new result (`compaction.restore`)
+GIVEN_BACK_LEVEL: Final = "restore"  # an edit that adds hidden lines back to a new result (`compaction.restore`)
 LEVELS = ("L1", "L2", "L3", "L4", "L5", GIVEN_BACK_LEVEL, "manual")
 Kind = Literal["skip", "summary"]
 

@@ -28,6 +28,7 @@ from ..base.errors import (
     StoreConflictError,
     StoreError,
 )
+from ..base.records import TTL
 from ..base.tokens import TokenCounter
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
 from ..store import (
@@ -574,8 +575,8 @@ class Session:
         at_entry: int | None = None,
         transcript_len: int | None = None,
         breakpoints: bool = True,
-        ttl: str | None = None,
-        prefix_ttl: str | None = None,
+        ttl: TTL | None = None,
+        prefix_ttl: TTL | None = None,
         uncompacted: bool = False,
         **params: Any,
     ) -> RenderResult:

@@ -28,6 +28,7 @@ import xxhash
 
 from ..base.errors import TraceFormatError, UnknownModelError
 from ..base.pricing import ModelInfo, get_model, model_prices
+from ..base.records import TTL
 from ..base.tokens import TokenCounter
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
 from ..cache.simulator import SimBlock, SimRequest, message_blocks
@@ -76,7 +77,7 @@ class RecordedSession:
     calls: list[RecordedCall]
 
 
-def written_ttl(usage: dict[str, Any]) -> str:
+def written_ttl(usage: dict[str, Any]) -> TTL:
     """The TTL a recorded call wrote with: "1h" when its usage reports 1-hour writes only."""
     cc = usage.get("cache_creation")
     if isinstance(cc, dict) and int(cc.get("ephemeral_1h_input_tokens") or 0) > 0 \
@@ -112,7 +113,7 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
     prefix, ratio = fit_line([float(x) for x in est], [float(sum(r.values())) for _, _, r, _ in raw_calls])
     prefix = max(prefix, 0.0)
     ttls = [written_ttl(u) for _, _, _, u in raw_calls]
-    head_ttl = "1h" if ttls.count("1h") * 2 > len(ttls) else "5m"  # the client's TTL for its system prompt
+    head_ttl: TTL = "1h" if ttls.count("1h") * 2 > len(ttls) else "5m"  # the client's TTL for its system prompt
     head = SimBlock(xxhash.xxh3_128_digest(f"{trace.name}:system+tools".encode()), round(prefix), "text", head_ttl,
                     True, "system (not recorded: system prompt and tools)")
     out = RecordedSession(trace.name, get_model(model).name, prefix, ratio, trace.messages, [])

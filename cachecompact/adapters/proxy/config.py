@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...base.errors import ConfigError
+from ...base.records import ProxyMode
 from ...store import Store
 
 __all__ = ["ProxyConfig", "is_loopback"]
@@ -18,7 +19,7 @@ class ProxyConfig:
     upstream: str = "https://api.anthropic.com"
     host: str = "127.0.0.1"
     port: int = 8787
-    mode: str = "observe"  # or "compact"
+    mode: ProxyMode = "observe"  # or "compact"
     store: str | Store | None = None
     keep_bodies: bool = False
     auth_token: str | None = None

@@ -19,7 +19,7 @@ from ...base.errors import ConfigError, InvalidSessionIdError
 from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
-from ...base.records import ContextFull
+from ...base.records import ContextFull, SummaryMode
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
@@ -69,7 +69,7 @@ class ProxyState:
             creds = self.creds
             upstream = cfg.upstream
 
-            def summarizer(model: str | None, mode: str) -> Any:
+            def summarizer(model: str | None, mode: SummaryMode) -> Any:
                 return CallerKeySummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
 
             clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...base.identifiers import identifiers_in_input
 from ...base.keylines import Focus
+from ...base.records import Level
 from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
 from ...history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 
@@ -94,7 +95,7 @@ class View:
 class Proposal:
     """A level's plan: edits ready to append, or a range that still needs a summary."""
 
-    level: str
+    level: Level
     reason: str
     edits: list[SkipRange | ReplaceWithSummary] = field(default_factory=list)
     summarize: tuple[int, int] | None = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...base.records import SummaryMode
 from ..strategy import Strategy, StrategyContext, TurnReport
 
 __all__ = ["AUTO_CACHE", "AnthropicClearConfig", "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",
@@ -72,7 +73,7 @@ class NoneConfig:
     name: ClassVar[str] = "none"
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
     ttl: str = "5m"  # the breakpoint's TTL ("none@1h": the same history, cached for an hour)
 
     def build(self, ctx: StrategyContext) -> Strategy:
@@ -91,7 +92,7 @@ class WindowConfig:
     messages: int = 20
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         n = self.messages
@@ -118,7 +119,7 @@ class AnthropicClearConfig:
     clear_at_least_fraction: float | None = None  # e.g. 0.125: 25k of a 200k window
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         w = ctx.window_tokens
@@ -151,7 +152,7 @@ class AnthropicCompactConfig:
     trigger_fraction: float = COMPACT_DEFAULT_TRIGGER / 200_000
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def trigger(self, window: int) -> int:
         return max(COMPACT_MIN_TRIGGER, round(self.trigger_fraction * window))
@@ -187,7 +188,7 @@ class MaskingConfig:
     turns: int = 10  # M: the turns whose observations stay verbatim
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         m = self.turns

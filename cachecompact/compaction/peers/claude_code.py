@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.errors import InvalidEditError
+from ...base.records import SummaryMode
 from ...history.ledger import ReplaceWithSummary
 from ..levels import build_view
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
@@ -35,7 +36,7 @@ class ClaudeCodeConfig:
     micro_gap_s: float = 3600.0
     prefix_messages: int = 1
     summary_model: str | None = None  # the agent's own model
-    summary_mode: str = "prefix-reuse"
+    summary_mode: SummaryMode = "prefix-reuse"
     ttl: str = "1h"  # the cache TTL of its breakpoints
 
     def build(self, ctx: StrategyContext) -> Strategy:

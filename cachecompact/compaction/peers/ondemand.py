@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import anthropic
 
 from ...base.headers import INTERNAL_HEADER
+from ...base.records import SummaryMode
 from ...base.wire import canonical_bytes
 from ..strategy import Strategy, StrategyContext, TurnReport
 from .body import AUTO_CACHE
@@ -133,7 +134,7 @@ class OnDemandConfig:
     keep_rounds: int = 2
     prefix_messages: int = 3
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         return OnDemandStrategy(ctx, self)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...base.records import SummaryMode
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
 
 __all__ = ["OpenHandsCondenser", "OpenHandsConfig"]
@@ -28,7 +29,7 @@ class OpenHandsConfig:
     keep_first: int = 4
     prefix_messages: int = 4
     summary_model: str | None = None
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         return OpenHandsCondenser(ctx, self)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.errors import InvalidEditError
+from ...base.records import SummaryMode
 from ...history.ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from ..levels import build_view, propose_entry_summary, results_since
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
@@ -40,7 +41,7 @@ class SeedPipelineConfig:
     margin_fraction: float = 0.10
     prefix_messages: int = 3
     summary_model: str | None = "claude-haiku-4-5"
-    summary_mode: str = "forced-tool"
+    summary_mode: SummaryMode = "forced-tool"
 
     def build(self, ctx: StrategyContext) -> Strategy:
         return SeedPipeline(ctx, self)

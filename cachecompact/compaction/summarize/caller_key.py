@@ -15,6 +15,7 @@ import threading
 import anthropic
 
 from ...base.headers import INTERNAL_HEADER
+from ...base.records import SummaryMode
 from .llm import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 
 __all__ = ["CallerKeySummarizer"]
@@ -26,7 +27,7 @@ class CallerKeySummarizer:
     the adapter fills for the request being compacted only); extractive when the request
     carried none."""
 
-    def __init__(self, upstream: str, model: str, mode: str, creds: threading.local) -> None:
+    def __init__(self, upstream: str, model: str, mode: SummaryMode, creds: threading.local) -> None:
         self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:

@@ -29,6 +29,7 @@ import msgspec
 
 from ...base.errors import SummaryRejected
 from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_prices
+from ...base.records import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 from ...store.contract import REF_PATTERN
 from .extractive import GOAL_WORDS, block_texts, summary_facts
@@ -107,7 +108,7 @@ class SummaryResult:
     summary: Summary
     cost_usd: float = 0.0
     usage: dict[str, Any] = field(default_factory=dict)
-    mode: str = "extractive"
+    mode: SummaryMode = "extractive"
     duration_s: float = 0.0
 
 
@@ -259,7 +260,7 @@ class LLMSummarizer:
 
     client: Any  # anthropic.Anthropic
     model: str = DEFAULT_SUMMARY_MODEL
-    mode: str = "auto"  # "auto" | "forced-tool" | "prefix-reuse"
+    mode: SummaryMode = "auto"
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
     prices: OwnPrices | None = None  # the wrapped client's own price entries (wrap(pricing=...))
@@ -343,7 +344,7 @@ class LLMSummarizer:
         return self._from_text(req, resp, usage, cost, "in-text")
 
     def _from_text(self, req: SummaryRequest, resp: Any, usage: dict[str, Any], cost: float,
-                   mode: str) -> SummaryResult:
+                   mode: SummaryMode) -> SummaryResult:
         text = "".join(getattr(b, "text", "") for b in resp.content)
         m = re.search(r"<summary>(.*?)</summary>", text, re.S)
         try:

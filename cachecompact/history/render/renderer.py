@@ -15,6 +15,7 @@ from typing import Any
 import xxhash
 
 from ...base.errors import ImmutablePrefixError
+from ...base.records import TTL
 from ...base.tokens import TokenCounter
 from ...base.wire import TextBlock, ToolDef
 from ...cache.model import chain_step
@@ -167,8 +168,8 @@ class Renderer:
         breakpoints: bool = True,
         previous: Sequence[tuple[int, bytes]] = (),
         stable_before: int | None = None,
-        ttl: str | None = None,
-        prefix_ttl: str | None = None,
+        ttl: TTL | None = None,
+        prefix_ttl: TTL | None = None,
         **params: Any,
     ) -> RenderResult:
         """Render the request. ``upto_entry``/``transcript_len`` replay an earlier state;
@@ -220,10 +221,10 @@ class Renderer:
         cc_main = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
         cc_prefix = {"type": "ephemeral", "ttl": prefix_ttl} if prefix_ttl else cc_main
         patched: dict[int, dict[str, Any]] = {}
-        bp_ttls: list[str] = []
+        bp_ttls: list[TTL] = []
         for k in bps:
             cc = cc_prefix if k == prefix_last else cc_main
-            bp_ttls.append(str(cc.get("ttl", "5m")))
+            bp_ttls.append("1h" if cc.get("ttl") == "1h" else "5m")
             if k < self._n_tools:
                 tool_dicts[k] = {**tool_dicts[k], "cache_control": cc}
             elif k < self._n_tools + self._n_system:

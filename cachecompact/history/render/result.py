@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...base.records import TTL
 from ...base.wire import canonical_bytes
 from ...cache.model import first_mismatch
 from ..ledger import LedgerEntry
@@ -90,7 +91,7 @@ class RenderResult:
     transcript_len: int  # transcript messages the render was made from
     _arr: ChainArrays = field(repr=False)
     prefix_tokens: int = 0  # raw tokens of the immutable prefix (tools, system, first messages)
-    breakpoint_ttls: list[str] = field(default_factory=list)  # TTL of each breakpoint ("5m" | "1h")
+    breakpoint_ttls: list[TTL] = field(default_factory=list)  # TTL of each breakpoint
     _nb: int = 0
     _nm: int = 0
     _n_tools: int = 0
