@@ -32,7 +32,7 @@ from ..base.records import TTL
 from ..base.tokens import TokenCounter
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
 from ..cache.simulator import SimBlock, SimRequest, message_blocks
-from .traces.claude_code import load_claude_code
+from .traces.claude_code import IDLE_KIND, load_claude_code
 from .traces.model import Trace
 
 __all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "billed", "fit_line", "forensics_of_log",
@@ -387,4 +387,11 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
     for cls, text in lines.items():
         if n.get(cls):
             out.append(f"{cls}: " + text.format(k=n[cls], u=usd[cls]))
+    idle = [f for r in done for f in r.findings
+            if f.cls == "client_compaction" and f"own {IDLE_KIND} " in (f.detail or "")]
+    if idle:
+        cost = sum(f.wasted_usd for f in idle)
+        out.append(f"  of which {len(idle)} after Claude Code's idle compaction (${cost:.2f}): "
+                   "what it left was written at the next request, when the person came back; Claude Code's "
+                   "setting idleCompaction turns it off")
     return out

@@ -184,6 +184,36 @@ def test_a_log_shows_its_cost_beside_its_waste_and_a_folder_its_days_projects_an
     assert max(len(line) for line in out.splitlines()) <= 120
 
 
+def test_a_rewrite_after_claude_codes_idle_compaction_is_named_so(tmp_path: Path) -> None:
+    """Claude Code 2.1.286+ compacts a quiet session about 55 minutes after the last reply; the
+    request at the person's return writes what it left. Forensics classes that as Claude Code's
+    own compaction, says so in its detail and gives it an advice line of its own (the log is
+    written from the documented schema: no licensed log shows an idle compaction)."""
+    def hour(written: int, read: int = 0) -> dict[str, Any]:
+        return {"input_tokens": 3, "cache_read_input_tokens": read, "cache_creation_input_tokens": written,
+                "output_tokens": 50, "cache_creation": {"ephemeral_5m_input_tokens": 0,
+                                                        "ephemeral_1h_input_tokens": written}}
+    entries = [
+        _entry("user", "2026-10-20T10:00:00Z", "build the page"),
+        _entry("assistant", "2026-10-20T10:00:05Z", _tool("t1"), mid="m0", usage=hour(40_000)),
+        _entry("user", "2026-10-20T10:00:06Z", _result("t1")),
+        _entry("assistant", "2026-10-20T10:00:30Z", [{"type": "text", "text": "done"}], mid="m1",
+               usage=hour(1_000, 40_000)),
+        {"type": "system", "subtype": "compact_boundary", "sessionId": "s1", "timestamp": "2026-10-20T10:55:30Z",
+         "compactMetadata": {"trigger": "auto", "preTokens": 40_000, "postTokens": 6_000}},
+        _entry("user", "2026-10-20T10:55:30Z", "This session is being continued from a previous conversation ...",
+               isCompactSummary=True),
+        _entry("user", "2026-10-20T12:00:00Z", "and now the footer"),
+        _entry("assistant", "2026-10-20T12:00:20Z", [{"type": "text", "text": "ok"}], mid="m2", usage=hour(6_000)),
+    ]
+    (tmp_path / "idle.jsonl").write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    done, skipped, totals = summarize_logs([tmp_path / "idle.jsonl"])
+    assert not skipped and done[0].misses == {"client_compaction": 1}
+    f = done[0].findings[2]
+    assert f.cls == "client_compaction" and "own idle compaction since" in f.detail
+    assert any(line.startswith("  of which 1 after Claude Code's idle compaction") for line in totals["advice"])
+
+
 # -- the shared logs ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -267,3 +267,84 @@ def test_compact_and_microcompact_boundaries_are_understood(tmp_path: Path) -> N
     after = json.dumps(sent.messages[seg:])
     assert CLEARED in after and "out b" in after and "out a" not in after
     validate_messages(sent.messages[seg:sent.compactions[1]])
+
+
+def _at(ts: str, e: dict[str, object], uid: str | None = None) -> dict[str, object]:
+    return {**e, "timestamp": ts, **({"uuid": uid} if uid else {})}
+
+
+def test_the_compact_metadata_of_claude_code_2_1_3xx_is_read(tmp_path: Path) -> None:
+    """A 2.1.3xx compact boundary carries more than ``trigger`` and ``preTokens``. No licensed log
+    in ../shared shows one, so this fixture is written from the field list in the facts' 2026-12-02
+    addendum (on disk camelCase); a boundary without the new fields reads them as None."""
+    log = _cc_log(tmp_path / "m.jsonl", [
+        {"type": "user", "message": {"role": "user", "content": "work"}},
+        _asst("m1", [{"type": "text", "text": "done"}]),
+        {"type": "user", "message": {"role": "user", "content": "more"}},
+        {"type": "system", "subtype": "compact_boundary", "content": "Conversation compacted",
+         "compactMetadata": {"trigger": "auto", "preTokens": 212_000, "postTokens": 19_400, "precomputed": True,
+                             "cumulativeDroppedTokens": 190_100, "durationMs": 8_200, "messagesSummarized": 2,
+                             "preservedMessages": {"anchorUuid": "u3", "uuids": ["u3"], "allUuids": ["u3"]}}},
+        {"type": "user", "isCompactSummary": True, "message": {
+            "role": "user", "content": "This session is being continued from a previous conversation ..."}},
+        _asst("m2", [{"type": "text", "text": "resumed"}]),
+        {"type": "system", "subtype": "compact_boundary", "compactMetadata": {"trigger": "manual", "preTokens": 30}},
+    ])
+    b, old = load_trace(log).boundaries
+    assert (b["pre_tokens"], b["post_tokens"], b["dropped_tokens"], b["duration_ms"]) == (212_000, 19_400, 190_100,
+                                                                                          8_200)
+    assert b["precomputed"] is True and b["preserved"] == 1 and b["messages_summarized"] == 2 and not b["idle"]
+    assert old["post_tokens"] is None and old["precomputed"] is None and old["trigger"] == "manual"
+
+
+@pytest.mark.parametrize(("trigger", "boundary_at", "idle"), [
+    ("idle", "10:20:00", True),  # its trigger says so
+    ("auto", "10:55:30", True),  # about 55 minutes into a quiet spell no person ended
+    ("auto", "10:20:00", False),  # 20 minutes: not Claude Code's idle schedule
+    ("manual", "10:55:30", False),  # the person typed /compact
+])
+def test_an_idle_compaction_is_told_from_one_at_a_persons_return(tmp_path: Path, trigger: str, boundary_at: str,
+                                                                 idle: bool) -> None:
+    """Claude Code 2.1.286+ compacts a session about 55 minutes after the last reply. The trigger's
+    spelling for it is not in any stored source, so the schedule tells it too; forensics then says
+    "idle compaction" for the re-write after it (the class stays ``client_compaction``)."""
+    from cachecompact.tools.traces.claude_code import load_claude_code
+
+    log = _cc_log(tmp_path / "i.jsonl", [
+        _at("2026-10-20T10:00:00Z", {"type": "user", "message": {"role": "user", "content": "work"}}),
+        _at("2026-10-20T10:00:30Z", _asst("m1", [{"type": "text", "text": "done"}])),
+        _at(f"2026-10-20T{boundary_at}Z", {"type": "system", "subtype": "compact_boundary",
+                                           "compactMetadata": {"trigger": trigger, "preTokens": 240_000}}),
+        _at(f"2026-10-20T{boundary_at}Z", {"type": "user", "isCompactSummary": True, "message": {
+            "role": "user", "content": "This session is being continued from a previous conversation ..."}}),
+        _at("2026-10-20T12:00:00Z", {"type": "user", "message": {"role": "user", "content": "back"}}),
+        _at("2026-10-20T12:00:20Z", _asst("m2", [{"type": "text", "text": "hi"}])),
+    ])
+    tr = load_trace(log)
+    assert tr.boundaries[0]["idle"] is idle
+    assert any("idle compaction" in n for n in tr.notes) is idle
+    sent = load_claude_code(log, keep_compaction=True)
+    assert sent.compaction_kinds == ["idle compaction" if idle else "compact"]
+
+
+def test_history_a_second_compact_appends_again_is_read_once(tmp_path: Path) -> None:
+    """A second ``/compact`` appends the history it summarized to the log again under the same
+    uuids (anthropics/claude-code#92089). No licensed log shows it (0 repeated uuids in the 22
+    shared logs), so the fixture copies the entries as the report describes; each is read once."""
+    first = [
+        _at("2026-10-20T10:00:00Z", {"type": "user", "message": {"role": "user", "content": "work"}}, "u1"),
+        _at("2026-10-20T10:00:05Z", _asst("m1", [_call("a")], cache_creation_input_tokens=9_000), "u2"),
+        _at("2026-10-20T10:00:06Z", _results("a"), "u3"),
+        _at("2026-10-20T10:00:09Z", _asst("m2", [{"type": "text", "text": "read"}]), "u4"),
+    ]
+    log = _cc_log(tmp_path / "d.jsonl", [
+        *first,
+        _at("2026-10-20T10:05:00Z", {"type": "user", "message": {"role": "user", "content": "next"}}, "u5"),
+        *first,  # written again by the second /compact
+        _at("2026-10-20T10:05:09Z", _asst("m3", [{"type": "text", "text": "ok"}]), "u6"),
+    ])
+    tr = load_trace(log)
+    assert tr.turns == 3 and [m["role"] for m in tr.messages] == ["user", "assistant", "user", "assistant", "user",
+                                                                  "assistant"]
+    assert any("4 entries written again" in n and "#92089" in n for n in tr.notes)
+    assert len(tr.recorded_usage()) == 3  # each call billed once

@@ -142,6 +142,7 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
     entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
     if not is_claude_code(entries):
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
+    entries, again = _once_per_uuid(entries)
     main, agents = threads(entries)
     name = f"{p.parent.name}/{p.stem.removesuffix('__chat')}"
     hooks = _tool_times(entries) if repair_times else {}
@@ -150,6 +151,10 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         return _true_times(es, hooks) if repair_times else es
 
     trace = _conversation(timed(main), name, str(p), keep_compaction)
+    if again:
+        trace.notes.append(f"{again} entr{'y' if again == 1 else 'ies'} written again under a uuid already read "
+                           "(a second /compact re-appends the history it summarized, anthropics/claude-code#92089); "
+                           "read once")
     for key, agent_entries in agents.items():
         try:
             sub = _conversation(timed(agent_entries), f"{name}.{key}", str(p), keep_compaction)
@@ -161,6 +166,24 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         trace.notes.append(f"{len(trace.subagents)} sub-agent conversation(s), "
                            f"{sum(s.turns for s in trace.subagents)} call(s), loaded apart from the main chain")
     return trace
+
+
+def _once_per_uuid(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The log's conversation entries, each ``uuid`` read once (the first time), and how many
+    were written again. A second ``/compact`` appends the history it summarized to the log once
+    more, under the same uuids (anthropics/claude-code#92089, in the facts' 2026-12-02 addendum);
+    read twice, every message of it would be sent and billed twice. Entries without a uuid, and
+    sub-agent progress entries (which carry their parent's), are all kept."""
+    seen: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for e in entries:
+        u = e.get("uuid")
+        if isinstance(u, str) and e.get("type") in ("user", "assistant", "system"):
+            if u in seen:
+                continue
+            seen.add(u)
+        out.append(e)
+    return out, len(entries) - len(out)
 
 
 def _tool_times(entries: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -209,15 +232,49 @@ def _true_times(entries: list[dict[str, Any]], hooks: dict[str, list[float]]) ->
     return out
 
 
+# Claude Code 2.1.286+ compacts a session of 200k tokens or more about 55 minutes after the last
+# reply, before the 1-hour cache expires (../shared/docs/anthropic-cache-facts.md, 2026-12-02
+# addendum: changelog rows, timing third-party). No stored source spells its boundary's trigger, so
+# a boundary is read as idle when its trigger says so, or when it was written 50 to 60 minutes into
+# a quiet spell that no person's message had ended (a compaction at a person's return comes with
+# that message, after any gap).
+IDLE_AFTER_S = (50 * 60.0, 60 * 60.0)
+IDLE_KIND = "idle compaction"  # the compaction kind of such a boundary (`Trace.compaction_kinds`)
+
+
+def _int(meta: dict[str, Any], *names: str) -> int | None:
+    """The first of ``names`` that ``meta`` holds as a number (the log writes camelCase; some
+    readers document snake_case)."""
+    for n in names:
+        v = meta.get(n)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    return None
+
+
 def _boundary(e: dict[str, Any]) -> dict[str, Any] | None:
-    """A ``compact_boundary`` / ``microcompact_boundary`` system entry, as the trace records it."""
+    """A ``compact_boundary`` / ``microcompact_boundary`` system entry, as the trace records it.
+
+    A compact boundary's ``compactMetadata`` (2.1.3xx: ``postTokens``, ``precomputed``,
+    ``preservedMessages``, ``cumulativeDroppedTokens``, ``durationMs``, ``messagesSummarized``;
+    the facts' addendum lists them) is read where present, and None where a version did not
+    write it."""
     if e.get("type") != "system" or e.get("subtype") not in ("compact_boundary", "microcompact_boundary"):
         return None
     if e["subtype"] == "compact_boundary":
         cm = e.get("compactMetadata")
         meta: dict[str, Any] = cm if isinstance(cm, dict) else {}
+        kept = meta.get("preservedMessages", meta.get("preserved_messages"))
+        kept_ids = kept.get("uuids", []) if isinstance(kept, dict) else []
         return {"kind": "compact", "trigger": str(meta.get("trigger") or "unknown"),
-                "pre_tokens": int(meta.get("preTokens") or 0), "time": parse_time(e.get("timestamp"))}
+                "pre_tokens": _int(meta, "preTokens", "pre_tokens") or 0,
+                "post_tokens": _int(meta, "postTokens", "post_tokens"),
+                "dropped_tokens": _int(meta, "cumulativeDroppedTokens", "cumulative_dropped_tokens"),
+                "duration_ms": _int(meta, "durationMs", "duration_ms"),
+                "messages_summarized": _int(meta, "messagesSummarized", "messages_summarized"),
+                "precomputed": meta.get("precomputed") if isinstance(meta.get("precomputed"), bool) else None,
+                "preserved": len(kept_ids) if isinstance(kept_ids, list) else 0,
+                "idle": str(meta.get("trigger")) == "idle", "time": parse_time(e.get("timestamp"))}
     mm = e.get("microcompactMetadata")
     meta = mm if isinstance(mm, dict) else e
     ids = meta.get("compactedToolIds") or e.get("compactedToolIds") or []
@@ -246,10 +303,14 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
     removed = 0
     cut_points: list[int] = []
     boundaries: list[dict[str, Any]] = []
+    last_reply: float | None = None  # when the newest response was logged, if no person spoke since
     for e in entries:
         b = _boundary(e)
         if b is not None:
             b["index"] = len(msgs)
+            if b["kind"] == "compact" and not b["idle"] and b["trigger"] != "manual" \
+                    and b["time"] is not None and last_reply is not None:
+                b["idle"] = IDLE_AFTER_S[0] <= b["time"] - last_reply <= IDLE_AFTER_S[1]
             boundaries.append(b)
             if b["kind"] == "microcompact" and b["tool_ids"]:
                 if keep_compaction:  # what was sent from here on: the history with those results cleared
@@ -284,6 +345,7 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
             continue
         ts = parse_time(e.get("timestamp"))
         if msg["role"] == "assistant":
+            last_reply = ts if ts is not None else last_reply
             model = msg.get("model") or model
             mid = msg.get("id")
             usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else None
@@ -303,6 +365,7 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         else:
             if not (isinstance(content, list) and all(b.get("type") == "tool_result" for b in content)):
                 last_id, open_at = None, None  # a person spoke: the response is over
+                last_reply = None
             msgs.append({"role": "user", "content": content})
             extras.append((ts, None, None, None))
     cut_points = sorted(set(cut_points))
@@ -343,6 +406,11 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
     if boundaries:
         kinds = [b["kind"] for b in boundaries]
         notes.append(", ".join(f"{kinds.count(k)} {k}_boundary" for k in ("compact", "microcompact") if k in kinds))
+        idle = sum(1 for b in boundaries if b.get("idle"))
+        if idle:
+            notes.append(f"{idle} of them idle compaction(s), made while the person was away")
+            # what forensics calls the re-write after it (`Finding.detail`)
+            kinds = [IDLE_KIND if b.get("idle") else k for b, k in zip(boundaries, kinds, strict=True)]
     if not msgs:
         raise TraceFormatError(source, "no main-chain messages")
     if msgs[0]["role"] != "user":
