@@ -90,7 +90,6 @@ REPEAT_CALLS = 2  # results within this many seconds means the model lost someth
 class CacheAwareCompactor:
     """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
 
-    renders = True
 
     def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
         self.ctx = ctx
@@ -882,9 +881,6 @@ class CacheAwareCompactor:
                        tokens_before=tokens, tokens_after=self._now_tokens(), cost_usd=cost,
                        entries=[e.seq for e in entries])
         return changed and self._now_tokens() <= goal
-
-    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body
 
 
 #: The 0.3 name of `CacheAwareCompactor`, kept for one release.

@@ -6,10 +6,10 @@ A strategy is called by the middleware (or the proxy) around every request of it
   is rendered; it may append ledger edits (through `Session.edit`) and returns a `TurnReport`;
 * `after_response` gets the request time and the usage the API reported;
 * `reactive` runs after a prompt-too-long error and returns whether it freed enough;
-* `shape` has the last word on the request body. Strategies that compact through the ledger
-  render the body from transcript + ledger (``renders = True``) and leave it as is; peers
-  that edit the caller's body directly (a sliding window, server-side clearing) set
-  ``renders = False`` and rewrite it here.
+* the request body is rendered from transcript + ledger. A strategy that edits the caller's
+  body directly instead (a sliding window, server-side clearing) is a `BodyShaper`: the second
+  protocol, whose `shape` rewrites the body the caller sent. Which of the two a strategy is
+  follows from its type, once, when its session is made (`shaper_of`); no flag says it.
 
 Every summarizing strategy summarises a range with `summarize_range`, so the same range gets
 the same input whoever asks; only the decisions differ. Each strategy has its own frozen
@@ -20,6 +20,7 @@ registered by name in `cachecompact.compaction.catalog`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -43,6 +44,7 @@ from .summarize.llm import (
 )
 
 __all__ = [
+    "BodyShaper",
     "ChoosesPrefixTTL",
     "ChoosesTTL",
     "LedgerStrategy",
@@ -52,6 +54,7 @@ __all__ = [
     "StrategyConfig",
     "StrategyContext",
     "TurnReport",
+    "shaper_of",
     "summarize_range",
     "task_goal",
 ]
@@ -72,7 +75,8 @@ class TurnReport:
 
 @runtime_checkable
 class Strategy(Protocol):
-    renders: bool
+    """A strategy that compacts through the session's ledger: the request body is rendered from
+    transcript + ledger, so every edit is hashed, audited and rendered the same way."""
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> TurnReport: ...
@@ -81,7 +85,28 @@ class Strategy(Protocol):
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool: ...
 
+
+@runtime_checkable
+class BodyShaper(Strategy, Protocol):
+    """A strategy that rewrites the caller's request body itself instead of keeping a ledger
+    (the peers that model a sliding window or the API's own context editing): `shape` gets the
+    caller's whole body and returns the one to send."""
+
     def shape(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def shaper_of(strategy: Strategy) -> BodyShaper | None:
+    """The strategy as a `BodyShaper`, or None when the body is rendered from its ledger; asked
+    once, when a session is made. A 0.3 strategy says it with a ``renders`` flag, still read for
+    one release (with a `DeprecationWarning`): ``renders = True`` is a ledger strategy even with a
+    ``shape`` method."""
+    renders = getattr(strategy, "renders", None)
+    if isinstance(renders, bool):
+        warnings.warn(f"{type(strategy).__name__}.renders is read for the last time in 0.3: a strategy that shapes "
+                      "the body implements BodyShaper (a shape method), one that renders does not",
+                      DeprecationWarning, stacklevel=2)
+        return strategy if not renders and isinstance(strategy, BodyShaper) else None
+    return strategy if isinstance(strategy, BodyShaper) else None
 
 
 # -- optional capabilities: a strategy without them still qualifies; the engine uses them where
@@ -182,8 +207,6 @@ def summarize_range(session: Session, start: int, end: int, summarizer: Summariz
 class LedgerStrategy:
     """Plumbing for strategies that compact through the session's ledger."""
 
-    renders = True
-
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
         self.session = ctx.session
@@ -224,6 +247,3 @@ class LedgerStrategy:
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         self.last_request_at = now
-
-    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
-        return body

@@ -179,13 +179,13 @@ class CompactionEngine:
             if report.context_full is not None:
                 return ContextFull(report.context_full)
             ttl, prefix_ttl = self._ttls(live)
-            if asks_hour and live.strategy.renders and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
+            if asks_hour and live.shaper is None and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
                 live.told_ttl = True  # once per session: every request of a client like Claude Code asks it
                 log.warning("cachecompact: session %s: the request's cache_control asks a 1-hour TTL; cachecompact "
                             "places its own breakpoints and chose %s from the session's gaps (wrap(ttl='1h') or "
                             "EngineOptions(ttl='1h') keeps the hour)", live.sid, ttl or "5m")
             r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
-            if live.strategy.renders:
+            if live.shaper is None:
                 out = r.body
 
                 def snap() -> Snapshot:
@@ -194,7 +194,7 @@ class CompactionEngine:
                 whole: dict[str, Any] = {**params, "model": model, "max_tokens": max_tokens,
                                          **{k: body[k] for k in ("system", "tools") if k in body},
                                          "messages": messages}
-                out = _escape_hatch(live.strategy.shape(whole), model)
+                out = _escape_hatch(live.shaper.shape(whole), model)
                 memo = live.sim_memo
                 t = live.session.transcript
                 same = len(messages) == len(t) and out.get("messages") is messages
@@ -272,7 +272,7 @@ class CompactionEngine:
                     rec["thinking"] = {"left_out": sorted(plan.strip), "left_out_blocks": plan.blocks,
                                        "left_out_tokens": p.render.left_out_tokens,
                                        "drop_block": plan.kept_invalid}
-                if live.strategy.renders:
+                if live.shaper is None:  # a body shaper's requests are not the session's renders
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded
                 return finding
@@ -357,7 +357,7 @@ class CompactionEngine:
             r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=ttl, prefix_ttl=prefix_ttl,
                                     **p.params)
             p.render = r
-            p.body = r.body if live.strategy.renders else live.strategy.shape(p.body)
+            p.body = r.body if live.shaper is None else live.shaper.shape(p.body)
             p.betas = _betas(live, r, p.body)
             return p.body
 
@@ -398,7 +398,7 @@ def _betas(live: Live, r: RenderResult, out: dict[str, Any] | None = None) -> tu
     """The ``anthropic-beta`` values a prepared body needs: the strategy's (a server-side peer's),
     and the one ``thinking.block_binding`` needs (the render's, or a body peer's escape hatch)."""
     betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
-    if live.strategy.renders:
+    if live.shaper is None:
         return tuple(dict.fromkeys((*betas, *r.betas)))
     th = (out or {}).get("thinking")
     return tuple(dict.fromkeys((*betas, BINDING_BETA))) if isinstance(th, dict) and "block_binding" in th else betas

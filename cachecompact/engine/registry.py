@@ -27,7 +27,7 @@ from ..base.records import SummaryMode
 from ..cache.forensics import Forensics
 from ..cache.simulator import SimBlock
 from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
-from ..compaction.strategy import Strategy, StrategyConfig, StrategyContext
+from ..compaction.strategy import BodyShaper, Strategy, StrategyConfig, StrategyContext, shaper_of
 from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
 from ..history.session import Session
 from ..store import Store, check_session_id
@@ -52,6 +52,7 @@ class Live:
 
     session: Session
     strategy: Strategy
+    shaper: BodyShaper | None  # the strategy, when it rewrites the caller's body instead of rendering (`shaper_of`)
     head: bytes  # `head_key` of the caller's tools and system the session was made for
     forensics: Forensics  # compares each request with the one before it in this conversation
     scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
@@ -101,9 +102,9 @@ class LiveMaker:
         ctx = StrategyContext(session=session, summarizer=self.summarizer_for(model or None), events=self.events,
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
                               scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
-        prices = self.options.prices
-        return Live(session=session, strategy=self.strategy_config.build(ctx), head=caller_head,
-                    forensics=Forensics(prices), scratchpad=ctx.scratchpad)
+        strategy = self.strategy_config.build(ctx)
+        return Live(session=session, strategy=strategy, shaper=shaper_of(strategy), head=caller_head,
+                    forensics=Forensics(self.options.prices), scratchpad=ctx.scratchpad)
 
     def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         """A new session ``sid`` in the store for the request ``body`` (`SessionExistsError` if taken)."""

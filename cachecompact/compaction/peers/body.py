@@ -1,4 +1,4 @@
-"""Peers that rewrite the caller's request body instead of keeping a ledger (``renders = False``).
+"""Peers that rewrite the caller's request body instead of keeping a ledger (`BodyShaper`).
 
 * ``none``: the full history every turn with automatic caching (one top-level
   ``cache_control``), what most agents do today;
@@ -42,8 +42,6 @@ OMITTED = {"role": "user", "content": "[earlier messages omitted]"}
 class BodyStrategy:
     """Rewrites the body with a function; no ledger, nothing to do before or after. ``betas``
     are beta headers the rewritten request needs (the adapters add them to ``anthropic-beta``)."""
-
-    renders = False
 
     def __init__(self, ctx: StrategyContext, fn: Any, betas: tuple[str, ...] = ()) -> None:
         self.ctx = ctx

@@ -50,7 +50,6 @@ log = logging.getLogger("cachecompact")
 class OnDemandStrategy:
     """Summarizes through the API when the request is large; sends the signed block after that."""
 
-    renders = False
     betas: tuple[str, ...] = ()
 
     def __init__(self, ctx: StrategyContext, cfg: OnDemandConfig) -> None:

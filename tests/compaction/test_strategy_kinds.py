@@ -1,0 +1,70 @@
+"""Which of the two protocols a strategy is follows from its type, once per session
+(`compaction.strategy.shaper_of`); the 0.3 ``renders`` flag is read for one release, with a warning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cachecompact.compaction.strategy import BodyShaper, Strategy, TurnReport, shaper_of
+
+
+class _Ledger:
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> TurnReport:
+        return TurnReport(0, 0)
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+        return None
+
+    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+        return False
+
+
+class _Shaper(_Ledger):
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "messages": body["messages"][-2:]}
+
+
+class _OldRenders(_Shaper):
+    renders = True  # 0.3: a ledger strategy with an identity shape()
+
+
+class _OldShaper(_Shaper):
+    renders = False
+
+
+def test_a_strategy_with_shape_is_a_body_shaper_and_one_without_renders() -> None:
+    ledger, shaper = _Ledger(), _Shaper()
+    assert isinstance(ledger, Strategy) and not isinstance(ledger, BodyShaper)
+    assert shaper_of(ledger) is None
+    assert shaper_of(shaper) is shaper
+
+
+@pytest.mark.parametrize(("cls", "shapes"), [(_OldRenders, False), (_OldShaper, True)])
+def test_the_old_renders_flag_still_decides_for_one_release(cls: type[_Shaper], shapes: bool) -> None:
+    s = cls()
+    with pytest.warns(DeprecationWarning, match="renders is read for the last time"):
+        got = shaper_of(s)
+    assert (got is s) is shapes
+
+
+def test_every_shipped_strategy_is_one_kind_or_the_other() -> None:
+    """Ours and the ledger peers render; the body peers shape; none carries the old flag."""
+    from cachecompact.base.events import EventBus
+    from cachecompact.compaction.catalog import get_strategy, strategy_names
+    from cachecompact.compaction.strategy import StrategyContext
+    from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+    from cachecompact.history.session import Session
+
+    kinds = {}
+    for name in strategy_names():
+        session = Session.create(None, session_id=f"s_{name}", system="sys", tools=[], prefix_messages=1)
+        ctx = StrategyContext(session=session, summarizer=ExtractiveSummarizer(), events=EventBus(),
+                              window_tokens=200_000)
+        s = get_strategy(name).build(ctx)
+        assert not hasattr(s, "renders"), name
+        kinds[name] = shaper_of(s) is not None
+    assert kinds["cachecompact"] is False and kinds["openhands"] is False
+    assert kinds["window-20"] is True and kinds["masking"] is True
