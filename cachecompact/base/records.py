@@ -9,6 +9,9 @@ keys or an exception.
   and hand the engine this one value; whether it was a stream is set by the reader that saw the
   stream, so it cannot be mislabelled on the way (it once was, as the third of a positional
   tuple).
+* `RequestRecord`: what the engine records of one answered request, handed to the session that
+  seals it into its chain of request records (docs/ledger-format.md has the stored form, which
+  this type writes key for key).
 * The closed vocabularies as `Literal` types, so a misspelt value is a type error where it is
   written, not a silent miss where it is compared: `TTL`, `Level` (the compactor's five and `restore`),
   `SummaryMode`, `ProxyMode` and `MissClass` (forensics' classes of a request's cache read).
@@ -22,7 +25,8 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "Level", "MissClass", "ProxyMode", "SummaryMode"]
+__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "Level", "MissClass", "ProxyMode", "RequestRecord",
+           "SummaryMode"]
 
 TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
 Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back
@@ -52,3 +56,28 @@ class Answer(msgspec.Struct, frozen=True):
     message_id: str | None = None
     cache_miss_reason: dict[str, Any] | None = None
     stream: bool = False
+
+
+class RequestRecord(msgspec.Struct, kw_only=True):
+    """One answered request as the engine records it: when, which model, the usage as the API
+    sent it and its price, the render's estimate and what was sent, the response's id, whether
+    it streamed, and forensics' finding. ``strategy_state`` (a stateful strategy's, for a replica
+    that picks the session up) and ``thinking`` (the preserved thinking its edits left out) are
+    written only when there is something to say."""
+
+    time: float
+    model: str
+    usage: dict[str, Any]
+    cost_usd: float
+    est_tokens: int
+    message_id: str | None
+    stream: bool
+    sent_tokens: int
+    finding: dict[str, Any]
+    strategy_state: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    thinking: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+    def fields(self) -> dict[str, Any]:
+        """The stored form: plain JSON values, the unset ones left out."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out

@@ -25,7 +25,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.records import TTL, Answer, ContextFull
+from ..base.records import TTL, Answer, ContextFull, RequestRecord
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig
@@ -262,16 +262,15 @@ class CompactionEngine:
                 finding: Finding = live.forensics.observe(snap, usage, answer.cache_miss_reason)
                 self._report(live, finding)
                 self._save_events(live)
-                rec = {"time": p.now, "model": p.model, "usage": usage, "cost_usd": round(cost, 8),
-                       "est_tokens": p.render.tokens, "message_id": message_id, "stream": answer.stream,
-                       "sent_tokens": snap.total, "finding": finding.to_dict()}
+                rec = RequestRecord(time=p.now, model=p.model, usage=usage, cost_usd=round(cost, 8),
+                                    est_tokens=p.render.tokens, message_id=message_id, stream=answer.stream,
+                                    sent_tokens=snap.total, finding=finding.to_dict())
                 if isinstance(live.strategy, StatefulStrategy):
-                    rec["strategy_state"] = live.strategy.state()
+                    rec.strategy_state = live.strategy.state()
                 plan = p.render.thinking
                 if plan.strip or plan.drop_block:  # preserved thinking that edits invalidated (history.thinking)
-                    rec["thinking"] = {"left_out": sorted(plan.strip), "left_out_blocks": plan.blocks,
-                                       "left_out_tokens": p.render.left_out_tokens,
-                                       "drop_block": plan.kept_invalid}
+                    rec.thinking = {"left_out": sorted(plan.strip), "left_out_blocks": plan.blocks,
+                                    "left_out_tokens": p.render.left_out_tokens, "drop_block": plan.kept_invalid}
                 if live.shaper is None:  # a body shaper's requests are not the session's renders
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded

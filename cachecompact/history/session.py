@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..base.errors import (
     StoreConflictError,
     StoreError,
 )
-from ..base.records import TTL
+from ..base.records import TTL, RequestRecord
 from ..base.tokens import TokenCounter
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
 from ..store import (
@@ -493,15 +493,17 @@ class Session:
                                        tokens_before=0, tokens_after=0)
         return self.renderer.edit_tokens(draft)
 
-    def record_request(self, render: RenderResult, fields: dict[str, Any]) -> dict[str, Any]:
+    def record_request(self, render: RenderResult, fields: RequestRecord | Mapping[str, Any]) -> dict[str, Any]:
         """Append a sealed record of a request that was sent from ``render`` and answered.
 
         It commits to the transcript and ledger state the request was rendered from, and
         carries the request's breakpoints and compacted-part mark, which guide the next
-        render's breakpoint plan.
+        render's breakpoint plan. ``fields`` is the engine's `RequestRecord`, or the fields of
+        a tool that keeps its own records in a session.
         """
         t_len = self._render_transcript_len(render)
-        base = {**fields, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
+        own = fields.fields() if isinstance(fields, RequestRecord) else dict(fields)
+        base = {**own, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
                 "ledger_len": render.n_entries,
                 "ledger_head": self.ledger.entries[render.n_entries - 1].hash if render.n_entries else GENESIS_HASH,
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}

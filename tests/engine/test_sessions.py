@@ -491,3 +491,21 @@ def test_a_second_engine_on_the_store_finds_the_conversation(tmp_path: Path) -> 
     again = CompactionEngine(FileStore(tmp_path), summarizer=None)
     p = again.prepare(_body("task", "a1", "u2", "a2", "u3"), explicit=None, now=2)
     assert p.live.session.session_id == sid and len(p.live.session) == 5
+
+
+def test_the_typed_request_record_is_stored_key_for_key(tmp_path: Path) -> None:
+    """The engine hands the session a `RequestRecord`; what is stored is its fields as 0.3 wrote
+    them (docs/ledger-format.md; stored canonically, keys sorted), the unset optional ones left
+    out, beside the session's own."""
+    from cachecompact.history.session import Session
+
+    eng = CompactionEngine(FileStore(tmp_path), summarizer=None)
+    sid = record(eng, _body("task: fix the parser"), 1)
+    rec = Session.open(FileStore(tmp_path), sid).last_request
+    assert rec is not None
+    ours = {"time", "model", "usage", "cost_usd", "est_tokens", "message_id", "stream", "sent_tokens", "finding",
+            "strategy_state"}  # the default strategy is stateful; no thinking was left out
+    session = {"meta", "transcript_len", "transcript_head", "ledger_len", "ledger_head", "breakpoints"}
+    assert ours <= set(rec) and "thinking" not in rec
+    assert set(rec) - ours - session <= {"seq", "prev_hash", "hash", "stable_before"}, set(rec) - ours - session
+    assert rec["usage"] == {"input_tokens": 10, "output_tokens": 5} and rec["stream"] is False
