@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any
 
-from cachecompact.base.records import Answer
 from cachecompact.base.tokens import TokenCounter
+from cachecompact.base.values import Answer
 from cachecompact.compaction.summarize.extractive import block_texts
 from cachecompact.engine.core import CompactionEngine
 from cachecompact.tools.bench.report import publish

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cachecompact.base.records import Answer
+from cachecompact.base.values import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     # the names of __all__, and (``X as X``) the 0.3 names that still resolve here
-    from .adapters.errors import ContextFullError
     from .adapters.middleware import CompactionMiddleware, scratchpad_handler, wrap, wrapped_sessions
+    from .adapters.sdk_errors import ContextFullError
     from .base.errors import (
         CacheCompactError,
         ConfigError,
@@ -72,7 +72,7 @@ _EXPORTS = {
     "Compactor": "compaction.cache_aware",
     "CacheCompactError": "base.errors",
     "ConfigError": "base.errors",
-    "ContextFullError": "adapters.errors",
+    "ContextFullError": "adapters.sdk_errors",
     "EditOverlapError": "base.errors",
     "EditSplitsToolPairError": "base.errors",
     "EditTouchesPrefixError": "base.errors",

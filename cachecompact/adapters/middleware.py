@@ -39,7 +39,7 @@ from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
-from ..base.records import Answer, ContextFull, SummaryMode
+from ..base.values import Answer, ContextFull, SummaryMode
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -47,7 +47,7 @@ from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, Summarizer
 from ..engine.options import EngineOptions
 from ..history.session import Session
 from ..store import Store
-from .errors import ContextFullError
+from .sdk_errors import ContextFullError
 
 __all__ = ["SESSION_HEADER", "CompactionMiddleware", "scratchpad_handler", "summarizer_factory", "wrap",
            "wrapped_sessions"]

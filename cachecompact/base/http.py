@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .records import Answer
+from .values import Answer
 
 __all__ = ["SSEUsage", "clock_from", "json_or_none", "too_long", "with_betas"]
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ..base.pricing import ModelInfo, OwnPrices, priced
-from ..base.records import MISS_CLASSES, TTL, MissClass
+from ..base.values import MISS_CLASSES, TTL, MissClass
 from ..base.wire import canonical_bytes
 from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
 from .simulator import SimRequest

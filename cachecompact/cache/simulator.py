@@ -26,8 +26,8 @@ from typing import Any
 import xxhash
 
 from ..base.errors import MalformedMessageError
-from ..base.records import TTL
 from ..base.tokens import BLOCK_OVERHEAD, TokenCounter, block_tokens
+from ..base.values import TTL
 from ..base.wire import (
     Block,
     ImageBlock,

@@ -32,7 +32,7 @@ import xxhash
 from ..base.errors import InvalidEditError, SummaryRejected
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
-from ..base.records import TTL, Level
+from ..base.values import TTL, Level
 from ..base.wire import (
     RedactedThinkingBlock,
     ThinkingBlock,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..base.pricing import DEFAULT_SUMMARY_MODEL
-from ..base.records import SummaryMode
+from ..base.values import SummaryMode
 from .cache_aware import CacheAwareCompactor
 from .policy import PolicyConfig
 from .strategy import Strategy, StrategyContext

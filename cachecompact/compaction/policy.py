@@ -15,7 +15,7 @@ from typing import Any
 
 from ..base.errors import PolicyConfigError
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, ModelInfo
-from ..base.records import Level
+from ..base.values import Level
 from .levels.l1_micro import DEFAULT_WRITE_TOOLS
 from .levels.view import PLACEHOLDER_TOKENS
 

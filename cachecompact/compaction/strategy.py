@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..base.events import Event, EventBus
 from ..base.pricing import ModelInfo
-from ..base.records import TTL, SummaryMode
+from ..base.values import TTL, SummaryMode
 from ..base.wire import TextBlock, content_blocks
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session

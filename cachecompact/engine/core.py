@@ -25,7 +25,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.records import TTL, Answer, ContextFull, RequestRecord
+from ..base.values import TTL, Answer, ContextFull, RequestRecord
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.policy import PolicyConfig

@@ -12,7 +12,7 @@ from typing import Any
 from ..base.errors import ConfigError, PolicyConfigError
 from ..base.events import Event
 from ..base.pricing import ModelInfo
-from ..base.records import TTL
+from ..base.values import TTL
 from ..compaction.catalog import get_strategy, with_policy
 from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
 from ..compaction.strategy import StrategyConfig

@@ -23,7 +23,7 @@ from typing import Any
 from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
 from ..base.events import EventBus
 from ..base.pricing import model_window, priced
-from ..base.records import SummaryMode
+from ..base.values import SummaryMode
 from ..cache.forensics import Forensics
 from ..cache.simulator import SimBlock
 from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad

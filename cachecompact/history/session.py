@@ -28,8 +28,8 @@ from ..base.errors import (
     StoreConflictError,
     StoreError,
 )
-from ..base.records import TTL, RequestRecord
 from ..base.tokens import TokenCounter
+from ..base.values import TTL, RequestRecord
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
 from ..store import (
     AtomicAppends,

@@ -28,8 +28,8 @@ import xxhash
 
 from ..base.errors import TraceFormatError, UnknownModelError
 from ..base.pricing import ModelInfo, get_model, model_prices
-from ..base.records import TTL
 from ..base.tokens import TokenCounter
+from ..base.values import TTL
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
 from ..cache.simulator import SimBlock, SimRequest, message_blocks
 from .traces.claude_code import IDLE_KIND, load_claude_code

@@ -18,9 +18,9 @@ from aiohttp import web
 
 import cachecompact
 from cachecompact import Session
-from cachecompact.adapters.errors import ContextFullError
 from cachecompact.adapters.httpserver import ServerThread
 from cachecompact.adapters.middleware import SESSION_HEADER, CompactionMiddleware, scratchpad_handler, wrap
+from cachecompact.adapters.sdk_errors import ContextFullError
 from cachecompact.base.errors import ConfigError, PolicyConfigError, UnknownStrategyError
 from cachecompact.base.events import Event
 from cachecompact.compaction.policy import LevelSettings, PolicyConfig

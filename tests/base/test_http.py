@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings, strategies as st
 
 from cachecompact.base.http import SSEUsage
-from cachecompact.base.records import Answer
+from cachecompact.base.values import Answer
 
 EVENTS = [
     {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 10, "cache_read_input_tokens": 3},

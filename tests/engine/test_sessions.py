@@ -23,7 +23,7 @@ from cachecompact import Session
 from cachecompact.adapters.middleware import SESSION_HEADER
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.events import Event
-from cachecompact.base.records import Answer
+from cachecompact.base.values import Answer
 from cachecompact.engine.core import CompactionEngine
 from cachecompact.engine.identity import RequestHistory, decide
 from cachecompact.history.transcript import message_hash

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...base.errors import ConfigError
-from ...base.records import ProxyMode
+from ...base.values import ProxyMode
 from ...store import Store
 
 __all__ = ["ProxyConfig", "is_loopback"]

@@ -19,7 +19,7 @@ from ...base.errors import ConfigError, InvalidSessionIdError
 from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
-from ...base.records import ContextFull, SummaryMode
+from ...base.values import ContextFull, SummaryMode
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error

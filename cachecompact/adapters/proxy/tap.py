@@ -8,7 +8,7 @@ import zlib
 from typing import Any
 
 from ...base.http import SSEUsage, json_or_none
-from ...base.records import Answer
+from ...base.values import Answer
 
 __all__ = ["ResponseTap", "decoded"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...base.identifiers import identifiers_in_input
 from ...base.keylines import Focus
-from ...base.records import Level
+from ...base.values import Level
 from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
 from ...history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ..strategy import Strategy, StrategyContext, TurnReport
 
 __all__ = ["AUTO_CACHE", "AnthropicClearConfig", "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",

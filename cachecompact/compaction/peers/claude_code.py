@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.errors import InvalidEditError
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ...history.ledger import ReplaceWithSummary
 from ..levels import build_view
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport

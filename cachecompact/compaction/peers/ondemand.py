@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import anthropic
 
 from ...base.headers import INTERNAL_HEADER
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ...base.wire import canonical_bytes
 from ..strategy import Strategy, StrategyContext, TurnReport
 from .body import AUTO_CACHE

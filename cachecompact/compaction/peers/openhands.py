@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
 
 __all__ = ["OpenHandsCondenser", "OpenHandsConfig"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.errors import InvalidEditError
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ...history.ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from ..levels import build_view, propose_entry_summary, results_since
 from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport

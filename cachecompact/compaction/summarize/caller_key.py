@@ -15,7 +15,7 @@ import threading
 import anthropic
 
 from ...base.headers import INTERNAL_HEADER
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from .llm import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 
 __all__ = ["CallerKeySummarizer"]

@@ -29,7 +29,7 @@ import msgspec
 
 from ...base.errors import SummaryRejected
 from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_prices
-from ...base.records import SummaryMode
+from ...base.values import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 from ...store.contract import REF_PATTERN
 from .extractive import GOAL_WORDS, block_texts, summary_facts

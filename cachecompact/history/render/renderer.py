@@ -15,8 +15,8 @@ from typing import Any
 import xxhash
 
 from ...base.errors import ImmutablePrefixError
-from ...base.records import TTL
 from ...base.tokens import TokenCounter
+from ...base.values import TTL
 from ...base.wire import TextBlock, ToolDef
 from ...cache.model import chain_step
 from ..ledger import Ledger, LedgerEntry, split_effective

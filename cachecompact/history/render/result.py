@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...base.records import TTL
+from ...base.values import TTL
 from ...base.wire import canonical_bytes
 from ...cache.model import first_mismatch
 from ..ledger import LedgerEntry

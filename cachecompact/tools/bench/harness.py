@@ -18,8 +18,8 @@ from typing import Any
 
 import anthropic
 
-from ...adapters.errors import ContextFullError
 from ...adapters.middleware import CompactionMiddleware, summarizer_factory
+from ...adapters.sdk_errors import ContextFullError
 from ...base.headers import CLOCK_HEADER
 from ...base.pricing import ModelInfo, get_model
 from ...compaction.catalog import get_strategy

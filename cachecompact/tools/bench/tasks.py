@@ -25,8 +25,8 @@ from typing import Any
 
 import anthropic
 
-from ...adapters.errors import ContextFullError
 from ...adapters.middleware import CompactionMiddleware, summarizer_factory
+from ...adapters.sdk_errors import ContextFullError
 from ...base.headers import CLOCK_HEADER
 from ...compaction.catalog import get_strategy
 from ..emulator import Emulator, Reply, SummarizingResponder

@@ -29,7 +29,7 @@ from ...base.safefs import append_bytes
 from ...base.tokens import TokenCounter
 from ...base.wire import canonical_bytes
 from ...cache.simulator import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
-from . import ondemand, thinking as th
+from . import binding as th, ondemand_compaction as ondemand
 from .compaction import CompactEdit, after_last_compaction, compact_edit, summary_block, summary_prompt
 from .context_editing import apply_context_management
 from .responders import Reply, Responder, ResponderFn, ScriptedResponder, SummarizingResponder

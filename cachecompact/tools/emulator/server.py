@@ -20,9 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from ...adapters.httpserver import ServerThread, api_errors, read_body, serve_forever
+from .binding import ThinkingRules
 from .core import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder, ResponderFn
-from .thinking import ThinkingRules
 
 __all__ = ["Emulator", "make_app"]
 
