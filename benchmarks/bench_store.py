@@ -27,11 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cachecompact.base.values import Answer
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cachecompact.base.values import Answer  # noqa: E402
 from cachecompact.engine.core import CompactionEngine  # noqa: E402
 from cachecompact.store import FileStore, Store, open_store  # noqa: E402
 from cachecompact.store.postgres import migrate  # noqa: E402

@@ -98,17 +98,23 @@ def _api() -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def _turns(client: anthropic.Anthropic, edits: Callable[[], int], route: Route) -> Route:
+def _turns(client: anthropic.Anthropic, edits: Callable[[], int], route: Route, stream: bool = False) -> Route:
     """An agent that reads a file a turn (its own tool calls, whatever the model answers) until
-    a turn makes a ledger edit; that turn's route."""
+    a turn makes a ledger edit; that turn's route. ``stream``: each answer streamed (Claude
+    Code's way), so the route includes the answer's usage read from the stream."""
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
     for k in range(80):
         before = edits()
         route.files.clear()
         route.up.clear()
         route.on = True
-        client.messages.create(model="claude-sonnet-4-6", max_tokens=1000, system=SYSTEM, tools=TOOLS,
-                               messages=msgs)
+        if stream:
+            with client.messages.stream(model="claude-sonnet-4-6", max_tokens=1000, system=SYSTEM, tools=TOOLS,
+                                        messages=msgs) as s:
+                s.get_final_message()
+        else:
+            client.messages.create(model="claude-sonnet-4-6", max_tokens=1000, system=SYSTEM, tools=TOOLS,
+                                   messages=msgs)
         route.on = False
         if edits() > before and k > 2:
             return route
@@ -119,18 +125,19 @@ def _turns(client: anthropic.Anthropic, edits: Callable[[], int], route: Route) 
     raise AssertionError("no turn compacted")
 
 
-def wrap_route(url: str) -> Route:
+def wrap_route(url: str, stream: bool = False) -> Route:
     route = Route()
     client = cachecompact.wrap(anthropic.Anthropic(base_url=url, api_key="t", max_retries=0), store=None,
                                window_tokens=WINDOW)
     sys.setprofile(route.hook)
     try:
-        return _turns(client, lambda: sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client)), route)
+        return _turns(client, lambda: sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client)), route,
+                      stream)
     finally:
         sys.setprofile(None)
 
 
-def proxy_route(url: str) -> Route:
+def proxy_route(url: str, stream: bool = False) -> Route:
     route = Route()
     threading.setprofile(route.hook)  # the proxy's threads, started below
     try:
@@ -143,7 +150,7 @@ def proxy_route(url: str) -> Route:
                 px.wait_idle()
                 return sum(len(s.ledger) for s in engine.sessions())
             sys.setprofile(route.hook)
-            return _turns(client, edits, route)
+            return _turns(client, edits, route, stream)
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -165,6 +172,14 @@ def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
     # measured 48 (2026-12-03); issue 39 asked for 32: the compact proxy also feeds the dashboard's
     # analysis (observe.py, cache/simulator.py) on every request
     assert len(route.files) <= 48, route.files
+
+
+def test_a_streamed_turn_calls_only_down_the_floors_too() -> None:
+    """A streamed answer's usage is read as it passes (`base.http.SSEUsage`); the parser returns
+    the answer to the adapter that feeds it instead of calling back up into it."""
+    with _api() as url:
+        wrapped, proxied = wrap_route(url, stream=True), proxy_route(url, stream=True)
+    assert wrapped.up == [] and proxied.up == [], (wrapped.up, proxied.up)
 
 
 if __name__ == "__main__":

@@ -224,32 +224,42 @@ class _UsageTap(httpx2.SyncByteStream):
 
     def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
         self.original = original
-        self.parser = SSEUsage(done)
+        self.parser = SSEUsage()
+        self.done = done  # the middleware's: records the answer, once, when the parser says it is complete
+
+    def _fed(self, got: Answer | None) -> None:
+        if got is not None:
+            self.done(got)
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.original.iter_bytes():
-            self.parser.feed(chunk)
+            self._fed(self.parser.feed(chunk))
             yield chunk
-        self.parser.finish()
+        self._fed(self.parser.finish())
 
     def close(self) -> None:
-        self.parser.finish()
+        self._fed(self.parser.finish())
         self.original.close()
 
 
 class _AsyncUsageTap(httpx2.AsyncByteStream):
     def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
         self.original = original
-        self.parser = SSEUsage(done)
+        self.parser = SSEUsage()
+        self.done = done
+
+    def _fed(self, got: Answer | None) -> None:
+        if got is not None:
+            self.done(got)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self.original.aiter_bytes():
-            self.parser.feed(chunk)
+            self._fed(self.parser.feed(chunk))
             yield chunk
-        self.parser.finish()
+        self._fed(self.parser.finish())
 
     async def aclose(self) -> None:
-        self.parser.finish()
+        self._fed(self.parser.finish())
         await self.original.aclose()
 
 

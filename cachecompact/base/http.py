@@ -60,21 +60,30 @@ def clock_from(headers: Mapping[str, Any], header: str, default: Callable[[], fl
 
 
 class SSEUsage:
-    """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream."""
+    """Incremental SSE parser that keeps the usage, message id and diagnostics of a stream.
 
-    def __init__(self, done: Callable[[Answer], None]) -> None:
+    `feed` and `finish` return the stream's `Answer` once, the first time it is complete (at
+    ``message_stop``, or at the end of a stream that lost it), and None otherwise: the caller
+    acts on it, so this parser never calls back up into the adapter that feeds it."""
+
+    def __init__(self) -> None:
         self._pending: list[bytes] = []  # the start of a frame whose end has not arrived
         self._tail = b""  # its last 3 bytes: where a separator that ends in the next chunk may begin
         self.usage: dict[str, Any] = {}
         self.message_id: str | None = None
         self.diag: dict[str, Any] | None = None
-        self.done = done
-        self.reported = False
+        self.answer: Answer | None = None  # set once the stream's usage is complete
+        self._unread: Answer | None = None  # complete, not yet returned
 
-    def feed(self, chunk: bytes) -> None:
+    def _take(self) -> Answer | None:
+        got, self._unread = self._unread, None
+        return got
+
+    def feed(self, chunk: bytes) -> Answer | None:
         """Parse the complete frames in ``chunk`` (plus what was left over); a frame that names no
         ``message_*`` event is skipped without being split into lines. Linear in the input however
-        it is split: while no frame ends, chunks are only collected."""
+        it is split: while no frame ends, chunks are only collected. Returns the `Answer` if this
+        chunk completed it."""
         if self._pending:
             # does a frame end in this chunk? (its separator may begin in the bytes before it)
             probe = self._tail + chunk[:3]
@@ -82,7 +91,7 @@ class SSEUsage:
                     and b"\r\n\r\n" not in probe:
                 self._pending.append(chunk)
                 self._tail = probe[-3:] if len(chunk) < 3 else chunk[-3:]
-                return
+                return None
             buf = b"".join(self._pending) + chunk
             self._pending = []
         else:
@@ -104,6 +113,7 @@ class SSEUsage:
         if pos < len(buf):
             self._pending = [buf[pos:]]
             self._tail = buf[-3:]
+        return self._take()
 
     def _frame(self, buf: bytes, start: int, end: int) -> None:
         if buf.find(b'"message_', start, end) >= 0:
@@ -130,14 +140,18 @@ class SSEUsage:
         elif kind == "message_delta":
             self.usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
         elif kind == "message_stop":
-            self.finish()
+            self._complete()
 
-    def finish(self) -> None:
-        """The stream ended: a last frame without its closing blank line counts too."""
+    def _complete(self) -> None:
+        if self.answer is None and self.usage:
+            self.answer = self._unread = Answer(dict(self.usage), self.message_id, self.diag, stream=True)
+
+    def finish(self) -> Answer | None:
+        """The stream ended: a last frame without its closing blank line counts too. Returns the
+        `Answer` if it was not complete before."""
         if self._pending:
             tail = b"".join(self._pending)
             self._pending = []
             self._frame(tail, 0, len(tail))
-        if not self.reported and self.usage:
-            self.reported = True
-            self.done(Answer(dict(self.usage), self.message_id, self.diag, stream=True))
+        self._complete()
+        return self._take()

@@ -19,6 +19,7 @@ registered by name in `cachecompact.compaction.catalog`.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,8 @@ __all__ = [
     "task_goal",
 ]
 
+log = logging.getLogger("cachecompact")
+
 
 @dataclass(slots=True)
 class TurnReport:
@@ -95,17 +98,60 @@ class BodyShaper(Strategy, Protocol):
     def shape(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
+class _PassThrough:
+    """A 0.3 strategy with ``renders = False`` and no ``shape`` of its own (it inherited
+    `LedgerStrategy`'s, which passed the body through): the body goes as the caller sent it."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> TurnReport:
+        return self.strategy.before_request(now, model, max_tokens, params)
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+        self.strategy.after_response(now, usage)
+
+    def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+        return self.strategy.reactive(reported_tokens, limit, now, model, max_tokens)
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+
+_TOLD: set[type] = set()  # strategy classes told about the 0.3 flag (once each)
+
+
+def _tell(cls: type, why: str) -> None:
+    """A `DeprecationWarning`, and the same once in the log: the warning is raised deep inside a
+    request, where Python's default filters would hide it from the strategy's author."""
+    warnings.warn(why, DeprecationWarning, stacklevel=3)
+    if cls not in _TOLD:
+        _TOLD.add(cls)
+        log.warning("cachecompact: %s", why)
+
+
 def shaper_of(strategy: Strategy) -> BodyShaper | None:
     """The strategy as a `BodyShaper`, or None when the body is rendered from its ledger; asked
-    once, when a session is made. A 0.3 strategy says it with a ``renders`` flag, still read for
-    one release (with a `DeprecationWarning`): ``renders = True`` is a ledger strategy even with a
-    ``shape`` method."""
+    once, when a session is made.
+
+    A 0.3 strategy said which it was with a ``renders`` flag, and `LedgerStrategy` carried an
+    identity ``shape``; both are still read until 0.4, with a `DeprecationWarning`: ``renders =
+    True`` renders even with a ``shape`` method, ``renders = False`` shapes (passing the body
+    through if it has no ``shape`` of its own), and a `LedgerStrategy` subclass with its own
+    ``shape`` but no flag renders, as it did in 0.3."""
+    cls = type(strategy)
     renders = getattr(strategy, "renders", None)
     if isinstance(renders, bool):
-        warnings.warn(f"{type(strategy).__name__}.renders is read for the last time in 0.3: a strategy that shapes "
-                      "the body implements BodyShaper (a shape method), one that renders does not",
-                      DeprecationWarning, stacklevel=2)
-        return strategy if not renders and isinstance(strategy, BodyShaper) else None
+        _tell(cls, f"{cls.__name__}.renders is read until 0.4: a strategy that rewrites the body implements "
+                   "BodyShaper (a shape method); one that renders from the ledger has no shape method")
+        if renders:
+            return None
+        return strategy if isinstance(strategy, BodyShaper) else _PassThrough(strategy)
+    if isinstance(strategy, LedgerStrategy) and isinstance(strategy, BodyShaper):
+        _tell(cls, f"{cls.__name__}.shape is ignored until 0.4, as in 0.3 (a LedgerStrategy renders from its "
+                   "ledger); set renders = False to shape the body, or remove shape")
+        return None
     return strategy if isinstance(strategy, BodyShaper) else None
 
 

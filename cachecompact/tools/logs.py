@@ -384,14 +384,14 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
         "provider_suspected": "{k} misses (${u:.2f}) that nothing in the log explains: -v lists them with their "
                               "times, to match with the provider's records",
     }
+    idle = [f for r in done for f in r.findings
+            if f.cls == "client_compaction" and f"own {IDLE_KIND} " in (f.detail or "")]
     for cls, text in lines.items():
         if n.get(cls):
             out.append(f"{cls}: " + text.format(k=n[cls], u=usd[cls]))
-    idle = [f for r in done for f in r.findings
-            if f.cls == "client_compaction" and f"own {IDLE_KIND} " in (f.detail or "")]
-    if idle:
-        cost = sum(f.wasted_usd for f in idle)
-        out.append(f"  of which {len(idle)} after Claude Code's idle compaction (${cost:.2f}): "
-                   "what it left was written at the next request, when the person came back; Claude Code's "
-                   "setting idleCompaction turns it off")
+        if cls == "client_compaction" and idle:  # right under its class's line
+            cost = sum(f.wasted_usd for f in idle)
+            out.append(f"  of which {len(idle)} after Claude Code's idle compaction (${cost:.2f}): what it left "
+                       "was written at the next request, when the person came back; Claude Code's setting "
+                       "idleCompaction turns it off")
     return out

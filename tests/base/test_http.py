@@ -54,12 +54,10 @@ def _triple(a: Answer | None) -> tuple[dict[str, Any], str | None, Any] | None:
 
 
 def _parse(parts: list[bytes]) -> tuple[dict[str, Any], str | None, Any] | None:
-    got: list[Any] = []
-    p = SSEUsage(lambda a: got.append((a.usage, a.message_id, a.cache_miss_reason)))
-    for part in parts:
-        p.feed(part)
-    p.finish()
-    return got[0] if got else None
+    p = SSEUsage()
+    got = [a for a in [*(p.feed(part) for part in parts), p.finish()] if a is not None]
+    assert len(got) <= 1  # the answer is returned once
+    return _triple(got[0]) if got else None
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,12 +87,11 @@ def test_a_separator_split_over_tiny_pieces_ends_the_frame_at_once() -> None:
     """The usage is reported when the stop frame ends, not only at ``finish``, even if its blank
     line arrives one byte at a time (compact mode records a stream before its last bytes)."""
     raw = _stream(EVENTS, ["\r\n\r\n"])
-    got: list[Any] = []
-    p = SSEUsage(lambda a: got.append((a.usage, a.message_id, a.cache_miss_reason)))
-    p.feed(raw[:-4])
-    for k in range(4, 0, -1):
-        p.feed(raw[-k:len(raw) - k + 1])
-    assert got == [_reference(raw)]
+    p = SSEUsage()
+    assert p.feed(raw[:-4]) is None
+    got = [p.feed(raw[-k:len(raw) - k + 1]) for k in range(4, 0, -1)]
+    assert [_triple(a) for a in got if a is not None] == [_reference(raw)] and got[-1] is not None
+    assert p.finish() is None  # returned once
 
 
 def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() -> None:
@@ -128,10 +125,8 @@ def test_the_reader_that_saw_the_stream_says_so() -> None:
     third of a positional tuple it was once recorded as ``false`` for a streamed request)."""
     from cachecompact.adapters.proxy.tap import ResponseTap as _Tap
 
-    got: list[Answer] = []
-    p = SSEUsage(got.append)
-    p.feed(_stream(EVENTS, ["\n\n"]))
-    p.finish()
+    p = SSEUsage()
+    got = [a for a in (p.feed(_stream(EVENTS, ["\n\n"])), p.finish()) if a is not None]
     body = json.dumps({"id": "msg_1", "usage": {"input_tokens": 3, "output_tokens": 1}}).encode()
     tap = _Tap("application/json", "")
     tap.feed(body)

@@ -45,9 +45,49 @@ def test_a_strategy_with_shape_is_a_body_shaper_and_one_without_renders() -> Non
 @pytest.mark.parametrize(("cls", "shapes"), [(_OldRenders, False), (_OldShaper, True)])
 def test_the_old_renders_flag_still_decides_for_one_release(cls: type[_Shaper], shapes: bool) -> None:
     s = cls()
-    with pytest.warns(DeprecationWarning, match="renders is read for the last time"):
+    with pytest.warns(DeprecationWarning, match="renders is read until 0.4"):
         got = shaper_of(s)
     assert (got is s) is shapes
+
+
+class _OldLedgerNoShape(_Ledger):
+    renders = False  # 0.3: it inherited LedgerStrategy's pass-through shape
+
+
+def test_an_old_non_rendering_strategy_without_shape_passes_the_body_through() -> None:
+    with pytest.warns(DeprecationWarning):
+        got = shaper_of(_OldLedgerNoShape())
+    assert got is not None
+    body = {"messages": [{"role": "user", "content": "a"}] * 3}
+    assert got.shape(body) is body
+
+
+def test_a_ledger_strategy_with_its_own_shape_still_renders_as_in_0_3() -> None:
+    """`LedgerStrategy` rendered in 0.3 whatever ``shape`` said; a subclass that overrode it
+    keeps rendering (with a warning), rather than silently becoming a body shaper."""
+    from cachecompact.compaction.strategy import LedgerStrategy
+
+    class Mine(LedgerStrategy):
+        def before_request(self, now: float, model: str, max_tokens: int = 0,
+                           params: dict[str, Any] | None = None) -> TurnReport:
+            return TurnReport(0, 0)
+
+        def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+            return False
+
+        def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+            return {}
+
+    from cachecompact.base.events import EventBus
+    from cachecompact.compaction.strategy import StrategyContext
+    from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+    from cachecompact.history.session import Session
+
+    ctx = StrategyContext(session=Session.create(None, session_id="s_mine", system="sys", tools=[],
+                                                 prefix_messages=1),
+                          summarizer=ExtractiveSummarizer(), events=EventBus(), window_tokens=200_000)
+    with pytest.warns(DeprecationWarning, match="shape is ignored"):
+        assert shaper_of(Mine(ctx)) is None
 
 
 def test_every_shipped_strategy_is_one_kind_or_the_other() -> None:

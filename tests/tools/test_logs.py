@@ -211,7 +211,9 @@ def test_a_rewrite_after_claude_codes_idle_compaction_is_named_so(tmp_path: Path
     assert not skipped and done[0].misses == {"client_compaction": 1}
     f = done[0].findings[2]
     assert f.cls == "client_compaction" and "own idle compaction since" in f.detail
-    assert any(line.startswith("  of which 1 after Claude Code's idle compaction") for line in totals["advice"])
+    advice = totals["advice"]
+    at = next(i for i, line in enumerate(advice) if line.startswith("  of which 1 after Claude Code's idle compaction"))
+    assert advice[at - 1].startswith("client_compaction: ")  # under its own class
 
 
 # -- the shared logs ---------------------------------------------------------------------------------

@@ -302,6 +302,7 @@ def test_the_compact_metadata_of_claude_code_2_1_3xx_is_read(tmp_path: Path) -> 
     ("auto", "10:55:30", True),  # about 55 minutes into a quiet spell no person ended
     ("auto", "10:20:00", False),  # 20 minutes: not Claude Code's idle schedule
     ("manual", "10:55:30", False),  # the person typed /compact
+    ("auto", "tool", False),  # 55 minutes into a tool run: not a wait for a person
 ])
 def test_an_idle_compaction_is_told_from_one_at_a_persons_return(tmp_path: Path, trigger: str, boundary_at: str,
                                                                  idle: bool) -> None:
@@ -310,9 +311,13 @@ def test_an_idle_compaction_is_told_from_one_at_a_persons_return(tmp_path: Path,
     "idle compaction" for the re-write after it (the class stays ``client_compaction``)."""
     from cachecompact.tools.traces.claude_code import load_claude_code
 
+    tool_run = boundary_at == "tool"  # the reply calls a tool whose result comes 55 minutes later
+    boundary_at = "10:55:30" if tool_run else boundary_at
+    reply = [_call("t")] if tool_run else [{"type": "text", "text": "done"}]
     log = _cc_log(tmp_path / "i.jsonl", [
         _at("2026-10-20T10:00:00Z", {"type": "user", "message": {"role": "user", "content": "work"}}),
-        _at("2026-10-20T10:00:30Z", _asst("m1", [{"type": "text", "text": "done"}])),
+        _at("2026-10-20T10:00:30Z", _asst("m1", reply)),
+        *([_at("2026-10-20T10:55:00Z", _results("t"))] if tool_run else []),
         _at(f"2026-10-20T{boundary_at}Z", {"type": "system", "subtype": "compact_boundary",
                                            "compactMetadata": {"trigger": trigger, "preTokens": 240_000}}),
         _at(f"2026-10-20T{boundary_at}Z", {"type": "user", "isCompactSummary": True, "message": {

@@ -40,12 +40,9 @@ class ResponseTap:
         if live and self.sse and not self.unreadable:
             self._go_live()
 
-    def _done(self, answer: Answer) -> None:
-        self.result = answer
-
     def _go_live(self) -> None:
         """From now on, parse SSE as it passes (what was kept so far first)."""
-        self.parser = SSEUsage(self._done)
+        self.parser = SSEUsage()
         self.z = decompressor(self.encoding)
         kept, self.parts, self.size = self.parts, [], 0
         for chunk in kept:
@@ -59,7 +56,9 @@ class ResponseTap:
                 self.unreadable = True
                 return
         assert self.parser is not None
-        self.parser.feed(chunk)
+        got = self.parser.feed(chunk)
+        if got is not None:
+            self.result = got
 
     def feed(self, chunk: bytes) -> None:
         if self.first_byte is None:
@@ -85,7 +84,9 @@ class ResponseTap:
             if self.parser is None:
                 self._go_live()
             assert self.parser is not None
-            self.parser.finish()
+            got = self.parser.finish()
+            if got is not None:
+                self.result = got
             self._finished = self.result is not None
             return self.result
         self._finished = True

@@ -235,9 +235,11 @@ def _true_times(entries: list[dict[str, Any]], hooks: dict[str, list[float]]) ->
 # Claude Code 2.1.286+ compacts a session of 200k tokens or more about 55 minutes after the last
 # reply, before the 1-hour cache expires (../shared/docs/anthropic-cache-facts.md, 2026-12-02
 # addendum: changelog rows, timing third-party). No stored source spells its boundary's trigger, so
-# a boundary is read as idle when its trigger says so, or when it was written 50 to 60 minutes into
-# a quiet spell that no person's message had ended (a compaction at a person's return comes with
-# that message, after any gap).
+# a boundary is read as idle when its trigger says so, or when it was written 50 to 60 minutes
+# after a reply that called no tool, with nothing logged in between (a long tool run is not a
+# wait; a compaction at a person's return is taken to follow that person's message in the log,
+# which no stored source confirms either way). The token threshold is a user setting
+# (CLAUDE_CODE_IDLE_COMPACT_MIN_TOKENS), so it is not checked.
 IDLE_AFTER_S = (50 * 60.0, 60 * 60.0)
 IDLE_KIND = "idle compaction"  # the compaction kind of such a boundary (`Trace.compaction_kinds`)
 
@@ -303,14 +305,15 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
     removed = 0
     cut_points: list[int] = []
     boundaries: list[dict[str, Any]] = []
-    last_reply: float | None = None  # when the newest response was logged, if no person spoke since
+    waiting: float | None = None  # when a reply that called no tool ended the turn, if nothing was logged since
+    reply_calls_tool = False  # the newest response called a tool (in any of its pieces)
     for e in entries:
         b = _boundary(e)
         if b is not None:
             b["index"] = len(msgs)
             if b["kind"] == "compact" and not b["idle"] and b["trigger"] != "manual" \
-                    and b["time"] is not None and last_reply is not None:
-                b["idle"] = IDLE_AFTER_S[0] <= b["time"] - last_reply <= IDLE_AFTER_S[1]
+                    and b["time"] is not None and waiting is not None:
+                b["idle"] = IDLE_AFTER_S[0] <= b["time"] - waiting <= IDLE_AFTER_S[1]
             boundaries.append(b)
             if b["kind"] == "microcompact" and b["tool_ids"]:
                 if keep_compaction:  # what was sent from here on: the history with those results cleared
@@ -344,8 +347,14 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         if not content:
             continue
         ts = parse_time(e.get("timestamp"))
+        calls_tool = isinstance(content, list) and any(b.get("type") == "tool_use" for b in content)
+        if msg["role"] == "assistant":  # a response logged in pieces calls a tool if any piece does
+            piece = msg.get("id") is not None and msg.get("id") == last_id
+            reply_calls_tool = calls_tool or (piece and reply_calls_tool)
+        # the turn is over and Claude Code waits for a person only after a reply that called no
+        # tool; a tool result, a person's message or a reply that calls a tool ends the wait
+        waiting = ts if msg["role"] == "assistant" and not reply_calls_tool else None
         if msg["role"] == "assistant":
-            last_reply = ts if ts is not None else last_reply
             model = msg.get("model") or model
             mid = msg.get("id")
             usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else None
@@ -365,7 +374,6 @@ def _conversation(entries: list[dict[str, Any]], name: str, source: str, keep_co
         else:
             if not (isinstance(content, list) and all(b.get("type") == "tool_result" for b in content)):
                 last_id, open_at = None, None  # a person spoke: the response is over
-                last_reply = None
             msgs.append({"role": "user", "content": content})
             extras.append((ts, None, None, None))
     cut_points = sorted(set(cut_points))
