@@ -219,17 +219,22 @@ def _tapped(original: httpx2.Response, stream: httpx2.SyncByteStream | httpx2.As
                            request=original.request)
 
 
-class _UsageTap(httpx2.SyncByteStream):
-    """The caller's stream, decoded, passed through unchanged while usage is read from it."""
+class _Reading:
+    """What both taps share: the parser, and the middleware's ``done``, called once with the
+    answer when the parser returns it complete."""
 
     def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
         self.original = original
         self.parser = SSEUsage()
-        self.done = done  # the middleware's: records the answer, once, when the parser says it is complete
+        self.done = done
 
     def _fed(self, got: Answer | None) -> None:
         if got is not None:
             self.done(got)
+
+
+class _UsageTap(_Reading, httpx2.SyncByteStream):
+    """The caller's stream, decoded, passed through unchanged while usage is read from it."""
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.original.iter_bytes():
@@ -242,15 +247,7 @@ class _UsageTap(httpx2.SyncByteStream):
         self.original.close()
 
 
-class _AsyncUsageTap(httpx2.AsyncByteStream):
-    def __init__(self, original: httpx2.Response, done: Callable[[Answer], None]) -> None:
-        self.original = original
-        self.parser = SSEUsage()
-        self.done = done
-
-    def _fed(self, got: Answer | None) -> None:
-        if got is not None:
-            self.done(got)
+class _AsyncUsageTap(_Reading, httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self.original.aiter_bytes():

@@ -163,7 +163,10 @@ class RenderResult:
 
     def cache_arrays(self) -> tuple[list[bytes], list[int], list[int]]:
         """Copies of the chained hashes, cumulative raw tokens and lookback positions of this
-        render's blocks: plain lists for the cache layer (forensics), which keeps them."""
+        render's blocks: plain lists for the cache layer (forensics), which keeps them. Copies,
+        not the copy-free views of `block_hashes` and the like: those views are this layer's
+        type, and forensics reading them would call up a floor (tests/test_request_route.py);
+        three slices per request cost less than its loops over a view would."""
         nb, arr = self._nb, self._arr
         return arr.chain[:nb], arr.cum[:nb], arr.pos[:nb]
 
