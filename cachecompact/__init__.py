@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     # the names of __all__, and (``X as X``) the 0.3 names that still resolve here
-    from .adapters.middleware import CompactionMiddleware, scratchpad_handler, wrap, wrapped_sessions
+    from .adapters.idle_scheduler import SimulatedClock
+    from .adapters.middleware import CompactionMiddleware, compact_idle, scratchpad_handler, wrap, wrapped_sessions
     from .adapters.sdk_errors import ContextFullError
     from .base.errors import (
         CacheCompactError,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     )
     from .base.events import Event
     from .base.tokens import TokenCounter as TokenCounter
+    from .base.values import IdleDecision as IdleDecision
     from .cache.forensics import Finding, Forensics
     from .compaction.cache_aware import CacheAwareCompactor, Compactor as Compactor
     from .compaction.catalog import get_strategy, register as register, register_strategy, strategy_names
@@ -102,6 +104,9 @@ _EXPORTS = {
     "SkipRange": "history.ledger",
     "CompactionMiddleware": "adapters.middleware",
     "scratchpad_handler": "adapters.middleware",
+    "compact_idle": "adapters.middleware",
+    "SimulatedClock": "adapters.idle_scheduler",
+    "IdleDecision": "base.values",
     "wrap": "adapters.middleware",
     "wrapped_sessions": "adapters.middleware",
     "Economics": "compaction.policy",
@@ -183,6 +188,7 @@ __all__ = [
     "Session",
     "SessionLockedError",
     "SessionStore",
+    "SimulatedClock",
     "SkipRange",
     "Store",
     "Strategy",
@@ -191,6 +197,7 @@ __all__ = [
     "Summarizer",
     "Triggers",
     "TurnReport",
+    "compact_idle",
     "get_strategy",
     "open_store",
     "register_strategy",

@@ -39,7 +39,7 @@ from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
-from ..base.values import Answer, ContextFull, SummaryMode
+from ..base.values import Answer, ContextFull, IdleDecision, SummaryMode
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
@@ -47,10 +47,11 @@ from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, Summarizer
 from ..engine.options import EngineOptions
 from ..history.session import Session
 from ..store import Store
+from .idle_scheduler import IdleScheduler, clock_of
 from .sdk_errors import ContextFullError
 
-__all__ = ["SESSION_HEADER", "CompactionMiddleware", "scratchpad_handler", "summarizer_factory", "wrap",
-           "wrapped_sessions"]
+__all__ = ["SESSION_HEADER", "CompactionMiddleware", "compact_idle", "scratchpad_handler", "summarizer_factory",
+           "wrap", "wrapped_sessions"]
 
 DEFAULT_STORE = ".cachecompact/sessions"  # where wrap() keeps sessions unless told otherwise
 
@@ -82,14 +83,17 @@ class CompactionMiddleware(Middleware):
 
     def __init__(self, store: str | os.PathLike[str] | Store | None = DEFAULT_STORE, *,
                  options: EngineOptions | None = None, summarizer: Summarizer | SummarizerFactory | None = None,
-                 store_dir: str | os.PathLike[str] | None = None, **settings: Any) -> None:
-        """``options`` (an `EngineOptions`), or its settings as keywords (``strategy=``, ``ttl=``, ...)."""
+                 store_dir: str | os.PathLike[str] | None = None, idle_compaction: bool = False,
+                 **settings: Any) -> None:
+        """``options`` (an `EngineOptions`), or its settings as keywords (``strategy=``, ``ttl=``, ...).
+        ``idle_compaction`` runs an `IdleScheduler` on the engine's clock."""
         if store_dir is not None and store != DEFAULT_STORE:
             raise ConfigError("give store= or store_dir= (its older name), not both")
         self.engine = CompactionEngine(store_dir if store_dir is not None else store,
                                        EngineOptions.of(options, settings), summarizer=summarizer)
         self.events = self.engine.events
         self.window_tokens = self.engine.window_tokens
+        self.idle = IdleScheduler(self.engine, clock_of(self.engine.clock)) if idle_compaction else None
 
     @property
     def overhead_s(self) -> float:
@@ -135,6 +139,8 @@ class CompactionMiddleware(Middleware):
 
     def _record(self, p: Prepared, answer: Answer) -> None:
         self.engine.record(p, answer)
+        if self.idle is not None:
+            self.idle.poke()  # the session's cache now expires later: the scheduler looks again
 
     # -- sync client --------------------------------------------------------------------------------
 
@@ -190,7 +196,8 @@ class CompactionMiddleware(Middleware):
 
 def _answer(msg: Any) -> Answer:
     """A parsed (not streamed) message as the engine records it."""
-    return Answer(_usage_dict(msg.usage), getattr(msg, "id", None), _diag(msg), stream=False)
+    return Answer(_usage_dict(msg.usage), getattr(msg, "id", None), _diag(msg), stream=False,
+                  stop_reason=getattr(msg, "stop_reason", None))
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:
@@ -263,9 +270,11 @@ class _AsyncUsageTap(_Reading, httpx2.AsyncByteStream):
 # -- wrap ------------------------------------------------------------------------------------------------
 
 def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
-                        model: str | None, prices: OwnPrices | None = None) -> SummarizerFactory:
+                        model: str | None, prices: OwnPrices | None = None, *,
+                        clock_header: bool = False) -> SummarizerFactory:
     """Summaries through a plain client like the caller's (without this middleware), priced with
-    the client's own entries first (``prices``)."""
+    the client's own entries first (``prices``); ``clock_header``: they carry the session's clock
+    (a client on simulated time)."""
     if isinstance(client, anthropic.AsyncAnthropic):
         sync = anthropic.Anthropic(api_key=client.api_key, auth_token=client.auth_token, base_url=str(client.base_url),
                                    timeout=client.timeout, max_retries=client.max_retries)
@@ -274,7 +283,8 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
 
     def make(strategy_model: str | None, mode: SummaryMode) -> Summarizer:
         chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
-        return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"}, prices=prices)
+        return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"}, prices=prices,
+                             clock_header=clock_header)
     return make
 
 
@@ -299,6 +309,7 @@ def wrap(
     pricing: Mapping[str, Mapping[str, Any]] | None = None,
     recent_tokens: int | None = None,
     lookback_coverage: float | None = None,
+    idle_compaction: bool = False,
 ) -> ClientT:
     """``client.with_middleware(CompactionMiddleware(...))``, validated now.
 
@@ -336,7 +347,7 @@ def wrap(
         get_model(summarizer_model, prices)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
-        summ = summarizer_factory(client, summarizer_model, prices)
+        summ = summarizer_factory(client, summarizer_model, prices, clock_header=clock is not time.time)
     elif summarizer is None or isinstance(summarizer, Summarizer):
         summ = summarizer
     else:
@@ -345,8 +356,12 @@ def wrap(
                             prefix_messages=prefix_messages, scratchpad_tool=scratchpad_tool, diagnostics=diagnostics,
                             ttl=ttl, prefix_ttl=prefix_ttl, on_event=on_event, clock=clock, strict_models=True,
                             recent_tokens=recent_tokens, lookback_coverage=lookback_coverage, prices=prices or None)
-    mw = CompactionMiddleware(store, options=options, summarizer=summ, store_dir=store_dir)
-    return client.with_middleware(mw)
+    mw = CompactionMiddleware(store, options=options, summarizer=summ, store_dir=store_dir,
+                              idle_compaction=idle_compaction)
+    wrapped = client.with_middleware(mw)
+    if mw.idle is not None:
+        mw.idle.owned_by(wrapped)  # stops with the client
+    return wrapped
 
 
 def _middleware_of(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> CompactionMiddleware:
@@ -359,6 +374,17 @@ def _middleware_of(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> Co
 def wrapped_sessions(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> list[Session]:
     """The sessions a wrapped client has in memory (for reports, verification and tests)."""
     return _middleware_of(client).sessions()
+
+
+def compact_idle(client: anthropic.Anthropic | anthropic.AsyncAnthropic, session_id: str | None = None, *,
+                 away_s: float | None = None) -> list[IdleDecision]:
+    """For an agent about to wait for a person: summarize its quiet sessions now, on the warm
+    cache, where that pays (docs/policy.md, *While the session is quiet*). ``away_s``: how long it
+    expects to wait, in seconds, if it knows (else the session's own gaps tell). The edits take
+    effect with the next request. Blocks for the summary call; returns one decision per session."""
+    if away_s is not None and not (isinstance(away_s, (int, float)) and away_s >= 0):
+        raise ConfigError(f"compact_idle: away_s must be a number of seconds >= 0, got {away_s!r}")
+    return _middleware_of(client).engine.compact_idle(session_id, away_s=away_s)
 
 
 def scratchpad_handler(client: anthropic.Anthropic | anthropic.AsyncAnthropic

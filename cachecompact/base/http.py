@@ -72,6 +72,7 @@ class SSEUsage:
         self.usage: dict[str, Any] = {}
         self.message_id: str | None = None
         self.diag: dict[str, Any] | None = None
+        self.stop_reason: str | None = None
         self.answer: Answer | None = None  # set once the stream's usage is complete
         self._unread: Answer | None = None  # complete, not yet returned
 
@@ -139,12 +140,15 @@ class SSEUsage:
             self.diag = reason if isinstance(reason, dict) else None
         elif kind == "message_delta":
             self.usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
+            reason = (d.get("delta") or {}).get("stop_reason")
+            self.stop_reason = reason if isinstance(reason, str) else self.stop_reason
         elif kind == "message_stop":
             self._complete()
 
     def _complete(self) -> None:
         if self.answer is None and self.usage:
-            self.answer = self._unread = Answer(dict(self.usage), self.message_id, self.diag, stream=True)
+            self.answer = self._unread = Answer(dict(self.usage), self.message_id, self.diag, stream=True,
+                                                  stop_reason=self.stop_reason)
 
     def finish(self) -> Answer | None:
         """The stream ended: a last frame without its closing blank line counts too. Returns the

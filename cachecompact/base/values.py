@@ -12,6 +12,8 @@ keys or an exception.
 * `RequestRecord`: what the engine records of one answered request, handed to the session that
   seals it into its chain of request records (docs/ledger-format.md has the stored form, which
   this type writes key for key).
+* `IdleDecision`: whether a quiet session was compacted before its cache expired, and the prices
+  that decided it (`compaction.idle`), for the caller of `compact_idle`, the scheduler and the log.
 * The closed vocabularies as `Literal` types, so a misspelt value is a type error where it is
   written, not a silent miss where it is compared: `TTL`, `Level` (the compactor's five and `restore`),
   `SummaryMode`, `ProxyMode` and `MissClass` (forensics' classes of a request's cache read).
@@ -25,8 +27,8 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "Level", "MissClass", "ProxyMode", "RequestRecord",
-           "SummaryMode"]
+__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "IdleDecision", "Level", "MissClass", "ProxyMode",
+           "RequestRecord", "SummaryMode"]
 
 TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
 Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back
@@ -56,6 +58,9 @@ class Answer(msgspec.Struct, frozen=True):
     message_id: str | None = None
     cache_miss_reason: dict[str, Any] | None = None
     stream: bool = False
+    # why the model stopped (``end_turn``, ``tool_use``, ...): after ``tool_use`` the agent answers
+    # the calls; after anything else the turn is over and the next request waits for a person
+    stop_reason: str | None = None
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -81,3 +86,28 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         """The stored form: plain JSON values, the unset ones left out."""
         out: dict[str, Any] = msgspec.to_builtins(self)
         return out
+
+
+class IdleDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether a quiet session was summarized before its cache expired (`compaction.idle`).
+
+    ``fired``: the summary was made (on the warm cache) and waits, as ledger edits, for the next
+    request, which appends and renders them. ``p_late`` is the chance that the agent returns only
+    after the cache expired, from the session's own gaps; ``value_usd`` the expected saving that
+    decided it (positive: it pays); ``summary_warm_usd`` and ``summary_cold_usd`` the summary's
+    estimated price now and on a cold return; ``early_net_usd`` what the edit is worth when the
+    agent returns before expiry (`policy.economics`). ``cost_usd`` is what the summary did cost."""
+
+    session_id: str
+    at: float
+    fired: bool
+    reason: str
+    level: str | None = None
+    p_late: float = 0.0
+    value_usd: float = 0.0
+    summary_warm_usd: float = 0.0
+    summary_cold_usd: float = 0.0
+    early_net_usd: float = 0.0
+    cost_usd: float = 0.0
+    tokens_before: int = 0
+    tokens_after: int = 0

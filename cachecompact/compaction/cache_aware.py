@@ -32,7 +32,7 @@ import xxhash
 from ..base.errors import InvalidEditError, SummaryRejected
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
-from ..base.values import TTL, Level
+from ..base.values import TTL, IdleDecision, Level
 from ..base.wire import (
     RedactedThinkingBlock,
     ThinkingBlock,
@@ -46,6 +46,7 @@ from ..base.wire import (
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from ..history.thinking import latest_tool_turn
 from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
+from .idle import idle_value, late_chance
 from .levels import (
     Proposal,
     View,
@@ -75,8 +76,8 @@ from .policy import (
 )
 from .restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
 from .scratchpad import READ_SCRATCHPAD_TOOL
-from .strategy import StrategyContext, TurnReport, summarize_range
-from .summarize.llm import ExtractiveSummarizer
+from .strategy import StrategyContext, TurnReport, summarize_range, summary_request
+from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
 
@@ -130,6 +131,11 @@ class CacheAwareCompactor:
         # person's message), by transcript index: what an edit before them throws away
         self._thought: dict[int, int] = {}
         self._producing: int | None = None  # the transcript index the pending response will take
+        self._now: float | None = None  # the time of the decision under way (summaries are asked at it)
+        # idle compaction (`compaction.idle`): the summary made while the session was quiet, whose edits
+        # the next request appends, and the request time of the quiet period it was made in
+        self._idle: tuple[Proposal, list[SkipRange | ReplaceWithSummary], str] | None = None
+        self._idle_at: float | None = None
 
     @property
     def _ttl_s(self) -> float:
@@ -174,7 +180,7 @@ class CacheAwareCompactor:
                 "learnt": self._learnt,
                 "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
                 "sent": list(self._sent) if self._sent is not None else None,
-                "thought": {str(k): v for k, v in self._thought.items()},
+                "thought": {str(k): v for k, v in self._thought.items()}, "idle_at": self._idle_at,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
                           if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
 
@@ -196,6 +202,8 @@ class CacheAwareCompactor:
             self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
             thought = st.get("thought")
             self._thought = {int(k): int(v) for k, v in thought.items()} if isinstance(thought, dict) else {}
+            idle_at = st.get("idle_at")
+            self._idle_at = float(idle_at) if isinstance(idle_at, (int, float)) else None
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -362,6 +370,12 @@ class CacheAwareCompactor:
 
     def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
         """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
+        edits, cost = self._edits_of(p, cold, body)
+        return [self.session.edit(x, level=p.level) for x in edits], cost
+
+    def _edits_of(self, p: Proposal, cold: bool, body: dict[str, Any] | None
+                  ) -> tuple[list[SkipRange | ReplaceWithSummary], float]:
+        """A proposal's edits, its summary made (L3/L4), not yet appended. Raises on failure."""
         edits: list[SkipRange | ReplaceWithSummary] = list(p.edits)
         cost = 0.0
         if p.summarize is not None:
@@ -369,14 +383,14 @@ class CacheAwareCompactor:
             # the verbatim lines the agent used since (`working_set_chars`, fitted: about half the summary)
             keep = working_lines(self.session, start, end, self.cfg.levels.working_set_chars)
             edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
-                                        body=body, cache_warm=not cold, verbatim=keep)
+                                        body=body, cache_warm=not cold, verbatim=keep, at=self._now)
             cost = res.cost_usd
             before, after = self.session.edit_effect(edit)
             if after >= before:  # checked before appending: the ledger never keeps a useless summary
                 raise SummaryRejected(f"no reduction: the summary ({after} tokens) is not smaller than the range "
                                       f"({before} tokens)", cost)
             edits.append(edit)
-        return [self.session.edit(x, level=p.level) for x in edits], cost
+        return edits, cost
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -386,11 +400,14 @@ class CacheAwareCompactor:
         nothing fits (the adapters turn it into their transport's error)."""
         report = TurnReport(0, 0)
         since = self._observe_new(now, report)
+        self._now = now
         s = self.session
         if not self.cfg.economics.mark_compacted:
             s.stable_before = None  # also one restored from requests recorded with the mark on
         if s.prefix_end is None or not len(s):
             return report
+        if self._idle is not None:
+            self._append_idle(report)
         lim = self._limits(max_tokens, model)
         self._note_recent_budget(lim, report)
         self._producing = len(s)
@@ -829,6 +846,114 @@ class CacheAwareCompactor:
             self.tripped = True
             report.events.append(self._emit("breaker_open", reason=f"{self.failures} consecutive compaction "
                                             "failures: summaries are stopped for this session (L1, L2 and L5 go on)"))
+
+    # -- while the session is quiet (`compaction.idle`) ----------------------------------------------
+
+    def idle(self, now: float, model: str, max_tokens: int, body: dict[str, Any] | None, *,
+             away_s: float | None = None) -> IdleDecision:
+        """Summarize now, on the warm cache, what the cold rule would collapse on a late return,
+        when that pays by `compaction.idle`'s prices; the edits wait for the next request."""
+        s = self.session
+
+        def no(why: str, **kw: Any) -> IdleDecision:
+            return IdleDecision(session_id=s.session_id, at=now, fired=False, reason=why, **kw)
+
+        if self.last_request_at is None or s.prefix_end is None or not len(s):
+            return no("no request of this session has been answered yet")
+        if self._idle is not None or self._idle_at == self.last_request_at:
+            return no("already summarized in this quiet period")
+        if not self.cfg.economics.cache_aware:
+            return no("cache economics are off (Economics.cache_aware=False)")
+        if self.tripped:
+            return no("summaries are stopped for this session (the breaker is open)")
+        ttl, quiet = self._ttl_s, now - self.last_request_at
+        if quiet >= ttl:
+            return no(f"the cache expired {quiet - ttl:.0f}s ago: the return writes it again anyway, and the cold "
+                      "rule collapses then at no extra write")
+        if not isinstance(self.summarizer, PricedSummarizer):
+            return no(f"the summarizer ({type(self.summarizer).__name__}) gives no price estimate (estimate_usd)")
+        self._now = now
+        lim = self._limits(max_tokens, model)
+        view = build_view(s)
+        tokens = s.counter.calibrated(view.total_tokens)
+        cands = self._candidates(view, Trigger("L3", "idle"), lim, stop_at_target=False)
+        # the cold rule's choice on a late return: the plan that removes most, if it is a batch
+        big = sorted([p for p in cands if p.tokens_removed >= lim.min_batch and p.break_at is not None],
+                     key=lambda x: -x.tokens_removed)
+        if not big:
+            return no(f"nothing to collapse: no plan removes a batch ({lim.min_batch} tokens)", tokens_before=tokens,
+                      tokens_after=tokens)
+        p = big[0]
+        assert p.break_at is not None
+        reuse = body if self._wants_body() else None
+        warm = cold = 0.0
+        if p.summarize is not None:
+            req = summary_request(s, *p.summarize, body=reuse, cache_warm=True, at=now)
+            warm = self.summarizer.estimate_usd(req)
+            req.cache_warm = False
+            cold = self.summarizer.estimate_usd(req)
+        price = priced(model, self.ctx.prices)
+        early = economics(self.cfg, price, removed=p.tokens_removed,
+                          suffix=view.suffix_tokens(self._rewrite_from(p.break_at)), steps=self.steps, cold=False,
+                          summary_cost=warm, ttl=self.ttl or "5m", reasoning_tokens=self._reasoning_lost(p.break_at))
+        p_late = late_chance(quiet, ttl, from_gaps=self.gaps.returns_after(quiet, ttl), away_s=away_s)
+        value = idle_value(p_late, summary_cold=cold, summary_warm=warm, early=early)
+        after = max(0, tokens - s.counter.calibrated(p.tokens_removed))
+        priced_kw: dict[str, Any] = {"level": p.level, "p_late": round(p_late, 4), "value_usd": round(value, 6),
+                                     "summary_warm_usd": round(warm, 6), "summary_cold_usd": round(cold, 6),
+                                     "early_net_usd": round(early.net, 6), "tokens_before": tokens}
+        sums = (f"chance of a return after the {ttl / 60:.0f}-minute cache {p_late:.2f} x (summary cold "
+                f"${cold:.4f} - warm ${warm:.4f}) + {1 - p_late:.2f} x the edit on an early return "
+                f"${early.net:+.4f} = ${value:+.4f}")
+        if value <= 0:
+            return no(f"does not pay: {sums}", tokens_after=tokens, **priced_kw)
+        try:
+            edits, cost = self._edits_of(p, False, reuse)
+        except InvalidEditError as err:
+            self._planning_bug(p.level, f"the ledger would refuse {p.level}'s idle edit: {err}")
+            return no(f"planning bug: {err}", tokens_after=tokens, **priced_kw)
+        except Exception as err:  # summarizer errors count for the breaker, as at a request
+            cost = getattr(err, "cost_usd", 0.0)
+            self.summary_cost += cost
+            self._fail(p.level, f"idle {type(err).__name__}: {err}", tokens, cost, TurnReport(tokens, tokens))
+            return no(f"the summary failed: {type(err).__name__}: {err}", tokens_after=tokens, cost_usd=cost,
+                      **priced_kw)
+        self.summary_cost += cost
+        self.failures = 0 if p.summarize else self.failures
+        why = f"idle: the session is quiet {quiet / 60:.1f} min of its {ttl / 60:.0f}-minute cache; {sums}"
+        self._idle, self._idle_at = (p, edits, why), self.last_request_at
+        self._emit("idle_summary", level=p.level, reason=why, tokens_before=tokens, tokens_after=after,
+                   cost_usd=cost, detail=dict(priced_kw))
+        return IdleDecision(session_id=s.session_id, at=now, fired=True, reason=why, tokens_after=after,
+                            cost_usd=cost, **priced_kw)
+
+    def expires_at(self) -> float | None:
+        if self.last_request_at is None or self._idle is not None or self._idle_at == self.last_request_at \
+                or self.tripped or not self.cfg.economics.cache_aware:
+            return None
+        return self.last_request_at + self._ttl_s
+
+    def _append_idle(self, report: TurnReport) -> None:
+        """The edits of the summary made while the session was quiet, appended now that the
+        response they were made after is in the transcript (so the thinking they invalidate is
+        told by the ledger's usual rule, `history.thinking`). Its cost was its `idle_summary`
+        event's."""
+        assert self._idle is not None
+        p, edits, why = self._idle
+        self._idle = None
+        before = self._now_tokens()
+        try:
+            entries = [self.session.edit(x, level=p.level) for x in edits]
+        except InvalidEditError as err:  # the history the summary covered changed under it
+            self._planning_bug(p.level, f"the ledger refused the idle summary's edit: {err}")
+            return
+        report.entries += entries
+        self._mark_compacted(p)
+        self.last_compact_step = self.steps
+        self._pending = None
+        report.events.append(self._emit("compaction", level=p.level, reason=why, tokens_before=before,
+                                        tokens_after=self._now_tokens(), entries=[e.seq for e in entries],
+                                        detail={"idle": True}))
 
     # -- after the call, and prompt-too-long -------------------------------------------------------
 

@@ -66,6 +66,15 @@ class GapMeter:
         in_tool = _lower(sum(1 for g in self.tool if lo < g <= hi), len(self.tool))
         return end * in_person + (1 - end) * in_tool
 
+    def returns_after(self, quiet_s: float, ttl_s: float, *, person: bool = True) -> tuple[float, int]:
+        """The chance that a session already quiet for ``quiet_s`` seconds stays quiet past
+        ``ttl_s``: among its gaps of the kind (a person's, or a tool's) that outlasted ``quiet_s``,
+        the share that outlasted ``ttl_s``, as (k + 1/2) / (n + 1), with ``n`` (how many gaps it is
+        told by). Half when the session has shown no such gap: nothing is assumed either way."""
+        gaps = self.person if person else self.tool
+        longer = [g for g in gaps if g > quiet_s]
+        return _share(sum(1 for g in longer if g > ttl_s), len(longer)), len(longer)
+
     def state(self) -> dict[str, Any]:
         return {"tool": list(self.tool), "person": list(self.person), "turn_ends": self.turn_ends,
                 "responses": self.responses}

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..base.events import Event, EventBus
 from ..base.pricing import ModelInfo
-from ..base.values import TTL, SummaryMode
+from ..base.values import TTL, IdleDecision, SummaryMode
 from ..base.wire import TextBlock, content_blocks
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session
@@ -48,6 +48,7 @@ __all__ = [
     "BodyShaper",
     "ChoosesPrefixTTL",
     "ChoosesTTL",
+    "CompactsIdle",
     "LedgerStrategy",
     "NeedsBetas",
     "StatefulStrategy",
@@ -57,6 +58,7 @@ __all__ = [
     "TurnReport",
     "shaper_of",
     "summarize_range",
+    "summary_request",
     "task_goal",
 ]
 
@@ -185,6 +187,24 @@ class ChoosesTTL(Protocol):
 
 
 @runtime_checkable
+class CompactsIdle(Protocol):
+    """A strategy that can summarize a quiet session before its cache expires (`compaction.idle`).
+
+    ``body`` is the session's last request as it was sent (its cached prefix is what a warm
+    summary reads), ``max_tokens`` its own; ``away_s`` how long the caller says it will be away,
+    if it knows. The summary's edits wait for the next request, which appends and renders them:
+    the response to the last request, not yet in the transcript, was made before them."""
+
+    def idle(self, now: float, model: str, max_tokens: int, body: dict[str, Any] | None, *,
+             away_s: float | None = None) -> IdleDecision: ...
+
+    def expires_at(self) -> float | None:
+        """When the cache of the session's last request expires, while an idle decision is still
+        to be made for this quiet period (None: there is none to make)."""
+        ...
+
+
+@runtime_checkable
 class ChoosesPrefixTTL(Protocol):
     """A strategy that chooses the immutable prefix's TTL apart from the rest (None: as the rest)."""
 
@@ -223,26 +243,33 @@ def task_goal(session: Session) -> str:
     return "\n".join(b.text for b in blocks if isinstance(b, TextBlock) and b.text).strip()
 
 
-def summarize_range(session: Session, start: int, end: int, summarizer: Summarizer, *, reason: str,
-                    body: dict[str, Any] | None = None, cache_warm: bool = False,
-                    verbatim: Sequence[str] = ()) -> tuple[ReplaceWithSummary, SummaryResult]:
-    """Summarise transcript messages ``start..end`` as they render now.
-
-    The one range summarizer: the input is the rendered view of the range, the task goal and
-    the open issues of a summary starting at ``start`` that the new one replaces. ``verbatim``:
-    lines the caller keeps beside the summary, word for word (the compactor's working set,
-    `levels.working_set`); the summarizer never sees or changes them.
-    """
+def summary_request(session: Session, start: int, end: int, *, body: dict[str, Any] | None = None,
+                    cache_warm: bool = False, at: float | None = None) -> SummaryRequest:
+    """What a summary of transcript messages ``start..end`` is asked with: the rendered view of
+    the range, the task goal and the open issues of a summary starting at ``start`` that the new
+    one replaces (also what a summary's price is estimated from, before it is made)."""
     r = session.render(breakpoints=False)
     msgs = r.messages_in(start, end)
     prev = next((e for e in session.ledger.effective() if e.kind == "summary" and e.start == start
                  and e.tool_use_id is None), None)
-    req = SummaryRequest(messages=msgs, goal=task_goal(session),
-                         previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
-                         range=(start, end), body=body, cache_warm=cache_warm)
+    return SummaryRequest(messages=msgs, goal=task_goal(session),
+                          previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
+                          range=(start, end), body=body, cache_warm=cache_warm, at=at)
+
+
+def summarize_range(session: Session, start: int, end: int, summarizer: Summarizer, *, reason: str,
+                    body: dict[str, Any] | None = None, cache_warm: bool = False,
+                    verbatim: Sequence[str] = (), at: float | None = None) -> tuple[ReplaceWithSummary, SummaryResult]:
+    """Summarise transcript messages ``start..end`` as they render now.
+
+    The one range summarizer (its input: `summary_request`). ``verbatim``: lines the caller
+    keeps beside the summary, word for word (the compactor's working set, `levels.working_set`);
+    the summarizer never sees or changes them.
+    """
+    req = summary_request(session, start, end, body=body, cache_warm=cache_warm, at=at)
     res = summarizer.summarize(req)
     text = format_summary(res.summary)
-    stored = stored_outputs(msgs)
+    stored = stored_outputs(req.messages)
     if stored:
         text += f"\n{STORED_HEADER}\n" + "\n".join(f"- {x}" for x in stored)
     if verbatim:

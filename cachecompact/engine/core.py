@@ -20,19 +20,22 @@ from ..base.errors import (
     CacheCompactError,
     InvalidSessionIdError,
     MalformedMessageError,
+    SessionNotFoundError,
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.values import TTL, Answer, ContextFull, RequestRecord
+from ..base.values import TTL, Answer, ContextFull, IdleDecision, RequestRecord
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
+from ..compaction.idle import DECIDE_BEFORE_S
 from ..compaction.policy import PolicyConfig
 from ..compaction.scratchpad import REF_RE, Scratchpad
 from ..compaction.strategy import (
     ChoosesPrefixTTL,
     ChoosesTTL,
+    CompactsIdle,
     NeedsBetas,
     StatefulStrategy,
     Strategy,
@@ -274,12 +277,66 @@ class CompactionEngine:
                 if live.shaper is None:  # a body shaper's requests are not the session's renders
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded
+                    live.last_body, live.last_model, live.last_max_tokens = p.body, p.model, p.max_tokens
+                    live.last_stop_reason = answer.stop_reason
                 return finding
         except Exception:  # recording must never break the caller's response
             log.exception("cachecompact: could not record usage")
             return None
         finally:
             self.overhead_s += time.perf_counter() - t0
+
+    # -- while a session is quiet ---------------------------------------------------------------
+
+    def compact_idle(self, session_id: str | None = None, *, now: float | None = None,
+                     away_s: float | None = None) -> list[IdleDecision]:
+        """Summarize quiet sessions before their caches expire, where it pays (`compaction.idle`):
+        the one named, or every session in memory. ``away_s``: how long the caller knows it will be
+        away, in seconds (else the session's own gaps tell). The edits wait for the next request."""
+        now = self.clock() if now is None else now
+        if session_id is None:
+            lives = self.registry.sessions()
+        else:
+            live = self.registry.get(session_id)
+            if live is None:
+                raise SessionNotFoundError(f"compact_idle: no session {session_id!r} is in memory here; "
+                                           "with no id it takes every one that is")
+            lives = [live]
+        out = []
+        for live in lives:
+            with live.lock:
+                self._catch_up(live)
+                out.append(self._idle_one(live, now, away_s))
+                self._save_events(live)
+        return out
+
+    @staticmethod
+    def _idle_one(live: Live, now: float, away_s: float | None) -> IdleDecision:
+        def no(why: str) -> IdleDecision:
+            return IdleDecision(session_id=live.sid, at=now, fired=False, reason=why)
+
+        if live.shaper is not None or not isinstance(live.strategy, CompactsIdle):
+            return no(f"its strategy ({type(live.strategy).__name__}) does not compact quiet sessions")
+        if live.last_body is None:
+            return no("no request of this session has been answered here yet")
+        if live.last_stop_reason == "tool_use":
+            # the next request answers that turn's calls: an edit before it would invalidate thinking
+            # the API needs back exactly as it was (history.thinking), and a tool, not a person, is awaited
+            return no("the last response called a tool: the agent, not a person, speaks next")
+        return live.strategy.idle(now, live.last_model, live.last_max_tokens, live.last_body, away_s=away_s)
+
+    def idle_due(self) -> list[tuple[str, float]]:
+        """For a scheduler: each session that may be worth an idle decision, and when to decide
+        (`DECIDE_BEFORE_S` before its cache expires, so the summary is answered while warm)."""
+        out = []
+        for live in self.registry.sessions():
+            if live.shaper is not None or not isinstance(live.strategy, CompactsIdle) or live.last_body is None \
+                    or live.last_stop_reason == "tool_use":
+                continue
+            expires = live.strategy.expires_at()
+            if expires is not None:
+                out.append((live.sid, expires - DECIDE_BEFORE_S))
+        return out
 
     def _report(self, live: Live, f: Finding) -> None:
         if f.cls == "read_as_expected":

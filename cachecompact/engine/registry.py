@@ -61,6 +61,12 @@ class Live:
     requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
     told_ttl: bool = False  # the caller's 1-hour markers were said to be replaced (once per session)
     sim_memo: dict[tuple[bytes, int], tuple[list[SimBlock], bool]] = field(default_factory=dict)  # priced blocks
+    # the last answered request as sent, and why its response stopped: what idle compaction reads
+    # (a warm summary reuses that request's cached prefix; after ``tool_use`` no person is awaited)
+    last_body: dict[str, Any] | None = None
+    last_model: str = ""
+    last_max_tokens: int = 0
+    last_stop_reason: str | None = None
 
     @property
     def sid(self) -> str:

@@ -93,7 +93,9 @@ class ResponseTap:
         d = json_or_none(decoded(b"".join(self.parts), self.encoding, self.CAP))
         if isinstance(d, dict) and isinstance(d.get("usage"), dict):
             reason = (d.get("diagnostics") or {}).get("cache_miss_reason")
-            self.result = Answer(d["usage"], d.get("id"), reason if isinstance(reason, dict) else None)
+            stop = d.get("stop_reason")
+            self.result = Answer(d["usage"], d.get("id"), reason if isinstance(reason, dict) else None,
+                                 stop_reason=stop if isinstance(stop, str) else None)
         return self.result
 
 

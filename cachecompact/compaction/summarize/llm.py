@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from ...base.errors import SummaryRejected
+from ...base.headers import CLOCK_HEADER
 from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_prices
 from ...base.values import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
@@ -41,6 +42,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "FileRef",
     "LLMSummarizer",
+    "PricedSummarizer",
     "Summarizer",
     "Summary",
     "SummaryRejected",
@@ -101,6 +103,7 @@ class SummaryRequest:
     range: tuple[int, int] = (0, 0)
     body: dict[str, Any] | None = None  # the session's current request, for prefix reuse
     cache_warm: bool = False
+    at: float | None = None  # when the compaction runs (the session's clock; simulated in replays and tests)
 
 
 @dataclass(slots=True)
@@ -115,6 +118,14 @@ class SummaryResult:
 @runtime_checkable
 class Summarizer(Protocol):
     def summarize(self, req: SummaryRequest) -> SummaryResult: ...
+
+
+@runtime_checkable
+class PricedSummarizer(Summarizer, Protocol):
+    """A summarizer that can say what a summary will cost before making it: what idle compaction
+    weighs (`compaction.idle`). One that cannot is never used for it."""
+
+    def estimate_usd(self, req: SummaryRequest) -> float: ...
 
 
 # -- validation and formatting -------------------------------------------------------------------
@@ -222,6 +233,11 @@ def open_issues_of(text: str) -> list[str]:
 class ExtractiveSummarizer:
     """Offline fallback with the same schema: no model call, no cost."""
 
+    @staticmethod
+    def estimate_usd(req: SummaryRequest) -> float:
+        """Nothing: no model is called."""
+        return 0.0
+
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
         facts = summary_facts(req.messages, req.goal, req.previous_open_issues, skip_prefixes=("[cachecompact",
@@ -264,6 +280,9 @@ class LLMSummarizer:
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
     prices: OwnPrices | None = None  # the wrapped client's own price entries (wrap(pricing=...))
+    # send the request's time (`SummaryRequest.at`) in the clock header: for a client on simulated
+    # time (wrap(clock=...) against the emulator), whose cache lives on that clock, not the wall's
+    clock_header: bool = False
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
@@ -288,15 +307,34 @@ class LLMSummarizer:
     def _choose(self, req: SummaryRequest) -> str:
         if self.mode != "auto":
             return self.mode if req.body is not None or self.mode == "forced-tool" else "forced-tool"
-        if req.body is None or not req.cache_warm or req.body["messages"][-1].get("role") != "user":
-            return "forced-tool"
+        costs = self._estimates(req)
+        reuse = costs.get("prefix-reuse")
+        return "prefix-reuse" if req.cache_warm and reuse is not None and reuse < costs["forced-tool"] \
+            else "forced-tool"
+
+    def _estimates(self, req: SummaryRequest) -> dict[str, float]:
+        """Each mode's expected price in dollars ($ per MTok times tokens, by 4 characters a
+        token): forced-tool reads the range at the small model's input price; prefix reuse reads the
+        session's request at the cache price when it is warm, or writes it when it is not."""
         small = get_model(self.model, self.prices)
-        big = get_model(req.body["model"], self.prices)
         range_tokens = sum(len(_serialize([m])) for m in req.messages) / 4
-        total_tokens = len(canonical_bytes(req.body["messages"])) / 4
-        forced = range_tokens * small.input + self.max_tokens * small.output
-        reuse = total_tokens * big.read + 300 * big.write_5m + self.max_tokens * big.output
-        return "prefix-reuse" if reuse < forced else "forced-tool"
+        out = {"forced-tool": range_tokens * small.input + self.max_tokens * small.output}
+        if req.body is not None and req.body["messages"][-1].get("role") == "user":
+            big = get_model(req.body["model"], self.prices)
+            total_tokens = len(canonical_bytes(req.body["messages"])) / 4
+            out["prefix-reuse"] = (total_tokens * (big.read if req.cache_warm else big.write_5m)
+                                   + 300 * big.write_5m + self.max_tokens * big.output)
+        return {k: v / 1e6 for k, v in out.items()}
+
+    def estimate_usd(self, req: SummaryRequest) -> float:
+        """What `summarize` is expected to cost for ``req``, in the mode it would choose."""
+        costs = self._estimates(req)
+        return costs.get(self._choose(req), costs["forced-tool"])
+
+    def _headers(self, req: SummaryRequest) -> dict[str, str] | None:
+        if not self.clock_header or req.at is None:
+            return self.extra_headers
+        return {**(self.extra_headers or {}), CLOCK_HEADER: repr(req.at)}
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
@@ -315,7 +353,7 @@ class LLMSummarizer:
             resp = self.client.messages.create(
                 model=self.model, max_tokens=self.max_tokens, tools=[EMIT_SUMMARY_TOOL],
                 tool_choice={"type": "tool", "name": "emit_summary"}, messages=[{"role": "user", "content": text}],
-                extra_headers=self.extra_headers)
+                extra_headers=self._headers(req))
         except anthropic.BadRequestError as err:
             if "tool_choice" not in str(err.message):
                 raise
@@ -339,7 +377,7 @@ class LLMSummarizer:
         text = ask + "\n<conversation>\n" + _serialize(req.messages) + "\n</conversation>"
         resp = self.client.messages.create(model=self.model, max_tokens=self.max_tokens,
                                            messages=[{"role": "user", "content": text}],
-                                           extra_headers=self.extra_headers)
+                                           extra_headers=self._headers(req))
         usage, cost = self._usage_cost(self.model, resp.usage)
         return self._from_text(req, resp, usage, cost, "in-text")
 
@@ -365,6 +403,6 @@ class LLMSummarizer:
         body["messages"] = [*body["messages"], {"role": "user", "content": ask}]
         body["max_tokens"] = self.max_tokens
         body.pop("stream", None)  # the agent's request may stream; the summary is read whole
-        resp = self.client.messages.create(**body, extra_headers=self.extra_headers)
+        resp = self.client.messages.create(**body, extra_headers=self._headers(req))
         usage, cost = self._usage_cost(body["model"], resp.usage)
         return self._from_text(req, resp, usage, cost, "prefix-reuse")

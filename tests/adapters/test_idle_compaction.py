@@ -1,0 +1,217 @@
+"""Idle compaction through wrap(), at simulated time against the emulator (issue 40).
+
+A scripted agent works in tasks of a dozen tool calls; between tasks it waits for a person. The
+emulator bills every request, cachecompact's own summary calls included, at the time in the
+clock header, which the `SimulatedClock` also gives the wrapped client and its scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import anthropic
+import pytest
+
+import cachecompact
+from cachecompact import IdleDecision, SimulatedClock
+from cachecompact.adapters.idle_scheduler import IdleScheduler, WallClock
+from cachecompact.adapters.middleware import _middleware_of
+from cachecompact.compaction.gaps import GapMeter
+from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
+from cachecompact.compaction.policy import Economy
+from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
+from cachecompact.tools.emulator.responders import Reply
+
+GOAL = "Task: fix the failing parser tests in parser.py and report what changed."
+MODEL = "claude-sonnet-4-6"
+START = 1_000_000.0
+CALLS = 12  # tool calls per task
+
+
+def _agent() -> Any:
+    ids = itertools.count()
+
+    def respond(body: dict[str, Any]) -> Reply:
+        msgs = body["messages"]
+        calls = 0
+        for m in reversed(msgs):
+            if m["role"] == "user" and isinstance(m["content"], str):
+                break
+            calls += m["role"] == "assistant"
+        if calls >= CALLS:
+            return Reply([{"type": "text", "text": "done: the parser handles the new tokens"}], "end_turn")
+        return Reply([{"type": "text", "text": "reading"},
+                      {"type": "tool_use", "id": f"toolu_{next(ids)}", "name": "read",
+                       "input": {"path": f"src/f{calls}.py"}}], "tool_use")
+    return respond
+
+
+def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | None = MODEL,
+         explicit_away: float | None = None) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
+    """The agent's run; returns the emulator's answered requests, the idle decisions and the
+    times each person came back."""
+    clock = SimulatedClock(START)
+    returns: list[float] = []
+    with Emulator(_agent()) as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                                   window_tokens=200_000, clock=clock, idle_compaction=idle,
+                                   summarizer_model=summarizer_model)
+        decisions: list[IdleDecision] = []
+        history: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+        for task in range(tasks):
+            while True:
+                resp = client.messages.create(model=MODEL, max_tokens=1000, messages=history,
+                                              extra_headers={CLOCK_HEADER: repr(clock())})
+                reply = [b.model_dump(exclude_none=True) for b in resp.content]
+                history.append({"role": "assistant", "content": reply})
+                if resp.stop_reason != "tool_use":
+                    break
+                use = next(b for b in resp.content if b.type == "tool_use")
+                text = "\n".join(f"def fn_{use.id}_{j}(x):\n    return x * {j}  # {use.input}" for j in range(700))
+                history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                             "content": text}]})
+                clock.advance(5)
+            if task == tasks - 1:
+                break
+            if explicit_away is not None:
+                decisions += cachecompact.compact_idle(client, away_s=explicit_away)
+            clock.advance(pause_s)
+            returns.append(clock())
+            history.append({"role": "user", "content": f"Next: task {task + 2}, the lexer too."})
+        mw = _middleware_of(client)
+        if mw.idle is not None:
+            decisions += list(mw.idle.decisions)
+            client.close()
+        return [r for r in emu.requests if r.get("status") == 200], decisions, returns
+
+
+def _cost(reqs: list[dict[str, Any]]) -> float:
+    return sum(float(r["cost_usd"]) for r in reqs)
+
+
+def _at(reqs: list[dict[str, Any]], t: float) -> list[dict[str, Any]]:
+    return [r for r in reqs if abs(float(r["time"]) - t) < 1e-6]
+
+
+def test_two_hour_pauses_summarize_before_expiry_and_cost_less() -> None:
+    base, _, _ = _run(7200.0, idle=False)
+    reqs, decisions, returns = _run(7200.0, idle=True)
+    fired = [d for d in decisions if d.fired]
+    assert fired, [d.reason for d in decisions]
+    assert len(decisions) <= len(returns)  # once per quiet period at most
+    for d in decisions:  # decided a minute before the 5-minute cache expires, never after
+        last = max(float(r["time"]) for r in reqs if not r["internal"] and float(r["time"]) < d.at)
+        assert d.at == pytest.approx(last + 300.0 - DECIDE_BEFORE_S)
+    for d in fired:
+        summary = _at(reqs, d.at)
+        assert len(summary) == 1 and summary[0]["internal"]  # the summary call, on the warm cache
+        assert summary[0]["usage"]["cache_read_input_tokens"] > 0
+        back = min(t for t in returns if t > d.at)
+        on_return = _at(reqs, back)
+        # nothing more to summarize on return: it writes the compacted context, and only that
+        assert [r["internal"] for r in on_return] == [False]
+        u = on_return[0]["usage"]
+        assert u["cache_read_input_tokens"] == 0
+        assert u["cache_creation_input_tokens"] + u["input_tokens"] == on_return[0]["total_input_tokens"]
+        assert on_return[0]["total_input_tokens"] < d.tokens_before
+        # without it, the same return paid the summary cold, at the full input price
+        assert [r["internal"] for r in _at(base, back)] == [True, False]
+    assert _cost(reqs) < _cost(base)
+
+
+def test_three_minute_pauses_never_fire() -> None:
+    base, _, _ = _run(180.0, idle=False)
+    reqs, decisions, _ = _run(180.0, idle=True)
+    assert decisions == []
+    assert not any(r["internal"] for r in reqs)
+    assert _cost(reqs) == pytest.approx(_cost(base))
+
+
+def test_a_cheap_summary_model_does_not_pay_and_says_why() -> None:
+    """With the default summary model (claude-haiku-5-5, $0.10/MTok in), a summary costs about the
+    same warm or cold: the cold return's collapse is as cheap, so nothing fires, and the reason
+    gives the prices."""
+    _, decisions, _ = _run(7200.0, tasks=3, idle=True, summarizer_model=None)
+    assert decisions and not any(d.fired for d in decisions)
+    priced = [d for d in decisions if d.reason.startswith("does not pay")]
+    assert priced and all(d.summary_cold_usd == pytest.approx(d.summary_warm_usd) for d in priced)
+    assert all("summary cold $" in d.reason for d in priced)
+
+
+def test_an_agent_that_knows_it_waits_asks_at_once() -> None:
+    base, _, _ = _run(7200.0, tasks=2, idle=False)
+    reqs, decisions, returns = _run(7200.0, tasks=2, idle=False, explicit_away=7200.0)
+    assert len(decisions) == 1 and decisions[0].fired and decisions[0].p_late == 1.0
+    assert [r["internal"] for r in _at(reqs, returns[0])] == [False]
+    assert _cost(reqs) < _cost(base)
+    # told it comes back within the TTL, the same call declines: the edit would only cost
+    _, early, _ = _run(7200.0, tasks=2, idle=False, explicit_away=60.0)
+    assert len(early) == 1 and not early[0].fired and early[0].p_late == 0.0
+
+
+def test_the_scheduler_stops_with_its_client() -> None:
+    with Emulator(_agent()) as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                                   idle_compaction=True)
+        client.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": GOAL}])
+        sched = _middleware_of(client).idle
+        assert sched is not None and sched.running
+        client.close()
+        sched.clock.interrupt()  # a closed client is noticed at the next wake-up
+        assert sched._thread is not None
+        sched._thread.join(5)
+        assert not sched.running
+    plain = cachecompact.wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t"), store=None)
+    assert _middleware_of(plain).idle is None  # off by default: no thread
+    assert not any(t.name == "cachecompact-idle" and t.is_alive() for t in threading.enumerate())
+
+
+def test_the_simulated_clock_steps_through_deadlines() -> None:
+    clock = SimulatedClock(0.0)
+    seen: list[float] = []
+    stop = threading.Event()
+
+    def worker() -> None:
+        clock.enter()
+        try:
+            t = 10.0
+            while not stop.is_set():
+                clock.wait_until(t)
+                if stop.is_set():
+                    break
+                seen.append(clock())
+                t += 10.0
+        finally:
+            clock.leave()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    clock.advance(35.0)
+    assert seen == [10.0, 20.0, 30.0] and clock() == 35.0
+    stop.set()
+    clock.interrupt()
+    th.join(5)
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        clock.advance(-1.0)
+    assert isinstance(WallClock()(), float)
+    assert IdleScheduler  # the public name the docs use
+
+
+def test_the_chance_of_a_late_return_comes_from_the_sessions_gaps() -> None:
+    m = GapMeter()
+    assert m.returns_after(240.0, 300.0) == (0.5, 0)  # nothing shown either way
+    for g in (7200.0, 7200.0, 7200.0):
+        m.observe(g, after_tool_call=False)
+    assert m.returns_after(240.0, 300.0) == ((3 + 0.5) / 4, 3)
+    for g in (200.0, 250.0):  # quick answers: the 200 s one is over before 240 s, so it says nothing
+        m.observe(g, after_tool_call=False)
+    assert m.returns_after(240.0, 300.0) == ((3 + 0.5) / 5, 4)
+    assert late_chance(0.0, 300.0, from_gaps=(0.2, 9), away_s=3600.0) == 1.0
+    assert late_chance(0.0, 300.0, from_gaps=(0.9, 9), away_s=60.0) == 0.0
+    early = Economy(rewrite_cost=0.10, saving_per_turn=0.0, remaining_turns=5, summary_cost=0.01)
+    # both outcomes: a late return saves the price gap of the summary; an early one pays the edit
+    assert idle_value(0.9, summary_cold=0.30, summary_warm=0.01, early=early) > 0
+    assert idle_value(0.5, summary_cold=0.30, summary_warm=0.01, early=early) > 0
+    assert idle_value(0.9, summary_cold=0.01, summary_warm=0.01, early=early) < 0
