@@ -38,7 +38,9 @@ class Event:
     our own compactions re-wrote the cache from the edit on: paid on purpose, priced as the written
     tokens times write minus read; never a ``cache_miss``) | skipped | recent_budget | restored (lines of
     hidden output a call named, given back beside its result) | first_compaction (the first
-    request of a session changed a history the caller brought: said once, a warning).
+    request of a session changed a history the caller brought: said once, a warning) |
+    idle_summary (a quiet session was summarized on its warm cache before it expired; its edits
+    come with the next request's ``compaction`` event, which carries ``detail={"idle": True}``).
     """
 
     kind: str
