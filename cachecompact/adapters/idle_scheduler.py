@@ -23,12 +23,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..base.values import IdleDecision
-from ..engine.core import CompactionEngine
 
-__all__ = ["CLOSED_POLL_S", "Clock", "IdleScheduler", "SimulatedClock", "WallClock"]
+if TYPE_CHECKING:  # the proxy's state imports this module in observe mode too: it loads no engine
+    from ..engine.core import CompactionEngine
+
+__all__ = ["CLOSED_POLL_S", "Clock", "CredentialKeeper", "IdleScheduler", "SimulatedClock", "WallClock"]
 
 log = logging.getLogger("cachecompact")
 
@@ -158,6 +161,15 @@ class SimulatedClock:
             return end
 
 
+class CredentialKeeper(Protocol):
+    """What a scheduler that summarizes on callers' keys needs (the proxy's `HeldCredentials`):
+    a session's credential for the duration of its decision, and the time the next one expires."""
+
+    def around(self, session_id: str, now: float) -> AbstractContextManager[bool]: ...
+
+    def forget_expired(self, now: float) -> float: ...
+
+
 def clock_of(clock: Callable[[], float]) -> Clock:
     """``clock`` if it can be waited on, else a `WallClock` reading it."""
     return clock if isinstance(clock, Clock) else WallClock(clock)
@@ -166,8 +178,10 @@ def clock_of(clock: Callable[[], float]) -> Clock:
 class IdleScheduler:
     """Decides for quiet sessions of one engine as their caches near expiry; thread-safe."""
 
-    def __init__(self, engine: CompactionEngine, clock: Clock) -> None:
-        self.engine, self.clock = engine, clock
+    def __init__(self, engine: CompactionEngine, clock: Clock, *, keeper: CredentialKeeper | None = None) -> None:
+        """``keeper``: decide only for a session whose credential it holds, with that credential
+        in place (the proxy); it is also told when time passes, to drop what expired."""
+        self.engine, self.clock, self.keeper = engine, clock, keeper
         self.decisions: deque[IdleDecision] = deque(maxlen=1000)  # the decisions made, newest last
         self._decided: dict[str, float] = {}  # session -> the due time already decided
         self._lock = threading.Lock()
@@ -226,6 +240,8 @@ class IdleScheduler:
                         continue
                     self._decided[sid] = due
                     self._decide(sid, now)
+                if self.keeper is not None:
+                    nxt = min(nxt, self.keeper.forget_expired(now))
                 if self._stop.is_set():
                     break
                 self.clock.wait_until(min(nxt, now + CLOSED_POLL_S) if self._owner is not None else nxt)
@@ -234,7 +250,14 @@ class IdleScheduler:
 
     def _decide(self, sid: str, now: float) -> None:
         try:
-            got = self.engine.compact_idle(sid, now=now)
+            if self.keeper is None:
+                got = self.engine.compact_idle(sid, now=now)
+            else:
+                with self.keeper.around(sid, now) as held:
+                    if not held:  # nobody's key to summarize on: no request of our own
+                        log.debug("cachecompact: session %s idle: no credential held", sid)
+                        return
+                    got = self.engine.compact_idle(sid, now=now)
         except Exception:  # a store or summarizer failure must not end the thread
             log.exception("cachecompact: idle compaction of session %s failed", sid)
             return

@@ -330,13 +330,23 @@ class CompactionEngine:
         (`DECIDE_BEFORE_S` before its cache expires, so the summary is answered while warm)."""
         out = []
         for live in self.registry.sessions():
-            if live.shaper is not None or not isinstance(live.strategy, CompactsIdle) or live.last_body is None \
-                    or live.last_stop_reason == "tool_use":
-                continue
-            expires = live.strategy.expires_at()
+            expires = self._expires(live)
             if expires is not None:
                 out.append((live.sid, expires - DECIDE_BEFORE_S))
         return out
+
+    def cache_expires(self, session_id: str) -> float | None:
+        """When the cache of the named session's last request expires, if an idle decision is
+        still to come for it (None: none will be made, or no such session is in memory)."""
+        live = self.registry.get(session_id)
+        return self._expires(live) if live is not None else None
+
+    @staticmethod
+    def _expires(live: Live) -> float | None:
+        if live.shaper is not None or not isinstance(live.strategy, CompactsIdle) or live.last_body is None \
+                or live.last_stop_reason == "tool_use":
+            return None
+        return live.strategy.expires_at()
 
     def _report(self, live: Live, f: Finding) -> None:
         if f.cls == "read_as_expected":

@@ -272,7 +272,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     token = args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
     cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
-                      window_tokens=args.window,
+                      window_tokens=args.window, idle_compaction=args.idle_compaction,
+                      summary_model=args.summary_model,
                       engine_options={k: v for k, v in (("recent_tokens", args.recent_tokens),
                                                         ("lookback_coverage", args.lookback_coverage))
                                       if v is not None})
@@ -685,6 +686,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compact mode: fix the recent budget at N tokens instead of learning it")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")
+    px.add_argument("--idle-compaction", action="store_true",
+                    help="compact mode: summarize a quiet session a minute before its cache expires when that pays; "
+                         "holds each session's last credential in memory (never on disk or in logs) until then")
+    px.add_argument("--summary-model", default=None, metavar="MODEL",
+                    help="compact mode: the model summaries use (default: claude-haiku-5-5)")
     px.set_defaults(func=cmd_proxy)
     fo = sub.add_parser("forensics", help="why recorded Claude Code sessions missed the cache, and what it cost",
                         parents=[common, priced])

@@ -8,16 +8,23 @@ clock header, which the `SimulatedClock` also gives the wrapped client and its s
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 import threading
+from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx2
 import pytest
 
 import cachecompact
 from cachecompact import IdleDecision, SimulatedClock
 from cachecompact.adapters.idle_scheduler import IdleScheduler, WallClock
 from cachecompact.adapters.middleware import _middleware_of
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.adapters.proxy.held_credentials import HeldCredentials
+from cachecompact.base.errors import ConfigError
 from cachecompact.compaction.gaps import GapMeter
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
 from cachecompact.compaction.policy import Economy
@@ -48,38 +55,46 @@ def _agent() -> Any:
     return respond
 
 
+def _loop(client: Any, clock: SimulatedClock, pause_s: float, tasks: int, *,
+          explicit_away: float | None = None) -> tuple[list[IdleDecision], list[float]]:
+    """The agent: tasks of tool calls 5 s apart, a person's pause between tasks. Returns the
+    explicit idle decisions and the times each person came back."""
+    decisions: list[IdleDecision] = []
+    returns: list[float] = []
+    history: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for task in range(tasks):
+        while True:
+            resp = client.messages.create(model=MODEL, max_tokens=1000, messages=history,
+                                          extra_headers={CLOCK_HEADER: repr(clock())})
+            reply = [b.model_dump(exclude_none=True) for b in resp.content]
+            history.append({"role": "assistant", "content": reply})
+            if resp.stop_reason != "tool_use":
+                break
+            use = next(b for b in resp.content if b.type == "tool_use")
+            text = "\n".join(f"def fn_{use.id}_{j}(x):\n    return x * {j}  # {use.input}" for j in range(700))
+            history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                         "content": text}]})
+            clock.advance(5)
+        if task == tasks - 1:
+            break
+        if explicit_away is not None:
+            decisions += cachecompact.compact_idle(client, away_s=explicit_away)
+        clock.advance(pause_s)
+        returns.append(clock())
+        history.append({"role": "user", "content": f"Next: task {task + 2}, the lexer too."})
+    return decisions, returns
+
+
 def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | None = MODEL,
          explicit_away: float | None = None) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
-    """The agent's run; returns the emulator's answered requests, the idle decisions and the
-    times each person came back."""
+    """The agent's run through wrap(); returns the emulator's answered requests, the idle
+    decisions and the times each person came back."""
     clock = SimulatedClock(START)
-    returns: list[float] = []
     with Emulator(_agent()) as emu:
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
                                    window_tokens=200_000, clock=clock, idle_compaction=idle,
                                    summarizer_model=summarizer_model)
-        decisions: list[IdleDecision] = []
-        history: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
-        for task in range(tasks):
-            while True:
-                resp = client.messages.create(model=MODEL, max_tokens=1000, messages=history,
-                                              extra_headers={CLOCK_HEADER: repr(clock())})
-                reply = [b.model_dump(exclude_none=True) for b in resp.content]
-                history.append({"role": "assistant", "content": reply})
-                if resp.stop_reason != "tool_use":
-                    break
-                use = next(b for b in resp.content if b.type == "tool_use")
-                text = "\n".join(f"def fn_{use.id}_{j}(x):\n    return x * {j}  # {use.input}" for j in range(700))
-                history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                             "content": text}]})
-                clock.advance(5)
-            if task == tasks - 1:
-                break
-            if explicit_away is not None:
-                decisions += cachecompact.compact_idle(client, away_s=explicit_away)
-            clock.advance(pause_s)
-            returns.append(clock())
-            history.append({"role": "user", "content": f"Next: task {task + 2}, the lexer too."})
+        decisions, returns = _loop(client, clock, pause_s, tasks, explicit_away=explicit_away)
         mw = _middleware_of(client)
         if mw.idle is not None:
             decisions += list(mw.idle.decisions)
@@ -215,3 +230,78 @@ def test_the_chance_of_a_late_return_comes_from_the_sessions_gaps() -> None:
     assert idle_value(0.9, summary_cold=0.30, summary_warm=0.01, early=early) > 0
     assert idle_value(0.5, summary_cold=0.30, summary_warm=0.01, early=early) > 0
     assert idle_value(0.9, summary_cold=0.01, summary_warm=0.01, early=early) < 0
+
+
+# -- the proxy ----------------------------------------------------------------------------------------
+
+SECRET = "sk-ant-api03-IDLE-compaction-SECRET-0123456789"
+
+
+def _proxy_run(tmp: Path, *, idle: bool) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float], str]:
+    """The same agent through the compact proxy on a store; returns the emulator's answered
+    requests, the scheduler's decisions, the return times and everything the dashboard's API said."""
+    clock = SimulatedClock(START)
+    with Emulator(_agent()) as emu:
+        cfg = ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(tmp / "store"),
+                          window_tokens=200_000, idle_compaction=idle, summary_model=MODEL, clock=clock)
+        with Proxy(cfg) as px:
+            client = anthropic.Anthropic(base_url=px.url, api_key=SECRET, max_retries=0)
+            _, returns = _loop(client, clock, 7200.0, 4)
+            px.wait_idle()
+            api = [httpx2.get(f"{px.url}/api/sessions").text]
+            for s in httpx2.get(f"{px.url}/api/sessions").json()["sessions"]:
+                api.append(httpx2.get(f"{px.url}/api/sessions/{s['id']}").text)
+                api.append(httpx2.get(f"{px.url}/api/sessions/{s['id']}/requests/0").text)
+            sched = px.state.idle
+            decisions = list(sched.decisions) if sched is not None else []
+            held = px.state.held
+            assert held is None or SECRET not in repr(held)
+        return [r for r in emu.requests if r.get("status") == 200], decisions, returns, "\n".join(api)
+
+
+def test_the_proxy_summarizes_on_the_held_key_and_keeps_it_nowhere(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    reqs, decisions, _, api = _proxy_run(tmp_path, idle=True)
+    fired = [d for d in decisions if d.fired]
+    assert fired, [d.reason for d in decisions]
+    client_times = {float(r["time"]) for r in reqs if not r["internal"]}
+    own = [r for r in reqs if r["internal"] and float(r["time"]) not in client_times]
+    assert [float(r["time"]) for r in own] == [d.at for d in fired]  # its own requests: the idle summaries
+    assert all(r["usage"]["cache_read_input_tokens"] > 0 for r in own)  # on the warm cache
+    # the key went upstream with them, and is nowhere else: not the store, the logs or the API
+    stored = b"".join(f.read_bytes() for f in (tmp_path / "store").rglob("*") if f.is_file())
+    assert stored and SECRET.encode() not in stored and SECRET[-20:].encode() not in stored
+    assert SECRET not in caplog.text and SECRET[-20:] not in caplog.text
+    assert api and SECRET not in api and SECRET[-20:] not in api
+
+
+def test_without_the_flag_the_proxy_makes_no_request_of_its_own(tmp_path: Path) -> None:
+    reqs, decisions, _, _ = _proxy_run(tmp_path, idle=False)
+    client_times = {float(r["time"]) for r in reqs if not r["internal"]}
+    assert decisions == []
+    assert all(float(r["time"]) in client_times for r in reqs)  # every request answers a client's
+
+
+def test_idle_compaction_is_a_compact_mode_flag() -> None:
+    with pytest.raises(ConfigError, match="--idle-compaction applies only with --mode compact"):
+        ProxyConfig(idle_compaction=True).check()
+    with pytest.raises(ConfigError, match="not a Claude model id"):
+        ProxyConfig(mode="compact", summary_model="haiku").check()
+
+
+def test_held_credentials_expire_and_are_used_once() -> None:
+    local = threading.local()
+    held = HeldCredentials(local)
+    held.hold("a", {"x-api-key": SECRET, "content-type": "application/json"}, until=100.0)
+    held.hold("b", {"content-type": "application/json"}, until=100.0)  # no credential: nothing held
+    assert len(held) == 1 and SECRET not in repr(held)
+    assert held.forget_expired(50.0) == 100.0
+    with held.around("a", 60.0) as ok:
+        assert ok and local.headers == {"x-api-key": SECRET}
+    assert local.headers == {} and len(held) == 0  # taken: used once
+    held.hold("a", {"x-api-key": SECRET}, until=100.0)
+    assert held.forget_expired(100.0) == math.inf and len(held) == 0  # gone at the session's expiry
+    held.hold("a", {"x-api-key": SECRET}, until=100.0)
+    with held.around("a", 150.0) as ok:
+        assert not ok

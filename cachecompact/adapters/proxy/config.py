@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +28,13 @@ class ProxyConfig:
     window_tokens: int | None = None
     max_connections: int = 200
     engine_options: dict[str, Any] = field(default_factory=dict)
+    # compact mode: summarize a quiet session before its cache expires when it pays, on the
+    # session's last credential, held in memory until then (`held_credentials`); off by default
+    idle_compaction: bool = False
+    summary_model: str | None = None  # compact mode's summaries (default: the strategy's, claude-haiku-5-5)
+    # the time source, for tests and replays on simulated time (a `SimulatedClock`); a request's
+    # x-cachecompact-clock header still wins for that request
+    clock: Callable[[], float] | None = None
 
     def check(self) -> None:
         """Refuse a configuration that would run unsafely or not at all."""
@@ -47,6 +55,11 @@ class ProxyConfig:
             raise ConfigError(f"--strategy {self.strategy} applies only with --mode compact")
         knobs = [f"--{k.replace('_', '-')}" for k in self.engine_options]
         knobs += ["--window"] if self.window_tokens is not None else []
+        knobs += ["--idle-compaction"] if self.idle_compaction else []
+        knobs += ["--summary-model"] if self.summary_model is not None else []
+        if self.summary_model is not None and "claude-" not in self.summary_model.lower():
+            raise ConfigError(f"--summary-model {self.summary_model!r} is not a Claude model id (for example "
+                              "'claude-haiku-5-5')")
         if self.mode == "observe" and knobs:
             # observe mode forwards every request untouched: a compaction knob there would be
             # silently ignored, and the user would believe it took effect

@@ -97,7 +97,7 @@ class Handlers:
         t0 = time.perf_counter()
         headers = _filter(request.headers, _REQUEST_DROP)
         lower = {k.lower(): v for k, v in request.headers.items()}
-        now = clock_from(lower, CLOCK_HEADER, time.time)  # replays and tests set the clock
+        now = clock_from(lower, CLOCK_HEADER, state.clock)  # replays and tests set the clock
         if INTERNAL_HEADER in lower:
             return await self.plain(request, raw, headers)
         prepared: Prepared | None = None
@@ -144,7 +144,7 @@ class Handlers:
                    live=prepared is not None)
         t_up = time.perf_counter()
         state.begin()  # before the client can see the response: `Proxy.wait_idle` waits for the record
-        recorded: list[Finding] = []
+        recorded: list[Finding | None] = []
 
         async def record_first() -> None:
             """Compact mode: the session records the answer (a whole JSON body, or a stream once
@@ -155,7 +155,7 @@ class Handlers:
             got = tap.finish()
             if got is not None:
                 finding = await asyncio.get_running_loop().run_in_executor(
-                    state.compute, state.engine.record, prepared, got)  # type: ignore[union-attr]
+                    state.compute, state.record, prepared, got, lower)
                 recorded.append(finding)
 
         try:

@@ -8,7 +8,8 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from ...base.errors import ConfigError, InvalidSessionIdError
 from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
-from ...base.values import ContextFull, SummaryMode
+from ...base.values import Answer, ContextFull, SummaryMode
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
@@ -30,6 +31,8 @@ from .tap import ResponseTap
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
     from ...engine.core import CompactionEngine, Prepared, Retry
+    from ..idle_scheduler import IdleScheduler
+    from .held_credentials import HeldCredentials
 
 __all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
 
@@ -48,7 +51,7 @@ class Exchange:
     now: float  # the request's time (its clock header, or the wall clock)
     timing: dict[str, float]  # upstream, first-byte and total milliseconds
     stream: bool  # the response was a stream
-    recorded: list[Finding] = field(default_factory=list)  # the engine recorded it before the client's last byte
+    recorded: list[Finding | None] = field(default_factory=list)  # the engine recorded it before the client's last byte
 
 
 class ProxyState:
@@ -60,25 +63,35 @@ class ProxyState:
         self.store: Store | None = open_writable_store(cfg.store)  # a bad path fails now, not per request
         self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies)
         self.creds = threading.local()
+        self.clock: Callable[[], float] = cfg.clock or time.time
         self.engine: CompactionEngine | None = None
+        self.idle: IdleScheduler | None = None
+        self.held: HeldCredentials | None = None
         if cfg.mode == "compact":
             from ...compaction.summarize.caller_key import CallerKeySummarizer
             from ...engine.core import CompactionEngine
             from ...engine.options import EngineOptions
 
             creds = self.creds
-            upstream = cfg.upstream
+            upstream, chosen, simulated = cfg.upstream, cfg.summary_model, cfg.clock is not None
 
             def summarizer(model: str | None, mode: SummaryMode) -> Any:
-                return CallerKeySummarizer(upstream, model or DEFAULT_SUMMARY_MODEL, mode, creds)
+                return CallerKeySummarizer(upstream, chosen or model or DEFAULT_SUMMARY_MODEL, mode, creds,
+                                           clock_header=simulated)
 
             clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))
             if clash:
                 raise ConfigError(f"engine_options must not set {', '.join(clash)}: the proxy's --strategy and "
                                   "--window-tokens set them")
             options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
-                                              **cfg.engine_options})  # a bad flag fails before the proxy listens
+                                              "clock": self.clock, **cfg.engine_options})  # fails before listening
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
+            if cfg.idle_compaction:
+                from ..idle_scheduler import IdleScheduler, clock_of
+                from .held_credentials import HeldCredentials
+
+                self.held = HeldCredentials(self.creds)
+                self.idle = IdleScheduler(self.engine, clock_of(self.clock), keeper=self.held)
         # analysis after the response: one thread fed by a queue (cheaper per request than an
         # executor's futures), so the records of a session stay in order
         self.queue: queue.SimpleQueue[tuple[int, Exchange] | None] = queue.SimpleQueue()
@@ -119,6 +132,21 @@ class ProxyState:
         if isinstance(p, ContextFull):
             return api_error(400, p.message)
         return p
+
+    def record(self, p: Prepared, answer: Answer, headers: Mapping[str, str]) -> Finding | None:
+        """Compact mode, in a worker thread: the engine records the answer; with idle compaction,
+        the session's credential is held until its cache expires (`held_credentials`), or
+        dropped when no idle decision can follow (the response called a tool)."""
+        assert self.engine is not None
+        finding = self.engine.record(p, answer)
+        if self.idle is not None and self.held is not None:
+            until = self.engine.cache_expires(p.live.sid)
+            if until is not None:
+                self.held.hold(p.live.sid, headers, until)
+            else:
+                self.held.forget(p.live.sid)
+            self.idle.poke()
+        return finding
 
     def after_too_long(self, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
         """The engine's reactive path, with the caller's credentials for its summaries."""
@@ -165,6 +193,8 @@ class ProxyState:
                     self._pending_bytes -= size
 
     def close(self) -> None:
+        if self.idle is not None:
+            self.idle.stop()
         self.queue.put(None)
         self.worker.join(30)
         self.compute.shutdown(wait=False, cancel_futures=True)

@@ -27,8 +27,17 @@ class CallerKeySummarizer:
     the adapter fills for the request being compacted only); extractive when the request
     carried none."""
 
-    def __init__(self, upstream: str, model: str, mode: SummaryMode, creds: threading.local) -> None:
+    def __init__(self, upstream: str, model: str, mode: SummaryMode, creds: threading.local, *,
+                 clock_header: bool = False) -> None:
         self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
+        self.clock_header = clock_header  # send the summary's time (a proxy on simulated time)
+
+    def estimate_usd(self, req: SummaryRequest) -> float:
+        """What the summary would cost on a caller's key (`LLMSummarizer.estimate_usd`); what an
+        extractive one costs, nothing, when no credential is in place."""
+        if not getattr(self.creds, "headers", {}):
+            return 0.0
+        return LLMSummarizer(None, model=self.model, mode=self.mode).estimate_usd(req)
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         h: dict[str, str] = getattr(self.creds, "headers", {})
@@ -45,4 +54,5 @@ class CallerKeySummarizer:
         client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
                   else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
         extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
-        return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra).summarize(req)
+        return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
+                             clock_header=self.clock_header).summarize(req)
