@@ -271,10 +271,10 @@ class _AsyncUsageTap(_Reading, httpx2.AsyncByteStream):
 
 def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
                         model: str | None, prices: OwnPrices | None = None, *,
-                        clock_header: bool = False) -> SummarizerFactory:
+                        clock: Callable[[], float] | None = None) -> SummarizerFactory:
     """Summaries through a plain client like the caller's (without this middleware), priced with
-    the client's own entries first (``prices``); ``clock_header``: they carry the session's clock
-    (a client on simulated time)."""
+    the client's own entries first (``prices``); ``clock``: a session clock that is not the wall's
+    (simulated time, a replay), whose time they carry (`LLMSummarizer.clock`)."""
     if isinstance(client, anthropic.AsyncAnthropic):
         sync = anthropic.Anthropic(api_key=client.api_key, auth_token=client.auth_token, base_url=str(client.base_url),
                                    timeout=client.timeout, max_retries=client.max_retries)
@@ -284,7 +284,7 @@ def summarizer_factory(client: anthropic.Anthropic | anthropic.AsyncAnthropic,
     def make(strategy_model: str | None, mode: SummaryMode) -> Summarizer:
         chosen = model or strategy_model or DEFAULT_SUMMARY_MODEL
         return LLMSummarizer(sync, model=chosen, mode=mode, extra_headers={INTERNAL_HEADER: "1"}, prices=prices,
-                             clock_header=clock_header)
+                             clock=clock)
     return make
 
 
@@ -347,7 +347,7 @@ def wrap(
         get_model(summarizer_model, prices)
     summ: Summarizer | SummarizerFactory | None
     if summarizer == "auto":
-        summ = summarizer_factory(client, summarizer_model, prices, clock_header=clock is not time.time)
+        summ = summarizer_factory(client, summarizer_model, prices, clock=None if clock is time.time else clock)
     elif summarizer is None or isinstance(summarizer, Summarizer):
         summ = summarizer
     else:

@@ -46,7 +46,7 @@ from ..base.wire import (
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from ..history.thinking import latest_tool_turn
 from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
-from .idle import idle_value, late_chance
+from .idle import DECIDE_BEFORE_S, idle_value, late_chance
 from .levels import (
     Proposal,
     View,
@@ -927,11 +927,13 @@ class CacheAwareCompactor:
         return IdleDecision(session_id=s.session_id, at=now, fired=True, reason=why, tokens_after=after,
                             cost_usd=cost, **priced_kw)
 
-    def expires_at(self) -> float | None:
+    def idle_due(self) -> float | None:
+        """`DECIDE_BEFORE_S` before the cache of the last request expires, so the summary is
+        answered while it is warm; None once decided in this quiet period."""
         if self.last_request_at is None or self._idle is not None or self._idle_at == self.last_request_at \
                 or self.tripped or not self.cfg.economics.cache_aware:
             return None
-        return self.last_request_at + self._ttl_s
+        return self.last_request_at + self._ttl_s - DECIDE_BEFORE_S
 
     def _append_idle(self, report: TurnReport) -> None:
         """The edits of the summary made while the session was quiet, appended now that the

@@ -188,20 +188,19 @@ class ChoosesTTL(Protocol):
 
 @runtime_checkable
 class CompactsIdle(Protocol):
-    """A strategy that can summarize a quiet session before its cache expires (`compaction.idle`).
+    """A strategy that acts while its session is quiet: cachecompact's priced summary before the
+    cache expires (`compaction.idle`), or a peer's on its own clock (Claude Code's ~55 minutes).
 
-    ``body`` is the session's last request as it was sent (its cached prefix is what a warm
-    summary reads), ``max_tokens`` its own; ``away_s`` how long the caller says it will be away,
-    if it knows. The summary's edits wait for the next request, which appends and renders them:
-    the response to the last request, not yet in the transcript, was made before them."""
+    ``idle_due`` says when it wants to decide in the current quiet period (None: it will not);
+    ``idle`` decides then. ``body`` is the session's last request as it was sent (its cached
+    prefix is what a warm summary reads), ``max_tokens`` its own; ``away_s`` how long the caller
+    says it will be away, if it knows. The edits wait for the next request, which appends and
+    renders them: the response to the last request, not yet in the transcript, was made before them."""
 
     def idle(self, now: float, model: str, max_tokens: int, body: dict[str, Any] | None, *,
              away_s: float | None = None) -> IdleDecision: ...
 
-    def expires_at(self) -> float | None:
-        """When the cache of the session's last request expires, while an idle decision is still
-        to be made for this quiet period (None: there is none to make)."""
-        ...
+    def idle_due(self) -> float | None: ...
 
 
 @runtime_checkable

@@ -326,27 +326,29 @@ class CompactionEngine:
         return live.strategy.idle(now, live.last_model, live.last_max_tokens, live.last_body, away_s=away_s)
 
     def idle_due(self) -> list[tuple[str, float]]:
-        """For a scheduler: each session that may be worth an idle decision, and when to decide
-        (`DECIDE_BEFORE_S` before its cache expires, so the summary is answered while warm)."""
+        """For a scheduler: each session whose strategy wants to decide while it is quiet, and
+        when (cachecompact's: `DECIDE_BEFORE_S` before its cache expires)."""
         out = []
         for live in self.registry.sessions():
-            expires = self._expires(live)
-            if expires is not None:
-                out.append((live.sid, expires - DECIDE_BEFORE_S))
+            due = self._due(live)
+            if due is not None:
+                out.append((live.sid, due))
         return out
 
-    def cache_expires(self, session_id: str) -> float | None:
-        """When the cache of the named session's last request expires, if an idle decision is
-        still to come for it (None: none will be made, or no such session is in memory)."""
+    def credential_until(self, session_id: str) -> float | None:
+        """How long the named session's credential is needed for its idle decision: a minute
+        past the moment it is due, which for cachecompact is when its cache expires (None: no
+        decision will come, or no such session is in memory)."""
         live = self.registry.get(session_id)
-        return self._expires(live) if live is not None else None
+        due = self._due(live) if live is not None else None
+        return due + DECIDE_BEFORE_S if due is not None else None
 
     @staticmethod
-    def _expires(live: Live) -> float | None:
+    def _due(live: Live) -> float | None:
         if live.shaper is not None or not isinstance(live.strategy, CompactsIdle) or live.last_body is None \
                 or live.last_stop_reason == "tool_use":
             return None
-        return live.strategy.expires_at()
+        return live.strategy.idle_due()
 
     def _report(self, live: Live, f: Finding) -> None:
         if f.cls == "read_as_expected":

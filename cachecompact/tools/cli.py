@@ -539,10 +539,10 @@ def _check(args: argparse.Namespace) -> None:
         get_model(args.model)  # an unlisted id: one line naming the nearest ones
     if args.command == "bench":
         from ..base.pricing import get_model
-        from ..compaction.catalog import get_strategy
+        from .bench.harness import check_strategy
 
         for name in args.strategy or []:
-            get_strategy(name)
+            check_strategy(name)
         if args.model is not None:
             get_model(args.model)
         if args.tasks and args.no_tasks:

@@ -30,17 +30,23 @@ from .logs import billed, written_ttl
 from .terminal import fold
 from .traces import Trace
 
-__all__ = ["BASELINE", "OPTIONS", "Option", "WhatIf", "left_out", "plot", "recorded_cost", "recorded_split", "table",
-           "what_if"]
+__all__ = ["BASELINE", "BASELINE_IDLE", "OPTIONS", "Option", "WhatIf", "left_out", "plot", "recorded_cost",
+           "recorded_split", "table", "what_if"]
 
 BASELINE = "as recorded"  # per session: claude-code at the TTL its log wrote with
-OPTIONS = ("claude-code", "claude-code@5m", "none", "none@1h", "cachecompact", "cachecompact@5m", "cachecompact@1h",
-           "openhands")
-_SAID = {BASELINE: "Claude Code's way, its own TTL", "claude-code": "Claude Code's way, 1 h TTL",
+BASELINE_IDLE = "as recorded+idle"  # the same, with Claude Code's idle compaction (2.1.286+)
+OPTIONS = ("claude-code", "claude-code@5m", BASELINE_IDLE, "none", "none@1h", "cachecompact", "cachecompact@5m",
+           "cachecompact@1h", "cachecompact+idle", "openhands")
+_SAID = {BASELINE: "Claude Code's way, its own TTL",
+         BASELINE_IDLE: "Claude Code's way with its idle compaction, its own TTL",
+         "claude-code": "Claude Code's way, 1 h TTL",
          "claude-code@5m": "Claude Code's way, 5 min TTL", "none": "no compaction, 5 min TTL",
          "none@1h": "no compaction, 1 h TTL", "cachecompact": "cachecompact (TTL it chooses)",
          "cachecompact@5m": "cachecompact, 5 min TTL", "cachecompact@1h": "cachecompact, 1 h TTL",
-         "openhands": "OpenHands' condenser"}
+         "openhands": "OpenHands' condenser",
+         "claude-code+idle": "Claude Code's way with its idle compaction, 1 h TTL",
+         "claude-code@5m+idle": "Claude Code's way with its idle compaction, 5 min TTL",
+         "cachecompact+idle": "cachecompact with its priced idle compaction"}
 
 
 @dataclass
@@ -73,6 +79,7 @@ class WhatIf:
     partial: dict[str, dict[str, float]] = field(default_factory=dict)
     # the recorded bill, split so that it adds up to `cachecompact forensics` on the same files
     recorded: dict[str, float] = field(default_factory=dict)
+    hidden: list[str] = field(default_factory=list)  # options run only to make a baseline: no row in the table
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
@@ -126,10 +133,12 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             workers: int | None = None, progress: bool = True) -> WhatIf:
     """Replay every session under every option (both cores by default) and sum them."""
     t0 = time.perf_counter()
-    names = [n for n in dict.fromkeys(options) if n != BASELINE]
-    for peer in ("claude-code", "claude-code@5m"):  # the baseline is one of them, per session
-        if peer not in names:
-            names.insert(0, peer)
+    asked = [n for n in dict.fromkeys(options) if n != BASELINE]
+    idle_peer = BASELINE_IDLE in asked or any(n.startswith("claude-code") and n.endswith("+idle") for n in asked)
+    # the baselines are made of these, per session; Claude Code's own rows are always shown
+    shown = [p for p in ("claude-code", "claude-code@5m") if p not in asked] + asked
+    hidden = [p for p in ("claude-code+idle", "claude-code@5m+idle") if idle_peer and p not in asked]
+    names = [n for n in shown if n != BASELINE_IDLE] + hidden
     corpus, skipped, _ = load_corpus(paths)
     if not corpus:
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3])
@@ -139,15 +148,17 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
                                  tasks=False, full=True, corpus=corpus, oracle_runs=False,
                                  progress_label="cachecompact whatif")
     runs = {(r.trace, r.strategy): r for r in res.results}
-    for t in corpus:  # the baseline: Claude Code's way at the TTL the session wrote with
-        own = runs.get((t.name, "claude-code" if recorded_ttl(t) == "1h" else "claude-code@5m"))
-        if own is not None:
-            runs[(t.name, BASELINE)] = own
-    names = [BASELINE, *names]
+    for t in corpus:  # the baselines: Claude Code's way at the TTL the session wrote with
+        way = "claude-code" if recorded_ttl(t) == "1h" else "claude-code@5m"
+        for base, run in ((BASELINE, way), (BASELINE_IDLE, f"{way}+idle")):
+            if (t.name, run) in runs:
+                runs[(t.name, base)] = runs[(t.name, run)]
+    names = [BASELINE, *shown, *hidden]
     complete = [t for t in corpus if all((t.name, s) in runs and runs[(t.name, s)].completed for s in names)]
     failures = [{"session": t.name, "option": s, "reason": (runs[(t.name, s)].failure or "no reason recorded")
                  if (t.name, s) in runs else "not run"}
-                for t in corpus for s in names[1:] if not ((t.name, s) in runs and runs[(t.name, s)].completed)]
+                for t in corpus for s in names if s not in (BASELINE, BASELINE_IDLE)
+                and not ((t.name, s) in runs and runs[(t.name, s)].completed)]
     partial = {t.name: {s: runs[(t.name, s)].cost_usd for s in names
                         if (t.name, s) in runs and runs[(t.name, s)].completed}
                for t in corpus if t not in complete}
@@ -169,7 +180,7 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
                  "recorded_ttl": recorded_ttl(t), "replayed_by_every_option": t in complete} for t in corpus]
     per = {t.name: {s: runs[(t.name, s)].cost_usd for s in names} for t in complete}
     return WhatIf(sessions, out, window, len(complete), skipped + res.skipped, time.perf_counter() - t0, per,
-                  failures, partial, recorded_split(corpus, {t.name for t in complete}))
+                  failures, partial, recorded_split(corpus, {t.name for t in complete}), hidden)
 
 
 def table(w: WhatIf, top: int = 3) -> str:
@@ -192,6 +203,8 @@ def table(w: WhatIf, top: int = 3) -> str:
                      "so compare the rows with each other")
     rows = [("option", "cost", "vs own way", "saving", "adjusted", "recall", "failed")]
     for o in w.options:
+        if o.name in w.hidden:
+            continue
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
         rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
                      f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}", str(o.failed)))

@@ -13,7 +13,7 @@ import pytest
 from cachecompact.base.pricing import model_prices
 from cachecompact.tools.cli import main
 from cachecompact.tools.traces.claude_code import load_claude_code
-from cachecompact.tools.whatif import BASELINE, OPTIONS, recorded_cost
+from cachecompact.tools.whatif import BASELINE, BASELINE_IDLE, OPTIONS, recorded_cost
 
 MODEL = "claude-sonnet-4-6"
 
@@ -73,7 +73,11 @@ def test_whatif_on_two_sessions_prints_its_table_and_writes_json_and_plot(
     data = json.loads((out / "whatif.json").read_text())
     assert (out / "whatif.png").stat().st_size > 10_000
     got = {o["name"]: o for o in data["options"]}
-    assert list(got) == [BASELINE, *OPTIONS] and data["paired"] == 2 and all(o["failed"] == 0 for o in got.values())
+    assert list(got) == [BASELINE, *OPTIONS, "claude-code+idle", "claude-code@5m+idle"]  # the last two make a baseline
+    assert data["paired"] == 2 and all(o["failed"] == 0 for o in got.values())
+    # the same with idle compaction: Claude Code's never fires below 200k tokens, so it costs the same
+    assert got[BASELINE_IDLE]["cost_usd"] == pytest.approx(got[BASELINE]["cost_usd"])
+    assert "claude-code+idle" not in text.split("-----")[1]  # run for the baseline, not a row of its own
     # the logs wrote with 5 minutes, so the baseline is Claude Code's way at 5 minutes, session by session
     assert [s["recorded_ttl"] for s in data["sessions"]] == ["5m", "5m"]
     assert got[BASELINE]["cost_usd"] == pytest.approx(got["claude-code@5m"]["cost_usd"])

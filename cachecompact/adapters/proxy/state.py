@@ -73,11 +73,11 @@ class ProxyState:
             from ...engine.options import EngineOptions
 
             creds = self.creds
-            upstream, chosen, simulated = cfg.upstream, cfg.summary_model, cfg.clock is not None
+            upstream, chosen, simulated = cfg.upstream, cfg.summary_model, cfg.clock
 
             def summarizer(model: str | None, mode: SummaryMode) -> Any:
                 return CallerKeySummarizer(upstream, chosen or model or DEFAULT_SUMMARY_MODEL, mode, creds,
-                                           clock_header=simulated)
+                                           clock=simulated)
 
             clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))
             if clash:
@@ -140,7 +140,7 @@ class ProxyState:
         assert self.engine is not None
         finding = self.engine.record(p, answer)
         if self.idle is not None and self.held is not None:
-            until = self.engine.cache_expires(p.live.sid)
+            until = self.engine.credential_until(p.live.sid)
             if until is not None:
                 self.held.hold(p.live.sid, headers, until)
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import anthropic
 
@@ -28,9 +29,9 @@ class CallerKeySummarizer:
     carried none."""
 
     def __init__(self, upstream: str, model: str, mode: SummaryMode, creds: threading.local, *,
-                 clock_header: bool = False) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
-        self.clock_header = clock_header  # send the summary's time (a proxy on simulated time)
+        self.clock = clock  # a proxy on simulated time: its summaries carry it (`LLMSummarizer.clock`)
 
     def estimate_usd(self, req: SummaryRequest) -> float:
         """What the summary would cost on a caller's key (`LLMSummarizer.estimate_usd`); what an
@@ -55,4 +56,4 @@ class CallerKeySummarizer:
                   else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
         extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
         return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
-                             clock_header=self.clock_header).summarize(req)
+                             clock=self.clock).summarize(req)

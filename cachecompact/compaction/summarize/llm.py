@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -280,9 +280,10 @@ class LLMSummarizer:
     max_tokens: int = 2000
     extra_headers: dict[str, str] | None = None  # e.g. to mark the call as cachecompact's own
     prices: OwnPrices | None = None  # the wrapped client's own price entries (wrap(pricing=...))
-    # send the request's time (`SummaryRequest.at`) in the clock header: for a client on simulated
-    # time (wrap(clock=...) against the emulator), whose cache lives on that clock, not the wall's
-    clock_header: bool = False
+    # the session's clock, when it is not the wall's (wrap(clock=...), a replay): each call then
+    # carries its time in the clock header (`SummaryRequest.at`, else this clock's reading), so an
+    # emulator on that clock bills the summary against the cache as it is at that moment
+    clock: Callable[[], float] | None = None
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         t0 = time.perf_counter()
@@ -332,9 +333,9 @@ class LLMSummarizer:
         return costs.get(self._choose(req), costs["forced-tool"])
 
     def _headers(self, req: SummaryRequest) -> dict[str, str] | None:
-        if not self.clock_header or req.at is None:
+        if self.clock is None:
             return self.extra_headers
-        return {**(self.extra_headers or {}), CLOCK_HEADER: repr(req.at)}
+        return {**(self.extra_headers or {}), CLOCK_HEADER: repr(req.at if req.at is not None else self.clock())}
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)

@@ -27,9 +27,18 @@ from ..emulator import Emulator, ReplayResponder, SummarizingResponder
 from ..traces import Trace
 from .recall import RecallProbe, reread_cost
 
-__all__ = ["MAX_TOKENS", "TraceResult", "replay", "rewrite_cost"]
+__all__ = ["IDLE_SUFFIX", "MAX_TOKENS", "TraceResult", "check_strategy", "replay", "rewrite_cost"]
 
 MAX_TOKENS = 4096
+IDLE_SUFFIX = "+idle"  # a strategy name with this ending replays with its idle compaction
+
+
+def check_strategy(name: str) -> str:
+    """The registered strategy a bench name stands for (``name+idle``: that strategy with its
+    idle compaction replayed); `UnknownStrategyError` for none."""
+    base = name.removesuffix(IDLE_SUFFIX)
+    get_strategy(base)
+    return base
 
 
 @dataclass
@@ -56,6 +65,8 @@ class TraceResult:
     evidence_recall: float = 1.0
     name_recall: float = 1.0
     references: int = 0
+    idle_decisions: int = 0  # idle compaction: decisions made (``+idle``), and how many summarized
+    idle_fired: int = 0
     cost_series: list[float] = field(default_factory=list)  # cumulative $ after each request
     token_series: list[int] = field(default_factory=list)  # input tokens of each request
     event_turns: list[tuple[int, str]] = field(default_factory=list)  # (request index, level)
@@ -119,26 +130,44 @@ def api_message(err: anthropic.APIStatusError) -> str:
     return str(msg if isinstance(msg, str) else err.message)[:MAX_REASON]
 
 
-def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000) -> TraceResult:
-    """Run one trace under one strategy; never raises for a failing trace (see ``failure``)."""
-    get_strategy(strategy)  # an unknown name is an error, not a failed trace
+def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000,
+           idle: bool | None = None) -> TraceResult:
+    """Run one trace under one strategy; never raises for a failing trace (see ``failure``).
+
+    ``idle`` (or a strategy name ending in `IDLE_SUFFIX`) runs the strategy's idle compaction
+    between requests: where the recorded gap passes the moment the strategy wants to decide
+    (`CompactionEngine.idle_due`), it decides at that moment, as the scheduler would. Every
+    summary call is billed at the replay's clock: the request's time, or that moment."""
+    name = strategy
+    if idle is None:
+        idle = strategy.endswith(IDLE_SUFFIX)
+    strategy = check_strategy(strategy)  # an unknown name is an error, not a failed trace
     price = get_model(model)
     t_start = time.perf_counter()
     probe = RecallProbe(ReplayResponder(trace.messages, trace.usage))
-    res = TraceResult(trace=trace.name, strategy=strategy, window=window, turns=trace.turns, completed=True,
+    res = TraceResult(trace=trace.name, strategy=name, window=window, turns=trace.turns, completed=True,
                       model=price.name)
+    clock = [0.0]  # the replay's time: summary calls carry it
     with Emulator(SummarizingResponder(probe), context_window=window) as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="bench", max_retries=0)
         mw = CompactionMiddleware(None, strategy=strategy, window_tokens=window,
-                                  summarizer=summarizer_factory(raw, None))
+                                  summarizer=summarizer_factory(raw, None, clock=lambda: clock[0]))
         client = raw.with_middleware(mw)
         history = [trace.messages[0]]
         i = 1
         ledger_sizes: list[int] = []  # ledger entries after each request: when compactions happened
         try:
             while i < len(trace.messages):
+                at = trace.timestamps[i - 1] or float(i)
+                if idle:
+                    for sid, due in mw.engine.idle_due():
+                        if due < at:  # the session went quiet past that moment: decide there
+                            clock[0] = due
+                            res.idle_decisions += 1
+                            res.idle_fired += sum(d.fired for d in mw.engine.compact_idle(sid, now=due))
+                clock[0] = at
                 kw: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "messages": history,
-                                      "extra_headers": {CLOCK_HEADER: repr(trace.timestamps[i - 1] or float(i))}}
+                                      "extra_headers": {CLOCK_HEADER: repr(at)}}
                 if trace.system:
                     kw["system"] = trace.system
                 if trace.tools:

@@ -18,9 +18,9 @@ import xxhash
 
 from ...base.errors import ConfigError, UnknownModelError
 from ...base.pricing import get_model, model_prices
-from ...compaction.catalog import get_strategy, strategy_names
+from ...compaction.catalog import strategy_names
 from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
-from .harness import MAX_TOKENS, TraceResult, replay
+from .harness import MAX_TOKENS, TraceResult, check_strategy, replay
 from .oracle import oracle_cost
 from .tasks import TaskResult, make_task, run_task
 
@@ -225,7 +225,7 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
-        get_strategy(s)
+        check_strategy(s)
     if model is not None:
         get_model(model)  # fail early on an unknown model
     if not windows or any(w < 8_000 and w != OWN_WINDOW for w in windows):

@@ -210,7 +210,9 @@ class TaskResult:
 
 
 def run_task(task: Task, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 50_000) -> TaskResult:
-    """Run one task under one strategy through the SDK and the emulator."""
+    """Run one task under one strategy through the SDK and the emulator (a task has no pause, so
+    ``name+idle`` runs as ``name``)."""
+    strategy = strategy.removesuffix("+idle")
     get_strategy(strategy)
     t0 = time.perf_counter()
     script = TaskScript(task)
