@@ -26,6 +26,7 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.adapters.proxy.held_credentials import HeldCredentials
 from cachecompact.base.errors import ConfigError
 from cachecompact.compaction.gaps import GapMeter
+from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
 from cachecompact.compaction.policy import Economy
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
@@ -34,24 +35,23 @@ from cachecompact.tools.emulator.responders import Reply
 GOAL = "Task: fix the failing parser tests in parser.py and report what changed."
 MODEL = "claude-sonnet-4-6"
 START = 1_000_000.0
-CALLS = 12  # tool calls per task
+CALLS = 20  # tool calls per task
 
 
-def _agent() -> Any:
+def _agent(n_calls: int = CALLS) -> Any:
+    """`CALLS` tool calls, then the end of the turn; counted here, not from the request, whose
+    history compaction shortens."""
     ids = itertools.count()
+    calls = [0]
 
     def respond(body: dict[str, Any]) -> Reply:
-        msgs = body["messages"]
-        calls = 0
-        for m in reversed(msgs):
-            if m["role"] == "user" and isinstance(m["content"], str):
-                break
-            calls += m["role"] == "assistant"
-        if calls >= CALLS:
+        if calls[0] >= n_calls:
+            calls[0] = 0
             return Reply([{"type": "text", "text": "done: the parser handles the new tokens"}], "end_turn")
+        calls[0] += 1
         return Reply([{"type": "text", "text": "reading"},
                       {"type": "tool_use", "id": f"toolu_{next(ids)}", "name": "read",
-                       "input": {"path": f"src/f{calls}.py"}}], "tool_use")
+                       "input": {"path": f"src/f{calls[0]}.py"}}], "tool_use")
     return respond
 
 
@@ -86,14 +86,15 @@ def _loop(client: Any, clock: SimulatedClock, pause_s: float, tasks: int, *,
 
 
 def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | None = MODEL,
-         explicit_away: float | None = None) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
+         explicit_away: float | None = None, strategy: Any = "cachecompact", calls: int = CALLS,
+         ) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
     """The agent's run through wrap(); returns the emulator's answered requests, the idle
     decisions and the times each person came back."""
     clock = SimulatedClock(START)
-    with Emulator(_agent()) as emu:
+    with Emulator(_agent(calls)) as emu:
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
                                    window_tokens=200_000, clock=clock, idle_compaction=idle,
-                                   summarizer_model=summarizer_model)
+                                   summarizer_model=summarizer_model, strategy=strategy)
         decisions, returns = _loop(client, clock, pause_s, tasks, explicit_away=explicit_away)
         mw = _middleware_of(client)
         if mw.idle is not None:
@@ -114,8 +115,9 @@ def test_two_hour_pauses_summarize_before_expiry_and_cost_less() -> None:
     base, _, _ = _run(7200.0, idle=False)
     reqs, decisions, returns = _run(7200.0, idle=True)
     fired = [d for d in decisions if d.fired]
-    assert fired, [d.reason for d in decisions]
-    assert len(decisions) <= len(returns)  # once per quiet period at most
+    # once in each two-hour pause, a minute before the cache expired (one half the first time: the
+    # session had shown no pause yet; the price gap of the summary pays even then)
+    assert len(fired) == len(decisions) == len(returns), [d.reason for d in decisions]
     for d in decisions:  # decided a minute before the 5-minute cache expires, never after
         last = max(float(r["time"]) for r in reqs if not r["internal"] and float(r["time"]) < d.at)
         assert d.at == pytest.approx(last + 300.0 - DECIDE_BEFORE_S)
@@ -140,7 +142,8 @@ def test_three_minute_pauses_never_fire() -> None:
     base, _, _ = _run(180.0, idle=False)
     reqs, decisions, _ = _run(180.0, idle=True)
     assert decisions == []
-    assert not any(r["internal"] for r in reqs)
+    # the summaries it made were the policy's, at the agent's requests: none of its own between them
+    assert {float(r["time"]) for r in reqs} == {float(r["time"]) for r in reqs if not r["internal"]}
     assert _cost(reqs) == pytest.approx(_cost(base))
 
 
@@ -148,7 +151,7 @@ def test_a_cheap_summary_model_does_not_pay_and_says_why() -> None:
     """With the default summary model (claude-haiku-5-5, $0.10/MTok in), a summary costs about the
     same warm or cold: the cold return's collapse is as cheap, so nothing fires, and the reason
     gives the prices."""
-    _, decisions, _ = _run(7200.0, tasks=3, idle=True, summarizer_model=None)
+    _, decisions, _ = _run(7200.0, tasks=3, idle=True, summarizer_model=None, calls=12)
     assert decisions and not any(d.fired for d in decisions)
     priced = [d for d in decisions if d.reason.startswith("does not pay")]
     assert priced and all(d.summary_cold_usd == pytest.approx(d.summary_warm_usd) for d in priced)
@@ -156,14 +159,29 @@ def test_a_cheap_summary_model_does_not_pay_and_says_why() -> None:
 
 
 def test_an_agent_that_knows_it_waits_asks_at_once() -> None:
-    base, _, _ = _run(7200.0, tasks=2, idle=False)
-    reqs, decisions, returns = _run(7200.0, tasks=2, idle=False, explicit_away=7200.0)
+    base, _, _ = _run(7200.0, tasks=2, idle=False, calls=12)
+    reqs, decisions, returns = _run(7200.0, tasks=2, idle=False, explicit_away=7200.0, calls=12)
     assert len(decisions) == 1 and decisions[0].fired and decisions[0].p_late == 1.0
     assert [r["internal"] for r in _at(reqs, returns[0])] == [False]
     assert _cost(reqs) < _cost(base)
     # told it comes back within the TTL, the same call declines: the edit would only cost
-    _, early, _ = _run(7200.0, tasks=2, idle=False, explicit_away=60.0)
+    _, early, _ = _run(7200.0, tasks=2, idle=False, explicit_away=60.0, calls=12)
     assert len(early) == 1 and not early[0].fired and early[0].p_late == 0.0
+
+
+def test_claude_codes_own_idle_compaction_fires_on_its_clock() -> None:
+    """The peer (`bench`/`whatif` ``claude-code+idle``): about 55 minutes after a reply that called
+    no tool, whole, whatever it costs; the return then writes only its summary and what follows."""
+    peer = ClaudeCodeConfig(idle_min_tokens=20_000)
+    reqs, decisions, returns = _run(7200.0, tasks=2, idle=True, summarizer_model=None, strategy=peer)
+    assert len(decisions) == 1 and decisions[0].fired
+    last = max(float(r["time"]) for r in reqs if not r["internal"] and float(r["time"]) < returns[0])
+    assert decisions[0].at == pytest.approx(last + 55 * 60)
+    back = _at(reqs, returns[0])
+    assert [r["internal"] for r in back] == [False]
+    assert back[0]["total_input_tokens"] < decisions[0].tokens_before / 3
+    _, quick, _ = _run(180.0, tasks=2, idle=True, summarizer_model=None, strategy=peer)
+    assert quick == []
 
 
 def test_the_scheduler_stops_with_its_client() -> None:
@@ -230,6 +248,10 @@ def test_the_chance_of_a_late_return_comes_from_the_sessions_gaps() -> None:
     assert idle_value(0.9, summary_cold=0.30, summary_warm=0.01, early=early) > 0
     assert idle_value(0.5, summary_cold=0.30, summary_warm=0.01, early=early) > 0
     assert idle_value(0.9, summary_cold=0.01, summary_warm=0.01, early=early) < 0
+    # an edit that would pay warm, but that the policy did not make, is no gain on an early return
+    paying = Economy(rewrite_cost=0.10, saving_per_turn=0.10, remaining_turns=5, summary_cost=0.01)
+    assert paying.net > 0 and idle_value(0.0, summary_cold=0.30, summary_warm=0.01, early=paying) == 0
+    assert idle_value(0.2, summary_cold=0.01, summary_warm=0.01, early=paying) == 0
 
 
 # -- the proxy ----------------------------------------------------------------------------------------
