@@ -26,8 +26,8 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.adapters.proxy.held_credentials import HeldCredentials
 from cachecompact.base.errors import ConfigError
 from cachecompact.compaction.gaps import GapMeter
-from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
+from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.policy import Economy
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 from cachecompact.tools.emulator.responders import Reply
