@@ -38,15 +38,15 @@ BASELINE_IDLE = "as recorded+idle"  # the same, with Claude Code's idle compacti
 OPTIONS = ("claude-code", "claude-code@5m", BASELINE_IDLE, "none", "none@1h", "cachecompact", "cachecompact@5m",
            "cachecompact@1h", "cachecompact+idle", "openhands")
 _SAID = {BASELINE: "Claude Code's way, its own TTL",
-         BASELINE_IDLE: "Claude Code's way with its idle compaction, its own TTL",
+         BASELINE_IDLE: "Claude Code's way + idle compaction, own TTL",
          "claude-code": "Claude Code's way, 1 h TTL",
          "claude-code@5m": "Claude Code's way, 5 min TTL", "none": "no compaction, 5 min TTL",
          "none@1h": "no compaction, 1 h TTL", "cachecompact": "cachecompact (TTL it chooses)",
          "cachecompact@5m": "cachecompact, 5 min TTL", "cachecompact@1h": "cachecompact, 1 h TTL",
          "openhands": "OpenHands' condenser",
-         "claude-code+idle": "Claude Code's way with its idle compaction, 1 h TTL",
-         "claude-code@5m+idle": "Claude Code's way with its idle compaction, 5 min TTL",
-         "cachecompact+idle": "cachecompact with its priced idle compaction"}
+         "claude-code+idle": "Claude Code's way + idle compaction, 1 h TTL",
+         "claude-code@5m+idle": "Claude Code's way + idle compaction, 5 min",
+         "cachecompact+idle": "cachecompact + priced idle compaction"}
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Option:
     adjusted_usd: float = 0.0  # plus one re-read turn per tool result whose evidence was lost
     recall: float = 1.0  # evidence recall, weighted by the references each session made
     failed: int = 0  # sessions this option could not replay to the end
+    rewrite_usd: float = 0.0  # writing again what the previous request had cached: TTL expiries and edits
 
     @property
     def label(self) -> str:
@@ -171,6 +172,7 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             r = runs[(t.name, s)]
             o.cost_usd += r.cost_usd
             o.adjusted_usd += r.adjusted_cost_usd
+            o.rewrite_usd += r.rewrite_usd
             refs += r.references
             got += r.evidence_recall * r.references
         o.recall = got / refs if refs else 1.0
@@ -201,20 +203,21 @@ def table(w: WhatIf, top: int = 3) -> str:
                      f"${rc['subagents_usd']:,.2f} (sub-agents, which whatif does not replay); each response once, "
                      "a resumed log's copies included. The replays lack the system prompt and tools a log omits, "
                      "so compare the rows with each other")
-    rows = [("option", "cost", "vs own way", "saving", "adjusted", "recall", "failed")]
+    rows = [("option", "cost", "vs own way", "saving", "re-writes", "adjusted", "recall", "failed")]
     for o in w.options:
         if o.name in w.hidden:
             continue
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
         rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
-                     f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}", str(o.failed)))
+                     f"${o.rewrite_usd:,.2f}", f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}", str(o.failed)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for k, r in enumerate(rows):
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
             lines.append("  ".join("-" * x for x in widths))
-    lines.append("cost: the replay's bill; saving: against Claude Code's way at each session's own TTL; adjusted: plus "
-                 "one re-read turn per lost result; recall: evidence the agent could still see")
+    lines.append("cost: the replay's bill; saving: against Claude Code's way at each session's own TTL; re-writes: "
+                 "writing again what the request before had cached (TTL expiries, edits); adjusted: plus one re-read "
+                 "turn per lost result; recall: evidence the agent could still see")
     best = min((o for o in w.options if o.name != BASELINE), key=lambda o: o.adjusted_usd, default=None)
     if best is not None and w.per_session:
         gains = sorted(((c[BASELINE] - c[best.name], name) for name, c in w.per_session.items()), reverse=True)
