@@ -95,7 +95,7 @@ class SimulatedClock:
         self._cv = threading.Condition()
         self._members: set[int] = set()
         self._waiting: dict[int, float] = {}
-        self._gen = 0
+        self._kicked: set[int] = set()
         self.timeout_s = timeout_s
 
     def __call__(self) -> float:
@@ -110,6 +110,7 @@ class SimulatedClock:
         with self._cv:
             me = threading.get_ident()
             self._members.discard(me)
+            self._kicked.discard(me)
             self._waiting.pop(me, None)
             self._cv.notify_all()
 
@@ -117,16 +118,19 @@ class SimulatedClock:
         me = threading.get_ident()
         with self._cv:
             self._members.add(me)
-            gen = self._gen
+            if me in self._kicked:  # interrupted while it was not waiting: the nudge is not lost
+                self._kicked.discard(me)
+                return
             self._waiting[me] = t
             self._cv.notify_all()
-            self._cv.wait_for(lambda: self._t >= t or self._gen != gen)
+            self._cv.wait_for(lambda: self._t >= t or me in self._kicked)
+            self._kicked.discard(me)
             self._waiting.pop(me, None)
             self._cv.notify_all()
 
     def interrupt(self) -> None:
         with self._cv:
-            self._gen += 1
+            self._kicked |= self._members  # each member returns once, now or at its next wait
             self._waiting.clear()  # nobody counts as waiting until it waits again
             self._cv.notify_all()
 
@@ -230,23 +234,36 @@ class IdleScheduler:
         ready.set()
         try:
             while not self._stop.is_set() and not self._closed():
-                now = self.clock()
-                nxt = math.inf
-                for sid, due in self.engine.idle_due():
-                    if self._decided.get(sid) == due:
-                        continue
-                    if due > now:
-                        nxt = min(nxt, due)
-                        continue
-                    self._decided[sid] = due
-                    self._decide(sid, now)
-                if self.keeper is not None:
-                    nxt = min(nxt, self.keeper.forget_expired(now))
+                try:
+                    nxt = self._pass()
+                except Exception:  # one bad pass must not end the thread (held credentials expire in it)
+                    log.exception("cachecompact: idle scheduler pass failed")
+                    nxt = self.clock() + CLOSED_POLL_S
                 if self._stop.is_set():
                     break
+                now = self.clock()
                 self.clock.wait_until(min(nxt, now + CLOSED_POLL_S) if self._owner is not None else nxt)
         finally:
             self.clock.leave()
+
+    def _pass(self) -> float:
+        """Decide for every session that is due; the next moment one will be."""
+        nxt = math.inf
+        due = self.engine.idle_due()
+        alive = {sid for sid, _ in due}
+        self._decided = {sid: t for sid, t in self._decided.items() if sid in alive}  # forget the gone
+        for sid, at in due:
+            if self._decided.get(sid) == at:
+                continue
+            now = self.clock()  # afresh: a summary before this one took time
+            if at > now:
+                nxt = min(nxt, at)
+                continue
+            self._decided[sid] = at
+            self._decide(sid, now)
+        if self.keeper is not None:
+            nxt = min(nxt, self.keeper.forget_expired(self.clock()))
+        return nxt
 
     def _decide(self, sid: str, now: float) -> None:
         try:

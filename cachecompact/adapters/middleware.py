@@ -365,6 +365,8 @@ def wrap(
 
 
 def _middleware_of(client: anthropic.Anthropic | anthropic.AsyncAnthropic) -> CompactionMiddleware:
+    if not isinstance(client, (anthropic.Anthropic, anthropic.AsyncAnthropic)):
+        raise ConfigError(f"expected a client returned by cachecompact.wrap(), got {type(client).__name__}")
     for m in client.middleware:
         if isinstance(m, CompactionMiddleware):
             return m
@@ -382,7 +384,7 @@ def compact_idle(client: anthropic.Anthropic | anthropic.AsyncAnthropic, session
     cache, where that pays (docs/policy.md, *While the session is quiet*). ``away_s``: how long it
     expects to wait, in seconds, if it knows (else the session's own gaps tell). The edits take
     effect with the next request. Blocks for the summary call; returns one decision per session."""
-    if away_s is not None and not (isinstance(away_s, (int, float)) and away_s >= 0):
+    if away_s is not None and (isinstance(away_s, bool) or not isinstance(away_s, (int, float)) or not away_s >= 0):
         raise ConfigError(f"compact_idle: away_s must be a number of seconds >= 0, got {away_s!r}")
     return _middleware_of(client).engine.compact_idle(session_id, away_s=away_s)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import xxhash
 
-from ..base.errors import InvalidEditError, SummaryRejected
+from ..base.errors import InvalidEditError, SummaryRejected, UnknownModelError
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
 from ..base.values import TTL, IdleDecision, Level
@@ -204,6 +204,7 @@ class CacheAwareCompactor:
             self._thought = {int(k): int(v) for k, v in thought.items()} if isinstance(thought, dict) else {}
             idle_at = st.get("idle_at")
             self._idle_at = float(idle_at) if isinstance(idle_at, (int, float)) else None
+            self._idle = None  # made for a session another process has moved on
             self.session.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
@@ -872,6 +873,10 @@ class CacheAwareCompactor:
                       "rule collapses then at no extra write")
         if not isinstance(self.summarizer, PricedSummarizer):
             return no(f"the summarizer ({type(self.summarizer).__name__}) gives no price estimate (estimate_usd)")
+        try:
+            priced(model, self.ctx.prices)
+        except UnknownModelError as err:
+            return no(f"cannot price the session's model: {err}")
         self._now = now
         lim = self._limits(max_tokens, model)
         view = build_view(s)
@@ -889,9 +894,12 @@ class CacheAwareCompactor:
         warm = cold = 0.0
         if p.summarize is not None:
             req = summary_request(s, *p.summarize, body=reuse, cache_warm=True, at=now)
-            warm = self.summarizer.estimate_usd(req)
-            req.cache_warm = False
-            cold = self.summarizer.estimate_usd(req)
+            try:
+                warm = self.summarizer.estimate_usd(req)
+                req.cache_warm = False
+                cold = self.summarizer.estimate_usd(req)
+            except UnknownModelError as err:
+                return no(f"cannot price the summary: {err}")
         price = priced(model, self.ctx.prices)
         early = economics(self.cfg, price, removed=p.tokens_removed,
                           suffix=view.suffix_tokens(self._rewrite_from(p.break_at)), steps=self.steps, cold=False,
@@ -941,6 +949,8 @@ class CacheAwareCompactor:
         told by the ledger's usual rule, `history.thinking`). Its cost was its `idle_summary`
         event's."""
         assert self._idle is not None
+        if self._mid_tool_loop_thinking() is not None:
+            return  # this request answers a thinking turn's calls: not here (history.thinking); a later one
         p, edits, why = self._idle
         self._idle = None
         before = self._now_tokens()

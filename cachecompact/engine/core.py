@@ -55,6 +55,7 @@ __all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Ret
 log = logging.getLogger("cachecompact")
 
 STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+TURN_ENDS = frozenset({"end_turn", "stop_sequence"})  # stop reasons after which a person speaks next
 
 
 def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
@@ -209,6 +210,7 @@ class CompactionEngine:
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
         p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r, out))
+        live.in_flight = now  # until its answer is recorded, the session is not quiet
         with self._lock:
             self._last_prepared = {fp: p}
         return p
@@ -223,6 +225,8 @@ class CompactionEngine:
         st = (s.last_request or {}).get("strategy_state")
         if isinstance(st, dict) and isinstance(live.strategy, StatefulStrategy):
             live.strategy.load_state(st)
+        # what this process last saw of the session is not its last request any more
+        live.last_body, live.last_stop_reason = None, None
         live.requests_seen = s.requests_recorded
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
@@ -279,6 +283,7 @@ class CompactionEngine:
                     live.requests_seen = live.session.requests_recorded
                     live.last_body, live.last_model, live.last_max_tokens = p.body, p.model, p.max_tokens
                     live.last_stop_reason = answer.stop_reason
+                live.in_flight = None
                 return finding
         except Exception:  # recording must never break the caller's response
             log.exception("cachecompact: could not record usage")
@@ -305,8 +310,13 @@ class CompactionEngine:
         out = []
         for live in lives:
             with live.lock:
-                self._catch_up(live)
-                out.append(self._idle_one(live, now, away_s))
+                try:
+                    self._catch_up(live)
+                    out.append(self._idle_one(live, now, away_s))
+                except Exception as err:  # one session's failure is its decision; the others still get theirs
+                    log.exception("cachecompact: idle compaction of session %s failed", live.sid)
+                    out.append(IdleDecision(session_id=live.sid, at=now, fired=False,
+                                            reason=f"failed: {type(err).__name__}: {err}"))
                 self._save_events(live)
         return out
 
@@ -319,6 +329,8 @@ class CompactionEngine:
             return no(f"its strategy ({type(live.strategy).__name__}) does not compact quiet sessions")
         if live.last_body is None:
             return no("no request of this session has been answered here yet")
+        if live.in_flight is not None:
+            return no("a request of this session is under way: it is not quiet")
         if live.last_stop_reason == "tool_use":
             # the next request answers that turn's calls: an edit before it would invalidate thinking
             # the API needs back exactly as it was (history.thinking), and a tool, not a person, is awaited
@@ -345,10 +357,13 @@ class CompactionEngine:
 
     @staticmethod
     def _due(live: Live) -> float | None:
+        """A scheduler decides only for a session whose last response ended the turn (the next
+        request waits for a person) and that has no request under way."""
         if live.shaper is not None or not isinstance(live.strategy, CompactsIdle) or live.last_body is None \
-                or live.last_stop_reason == "tool_use":
+                or live.in_flight is not None or live.last_stop_reason not in TURN_ENDS:
             return None
-        return live.strategy.idle_due()
+        with live.lock:  # the strategy reads the session, which a request may be changing
+            return live.strategy.idle_due()
 
     def _report(self, live: Live, f: Finding) -> None:
         if f.cls == "read_as_expected":

@@ -67,6 +67,7 @@ class Live:
     last_model: str = ""
     last_max_tokens: int = 0
     last_stop_reason: str | None = None
+    in_flight: float | None = None  # the time of a request prepared and not yet answered
 
     @property
     def sid(self) -> str:

@@ -34,7 +34,8 @@ def session_data(session: Session) -> dict[str, Any]:
     events = store.read_events() if store is not None else []
     usage_cost = sum(float(r.get("cost_usd") or 0.0) for r in requests)
     summary_cost = sum(float(e.get("cost_usd") or 0.0) for e in events
-                       if e.get("kind") in ("compaction", "failure") and e.get("level") in ("L3", "L4", "seed", None))
+                       if e.get("kind") in ("compaction", "failure", "idle_summary")
+                       and e.get("level") in ("L3", "L4", "seed", None))
     reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in requests)
     total_in = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens",
                                                               "cache_creation_input_tokens", "input_tokens"))

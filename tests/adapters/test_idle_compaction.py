@@ -24,11 +24,14 @@ from cachecompact.adapters.idle_scheduler import IdleScheduler, WallClock
 from cachecompact.adapters.middleware import _middleware_of
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.adapters.proxy.held_credentials import HeldCredentials
-from cachecompact.base.errors import ConfigError
+from cachecompact.base.errors import ConfigError, UnknownModelError
+from cachecompact.base.values import Answer
 from cachecompact.compaction.gaps import GapMeter
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
 from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.policy import Economy
+from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+from cachecompact.engine.core import CompactionEngine, Prepared
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 from cachecompact.tools.emulator.responders import Reply
 
@@ -310,6 +313,41 @@ def test_idle_compaction_is_a_compact_mode_flag() -> None:
         ProxyConfig(idle_compaction=True).check()
     with pytest.raises(ConfigError, match="not a Claude model id"):
         ProxyConfig(mode="compact", summary_model="haiku").check()
+    with pytest.raises(UnknownModelError):
+        ProxyConfig(mode="compact", summary_model="claude-haiku-5.5").check()  # fails now, not at each summary
+
+
+def test_a_session_is_quiet_only_once_its_turn_ended_and_nothing_is_under_way() -> None:
+    """A person's reply being answered is not a quiet session (a long thought would otherwise
+    look like a pause), and neither is a reply cut at max_tokens: the agent goes on."""
+    eng = CompactionEngine(None, summarizer=ExtractiveSummarizer())
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    usage = {"input_tokens": 100, "output_tokens": 5}
+    eng.record(_prepared(eng, msgs, 0.0), Answer(usage, stop_reason="end_turn"))
+    assert [sid for sid, _ in eng.idle_due()] == [eng.sessions()[0].session_id]
+    msgs = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and the lexer?"}]
+    p = _prepared(eng, msgs, 200.0)
+    assert eng.idle_due() == []
+    (d,) = eng.compact_idle(now=240.0)
+    assert not d.fired and "under way" in d.reason
+    eng.record(p, Answer(usage, stop_reason="max_tokens"))
+    assert eng.idle_due() == []  # the agent continues a cut reply: no person is awaited
+
+
+def _prepared(eng: CompactionEngine, msgs: list[dict[str, Any]], now: float) -> Prepared:
+    p = eng.prepare({"model": MODEL, "max_tokens": 100, "messages": msgs}, explicit=None, now=now)
+    assert isinstance(p, Prepared)
+    return p
+
+
+def test_compact_idle_names_a_wrong_argument() -> None:
+    client = cachecompact.wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t"), store=None)
+    with pytest.raises(ConfigError, match="away_s must be a number of seconds"):
+        cachecompact.compact_idle(client, away_s=True)
+    with pytest.raises(ConfigError, match=r"expected a client returned by cachecompact\.wrap"):
+        cachecompact.compact_idle("client")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not wrapped"):
+        cachecompact.compact_idle(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t"))
 
 
 def test_held_credentials_expire_and_are_used_once() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...base.errors import ConfigError
+from ...base.pricing import get_model
 from ...base.values import ProxyMode
 from ...store import Store
 
@@ -57,9 +58,11 @@ class ProxyConfig:
         knobs += ["--window"] if self.window_tokens is not None else []
         knobs += ["--idle-compaction"] if self.idle_compaction else []
         knobs += ["--summary-model"] if self.summary_model is not None else []
-        if self.summary_model is not None and "claude-" not in self.summary_model.lower():
-            raise ConfigError(f"--summary-model {self.summary_model!r} is not a Claude model id (for example "
-                              "'claude-haiku-5-5')")
+        if self.summary_model is not None:
+            if "claude-" not in self.summary_model.lower():
+                raise ConfigError(f"--summary-model {self.summary_model!r} is not a Claude model id (for example "
+                                  "'claude-haiku-5-5')")
+            get_model(self.summary_model)  # an unlisted id: one line naming the nearest ones
         if self.mode == "observe" and knobs:
             # observe mode forwards every request untouched: a compaction knob there would be
             # silently ignored, and the user would believe it took effect

@@ -308,6 +308,8 @@ class LLMSummarizer:
     def _choose(self, req: SummaryRequest) -> str:
         if self.mode != "auto":
             return self.mode if req.body is not None or self.mode == "forced-tool" else "forced-tool"
+        if req.body is None or not req.cache_warm or req.body["messages"][-1].get("role") != "user":
+            return "forced-tool"  # nothing to reuse: no price needed
         costs = self._estimates(req)
         reuse = costs.get("prefix-reuse")
         return "prefix-reuse" if req.cache_warm and reuse is not None and reuse < costs["forced-tool"] \

@@ -212,11 +212,11 @@ class TaskResult:
 def run_task(task: Task, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 50_000) -> TaskResult:
     """Run one task under one strategy through the SDK and the emulator (a task has no pause, so
     ``name+idle`` runs as ``name``)."""
-    strategy = strategy.removesuffix("+idle")
+    name, strategy = strategy, strategy.removesuffix("+idle")
     get_strategy(strategy)
     t0 = time.perf_counter()
     script = TaskScript(task)
-    res = TaskResult(task.name, strategy, window, False, 0, task.quotes, 0, 0.0, 0.0)
+    res = TaskResult(task.name, name, window, False, 0, task.quotes, 0, 0.0, 0.0)
     with Emulator(SummarizingResponder(script), context_window=window) as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="bench", max_retries=0)
         mw = CompactionMiddleware(None, strategy=strategy, window_tokens=window,
