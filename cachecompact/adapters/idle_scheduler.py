@@ -137,11 +137,6 @@ class SimulatedClock:
     def _settled(self) -> bool:
         return all(self._waiting.get(m, -math.inf) > self._t for m in self._members)
 
-    def settle(self) -> None:
-        """Return once every entered thread waits for a moment after now."""
-        with self._cv:
-            self._settle()
-
     def _settle(self) -> None:
         if not self._cv.wait_for(self._settled, self.timeout_s):
             raise TimeoutError(f"a thread on the simulated clock did not wait again within {self.timeout_s}s "

@@ -874,7 +874,7 @@ class CacheAwareCompactor:
         if not isinstance(self.summarizer, PricedSummarizer):
             return no(f"the summarizer ({type(self.summarizer).__name__}) gives no price estimate (estimate_usd)")
         try:
-            priced(model, self.ctx.prices)
+            price = priced(model, self.ctx.prices)
         except UnknownModelError as err:
             return no(f"cannot price the session's model: {err}")
         self._now = now
@@ -900,7 +900,6 @@ class CacheAwareCompactor:
                 cold = self.summarizer.estimate_usd(req)
             except UnknownModelError as err:
                 return no(f"cannot price the summary: {err}")
-        price = priced(model, self.ctx.prices)
         early = economics(self.cfg, price, removed=p.tokens_removed,
                           suffix=view.suffix_tokens(self._rewrite_from(p.break_at)), steps=self.steps, cold=False,
                           summary_cost=warm, ttl=self.ttl or "5m", reasoning_tokens=self._reasoning_lost(p.break_at))

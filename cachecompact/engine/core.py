@@ -189,6 +189,7 @@ class CompactionEngine:
                             "places its own breakpoints and chose %s from the session's gaps (wrap(ttl='1h') or "
                             "EngineOptions(ttl='1h') keeps the hour)", live.sid, ttl or "5m")
             r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
+            live.in_flight = now  # until its answer is recorded, the session is not quiet
             if live.shaper is None:
                 out = r.body
 
@@ -210,7 +211,6 @@ class CompactionEngine:
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
         p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r, out))
-        live.in_flight = now  # until its answer is recorded, the session is not quiet
         with self._lock:
             self._last_prepared = {fp: p}
         return p

@@ -24,7 +24,7 @@ from .terminal import fold, shorten
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
-            "repeated_tool_calls", "recent_budget", "restored")
+            "repeated_tool_calls", "recent_budget", "restored", "idle_summary")
 
 
 def session_data(session: Session) -> dict[str, Any]:

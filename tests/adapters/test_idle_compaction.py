@@ -34,6 +34,7 @@ from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
 from cachecompact.engine.core import CompactionEngine, Prepared
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 from cachecompact.tools.emulator.responders import Reply
+from cachecompact.tools.report import session_data
 
 GOAL = "Task: fix the failing parser tests in parser.py and report what changed."
 MODEL = "claude-sonnet-4-6"
@@ -90,15 +91,18 @@ def _loop(client: Any, clock: SimulatedClock, pause_s: float, tasks: int, *,
 
 def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | None = MODEL,
          explicit_away: float | None = None, strategy: Any = "cachecompact", calls: int = CALLS,
+         store: Path | None = None, reports: list[dict[str, Any]] | None = None,
          ) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
     """The agent's run through wrap(); returns the emulator's answered requests, the idle
     decisions and the times each person came back."""
     clock = SimulatedClock(START)
     with Emulator(_agent(calls)) as emu:
-        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                    window_tokens=200_000, clock=clock, idle_compaction=idle,
                                    summarizer_model=summarizer_model, strategy=strategy)
         decisions, returns = _loop(client, clock, pause_s, tasks, explicit_away=explicit_away)
+        if reports is not None:
+            reports += [session_data(x) for x in cachecompact.wrapped_sessions(client)]
         mw = _middleware_of(client)
         if mw.idle is not None:
             decisions += list(mw.idle.decisions)
@@ -114,9 +118,10 @@ def _at(reqs: list[dict[str, Any]], t: float) -> list[dict[str, Any]]:
     return [r for r in reqs if abs(float(r["time"]) - t) < 1e-6]
 
 
-def test_two_hour_pauses_summarize_before_expiry_and_cost_less() -> None:
+def test_two_hour_pauses_summarize_before_expiry_and_cost_less(tmp_path: Path) -> None:
     base, _, _ = _run(7200.0, idle=False)
-    reqs, decisions, returns = _run(7200.0, idle=True)
+    reports: list[dict[str, Any]] = []
+    reqs, decisions, returns = _run(7200.0, idle=True, store=tmp_path, reports=reports)
     fired = [d for d in decisions if d.fired]
     # once in each two-hour pause, a minute before the cache expired (one half the first time: the
     # session had shown no pause yet; the price gap of the summary pays even then)
@@ -139,6 +144,11 @@ def test_two_hour_pauses_summarize_before_expiry_and_cost_less() -> None:
         # without it, the same return paid the summary cold, at the full input price
         assert [r["internal"] for r in _at(base, back)] == [True, False]
     assert _cost(reqs) < _cost(base)
+    # the report counts what the idle summaries cost, and names them
+    (report,) = reports
+    billed = sum(float(r["cost_usd"]) for r in reqs if r["internal"])
+    assert report["cost"]["summaries_usd"] == pytest.approx(billed, rel=0.01)
+    assert report["counts"]["idle_summary"] == len(fired)
 
 
 def test_three_minute_pauses_never_fire() -> None:
@@ -233,6 +243,28 @@ def test_the_simulated_clock_steps_through_deadlines() -> None:
         clock.advance(-1.0)
     assert isinstance(WallClock()(), float)
     assert IdleScheduler  # the public name the docs use
+
+
+def test_a_nudge_while_the_thread_is_busy_is_not_lost() -> None:
+    """`interrupt` between a scheduler's look and its wait (a request answered meanwhile) makes
+    that next wait return at once, so the new deadline is seen (a proxy's scheduler, with no
+    polling, would otherwise sleep past it)."""
+    clock = SimulatedClock(0.0)
+    clock.enter()
+    clock.interrupt()  # comes while this thread is not waiting
+    done = threading.Event()
+
+    def other() -> None:
+        clock.advance(100.0)
+        done.set()
+
+    t = threading.Thread(target=other)
+    clock.wait_until(math.inf)  # returns at once: nudged
+    t.start()
+    assert not done.wait(0.2)  # advance waits for this thread to wait again
+    clock.leave()
+    assert done.wait(5) and clock() == 100.0
+    t.join(5)
 
 
 def test_the_chance_of_a_late_return_comes_from_the_sessions_gaps() -> None:

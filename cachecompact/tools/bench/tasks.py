@@ -28,9 +28,8 @@ import anthropic
 from ...adapters.middleware import CompactionMiddleware, summarizer_factory
 from ...adapters.sdk_errors import ContextFullError
 from ...base.headers import CLOCK_HEADER
-from ...compaction.catalog import get_strategy
 from ..emulator import Emulator, Reply, SummarizingResponder
-from .harness import MAX_REASON, api_message
+from .harness import MAX_REASON, api_message, check_strategy
 
 __all__ = ["STEP_ATTEMPTS", "Fact", "Task", "TaskResult", "TaskScript", "make_task", "run_task"]
 
@@ -212,8 +211,7 @@ class TaskResult:
 def run_task(task: Task, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 50_000) -> TaskResult:
     """Run one task under one strategy through the SDK and the emulator (a task has no pause, so
     ``name+idle`` runs as ``name``)."""
-    name, strategy = strategy, strategy.removesuffix("+idle")
-    get_strategy(strategy)
+    name, strategy = strategy, check_strategy(strategy)
     t0 = time.perf_counter()
     script = TaskScript(task)
     res = TaskResult(task.name, name, window, False, 0, task.quotes, 0, 0.0, 0.0)
