@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # Nothing heavy at import: `cachecompact --help` and argument errors answer before the SDK and
 # the engine load; each command imports what it uses.
 if TYPE_CHECKING:
+    from ..engine.options import EngineOptions
     from ..history.session import Session
 
 DEFAULT_STORE = ".cachecompact/sessions"  # wrap()'s default store
@@ -265,6 +266,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 
+def _proxy_engine_options(args: argparse.Namespace) -> EngineOptions | None:
+    """The engine settings among the proxy's flags, or None: without them nothing loads the
+    compaction runtime, so observe mode stays light."""
+    if args.recent_tokens is None and args.lookback_coverage is None:
+        return None
+    from ..engine.options import EngineOptions
+
+    return EngineOptions(recent_tokens=args.recent_tokens, lookback_coverage=args.lookback_coverage)
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Run the proxy until interrupted."""
     from ..adapters.proxy import Proxy, ProxyConfig
@@ -274,9 +285,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
                       window_tokens=args.window, idle_compaction=args.idle_compaction,
                       summary_model=args.summary_model,
-                      engine_options={k: v for k, v in (("recent_tokens", args.recent_tokens),
-                                                        ("lookback_coverage", args.lookback_coverage))
-                                      if v is not None})
+                      engine_options=_proxy_engine_options(args))
     cfg.check()
     proxy = Proxy(cfg)
 

@@ -48,7 +48,8 @@ def test_every_adapter_refuses_a_bad_setting_with_the_same_line(settings: dict[s
     proxy_settings = {k: v for k, v in settings.items() if k not in ("strategy", "session_id", "window_tokens")}
     if proxy_settings == settings:  # --strategy and --window-tokens are the proxy's own flags; no session id
         with pytest.raises(error) as proxied:
-            make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options=proxy_settings))
+            make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact",
+                                 engine_options=EngineOptions(**proxy_settings)))
         assert str(proxied.value) == str(direct.value)
     assert str(mw.value) == str(wrapped.value) == str(direct.value)
 
@@ -79,8 +80,38 @@ def test_the_strategy_config_carries_the_knob_and_a_fixed_ttl() -> None:
 
 
 def test_the_proxy_refuses_engine_options_that_its_own_flags_set() -> None:
-    with pytest.raises(ConfigError, match="engine_options must not set strategy"):
+    with pytest.raises(ConfigError, match="engine_options must not set strategy, window_tokens"):
+        make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact",
+                             engine_options=EngineOptions(strategy="none", window_tokens=50_000)))
+
+
+def test_the_proxy_builds_its_engine_from_typed_options() -> None:
+    """`ProxyConfig.engine_options` is an `EngineOptions`; the proxy's own fields set the
+    strategy, window and clock, and the rest reach the engine as given. Observe mode refuses
+    them, naming each one, without loading the compaction runtime to read them."""
+    from cachecompact.adapters.proxy.state import ProxyState
+
+    state = ProxyState(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", window_tokens=60_000,
+                                   engine_options=EngineOptions(recent_tokens=4_000, ttl="1h")))
+    try:
+        assert state.engine is not None
+        got = state.engine.options
+        assert (got.recent_tokens, got.ttl, got.window_tokens, got.strategy) == (4_000, "1h", 60_000, "cachecompact")
+    finally:
+        state.close()
+    with pytest.raises(ConfigError, match="--ttl, --recent-tokens apply only with --mode compact"):
+        ProxyConfig(engine_options=EngineOptions(recent_tokens=4_000, ttl="1h")).check()
+    with pytest.raises(ConfigError, match="engine_options must be an EngineOptions, got int"):
+        ProxyConfig(mode="compact", engine_options=3).check()  # type: ignore[arg-type]
+
+
+def test_a_dict_of_engine_options_still_works_with_a_warning() -> None:
+    """The 0.3 form, read until 0.4."""
+    with (pytest.warns(DeprecationWarning, match="engine_options as a dict is read until 0.4"),
+          pytest.raises(ConfigError, match="engine_options must not set strategy")):
         make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options={"strategy": "none"}))
+    with pytest.warns(DeprecationWarning):
+        make_app(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", engine_options={"recent_tokens": 10}))
 
 
 class _OneHour(OpenHandsCondenser):

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ...base.errors import ConfigError
 from ...base.pricing import get_model
 from ...base.values import ProxyMode
 from ...store import Store
+
+if TYPE_CHECKING:  # type-only: observe mode never loads the compaction runtime (the `observe` contract)
+    from ...engine.options import EngineOptions
 
 __all__ = ["ProxyConfig", "is_loopback"]
 
@@ -28,7 +33,9 @@ class ProxyConfig:
     strategy: str = "cachecompact"
     window_tokens: int | None = None
     max_connections: int = 200
-    engine_options: dict[str, Any] = field(default_factory=dict)
+    # compact mode's other engine settings (``recent_tokens``, ``lookback_coverage``, ``ttl``, ...);
+    # the proxy's own fields set its strategy, window and clock. A dict of them is read until 0.4.
+    engine_options: EngineOptions | Mapping[str, Any] | None = None
     # compact mode: summarize a quiet session before its cache expires when it pays, on the
     # session's last credential, held in memory until then (`held_credentials`); off by default
     idle_compaction: bool = False
@@ -54,7 +61,7 @@ class ProxyConfig:
             raise ConfigError("--keep-bodies needs --store (bodies are kept in the store)")
         if self.mode == "observe" and self.strategy != "cachecompact":
             raise ConfigError(f"--strategy {self.strategy} applies only with --mode compact")
-        knobs = [f"--{k.replace('_', '-')}" for k in self.engine_options]
+        knobs = [f"--{k.replace('_', '-')}" for k in self.engine_settings()]
         knobs += ["--window"] if self.window_tokens is not None else []
         knobs += ["--idle-compaction"] if self.idle_compaction else []
         knobs += ["--summary-model"] if self.summary_model is not None else []
@@ -68,6 +75,22 @@ class ProxyConfig:
             # silently ignored, and the user would believe it took effect
             raise ConfigError(f"{', '.join(knobs)} {'applies' if len(knobs) == 1 else 'apply'} only with --mode "
                               "compact (observe mode changes nothing)")
+
+
+    def engine_settings(self) -> list[str]:
+        """The names of the engine settings ``engine_options`` sets (its fields that differ from
+        their defaults), read without importing the engine: observe mode checks them too."""
+        o = self.engine_options
+        if o is None:
+            return []
+        if isinstance(o, Mapping):
+            warnings.warn("ProxyConfig.engine_options as a dict is read until 0.4; pass "
+                          "cachecompact.EngineOptions(...) instead", DeprecationWarning, stacklevel=3)
+            return list(o)
+        if not dataclasses.is_dataclass(o):
+            raise ConfigError(f"engine_options must be an EngineOptions, got {type(o).__name__}")
+        return [f.name for f in dataclasses.fields(o)
+                if f.default is not dataclasses.MISSING and getattr(o, f.name) != f.default]
 
 
 def is_loopback(host: str) -> bool:

@@ -5,6 +5,7 @@ after its response, on one queue-fed thread so a session's records stay in order
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -79,12 +80,17 @@ class ProxyState:
                 return CallerKeySummarizer(upstream, chosen or model or DEFAULT_SUMMARY_MODEL, mode, creds,
                                            clock=simulated)
 
-            clash = sorted({"strategy", "window_tokens"} & set(cfg.engine_options))
+            clash = sorted({"strategy", "window_tokens", "clock"} & set(cfg.engine_settings()))
             if clash:
-                raise ConfigError(f"engine_options must not set {', '.join(clash)}: the proxy's --strategy and "
-                                  "--window-tokens set them")
-            options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
-                                              "clock": self.clock, **cfg.engine_options})  # fails before listening
+                raise ConfigError(f"engine_options must not set {', '.join(clash)}: the proxy's strategy, "
+                                  "window_tokens and clock (--strategy, --window) set them")
+            given = cfg.engine_options
+            if isinstance(given, EngineOptions):  # checked again with the proxy's own fields: fails before listening
+                options = dataclasses.replace(given, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
+                                              clock=self.clock)
+            else:
+                options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
+                                                  "clock": self.clock, **(given or {})})
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
