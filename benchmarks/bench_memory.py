@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact.adapters.httpserver import MAX_BODY  # noqa: E402
-from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.bench.bench_report import publish  # noqa: E402
 
 MODEL = "claude-sonnet-4-6"
 MB = 1 << 20

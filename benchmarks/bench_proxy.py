@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact.adapters.httpserver import spawn_cli_server as _start  # noqa: E402
-from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.bench.bench_report import publish  # noqa: E402
 
 BODY = {"model": "claude-haiku-4-5", "max_tokens": 16,
         "system": [{"type": "text", "text": "You are a terse assistant. " * 200,

@@ -30,8 +30,8 @@ from typing import Any
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.base.values import Answer
 from cachecompact.compaction.summarize.extractive import block_texts
-from cachecompact.engine.core import CompactionEngine
-from cachecompact.tools.bench.report import publish
+from cachecompact.engine.request_cycle import CompactionEngine
+from cachecompact.tools.bench.bench_report import publish
 from cachecompact.tools.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 

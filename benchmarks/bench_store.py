@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachecompact.base.values import Answer  # noqa: E402
-from cachecompact.engine.core import CompactionEngine  # noqa: E402
+from cachecompact.engine.request_cycle import CompactionEngine  # noqa: E402
 from cachecompact.store import FileStore, Store, open_store  # noqa: E402
 from cachecompact.store.postgres import migrate  # noqa: E402
-from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.bench.bench_report import publish  # noqa: E402
 
 USAGE = {"input_tokens": 10, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 300,
          "output_tokens": 50}

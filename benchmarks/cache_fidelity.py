@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cachecompact.tools.bench.bench_report import publish
 from cachecompact.tools.bench.fidelity import session_fidelity, summarize
-from cachecompact.tools.bench.report import publish
 from cachecompact.tools.traces import default_trace_dir, discover
 
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
 from cachecompact.compaction.policy import Economics, LevelSettings, PolicyConfig, Triggers
+from cachecompact.tools.bench.bench_report import LONG_TURNS, publish
 from cachecompact.tools.bench.harness import TraceResult, replay
-from cachecompact.tools.bench.report import LONG_TURNS, publish
 from cachecompact.tools.bench.run import load_corpus, split_halves
 from cachecompact.tools.traces import Trace, default_trace_dir
 

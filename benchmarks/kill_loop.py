@@ -69,7 +69,7 @@ def main() -> int:
     from cachecompact import Session
     from cachecompact.base.errors import SessionNotFoundError
     from cachecompact.store import half_made
-    from cachecompact.tools.bench.report import publish
+    from cachecompact.tools.bench.bench_report import publish
 
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="cachecompact-kill-"))

@@ -37,7 +37,7 @@ import time
 
 from cachecompact.compaction.catalog import CachecompactConfig, register_strategy
 from cachecompact.compaction.policy import LevelSettings, PolicyConfig
-from cachecompact.tools.bench.report import LONG_TURNS, aggregate
+from cachecompact.tools.bench.bench_report import LONG_TURNS, aggregate
 from cachecompact.tools.bench.run import OWN_WINDOW, BenchResult, run_bench, window_label
 from cachecompact.tools.traces import default_trace_dir
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from cachecompact import Session  # noqa: E402
 from cachecompact.history.ledger import ReplaceWithSummary, SkipRange  # noqa: E402
-from cachecompact.tools.bench.report import publish  # noqa: E402
+from cachecompact.tools.bench.bench_report import publish  # noqa: E402
 from cachecompact.tools.cli import main as cli  # noqa: E402
 from tests.conftest import SYSTEM, TOOLS, history  # noqa: E402
 

@@ -32,7 +32,7 @@ from cachecompact.compaction.gaps import GapMeter
 from cachecompact.compaction.policy import choose_ttls
 from cachecompact.tools.logs import RecordedSession, rebuild_calls
 from cachecompact.tools.traces import discover
-from cachecompact.tools.traces.claude_code import load_claude_code
+from cachecompact.tools.traces.claude_code_logs import load_claude_code
 
 MODES = ("5m", "1h", "chosen")
 

@@ -20,7 +20,7 @@ import anthropic
 
 import cachecompact
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ReplayResponder, SummarizingResponder
-from cachecompact.tools.report import session_report
+from cachecompact.tools.session_report import session_report
 from cachecompact.tools.traces import default_trace_dir, discover, load_trace, synthetic_trace
 
 

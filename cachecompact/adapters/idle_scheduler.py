@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ..base.values import IdleDecision
 
 if TYPE_CHECKING:  # the proxy's state imports this module in observe mode too: it loads no engine
-    from ..engine.core import CompactionEngine
+    from ..engine.request_cycle import CompactionEngine
 
 __all__ = ["CLOSED_POLL_S", "Clock", "CredentialKeeper", "IdleScheduler", "SimulatedClock", "WallClock"]
 

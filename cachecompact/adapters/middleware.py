@@ -43,8 +43,8 @@ from ..base.values import Answer, ContextFull, IdleDecision, SummaryMode
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
-from ..engine.core import STILL_TOO_LONG, CompactionEngine, Prepared, SummarizerFactory
 from ..engine.options import EngineOptions
+from ..engine.request_cycle import STILL_TOO_LONG, CompactionEngine, Prepared, SummarizerFactory
 from ..history.session import Session
 from ..store import Store
 from .idle_scheduler import IdleScheduler, clock_of

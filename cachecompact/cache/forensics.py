@@ -48,7 +48,7 @@ from typing import Any, Protocol
 from ..base.pricing import ModelInfo, OwnPrices, priced
 from ..base.values import MISS_CLASSES, TTL, MissClass
 from ..base.wire import canonical_bytes
-from .model import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
+from .cache_keys import LOOKBACK, TTL_SECONDS, chain_step, first_mismatch, next_position, thinking_key
 from .simulator import SimRequest
 
 __all__ = [

@@ -39,7 +39,7 @@ from ..base.wire import (
     system_from_param,
     tool_from_dict,
 )
-from .model import (
+from .cache_keys import (
     LOOKBACK,
     MAX_BREAKPOINTS,
     TTL_SECONDS,

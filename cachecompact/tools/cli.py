@@ -225,7 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Per-session cache report: hit rate over time, breaks and causes, cost, compactions."""
-    from .report import plot_session, session_data, session_report
+    from .session_report import plot_session, session_data, session_report
 
     sess = _open(args)
     print(session_report(sess, detail=not args.summary), flush=True)  # the text first: a failing plot must not lose it
@@ -243,7 +243,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Replay traces and run the tasks under every strategy; print tables; write results, report, plots."""
     import shlex
 
-    from .bench.report import text_report, write_outputs
+    from .bench.bench_report import text_report, write_outputs
     from .bench.run import DEFAULT_WINDOWS, run_bench, window_label
 
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table

@@ -32,8 +32,8 @@ from ..base.tokens import TokenCounter
 from ..base.values import TTL
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
 from ..cache.simulator import SimBlock, SimRequest, message_blocks
-from .traces.claude_code import IDLE_KIND, load_claude_code
-from .traces.model import Trace
+from .traces.claude_code_logs import IDLE_KIND, load_claude_code
+from .traces.trace_model import Trace
 
 __all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "billed", "fit_line", "forensics_of_log",
            "rebuild_calls", "summarize_logs", "written_ttl"]

@@ -31,10 +31,10 @@ from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chanc
 from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.policy import Economy
 from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
-from cachecompact.engine.core import CompactionEngine, Prepared
+from cachecompact.engine.request_cycle import CompactionEngine, Prepared
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 from cachecompact.tools.emulator.responders import Reply
-from cachecompact.tools.report import session_data
+from cachecompact.tools.session_report import session_data
 
 GOAL = "Task: fix the failing parser tests in parser.py and report what changed."
 MODEL = "claude-sonnet-4-6"

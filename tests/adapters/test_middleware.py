@@ -128,7 +128,7 @@ def test_sync_client_compacts_and_records(tmp_path: Path, stream: bool) -> None:
     reads = sum(r["usage"]["cache_read_input_tokens"] for r in sent)
     assert reads / sum(r["total_input_tokens"] for r in sent) > 0.5
     # the report's total is what the emulator billed (agent requests and summaries)
-    from cachecompact.tools.report import session_data
+    from cachecompact.tools.session_report import session_data
 
     assert session_data(s)["cost"]["total_usd"] == pytest.approx(billed, rel=1e-6)
 

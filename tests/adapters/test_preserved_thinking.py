@@ -23,7 +23,7 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.pricing import PRESERVED_THINKING
 from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
-from cachecompact.tools.report import session_report
+from cachecompact.tools.session_report import session_report
 
 TOOLS = [{"name": "read", "description": "Read a file.",
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]

@@ -171,7 +171,7 @@ def test_our_own_compactions_are_their_own_class_never_a_cache_miss(tmp_path: Pa
     from cachecompact.base.pricing import priced
     from cachecompact.cache.forensics import is_compaction_rewrite, rewrite_cost
     from cachecompact.store import FileStore
-    from cachecompact.tools.report import session_data, session_report
+    from cachecompact.tools.session_report import session_data, session_report
 
     events: list[Event] = []
     system = "You are a careful agent. " * 300

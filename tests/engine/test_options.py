@@ -128,7 +128,7 @@ class _OneHourConfig(OpenHandsConfig):
 
 def test_a_strategy_that_names_only_its_ttl_gets_it() -> None:
     """`ChoosesTTL` and `ChoosesPrefixTTL` are separate: a ``ttl`` alone is honoured, for every breakpoint."""
-    from cachecompact.engine.core import CompactionEngine
+    from cachecompact.engine.request_cycle import CompactionEngine
 
     eng = CompactionEngine(None, strategy=_OneHourConfig(), summarizer=None)
     body = {"model": "claude-sonnet-4-6", "max_tokens": 50, "system": "You are careful. " * 400,

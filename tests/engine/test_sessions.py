@@ -24,8 +24,8 @@ from cachecompact.adapters.middleware import SESSION_HEADER
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.events import Event
 from cachecompact.base.values import Answer
-from cachecompact.engine.core import CompactionEngine
 from cachecompact.engine.identity import RequestHistory, decide
+from cachecompact.engine.request_cycle import CompactionEngine
 from cachecompact.history.transcript import message_hash
 from cachecompact.store import FileStore, open_store
 from cachecompact.tools.emulator import Emulator, ScriptedResponder
@@ -143,7 +143,7 @@ def test_three_async_agents_with_one_opening_get_three_unlinked_sessions(tmp_pat
     import asyncio
     import uuid
 
-    from cachecompact.tools.report import conversation_segments
+    from cachecompact.tools.session_report import conversation_segments
 
     events: list[Event] = []
 
@@ -418,7 +418,7 @@ def test_a_timestamp_in_the_system_prompt_is_reported_in_wrap(tmp_path: Path, ca
     sids = store.list()
     linked = [Session.open(store, s, readonly=True).link for s in sids]
     assert sum(lk is None for lk in linked) == 1  # one conversation: every other segment is linked
-    from cachecompact.tools.report import conversation_data, conversation_segments, session_report
+    from cachecompact.tools.session_report import conversation_data, conversation_segments, session_report
     root = next(s for s, lk in zip(sids, linked, strict=True) if lk is None)
     for sid in (root, sids[-1]):  # from the first session or the last one: the whole conversation
         data = conversation_data(conversation_segments(store, sid))

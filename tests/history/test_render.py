@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cachecompact import ImmutablePrefixError, InvalidEditError, ReplaceWithSummary, Session, SkipRange
-from cachecompact.cache.model import LOOKBACK
+from cachecompact.cache.cache_keys import LOOKBACK
 from cachecompact.history.render import RenderResult
 from cachecompact.tools.emulator.validation import count_breakpoints, validate_request
 

@@ -14,10 +14,10 @@ import pytest
 from cachecompact.base.identifiers import digest, identifiers
 from cachecompact.base.pricing import get_model
 from cachecompact.compaction.catalog import strategy_names
+from cachecompact.tools.bench.bench_report import TRACE_LEGEND, WIDTH
 from cachecompact.tools.bench.harness import replay
 from cachecompact.tools.bench.oracle import oracle_cost
 from cachecompact.tools.bench.recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
-from cachecompact.tools.bench.report import TRACE_LEGEND, WIDTH
 from cachecompact.tools.bench.run import load_corpus, split_halves
 from cachecompact.tools.bench.tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
 from cachecompact.tools.cli import main
@@ -220,8 +220,8 @@ def test_synthetic_corpus_is_chosen_explicitly() -> None:
 
 def test_cheaper_than_ours_is_paired_over_the_traces_both_finished() -> None:
     # a peer that fails the expensive trace looks cheaper in totals; paired, it is not
+    from cachecompact.tools.bench.bench_report import aggregate, cheaper_than_ours, dominated_by
     from cachecompact.tools.bench.harness import TraceResult
-    from cachecompact.tools.bench.report import aggregate, cheaper_than_ours, dominated_by
     from cachecompact.tools.bench.run import BenchResult
 
     def res(trace: str, strategy: str, cost: float, recall: float, done: bool = True) -> TraceResult:
@@ -309,7 +309,7 @@ def test_the_recall_frontier_bounds_what_recency_can_reach(monkeypatch: pytest.M
 def test_each_trace_is_priced_by_its_recorded_model_and_runs_at_its_own_window() -> None:
     from msgspec.structs import replace
 
-    from cachecompact.tools.bench.report import aggregate
+    from cachecompact.tools.bench.bench_report import aggregate
     from cachecompact.tools.bench.run import OWN_WINDOW, run_bench, trace_model
     from cachecompact.tools.traces import synthetic_trace
 
@@ -378,7 +378,7 @@ def test_as_model_replays_recorded_thinking_under_todays_rules(tmp_path: Path,
     """Issue 38: recorded thinking goes back into the replay, bound where it is first sent and
     billed from the recorded usage; every strategy runs under the same rules; the new columns
     are measured by the emulator, not by the product's own accounting."""
-    from cachecompact.tools.bench.report import THINKING_LEGEND
+    from cachecompact.tools.bench.bench_report import THINKING_LEGEND
     from cachecompact.tools.bench.run import run_bench
 
     corpus = [_thinking_trace(s) for s in (1, 2)]

@@ -17,7 +17,7 @@ from cachecompact.cache.forensics import Finding, Forensics, Snapshot, snapshot_
 from cachecompact.cache.simulator import SimBlock, SimRequest
 from cachecompact.tools.cli import main
 from cachecompact.tools.logs import forensics_of_log, rebuild_calls, summarize_logs
-from cachecompact.tools.traces.claude_code import load_claude_code
+from cachecompact.tools.traces.claude_code_logs import load_claude_code
 
 from ..conftest import SHARED_TRACES
 

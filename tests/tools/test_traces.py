@@ -239,7 +239,7 @@ def test_compact_and_microcompact_boundaries_are_understood(tmp_path: Path) -> N
     """``compact_boundary`` marks where Claude Code compacted; ``microcompact_boundary`` where it
     cleared old results. The replay keeps the whole conversation and records both; the billing
     view (keep_compaction) shows what was sent: the cleared results after a microcompact."""
-    from cachecompact.tools.traces.claude_code import CLEARED, load_claude_code
+    from cachecompact.tools.traces.claude_code_logs import CLEARED, load_claude_code
 
     log = _cc_log(tmp_path / "c.jsonl", [
         {"type": "user", "message": {"role": "user", "content": "work"}},
@@ -309,7 +309,7 @@ def test_an_idle_compaction_is_told_from_one_at_a_persons_return(tmp_path: Path,
     """Claude Code 2.1.286+ compacts a session about 55 minutes after the last reply. The trigger's
     spelling for it is not in any stored source, so the schedule tells it too; forensics then says
     "idle compaction" for the re-write after it (the class stays ``client_compaction``)."""
-    from cachecompact.tools.traces.claude_code import load_claude_code
+    from cachecompact.tools.traces.claude_code_logs import load_claude_code
 
     tool_run = boundary_at == "tool"  # the reply calls a tool whose result comes 55 minutes later
     boundary_at = "10:55:30" if tool_run else boundary_at

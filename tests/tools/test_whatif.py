@@ -12,7 +12,7 @@ import pytest
 
 from cachecompact.base.pricing import model_prices
 from cachecompact.tools.cli import main
-from cachecompact.tools.traces.claude_code import load_claude_code
+from cachecompact.tools.traces.claude_code_logs import load_claude_code
 from cachecompact.tools.whatif import BASELINE, BASELINE_IDLE, OPTIONS, recorded_cost
 
 MODEL = "claude-sonnet-4-6"

@@ -22,7 +22,7 @@ after the response), `observe` (per-session records), `upstream` (the pooled cli
 from ...engine.identity import session_hint
 from .config import ProxyConfig
 from .observe import Observer
-from .server import Proxy, make_app
+from .proxy_app import Proxy, make_app
 from .state import ProxyState
 
 __all__ = ["Observer", "Proxy", "ProxyConfig", "ProxyState", "make_app", "session_hint"]

@@ -24,7 +24,7 @@ from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamRespo
 
 if TYPE_CHECKING:
     from ...cache.forensics import Finding
-    from ...engine.core import Prepared
+    from ...engine.request_cycle import Prepared
 
 __all__ = ["UPSTREAM", "Handlers"]
 

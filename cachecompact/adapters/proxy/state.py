@@ -31,7 +31,7 @@ from .tap import ResponseTap
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
-    from ...engine.core import CompactionEngine, Prepared, Retry
+    from ...engine.request_cycle import CompactionEngine, Prepared, Retry
     from ..idle_scheduler import IdleScheduler
     from .held_credentials import HeldCredentials
 
@@ -70,8 +70,8 @@ class ProxyState:
         self.held: HeldCredentials | None = None
         if cfg.mode == "compact":
             from ...compaction.summarize.caller_key import CallerKeySummarizer
-            from ...engine.core import CompactionEngine
             from ...engine.options import EngineOptions
+            from ...engine.request_cycle import CompactionEngine
 
             creds = self.creds
             upstream, chosen, simulated = cfg.upstream, cfg.summary_model, cfg.clock

@@ -7,7 +7,7 @@ Three parts: `blocks` (every rendered block built once and shared by identity), 
 without ``cache_control`` (see `cachemodel`).
 """
 
-from ...cache.model import first_mismatch
+from ...cache.cache_keys import first_mismatch
 from .blocks import RenderedBlock, RenderedMessage, cleared_placeholder, summary_text
 from .breakpoints import plan_breakpoints
 from .renderer import EMPTY_PREFIX_HASH, Renderer

@@ -23,7 +23,7 @@ from ...base.wire import (
     canonical_bytes,
     content_blocks,
 )
-from ...cache.model import block_key, is_cacheable, tool_key
+from ...cache.cache_keys import block_key, is_cacheable, tool_key
 from ..ledger import LedgerEntry
 from ..transcript import Transcript
 

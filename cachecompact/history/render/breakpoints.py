@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...cache.model import LOOKBACK, MAX_BREAKPOINTS
+from ...cache.cache_keys import LOOKBACK, MAX_BREAKPOINTS
 
 __all__ = ["plan_breakpoints"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...cache.model import RUN_KINDS, chain_step
+from ...cache.cache_keys import RUN_KINDS, chain_step
 from .blocks import RenderedBlock, RenderedMessage
 
 __all__ = ["ChainArrays"]

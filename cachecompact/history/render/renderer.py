@@ -18,7 +18,7 @@ from ...base.errors import ImmutablePrefixError
 from ...base.tokens import TokenCounter
 from ...base.values import TTL
 from ...base.wire import TextBlock, ToolDef
-from ...cache.model import chain_step
+from ...cache.cache_keys import chain_step
 from ..ledger import Ledger, LedgerEntry, split_effective
 from ..thinking import DROP_BLOCK, ThinkingPlan, plan_thinking
 from ..transcript import Transcript

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...base.values import TTL
 from ...base.wire import canonical_bytes
-from ...cache.model import first_mismatch
+from ...cache.cache_keys import first_mismatch
 from ..ledger import LedgerEntry
 from ..thinking import BINDING_BETA, ThinkingPlan
 from .blocks import RenderedBlock

@@ -1,8 +1,8 @@
 """A local emulator of the Anthropic Messages API that bills by the documented cache rules."""
 
-from .core import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
+from .emulator_http import Emulator
+from .request_handling import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
 from .responders import ReplayResponder, Reply, Responder, ScriptedResponder, SummarizingResponder, fill_schema
-from .server import Emulator
 
 __all__ = [
     "CLOCK_HEADER",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ...base.errors import MalformedMessageError
-from ...cache.model import MAX_BREAKPOINTS
+from ...cache.cache_keys import MAX_BREAKPOINTS
 
 __all__ = ["MessageInfo", "check_message", "check_pairing", "check_request", "count_breakpoints",
            "validate_messages", "validate_request"]

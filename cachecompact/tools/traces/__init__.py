@@ -13,10 +13,10 @@ from typing import Any
 
 from ...base.errors import MalformedMessageError
 from ...base.wire import message_from_dict, system_from_param, tool_from_dict
-from .claude_code import is_claude_code, load_claude_code
+from .claude_code_logs import is_claude_code, load_claude_code
 from .mini_swe import BASH_TOOL, load_openai_chat
-from .model import Trace, TraceFormatError, parse_time
 from .synthetic import SyntheticSpec, synthetic_trace
+from .trace_model import Trace, TraceFormatError, parse_time
 
 __all__ = [
     "BASH_TOOL",

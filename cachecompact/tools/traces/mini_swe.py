@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._repair import repair_pairing
-from .model import Trace, TraceFormatError, parse_time
+from .trace_model import Trace, TraceFormatError, parse_time
 
 __all__ = ["BASH_TOOL", "openai_to_anthropic"]
 

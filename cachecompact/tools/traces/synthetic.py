@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from .mini_swe import BASH_TOOL
-from .model import Trace
+from .trace_model import Trace
 
 __all__ = ["SyntheticSpec", "synthetic_trace"]
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ...adapters.httpserver import ServerThread, api_errors, read_body, serve_forever
 from .binding import ThinkingRules
-from .core import EmulatorCore, FaultConfig, HttpReply
+from .request_handling import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder, ResponderFn
 
 __all__ = ["Emulator", "make_app"]

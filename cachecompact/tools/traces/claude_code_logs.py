@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._repair import repair_pairing
-from .model import Trace, TraceFormatError, parse_time
+from .trace_model import Trace, TraceFormatError, parse_time
 
 __all__ = ["CLEARED", "is_claude_code", "load_claude_code", "threads"]
 
