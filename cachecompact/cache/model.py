@@ -1,0 +1,18 @@
+"""`cachecompact.cache.model`, kept for one release.
+
+It moved to `cachecompact.cache.cache_keys`.
+
+Importing the old path warns (DeprecationWarning) and gives the new module itself, so every
+name, private ones and patches included, is the same object. Import `cachecompact.cache.cache_keys`.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from . import cache_keys as _moved
+from .cache_keys import *  # noqa: F403
+
+warnings.warn(f"{__name__} moved to {_moved.__name__}; the old path goes in 0.5", DeprecationWarning, stacklevel=2)
+sys.modules[__name__] = _moved
