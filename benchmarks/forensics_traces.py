@@ -13,8 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cachecompact.tools._logs import summarize_logs  # noqa: E402
 from cachecompact.tools.bench.bench_report import publish  # noqa: E402
-from cachecompact.tools.logs import summarize_logs  # noqa: E402
 from cachecompact.tools.traces import default_trace_dir, discover  # noqa: E402
 
 

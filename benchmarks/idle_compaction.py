@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachecompact.tools._whatif import recorded_ttl
 from cachecompact.tools.bench.run import OWN_WINDOW, run_bench
 from cachecompact.tools.traces import default_trace_dir, discover, load_trace
-from cachecompact.tools.whatif import recorded_ttl
 
 STRATEGIES = ("none", "claude-code", "claude-code@5m", "claude-code+idle", "claude-code@5m+idle", "cachecompact",
               "cachecompact+idle")

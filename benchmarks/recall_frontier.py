@@ -21,7 +21,7 @@ strategies that get their recall by keeping the newest history verbatim, for a b
 
 The history is the one the bench sends (thinking blocks are not replayed), token counts are
 the emulator's (`request_from_body`), and recall and re-read charges come from the bench's own
-probe (`cachecompact.tools.bench.recall`). The measured rows come from
+probe (`cachecompact.tools.bench._recall`). The measured rows come from
 `cachecompact.tools.bench.harness.replay` on the same traces in the same run. Skips when
 ../shared/traces is absent.
 """
@@ -42,11 +42,11 @@ from cachecompact.base.pricing import get_model
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.cache.simulator import request_from_body
 from cachecompact.history.transcript import Transcript, immutable_prefix_end
+from cachecompact.tools.bench._recall import _visible, evidence_table, request_text, reread_cost
 from cachecompact.tools.bench.bench_report import LONG_TURNS, publish
 from cachecompact.tools.bench.harness import MAX_TOKENS, replay
-from cachecompact.tools.bench.recall import _visible, evidence_table, request_text, reread_cost
 from cachecompact.tools.bench.run import load_corpus, split_halves, trace_set
-from cachecompact.tools.emulator.request_handling import output_tokens
+from cachecompact.tools.emulator._request_handling import output_tokens
 from cachecompact.tools.emulator.responders import replayed_blocks
 from cachecompact.tools.traces import Trace, default_trace_dir
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from cachecompact.base.pricing import model_prices
 from cachecompact.base.tokens import TokenCounter
 from cachecompact.cache.simulator import CacheSimulator, SimBlock, SimRequest
-from cachecompact.compaction.gaps import GapMeter
+from cachecompact.compaction._gaps import GapMeter
 from cachecompact.compaction.policy import choose_ttls
-from cachecompact.tools.logs import RecordedSession, rebuild_calls
+from cachecompact.tools._logs import RecordedSession, rebuild_calls
 from cachecompact.tools.traces import discover
 from cachecompact.tools.traces.claude_code_logs import load_claude_code
 

@@ -179,10 +179,10 @@ def test_each_folder_is_a_layer() -> None:
     ("base/wire.py", "from ..tools import cli", "cachecompact.base is not allowed to import cachecompact.tools"),
     ("cache/simulator.py", "from ..history import ledger",
      "cachecompact.cache is not allowed to import cachecompact.history"),
-    ("tools/emulator/request_handling.py", "from ...engine import request_cycle",
+    ("tools/emulator/_request_handling.py", "from ...engine import request_cycle",
      "cachecompact.tools.emulator is not allowed to import "
                                                                "cachecompact.engine"),
-    ("engine/registry.py", "from .. import strategies", "cachecompact.engine is not allowed to import "
+    ("engine/_registry.py", "from .. import strategies", "cachecompact.engine is not allowed to import "
                                                          "cachecompact.strategies"),
 ])
 def test_a_bad_import_fails_the_rules(tmp_path: Path, module: str, bad_import: str, message: str) -> None:
@@ -202,11 +202,11 @@ def test_a_bad_import_fails_the_rules(tmp_path: Path, module: str, bad_import: s
     ("cachecompact.strategies", "cachecompact.compaction.catalog", "register"),
     ("cachecompact.strategies", "cachecompact.compaction.peers", "OpenHandsConfig"),
     ("cachecompact.engine.sessions", "cachecompact.engine.identity", "decide"),
-    ("cachecompact.engine.sessions", "cachecompact.engine.registry", "SessionRegistry"),
+    ("cachecompact.engine.sessions", "cachecompact.engine._registry", "SessionRegistry"),
     ("cachecompact.engine.core", "cachecompact.engine.request_cycle", "CompactionEngine"),
-    ("cachecompact.tools.emulator.core", "cachecompact.tools.emulator.request_handling", "EmulatorCore"),
-    ("cachecompact.tools.emulator.server", "cachecompact.tools.emulator.emulator_http", "Emulator"),
-    ("cachecompact.adapters.proxy.server", "cachecompact.adapters.proxy.proxy_app", "Proxy"),
+    ("cachecompact.tools.emulator.core", "cachecompact.tools.emulator._request_handling", "EmulatorCore"),
+    ("cachecompact.tools.emulator.server", "cachecompact.tools.emulator._emulator_http", "Emulator"),
+    ("cachecompact.adapters.proxy.server", "cachecompact.adapters.proxy._proxy_app", "Proxy"),
     ("cachecompact.tools.report", "cachecompact.tools.session_report", "session_report"),
     ("cachecompact.tools.bench.report", "cachecompact.tools.bench.bench_report", "TRACE_LEGEND"),
     ("cachecompact.cache.model", "cachecompact.cache.cache_keys", "block_key"),
@@ -224,6 +224,67 @@ def test_the_documented_old_paths_work_for_one_release(old: str, new: str, name:
     assert name in alias.__all__
 
 
+def _package_imports() -> dict[str, set[str]]:
+    """Every module of the package that each module imports (relative imports resolved; `from
+    X import name` counts X and X.name), read from the source, old paths left out."""
+    import ast
+
+    aliases = _old_paths()
+    mods: dict[str, Path] = {}
+    for p in PKG.rglob("*.py"):
+        parts = ["cachecompact", *p.relative_to(PKG).with_suffix("").parts]
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    out: dict[str, set[str]] = {m: set() for m in mods if m not in aliases}
+    for m in out:
+        p = mods[m]
+        pkg = m.split(".") if p.name == "__init__.py" else m.split(".")[:-1]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = pkg[: len(pkg) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [target, *(f"{target}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            out[m] |= {n for n in names if n in mods}
+    return out
+
+
+def test_a_private_module_is_used_only_by_its_own_folder() -> None:
+    """CONTRIBUTING.md, *Public and private*: a `_` module is imported by its own folder alone
+    (its siblings, the folder's `__init__.py` and what lies below it); a module another folder
+    needs is public."""
+    imports = _package_imports()
+    private = [m for m in imports if "." in m and m.rsplit(".", 1)[1].startswith("_")
+               and not m.endswith(".__main__")]
+    assert len(private) >= 30
+    for m in private:
+        folder = m.rsplit(".", 1)[0]
+        outside = sorted(i for i, targets in imports.items() if m in targets
+                         and not (i == folder or i.startswith(folder + ".")))
+        assert not outside, f"{m} is private but {', '.join(outside)} import it: make it public or move the use"
+
+
+def test_every_old_path_warns_and_hands_over_its_new_module() -> None:
+    """Each module of the `aliases` contract is only an alias: importing it warns, names where
+    it went, and gives that module itself (so a patch of the old path patches the new one)."""
+    import importlib
+    import warnings
+
+    old_paths = sorted(_old_paths())
+    assert len(old_paths) >= 40
+    for old in old_paths:
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert any(m.startswith(f"{old} moved to ") for m in said), (old, said)
+        if module.__name__ != old:  # a module's alias hands it over; a package's re-exports
+            assert any(f"moved to {module.__name__}" in m for m in said), (old, said)
+
+
 def test_observe_mode_does_not_load_the_compaction_runtime() -> None:
     """A proxy in observe mode forwards and analyses; the compactor, the engine and the session
     machinery load only in compact mode (the static half is the "observe" contract)."""
@@ -231,7 +292,7 @@ def test_observe_mode_does_not_load_the_compaction_runtime() -> None:
              "from cachecompact.adapters.proxy import ProxyConfig, make_app\n"
              "make_app(ProxyConfig(upstream='http://127.0.0.1:9', mode=sys.argv[1]))\n"
              "print(' '.join(sorted(m for m in sys.modules if m.startswith(('cachecompact.compaction', "
-             "'cachecompact.engine.request_cycle', 'cachecompact.engine.registry', "
+             "'cachecompact.engine.request_cycle', 'cachecompact.engine._registry', "
              "'cachecompact.history.session')))))\n")
     observe = subprocess.run([sys.executable, "-c", probe, "observe"], capture_output=True, text=True, timeout=120)
     compact = subprocess.run([sys.executable, "-c", probe, "compact"], capture_output=True, text=True, timeout=120)

@@ -45,7 +45,9 @@ from ..base.wire import (
 )
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
 from ..history.thinking import latest_tool_turn
-from .gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
+from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
+from ._lookback import LookbackMeter
+from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
 from .idle import DECIDE_BEFORE_S, idle_value, late_chance
 from .levels import (
     Proposal,
@@ -63,7 +65,6 @@ from .levels import (
 from .levels.l2_tool_summary import ON_ENTRY
 from .levels.superseded import SUPERSEDED_REASON
 from .levels.working_set import working_lines
-from .lookback import LookbackMeter
 from .policy import (
     LEVEL_ORDER,
     Limits,
@@ -74,7 +75,6 @@ from .policy import (
     evaluate,
     limits,
 )
-from .restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
 from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import StrategyContext, TurnReport, summarize_range, summary_request
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer

@@ -17,7 +17,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ..base.errors import UnknownStrategyError
-from .default import CachecompactConfig
+from ._default import CachecompactConfig
 from .policy import Economics, PolicyConfig
 from .strategy import LedgerStrategy, Strategy, StrategyConfig, StrategyContext, TurnReport, summarize_range, task_goal
 

@@ -112,7 +112,7 @@ class LevelSettings:
     working_set_chars: int = 3_000  # verbatim lines of old output the agent used: a summary keeps this many
     # characters of them, and a turn gets back at most this many of the hidden ones its calls name (fitted; 0: off)
     lookback_coverage: float = 0.93  # the one knob: the recent budget is learnt to cover this share of the
-    # agent's own look-backs (`cachecompact.compaction.lookback`); 0 keeps the configured budget
+    # agent's own look-backs (`cachecompact.compaction._lookback`); 0 keeps the configured budget
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
@@ -206,7 +206,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
     ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
     ``growth`` the most one turn has added lately, and ``recent_tokens`` the recent budget learnt
-    from the agent's look-backs (`cachecompact.compaction.lookback`; None: the configured one),
+    from the agent's look-backs (`cachecompact.compaction._lookback`; None: the configured one),
     which every level keeps verbatim. ``write_over_read`` is the model's cache-write price over
     its cache-read price, which places ``hard``."""
     reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
@@ -342,7 +342,7 @@ def choose_ttls(price: ModelInfo, *, p_between: float, prefix_tokens: int, total
 
     A breakpoint at 1 hour costs ``write_1h - write_5m`` more on each token this request writes
     up to it. It pays when the next gap outlives five minutes but not an hour (``p_between``,
-    from `cachecompact.compaction.gaps.GapMeter`): the next request then reads those tokens instead of
+    from `cachecompact.compaction._gaps.GapMeter`): the next request then reads those tokens instead of
     writing them again, ``write_5m - read`` less each. A 1-hour breakpoint may not follow a
     5-minute one, so there are three choices: none, the prefix's alone, or all of them.
     ``prefix_written`` and ``rest_written`` are what this request writes before and after the

@@ -46,9 +46,9 @@ from ..history.render import RenderResult
 from ..history.session import Session
 from ..history.thinking import BINDING_BETA, DROP_BLOCK
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
+from ._registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
 from .identity import RequestHistory
 from .options import EngineOptions
-from .registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
 
 __all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Retry", "SummarizerFactory"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 from ..base.pricing import model_window
+from ._registry import Live, LiveMaker, Resolved, SessionRegistry, SummarizerFactory
 from .identity import (
     Candidate,
     Decision,
@@ -18,12 +19,11 @@ from .identity import (
     new_id,
     session_hint,
 )
-from .registry import Live, LiveMaker, Resolved, SessionRegistry, SummarizerFactory
 
 __all__ = ["Candidate", "Decision", "Live", "LiveMaker", "RequestHistory", "Resolved", "SessionRegistry",
            "SummarizerFactory", "decide", "family_key", "family_order", "head_key", "in_family", "model_window",
            "new_id", "session_hint"]
 
 warnings.warn("cachecompact.engine.sessions moved to cachecompact.engine.identity (the rule) and "
-              "cachecompact.engine.registry (the live sessions); the old path goes in 0.4",
+              "cachecompact.engine._registry (the live sessions); the old path goes in 0.4",
               DeprecationWarning, stacklevel=2)

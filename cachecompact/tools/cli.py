@@ -43,7 +43,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def ledger_table(sess: Session) -> str:
-    from .terminal import shorten
+    from ._terminal import shorten
 
     rows = [[str(e.seq), e.level, e.kind, f"{e.start}..{e.end}", f"{e.tokens_before}->{e.tokens_after}",
              str(e.transcript_len), e.created_at[:19], shorten(e.reason or "", 60)] for e in sess.ledger.entries]
@@ -306,7 +306,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def cmd_forensics(args: argparse.Namespace) -> int:
     """Cache forensics of recorded Claude Code logs: misses per class and what they cost."""
-    from .logs import summarize_logs
+    from ._logs import summarize_logs
     from .traces import discover
 
     _must_exist(args.paths)
@@ -368,15 +368,15 @@ _MOST = 12  # logs (and days, projects) a terminal listing shows before it summa
 
 
 def _wrapped(line: str, indent: str = "  ") -> str:
-    from .terminal import fold
+    from ._terminal import fold
 
     return fold(line, indent)
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     """Replay the user's own sessions under each option and print what each would have cost."""
+    from ._whatif import OPTIONS, table, what_if, write
     from .bench.run import OWN_WINDOW
-    from .whatif import OPTIONS, table, what_if, write
 
     _must_exist(args.paths)
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table

@@ -19,7 +19,7 @@ from ..cache.forensics import is_compaction_rewrite, rewrite_cost
 from ..history.ledger import GIVEN_BACK_LEVEL
 from ..history.session import Session
 from ..store import Store
-from .terminal import fold, shorten
+from ._terminal import fold, shorten
 
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 

@@ -23,10 +23,10 @@ from cachecompact import IdleDecision, SimulatedClock
 from cachecompact.adapters.idle_scheduler import IdleScheduler, WallClock
 from cachecompact.adapters.middleware import _middleware_of
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
-from cachecompact.adapters.proxy.held_credentials import HeldCredentials
+from cachecompact.adapters.proxy._held_credentials import HeldCredentials
 from cachecompact.base.errors import ConfigError, UnknownModelError
 from cachecompact.base.values import Answer
-from cachecompact.compaction.gaps import GapMeter
+from cachecompact.compaction._gaps import GapMeter
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
 from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
 from cachecompact.compaction.policy import Economy

@@ -4,7 +4,7 @@ A wrapped agent on each current model, thinking adaptively by default, works thr
 between a person's turns long enough to compact several times, in the four client modes of
 ``wrap()`` (sync, async, streamed sync, streamed async) and through the compact proxy. The
 emulator checks every thinking block it is sent against the documented prefix check
-(`cachecompact.tools.emulator.binding`), and the test reads its verdicts, not the product's own
+(`cachecompact.tools.emulator._binding`), and the test reads its verdicts, not the product's own
 accounting: no refusal, no block dropped, and compaction really happened.
 """
 

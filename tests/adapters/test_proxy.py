@@ -20,7 +20,7 @@ from aiohttp import web
 
 from cachecompact.adapters.httpserver import ServerThread
 from cachecompact.adapters.proxy import Proxy, ProxyConfig, session_hint
-from cachecompact.adapters.proxy.observe import ObservedSession
+from cachecompact.adapters.proxy._observe import ObservedSession
 from cachecompact.base.errors import ConfigError
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
 
@@ -466,7 +466,7 @@ def test_compact_mode_retries_after_prompt_too_long_even_when_the_error_is_compr
 
 
 def test_an_evicted_sessions_id_is_never_given_to_another_conversation() -> None:
-    from cachecompact.adapters.proxy.observe import Observer
+    from cachecompact.adapters.proxy._observe import Observer
 
     obs = Observer(max_sessions=3)
     usage = {"input_tokens": 10, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0, "output_tokens": 1}

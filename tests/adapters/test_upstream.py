@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cachecompact.adapters.httpserver import HEADER_TIMEOUT_S
-from cachecompact.adapters.proxy.upstream import HIGH_WATER, IDLE_KEEPALIVE_S, UpstreamError, UpstreamPool
+from cachecompact.adapters.proxy._upstream import HIGH_WATER, IDLE_KEEPALIVE_S, UpstreamError, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
 

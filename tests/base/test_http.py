@@ -100,7 +100,7 @@ def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() 
     import gzip
     import random
 
-    from cachecompact.adapters.proxy.tap import ResponseTap as _Tap
+    from cachecompact.adapters.proxy._tap import ResponseTap as _Tap
 
     rng = random.Random(1)
     filler = [{"type": "content_block_delta", "index": 0,
@@ -123,7 +123,7 @@ def test_the_proxy_tap_parses_a_long_compressed_stream_and_keeps_little_of_it() 
 def test_the_reader_that_saw_the_stream_says_so() -> None:
     """Whether an answer was streamed is set by the reader of the transport (issue 39: as the
     third of a positional tuple it was once recorded as ``false`` for a streamed request)."""
-    from cachecompact.adapters.proxy.tap import ResponseTap as _Tap
+    from cachecompact.adapters.proxy._tap import ResponseTap as _Tap
 
     p = SSEUsage()
     got = [a for a in (p.feed(_stream(EVENTS, ["\n\n"])), p.finish()) if a is not None]

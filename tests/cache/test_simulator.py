@@ -292,7 +292,7 @@ def test_fidelity_against_recorded_claude_code_usage(shared_traces: Path) -> Non
 
 
 def test_fit_line_recovers_a_known_line() -> None:
-    from cachecompact.tools.logs import fit_line
+    from cachecompact.tools._logs import fit_line
 
     xs = [float(x) for x in range(10)]
     a, b = fit_line(xs, [5000 + 1.3 * x for x in xs])

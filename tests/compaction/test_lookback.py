@@ -10,8 +10,8 @@ import pytest
 
 from cachecompact import Session
 from cachecompact.base.shares import wilson_upper
+from cachecompact.compaction._lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
-from cachecompact.compaction.lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter
 from cachecompact.history.ledger import ReplaceWithSummary
 
 from .test_levels import GOAL, tool_turn
@@ -198,7 +198,7 @@ def test_a_closed_loop_agent_at_40k_rarely_reads_again_what_it_needs(distance: i
     shows, else re-reads the file) needs facts at several distances back, each within what a 40k
     window can hold (a read is ~2.5k tokens: 10 reads back is ~25k of the ~37k the input may use):
     it re-reads at most 15% of them."""
-    from cachecompact.tools.bench.tasks import make_task, run_task
+    from cachecompact.tools.bench._tasks import make_task, run_task
 
     quotes = rereads = 0
     for seed in range(3):

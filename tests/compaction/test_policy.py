@@ -228,7 +228,7 @@ def test_the_ttl_follows_the_sessions_gaps_and_who_speaks_next() -> None:
     """A session whose turns end in a person's reply minutes later gets the 1-hour TTL once the
     context is big beside what each turn writes; one answered within seconds keeps 5 minutes.
     The TTL in force decides what counts as a cold cache."""
-    from cachecompact.compaction.gaps import GapMeter
+    from cachecompact.compaction._gaps import GapMeter
     from cachecompact.compaction.policy import choose_ttls
 
     price = get_model(MODEL)

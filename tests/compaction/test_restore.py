@@ -8,9 +8,9 @@ import anthropic
 
 import cachecompact
 from cachecompact import Session
+from cachecompact.compaction._lookback import LookbackMeter
+from cachecompact.compaction._restore import RESTORE_HEADER, RESTORE_LEVEL, restore_edits
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
-from cachecompact.compaction.lookback import LookbackMeter
-from cachecompact.compaction.restore import RESTORE_HEADER, RESTORE_LEVEL, restore_edits
 from cachecompact.history.ledger import ReplaceWithSummary
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder
 from cachecompact.tools.emulator.responders import Reply

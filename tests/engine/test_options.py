@@ -89,7 +89,7 @@ def test_the_proxy_builds_its_engine_from_typed_options() -> None:
     """`ProxyConfig.engine_options` is an `EngineOptions`; the proxy's own fields set the
     strategy, window and clock, and the rest reach the engine as given. Observe mode refuses
     them, naming each one, without loading the compaction runtime to read them."""
-    from cachecompact.adapters.proxy.state import ProxyState
+    from cachecompact.adapters.proxy._state import ProxyState
 
     state = ProxyState(ProxyConfig(upstream="http://127.0.0.1:9", mode="compact", window_tokens=60_000,
                                    engine_options=EngineOptions(recent_tokens=4_000, ttl="1h")))

@@ -14,12 +14,12 @@ import pytest
 from cachecompact.base.identifiers import digest, identifiers
 from cachecompact.base.pricing import get_model
 from cachecompact.compaction.catalog import strategy_names
+from cachecompact.tools.bench._oracle import oracle_cost
+from cachecompact.tools.bench._recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
+from cachecompact.tools.bench._tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
 from cachecompact.tools.bench.bench_report import TRACE_LEGEND, WIDTH
 from cachecompact.tools.bench.harness import replay
-from cachecompact.tools.bench.oracle import oracle_cost
-from cachecompact.tools.bench.recall import REREAD_OUTPUT_TOKENS, RecallProbe, reread_cost
 from cachecompact.tools.bench.run import load_corpus, split_halves
-from cachecompact.tools.bench.tasks import STEP_ATTEMPTS, TaskScript, make_task, run_task
 from cachecompact.tools.cli import main
 from cachecompact.tools.emulator import ReplayResponder
 from cachecompact.tools.traces import Trace, synthetic_trace

@@ -1,6 +1,6 @@
 """The emulator is the API of December 2026: preserved thinking, its prefix check and outcomes,
 ``drop_block`` and ``input_transformations``, the API version 2026-10-21, and on-demand
-compaction. Each rule is the documented one (cachecompact/tools/emulator/binding.py says where
+compaction. Each rule is the documented one (cachecompact/tools/emulator/_binding.py says where
 from), driven through the real ``anthropic`` SDK; where the docs leave an outcome open, both
 settings are tested."""
 
@@ -17,7 +17,7 @@ import httpx2
 import pytest
 
 from cachecompact.tools.emulator import Emulator, ScriptedResponder
-from cachecompact.tools.emulator.binding import BETA, ThinkingRules
+from cachecompact.tools.emulator._binding import BETA, ThinkingRules
 from cachecompact.tools.emulator.responders import Reply
 
 OPUS = "claude-opus-5-5"

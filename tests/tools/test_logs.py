@@ -1,4 +1,4 @@
-"""`cachecompact forensics` on Claude Code logs (`cachecompact.tools.logs`): the classes only a
+"""`cachecompact forensics` on Claude Code logs (`cachecompact.tools._logs`): the classes only a
 log needs (Claude Code's own compactions, a conversation the client re-wrote at a person's
 turn), copied times never read as idle, what a session cost beside what it wasted, the totals
 per day and project with their advice, and the counts on the shared logs of 2025 and 2026."""
@@ -15,8 +15,8 @@ import pytest
 from cachecompact.base.pricing import model_prices
 from cachecompact.cache.forensics import Finding, Forensics, Snapshot, snapshot_from_sim
 from cachecompact.cache.simulator import SimBlock, SimRequest
+from cachecompact.tools._logs import forensics_of_log, rebuild_calls, summarize_logs
 from cachecompact.tools.cli import main
-from cachecompact.tools.logs import forensics_of_log, rebuild_calls, summarize_logs
 from cachecompact.tools.traces.claude_code_logs import load_claude_code
 
 from ..conftest import SHARED_TRACES
@@ -281,7 +281,7 @@ def test_at_most_a_tenth_of_the_shared_logs_misses_are_unexplained(shared_sets: 
 def test_the_ttl_advice_says_whether_to_switch(extra: float, says: str) -> None:
     """Issue 37: the advice gave two prices and left the reader to decide; it now says which."""
     from cachecompact.cache.forensics import Finding
-    from cachecompact.tools.logs import LogForensics, advice
+    from cachecompact.tools._logs import LogForensics, advice
 
     misses = [Finding(request=k, cls="ttl_expiry", time=float(k), read=0, expected=1000, wasted_tokens=1000,
                       wasted_usd=1.0, idle_s=900.0) for k in range(2)]

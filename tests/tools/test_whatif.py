@@ -1,4 +1,4 @@
-"""`cachecompact whatif` (`cachecompact.tools.whatif`): a user's own Claude Code sessions replayed
+"""`cachecompact whatif` (`cachecompact.tools._whatif`): a user's own Claude Code sessions replayed
 under each option, priced by their recorded model, with the table, the JSON and the plot."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cachecompact.base.pricing import model_prices
+from cachecompact.tools._whatif import BASELINE, BASELINE_IDLE, OPTIONS, recorded_cost
 from cachecompact.tools.cli import main
 from cachecompact.tools.traces.claude_code_logs import load_claude_code
-from cachecompact.tools.whatif import BASELINE, BASELINE_IDLE, OPTIONS, recorded_cost
 
 MODEL = "claude-sonnet-4-6"
 

@@ -20,9 +20,9 @@ after the response), `observe` (per-session records), `upstream` (the pooled cli
 """
 
 from ...engine.identity import session_hint
-from .config import ProxyConfig
-from .observe import Observer
-from .proxy_app import Proxy, make_app
-from .state import ProxyState
+from ._config import ProxyConfig
+from ._observe import Observer
+from ._proxy_app import Proxy, make_app
+from ._state import ProxyState
 
 __all__ = ["Observer", "Proxy", "ProxyConfig", "ProxyState", "make_app", "session_hint"]

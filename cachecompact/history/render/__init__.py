@@ -8,10 +8,10 @@ without ``cache_control`` (see `cachemodel`).
 """
 
 from ...cache.cache_keys import first_mismatch
-from .blocks import RenderedBlock, RenderedMessage, cleared_placeholder, summary_text
-from .breakpoints import plan_breakpoints
-from .renderer import EMPTY_PREFIX_HASH, Renderer
-from .result import BlockInfo, BlockLocation, Divergence, RenderResult
+from ._blocks import RenderedBlock, RenderedMessage, cleared_placeholder, summary_text
+from ._breakpoints import plan_breakpoints
+from ._renderer import EMPTY_PREFIX_HASH, Renderer
+from ._result import BlockInfo, BlockLocation, Divergence, RenderResult
 
 __all__ = [
     "EMPTY_PREFIX_HASH",

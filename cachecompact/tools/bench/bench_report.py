@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..terminal import WIDTH
+from .._terminal import WIDTH
 from .harness import TraceResult
 from .run import BenchResult, window_label
 

@@ -23,7 +23,7 @@ from typing import Any
 from ...base.pricing import get_model
 from ...base.tokens import TokenCounter
 from ...cache.simulator import CacheSimulator
-from ..logs import rebuild_calls
+from .._logs import rebuild_calls
 
 __all__ = ["CallFit", "SessionFidelity", "session_fidelity"]
 

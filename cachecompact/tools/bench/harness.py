@@ -25,7 +25,7 @@ from ...base.pricing import ModelInfo, get_model
 from ...compaction.catalog import get_strategy
 from ..emulator import Emulator, ReplayResponder, SummarizingResponder
 from ..traces import Trace
-from .recall import RecallProbe, reread_cost
+from ._recall import RecallProbe, reread_cost
 
 __all__ = ["IDLE_SUFFIX", "MAX_TOKENS", "TraceResult", "check_strategy", "replay", "rewrite_cost"]
 

@@ -20,9 +20,9 @@ from ...base.errors import ConfigError, UnknownModelError
 from ...base.pricing import get_model, model_prices
 from ...compaction.catalog import strategy_names
 from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
+from ._oracle import oracle_cost
+from ._tasks import TaskResult, make_task, run_task
 from .harness import MAX_TOKENS, TraceResult, check_strategy, replay
-from .oracle import oracle_cost
-from .tasks import TaskResult, make_task, run_task
 
 __all__ = ["DEFAULT_WINDOWS", "OWN_WINDOW", "TASK_SEEDS", "BenchResult", "load_corpus", "run_bench", "split_halves",
            "trace_model", "window_label"]

@@ -1,7 +1,7 @@
 """A local emulator of the Anthropic Messages API that bills by the documented cache rules."""
 
-from .emulator_http import Emulator
-from .request_handling import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
+from ._emulator_http import Emulator
+from ._request_handling import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
 from .responders import ReplayResponder, Reply, Responder, ScriptedResponder, SummarizingResponder, fill_schema
 
 __all__ = [

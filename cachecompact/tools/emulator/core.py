@@ -1,9 +1,9 @@
 """`cachecompact.tools.emulator.core`, kept for one release.
 
-It moved to `cachecompact.tools.emulator.request_handling`.
+It moved to `cachecompact.tools.emulator._request_handling`.
 
 Importing the old path warns (DeprecationWarning) and gives the new module itself, so every
-name, private ones and patches included, is the same object. Import `cachecompact.tools.emulator.request_handling`.
+name, private ones and patches included, is the same object. Import `cachecompact.tools.emulator._request_handling`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import warnings
 
-from . import request_handling as _moved
-from .request_handling import *  # noqa: F403
+from . import _request_handling as _moved
+from ._request_handling import *  # noqa: F403
 
 warnings.warn(f"{__name__} moved to {_moved.__name__}; the old path goes in 0.5", DeprecationWarning, stacklevel=2)
 sys.modules[__name__] = _moved

@@ -13,9 +13,9 @@ from typing import Any
 
 from ...base.errors import MalformedMessageError
 from ...base.wire import message_from_dict, system_from_param, tool_from_dict
+from ._mini_swe import BASH_TOOL, load_openai_chat
+from ._synthetic import SyntheticSpec, synthetic_trace
 from .claude_code_logs import is_claude_code, load_claude_code
-from .mini_swe import BASH_TOOL, load_openai_chat
-from .synthetic import SyntheticSpec, synthetic_trace
 from .trace_model import Trace, TraceFormatError, parse_time
 
 __all__ = [

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...base.errors import MalformedMessageError
-from .compaction import CompactEdit, summary_block
+from ._compaction import CompactEdit, summary_block
 
 __all__ = ["BETA", "MAX_INSTRUCTIONS", "SUPPORTED", "CodedError", "OnDemand", "check_blocks", "request_of",
            "sign_block"]

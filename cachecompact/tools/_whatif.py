@@ -25,9 +25,9 @@ from typing import Any
 
 from ..base.errors import ConfigError
 from ..base.pricing import model_prices
+from ._logs import billed, written_ttl
+from ._terminal import fold
 from .bench.run import OWN_WINDOW, BenchResult, load_corpus, run_bench, trace_model, window_label
-from .logs import billed, written_ttl
-from .terminal import fold
 from .traces import Trace
 
 __all__ = ["BASELINE", "BASELINE_IDLE", "OPTIONS", "Option", "WhatIf", "left_out", "plot", "recorded_cost",

@@ -17,8 +17,8 @@ from ...base.wire import canonical_bytes
 from ...cache.cache_keys import first_mismatch
 from ..ledger import LedgerEntry
 from ..thinking import BINDING_BETA, ThinkingPlan
-from .blocks import RenderedBlock
-from .chain import ChainArrays
+from ._blocks import RenderedBlock
+from ._chain import ChainArrays
 
 __all__ = ["BlockInfo", "BlockLocation", "Divergence", "RenderResult"]
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from ..httpserver import api_error
-from .config import ProxyConfig, is_loopback
+from ._config import ProxyConfig, is_loopback
 
 __all__ = ["cookie_value", "loopback_host_only", "token_auth"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...cache.cache_keys import RUN_KINDS, chain_step
-from .blocks import RenderedBlock, RenderedMessage
+from ._blocks import RenderedBlock, RenderedMessage
 
 __all__ = ["ChainArrays"]
 

@@ -25,15 +25,15 @@ from ...base.values import Answer, ContextFull, SummaryMode
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
-from .config import ProxyConfig
-from .observe import Observer
-from .tap import ResponseTap
+from ._config import ProxyConfig
+from ._observe import Observer
+from ._tap import ResponseTap
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
     from ...engine.request_cycle import CompactionEngine, Prepared, Retry
     from ..idle_scheduler import IdleScheduler
-    from .held_credentials import HeldCredentials
+    from ._held_credentials import HeldCredentials
 
 __all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
 
@@ -94,7 +94,7 @@ class ProxyState:
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
-                from .held_credentials import HeldCredentials
+                from ._held_credentials import HeldCredentials
 
                 self.held = HeldCredentials(self.creds)
                 self.idle = IdleScheduler(self.engine, clock_of(self.clock), keeper=self.held)

@@ -25,7 +25,7 @@ from ..history.ledger import GIVEN_BACK_LEVEL, ReplaceWithSummary
 
 if TYPE_CHECKING:
     from ..history.session import Session
-    from .lookback import LookbackMeter
+    from ._lookback import LookbackMeter
 
 __all__ = ["RESTORE_LEVEL", "RESTORE_REASON", "restore_edits"]
 

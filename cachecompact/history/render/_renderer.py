@@ -22,10 +22,10 @@ from ...cache.cache_keys import chain_step
 from ..ledger import Ledger, LedgerEntry, split_effective
 from ..thinking import DROP_BLOCK, ThinkingPlan, plan_thinking
 from ..transcript import Transcript
-from .blocks import BlockCache, RenderedMessage
-from .breakpoints import plan_breakpoints
-from .chain import ChainArrays
-from .result import RenderResult
+from ._blocks import BlockCache, RenderedMessage
+from ._breakpoints import plan_breakpoints
+from ._chain import ChainArrays
+from ._result import RenderResult
 
 __all__ = ["EMPTY_PREFIX_HASH", "Renderer"]
 

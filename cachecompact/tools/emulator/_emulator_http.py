@@ -20,8 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from ...adapters.httpserver import ServerThread, api_errors, read_body, serve_forever
-from .binding import ThinkingRules
-from .request_handling import EmulatorCore, FaultConfig, HttpReply
+from ._binding import ThinkingRules
+from ._request_handling import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder, ResponderFn
 
 __all__ = ["Emulator", "make_app"]

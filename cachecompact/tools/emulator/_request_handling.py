@@ -29,12 +29,12 @@ from ...base.safefs import append_bytes
 from ...base.tokens import TokenCounter
 from ...base.wire import canonical_bytes
 from ...cache.simulator import CacheSimulator, SimBlock, SimRequest, SimResult, request_from_body
-from . import binding as th, ondemand_compaction as ondemand
-from .compaction import CompactEdit, after_last_compaction, compact_edit, summary_block, summary_prompt
-from .context_editing import apply_context_management
+from . import _binding as th, _ondemand_compaction as ondemand
+from ._compaction import CompactEdit, after_last_compaction, compact_edit, summary_block, summary_prompt
+from ._context_editing import apply_context_management
+from ._versions import check_version, version_of
 from .responders import Reply, Responder, ResponderFn, ScriptedResponder, SummarizingResponder
 from .validation import MessageInfo, check_message, check_request
-from .versions import check_version, version_of
 
 __all__ = ["CLOCK_HEADER", "INTERNAL_HEADER", "EmulatorCore", "FaultConfig", "HttpReply", "output_tokens"]
 

@@ -36,10 +36,10 @@ from ...base.pricing import model_window
 from ...cache.forensics import is_compaction_rewrite
 from ...store.contract import blob_matches
 from ..httpserver import api_error
-from .metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
+from ._metrics import CONTENT_TYPE as METRICS_TYPE, render as render_metrics
 
 if TYPE_CHECKING:
-    from .state import ProxyState
+    from ._state import ProxyState
 
 __all__ = ["add_routes"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .observe import Totals
+from ._observe import Totals
 
 __all__ = ["CONTENT_TYPE", "render"]
 

@@ -184,7 +184,7 @@ def _call(n: int, name: str, args: dict[str, Any]) -> Reply:
 
 
 def _text(body: dict[str, Any]) -> str:
-    from .recall import request_text
+    from ._recall import request_text
 
     return request_text(body)
 

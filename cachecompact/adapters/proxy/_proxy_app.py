@@ -11,12 +11,12 @@ from types import TracebackType
 from aiohttp import web
 
 from ..httpserver import ServerThread, api_errors, serve_forever
-from .auth import loopback_host_only, token_auth
-from .config import ProxyConfig
-from .dashboard import add_routes
-from .handlers import UPSTREAM, Handlers
-from .state import STATE, ProxyState
-from .upstream import UpstreamPool
+from ._auth import loopback_host_only, token_auth
+from ._config import ProxyConfig
+from ._dashboard import add_routes
+from ._handlers import UPSTREAM, Handlers
+from ._state import STATE, ProxyState
+from ._upstream import UpstreamPool
 
 __all__ = ["Proxy", "make_app"]
 

@@ -17,10 +17,10 @@ from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
 from ...base.http import clock_from, json_or_none, too_long, with_betas
 from ...base.wire import bytes_as_is
 from ..httpserver import api_error, read_body
-from .config import ProxyConfig
-from .state import Exchange, ProxyState
-from .tap import ResponseTap, decoded
-from .upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
+from ._config import ProxyConfig
+from ._state import Exchange, ProxyState
+from ._tap import ResponseTap, decoded
+from ._upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
 if TYPE_CHECKING:
     from ...cache.forensics import Finding

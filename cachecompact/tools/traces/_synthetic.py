@@ -19,7 +19,7 @@ import math
 import random
 from typing import Any
 
-from .mini_swe import BASH_TOOL
+from ._mini_swe import BASH_TOOL
 from .trace_model import Trace
 
 __all__ = ["SyntheticSpec", "synthetic_trace"]
