@@ -180,7 +180,7 @@ class Snapshot:
     layout: Layout = field(default_factory=Layout)  # where each block sits and came from
     tool_keys: Sequence[bytes] = ()  # per tool definition, to tell reordering from editing
     n_entries: int = 0  # ledger entries applied in this request (ours)
-    head_blocks: int = 0  # leading blocks that are tools and system (the rest are messages)
+    preamble_blocks: int = 0  # leading blocks that are tools and system (the rest are messages)
     from_log: bool = False  # rebuilt from a client's log: its parameters and injected content are not recorded
     human_turn: bool = False  # the last user message is a person's (not only tool results)
     prompt: str | None = None  # the start of the person's prompt this request answers, for the finding
@@ -407,7 +407,7 @@ class Forensics:
         # turn, within the TTL: the client changed what the log does not record (module docstring)
         floor = snap.head_floor
         if snap.from_log and snap.human_turn and floor and abs(f.read - floor) <= max(32, _TOLERANCE * floor):
-            f.cls, f.location = "client_rewrite", snap.layout.path(snap.head_blocks)
+            f.cls, f.location = "client_rewrite", snap.layout.path(snap.preamble_blocks)
             f.detail = (f"{f.read} tokens read: the tools and system prompt alone (this thread's floor, {floor}), "
                         f"none of the messages, at a person's turn {gap:.0f} s after the previous request; the "
                         f"client changed the messages in a way its log does not record")
@@ -573,7 +573,7 @@ def snapshot_from_sim(req: SimRequest, body: dict[str, Any] | None, *, keep_text
                     body=body if keep_text and body is not None else None)
     return Snapshot(time=req.time, model=req.model, params=params_key(body or {}, req.has_image), chain=chain, cum=cum,
                     pos=pos, breakpoints=bps, layout=layout, tool_keys=[b.key for b in blocks[: req.n_tools]],
-                    head_blocks=req.n_tools + req.n_system, server_edits=_asks_server_edits(body))
+                    preamble_blocks=req.n_tools + req.n_system, server_edits=_asks_server_edits(body))
 
 
 def _block_text(body: Mapping[str, Any], where: str) -> str:

@@ -31,7 +31,7 @@ from ..compaction.strategy import BodyShaper, Strategy, StrategyConfig, Strategy
 from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
 from ..history.session import Session
 from ..store import Store, check_session_id
-from .identity import Decision, RequestHistory, decide, family_key, family_order, head_key, in_family, new_id
+from .identity import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id, preamble_key
 from .options import EngineOptions
 
 __all__ = ["Live", "LiveMaker", "Resolved", "SessionRegistry", "SummarizerFactory"]
@@ -53,7 +53,7 @@ class Live:
     session: Session
     strategy: Strategy
     shaper: BodyShaper | None  # the strategy, when it rewrites the caller's body instead of rendering (`shaper_of`)
-    head: bytes  # `head_key` of the caller's tools and system the session was made for
+    preamble: bytes  # `preamble_key` of the caller's tools and system the session was made for
     forensics: Forensics  # compares each request with the one before it in this conversation
     scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,7 +97,7 @@ class LiveMaker:
         cfg = self.strategy_config
         return s(cfg.summary_model or model, cfg.summary_mode)
 
-    def _live(self, session: Session, body: dict[str, Any], caller_head: bytes) -> Live:
+    def _live(self, session: Session, body: dict[str, Any], caller_preamble: bytes) -> Live:
         """The live record: the strategy built for the session's model and window, fresh forensics."""
         model = str(body.get("model") or "")
         own = model_window(model, self.options.prices)
@@ -110,7 +110,7 @@ class LiveMaker:
                               window_tokens=window, scratchpad=Scratchpad.for_session(session),
                               scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
         strategy = self.strategy_config.build(ctx)
-        return Live(session=session, strategy=strategy, shaper=shaper_of(strategy), head=caller_head,
+        return Live(session=session, strategy=strategy, shaper=shaper_of(strategy), preamble=caller_preamble,
                     forensics=Forensics(self.options.prices), scratchpad=ctx.scratchpad)
 
     def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
@@ -124,7 +124,7 @@ class LiveMaker:
             self.strategy_config.prefix_messages
         session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
                                  prefix_messages=prefix, token_ratio=ratio, link=link)
-        return self._live(session, body, head_key(body.get("tools"), body.get("system")))
+        return self._live(session, body, preamble_key(body.get("tools"), body.get("system")))
 
     def open(self, sid: str) -> Live:
         """The stored session ``sid``, live (`SessionNotFoundError` if there is none)."""
@@ -135,7 +135,7 @@ class LiveMaker:
             tools = tools[:-1]
         body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
                 "system": session.system_param}
-        return self._live(session, body, head_key(tools or None, session.system_param))
+        return self._live(session, body, preamble_key(tools or None, session.system_param))
 
 
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window

@@ -40,8 +40,19 @@ from ..base.wire import canonical_bytes, plain
 from ..history.transcript import identity_of_bytes, message_hash
 from ..store import check_session_id
 
-__all__ = ["Candidate", "Decision", "Kind", "RequestHistory", "decide", "family_key", "family_order", "head_key",
-           "in_family", "new_id", "session_hint"]
+__all__ = [
+    "Candidate",
+    "Decision",
+    "Kind",
+    "RequestHistory",
+    "decide",
+    "family_key",
+    "family_order",
+    "in_family",
+    "new_id",
+    "preamble_key",
+    "session_hint",
+]
 
 
 # -- the rule -------------------------------------------------------------------------------------
@@ -59,7 +70,7 @@ def _unmarked_blocks(value: Any) -> Any:
     return value
 
 
-def head_key(tools: Any, system: Any) -> bytes:
+def preamble_key(tools: Any, system: Any) -> bytes:
     """Identity of a request's tools and system prompt (markers and string form ignored)."""
     tools = [plain(t) for t in tools] if isinstance(tools, list) else tools
     system = [plain(b) for b in system] if isinstance(system, list) else system
@@ -75,16 +86,17 @@ def family_key(first: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RequestHistory:
-    """A request's head and the identity of each of its messages, computed once per request."""
+    """A request's preamble (its tools and system, `preamble_key`) and the identity of each of
+    its messages, computed once per request."""
 
-    head: bytes
+    preamble: bytes
     ids: list[bytes]
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> RequestHistory:
         msgs = body.get("messages")
         ids = [message_hash(m) for m in msgs] if isinstance(msgs, list) else []
-        return cls(head_key(body.get("tools"), body.get("system")), ids)
+        return cls(preamble_key(body.get("tools"), body.get("system")), ids)
 
     @classmethod
     def of_bytes(cls, raw: bytes, body: dict[str, Any]) -> RequestHistory:
@@ -98,13 +110,13 @@ class RequestHistory:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or len(msgs) != len(spans):
             return cls.of(body)
-        return cls(head_key(body.get("tools"), body.get("system")),
+        return cls(preamble_key(body.get("tools"), body.get("system")),
                    [identity_of_bytes(s, m) for s, m in zip(spans, msgs, strict=True)])
 
     def fingerprint(self, *extra: Any) -> bytes:
         """xxh3-128 over the whole history (and ``extra``): equal exactly when the requests are."""
         h = xxhash.xxh3_128()
-        h.update(self.head)
+        h.update(self.preamble)
         h.update(b"".join(self.ids))  # one C call, not one per message
         h.update(canonical_bytes(list(extra)))
         return h.digest()
@@ -123,7 +135,7 @@ class Candidate(Protocol):
     def sid(self) -> str: ...
 
     @property
-    def head(self) -> bytes: ...
+    def preamble(self) -> bytes: ...
 
     @property
     def identities(self) -> Sequence[bytes]: ...
@@ -158,29 +170,30 @@ def _common(req: list[bytes], ids: Sequence[bytes]) -> int:
     return next(i for i in range(n) if req[i] != ids[i])
 
 
-def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool, fixed_head: bool = True) -> Decision:
+def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool,
+           fixed_preamble: bool = True) -> Decision:
     """The one rule (module docstring). ``candidates`` come in family order (the first session
-    of the family first, the newest last, which breaks the remaining ties). ``fixed_head`` says
+    of the family first, the newest last, which breaks the remaining ties). ``fixed_preamble`` says
     whether a session's tools and system are fixed (a session with an immutable prefix); where
     they are not (the proxy's observe mode records requests and holds no prefix), a changed
-    head continues the conversation and is reported there."""
+    preamble continues the conversation and is reported there."""
     cands = list(candidates)
     best: Candidate | None = None
     for c in cands:
         ids = c.identities
-        if not _extends(req.ids, ids) or (not ids and c.head != req.head):
+        if not _extends(req.ids, ids) or (not ids and c.preamble != req.preamble):
             continue
         if best is None or len(ids) > len(best.identities) or \
-                (len(ids) == len(best.identities) and (c.head == req.head or best.head != req.head)):
+                (len(ids) == len(best.identities) and (c.preamble == req.preamble or best.preamble != req.preamble)):
             best = c
     if best is not None:
         n = len(best.identities)
-        if best.head == req.head or not fixed_head:
+        if best.preamble == req.preamble or not fixed_preamble:
             return Decision("continue", best.sid, "extends", n)
         if n >= 2:  # a conversation under way: its tools or system prompt changed
             return Decision("segment", best.sid, "prefix_churn", n)
         # one message in common is only a shared opening: another agent, not this conversation
-    same = [c for c in cands if c.head == req.head and c.identities]
+    same = [c for c in cands if c.preamble == req.preamble and c.identities]
     if same:  # the same agent with another history, if it kept some of it: a rewrite
         scored = [(_common(req.ids, c.identities), k, c) for k, c in enumerate(same)]
         kept = [x for x in scored if _rewrites(req.ids, x[2], x[0], named)]

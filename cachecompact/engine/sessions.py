@@ -14,9 +14,9 @@ from .identity import (
     decide,
     family_key,
     family_order,
-    head_key,
     in_family,
     new_id,
+    preamble_key as head_key,
     session_hint,
 )
 

@@ -71,8 +71,8 @@ def convo(n: int, tag: str) -> list[dict[str, Any]]:
 
 
 class C:
-    def __init__(self, sid: str, head: bytes, msgs: list[Any]) -> None:
-        self.sid, self.head, self.identities = sid, head, ids(msgs)
+    def __init__(self, sid: str, preamble: bytes, msgs: list[Any]) -> None:
+        self.sid, self.preamble, self.identities = sid, preamble, ids(msgs)
 
 
 def test_decide_compares_the_whole_history_not_a_sample() -> None:
@@ -91,7 +91,7 @@ def test_decide_compares_the_whole_history_not_a_sample() -> None:
     d = decide(RequestHistory(b"sub", ids(convo(3, "sub"))), [C("n", b"h", a)], named=True)
     assert (d.kind, d.target) == ("agent", "n")
     # observe mode holds no prefix: a changed head continues
-    d = decide(RequestHistory(b"new", ids([*a, *convo(2, "z")])), [C("y", b"h", a)], named=True, fixed_head=False)
+    d = decide(RequestHistory(b"new", ids([*a, *convo(2, "z")])), [C("y", b"h", a)], named=True, fixed_preamble=False)
     assert d.kind == "continue"
 
 

@@ -150,6 +150,17 @@ def test_render_is_byte_identical_in_a_fresh_process(tmp_path: Path) -> None:
     assert out.stdout.strip() == here
 
 
+def test_the_preamble_is_the_tools_and_system_blocks() -> None:
+    """`preamble_blocks` counts the blocks before the first message; the 0.2 name still reads."""
+    tool = {"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}
+    s = Session.create(None, prefix_messages=3, system=[{"type": "text", "text": "You are terse."}], tools=[tool])
+    s.sync(history(4))
+    r = s.render()
+    assert r.preamble_blocks == len(r.body["tools"]) + len(r.body["system"]) == 2
+    with pytest.warns(DeprecationWarning, match="head_blocks is now preamble_blocks"):
+        assert r.head_blocks == r.preamble_blocks
+
+
 def test_skip_of_whole_exchanges_removes_them_and_summary_is_marked() -> None:
     s = Session.create(None, prefix_messages=3)
     h = history(6)

@@ -46,7 +46,7 @@ class ObservedSession:
     sid: str
     name: str  # the base name (a hint) or the family key of the opening message
     mode: str
-    head: bytes = b""  # tools + system (`sessions.head_key`)
+    preamble: bytes = b""  # tools + system (`identity.preamble_key`)
     hashes: list[bytes] = field(default_factory=list)  # identities of the last request's messages
     link: dict[str, Any] | None = None  # the session this one continues (`sessions.Decision`)
     forensics: Forensics = field(default_factory=Forensics)
@@ -226,7 +226,7 @@ class Observer:
             base = hint if hint is not None else family_key(req.ids[0])
             members = sorted((x for x in self._sessions.values() if in_family(x.sid, base)),
                              key=lambda x: family_order(x.sid))
-            d = decide(req, members, named=named, fixed_head=False)
+            d = decide(req, members, named=named, fixed_preamble=False)
             if d.kind == "continue":
                 assert d.target is not None
                 s = self._sessions[d.target]
@@ -241,7 +241,7 @@ class Observer:
                     s.forensics, s.memo = parent.forensics.fork(), parent.memo
                 self._issue(base, sid)
                 self._remember(s)
-            s.hashes, s.head = req.ids, req.head  # under the lock: the next request decides on these
+            s.hashes, s.preamble = req.ids, req.preamble  # under the lock: the next request decides on these
             return s
 
     def _issue(self, base: str, sid: str) -> None:

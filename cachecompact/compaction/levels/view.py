@@ -203,7 +203,7 @@ def build_view(session: Session) -> View:
     tool_tokens = 0
     # walk the rendered blocks once: attribute each block's tokens to its source message
     seen_first: set[int] = set()
-    for b in r.blocks()[r.head_blocks:]:
+    for b in r.blocks()[r.preamble_blocks:]:
         loc = b.location
         src = loc.transcript_index
         if src is None and loc.entry_seq is not None:

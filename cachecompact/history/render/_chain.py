@@ -21,7 +21,7 @@ class ChainArrays:
     """Messages and blocks of a render, with the chained hash, cumulative tokens, lookback
     position and cumulative tool tokens (calls and results) of every block."""
 
-    head: int  # blocks before the first message (tools + system)
+    preamble: int  # blocks before the first message (tools + system)
     msgs: list[RenderedMessage] = field(default_factory=list)
     mdicts: list[dict[str, Any]] = field(default_factory=list)  # each message's dict, sliced into bodies
     starts: list[int] = field(default_factory=list)  # flat index of each message's first block

@@ -51,10 +51,10 @@ class Renderer:
         self.cache = BlockCache(transcript, counter)
         self._prefix_end = prefix_end
         self._expected_prefix_hash = expected_prefix_hash
-        self._head = [self.cache.tool(tool) for tool in tools]
-        self._n_tools = len(self._head)
-        self._head += [self.cache.block(blk, None, None, first=False) for blk in system]
-        self._n_system = len(self._head) - self._n_tools
+        self._preamble = [self.cache.tool(tool) for tool in tools]
+        self._n_tools = len(self._preamble)
+        self._preamble += [self.cache.block(blk, None, None, first=False) for blk in system]
+        self._n_system = len(self._preamble) - self._n_tools
         # the latest (non-historical) render, extended in place while no edit lands
         self._arr = self._fresh()
         self._arr.extend(0)
@@ -66,7 +66,7 @@ class Renderer:
         self._plain: tuple[tuple[Any, ...], RenderResult] | None = None
 
     def _fresh(self) -> ChainArrays:
-        return ChainArrays(head=len(self._head), flat=list(self._head))
+        return ChainArrays(preamble=len(self._preamble), flat=list(self._preamble))
 
     # -- token estimates -------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ class Renderer:
         pe = self._prefix_end()
         if pe is None:
             return None
-        blocks = list(self._head)
+        blocks = list(self._preamble)
         for i in range(pe):
             blocks.extend(self.cache.plain(i).blocks)
         if not blocks:
@@ -281,9 +281,9 @@ class Renderer:
 
     def _prefix_last_block(self, arr: ChainArrays, pe: int | None) -> int:
         """Flat index of the prefix's last block (tools/system only while messages are pending)."""
-        head = self._n_tools + self._n_system
+        preamble = self._n_tools + self._n_system
         if pe is None or pe == 0 or pe > len(arr.msgs):
-            return head - 1
+            return preamble - 1
         # the prefix messages are never edited, so rendered message pe-1 is transcript message pe-1
         return arr.starts[pe - 1] + len(arr.msgs[pe - 1].blocks) - 1
 

@@ -8,6 +8,7 @@ the arrays behind them.
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,9 +189,16 @@ class RenderResult:
         return [e.start for e in self._ledger[:self.n_entries]]
 
     @property
-    def head_blocks(self) -> int:
-        """Blocks before the first message: tool definitions, then system blocks."""
+    def preamble_blocks(self) -> int:
+        """Blocks before the first message (the preamble): tool definitions, then system blocks."""
         return self._n_tools + self._n_system
+
+    @property
+    def head_blocks(self) -> int:
+        """The 0.2 name of `preamble_blocks` (read until 0.4, with a `DeprecationWarning`)."""
+        warnings.warn("RenderResult.head_blocks is now preamble_blocks ('head' is a hash chain's tip); the old "
+                      "name goes in 0.4", DeprecationWarning, stacklevel=2)
+        return self.preamble_blocks
 
     @property
     def block_hashes(self) -> Sequence[bytes]:

@@ -61,9 +61,9 @@ class _Model:
     def __init__(self, trace: Trace, price: ModelInfo, window: int, max_tokens: int, counter: TokenCounter) -> None:
         msgs = trace.messages
         self.calls = calls = [i for i in range(1, len(msgs)) if msgs[i]["role"] == "assistant"]
-        self.head = sum(b.tokens for b in request_from_body({"model": "x", "max_tokens": 1, "system": trace.system,
-                                                             "tools": trace.tools, "messages": []}, 0.0,
-                                                            counter).blocks)
+        preamble = request_from_body({"model": "x", "max_tokens": 1, "system": trace.system, "tools": trace.tools,
+                                      "messages": []}, 0.0, counter)
+        self.preamble_tokens = sum(b.tokens for b in preamble.blocks)
         self.cum = [0]
         for i, m in enumerate(msgs):
             self.cum.append(self.cum[-1] + sum(b.tokens for b in message_blocks(m, i, counter)[0]))
@@ -114,7 +114,7 @@ class _Model:
         return sums[bisect.bisect_left(idx, x)]
 
     def tokens(self, k: int, j: int) -> int:
-        return self.head + self.cum[self.calls[k]] - self.saved(j, self.calls[k])
+        return self.preamble_tokens + self.cum[self.calls[k]] - self.saved(j, self.calls[k])
 
     def fits(self, k: int, j: int) -> bool:
         return self.tokens(k, j) + self.max_tokens <= self.window
@@ -130,7 +130,7 @@ class _Model:
         tk = self.tokens(k, k)
         if not self.warm[k]:
             return tk * self.w + self.out[k]
-        kept = self.head + self.cum[p] - self.saved(j, p)
+        kept = self.preamble_tokens + self.cum[p] - self.saved(j, p)
         return kept * self.r + (tk - kept) * self.w + self.out[k]
 
 

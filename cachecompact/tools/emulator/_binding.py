@@ -188,7 +188,7 @@ def message_key(m: Any) -> bytes:
     return xxhash.xxh3_128_digest(canonical_bytes([m.get("role"), kept]))
 
 
-def head_key(body: Mapping[str, Any]) -> bytes:
+def preamble_key(body: Mapping[str, Any]) -> bytes:
     """``system`` and the tools not deferred, canonical (string system = one text block)."""
     system = body.get("system")
     sys_blocks = [{"type": "text", "text": system}] if isinstance(system, str) else system or []
@@ -339,7 +339,7 @@ class ThinkingCheck:
         so the kept turns after it are checked as if those messages were still there."""
         msgs = body.get("messages") or []
         start, block = last_compaction(msgs)
-        d = head_key(body)
+        d = preamble_key(body)
         if block is not None:
             d = bytes.fromhex(recorded) if recorded else _step(d, canonical_bytes(block.get("content")))
         out = [d] * (start + 1)
