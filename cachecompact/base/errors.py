@@ -27,6 +27,7 @@ __all__ = [
     "SessionExistsError",
     "SessionLockedError",
     "SessionNotFoundError",
+    "StagedEditsConflictError",
     "StoreConflictError",
     "StoreError",
     "SummaryRejected",
@@ -119,6 +120,14 @@ class EditOverlapError(InvalidEditError):
 
 class StoreError(CacheCompactError):
     """The session store is missing, unreadable, or not a cachecompact store."""
+
+
+class StagedEditsConflictError(StoreError):
+    """Edits a strategy staged could not be stored: another writer appended ledger entries first.
+
+    The session's memory then holds entries the store does not; the engine lets that session
+    go and opens it again from the store (`SessionRegistry.forget`) before deciding anew.
+    """
 
 
 class SessionNotFoundError(StoreError, KeyError):

@@ -372,7 +372,7 @@ class CacheAwareCompactor:
     def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
         """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
         edits, cost = self._edits_of(p, cold, body)
-        return [self.session.edit(x, level=p.level) for x in edits], cost
+        return [self.session.stage(x, level=p.level) for x in edits], cost
 
     def _edits_of(self, p: Proposal, cold: bool, body: dict[str, Any] | None
                   ) -> tuple[list[SkipRange | ReplaceWithSummary], float]:
@@ -954,7 +954,7 @@ class CacheAwareCompactor:
         self._idle = None
         before = self._now_tokens()
         try:
-            entries = [self.session.edit(x, level=p.level) for x in edits]
+            entries = [self.session.stage(x, level=p.level) for x in edits]
         except InvalidEditError as err:  # the history the summary covered changed under it
             self._planning_bug(p.level, f"the ledger refused the idle summary's edit: {err}")
             return

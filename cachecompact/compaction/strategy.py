@@ -306,7 +306,7 @@ class LedgerStrategy:
         try:
             edit, res = summarize_range(self.session, start, end, self.summarizer, reason=reason, body=body,
                                         cache_warm=cache_warm)
-            entry = self.session.edit(edit, level=level)
+            entry = self.session.stage(edit, level=level)
         except Exception as err:  # a peer's summarizer or edit failed: count it and go on
             self._emit("failure", level=level, reason=f"{type(err).__name__}: {err}",
                        cost_usd=getattr(err, "cost_usd", 0.0))

@@ -170,6 +170,12 @@ class SessionRegistry:
         with self._lock:
             return self._live.get(sid)
 
+    def forget(self, sid: str) -> None:
+        """Let ``sid`` go from memory: its next request opens it again from the store (its
+        strategy from the state stored with its last request), as after a restart."""
+        with self._lock:
+            self._live.pop(sid, None)
+
     def _remember(self, sid: str, live: Live) -> Live:
         self._live[sid] = live
         self._live.move_to_end(sid)

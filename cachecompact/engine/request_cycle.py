@@ -8,19 +8,21 @@ adapters around it, so sessions, ledger, policy and forensics exist once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..base.errors import (
     CacheCompactError,
     InvalidSessionIdError,
     MalformedMessageError,
     SessionNotFoundError,
+    StagedEditsConflictError,
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
@@ -49,6 +51,8 @@ from ..store import BlobOwners, Store, check_session_id, open_writable_store
 from ._registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
 from .identity import RequestHistory
 from .options import EngineOptions
+
+_T = TypeVar("_T")
 
 __all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Retry", "SummarizerFactory"]
 
@@ -146,7 +150,18 @@ class CompactionEngine:
         ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
         (same fingerprint), so nothing is appended twice. ``raw`` is the body as the client sent
         it, when the adapter has the bytes (the proxy): identities are then looked up by them.
+        When the strategy's plan could not be stored because another writer (a replica on the
+        same store) appended edits first, the session is opened again from the store and the
+        request decided once more.
         """
+        try:
+            return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+        except StagedEditsConflictError as err:
+            log.info("cachecompact: %s; deciding again on the stored session", err)
+            return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+
+    def _prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool,
+                 raw: bytes | None) -> Prepared | ContextFull:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
@@ -178,10 +193,10 @@ class CompactionEngine:
             max_tokens = int(params.pop("max_tokens", 0) or 0)
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.last_message_id}
-            report = live.strategy.before_request(now, model, max_tokens, params=params)
+            plan = self._planned(live, lambda: live.strategy.before_request(now, model, max_tokens, params=params))
             self._save_events(live)
-            if report.context_full is not None:
-                return ContextFull(report.context_full)
+            if plan.context_full is not None:
+                return ContextFull(plan.context_full)
             ttl, prefix_ttl = self._ttls(live)
             if asks_hour and live.shaper is None and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
                 live.told_ttl = True  # once per session: every request of a client like Claude Code asks it
@@ -214,6 +229,28 @@ class CompactionEngine:
         with self._lock:
             self._last_prepared = {fp: p}
         return p
+
+    def _planned(self, live: Live, decide: Callable[[], _T]) -> _T:
+        """Run a strategy's decision, then store the ledger edits it staged (`Session.commit`):
+        the strategy plans against the session, the cycle writes. Edits staged before a failure
+        are stored too, as each was when strategies wrote them; a plan that lost a race with
+        another writer lets the session go (`SessionRegistry.forget`) and raises
+        `StagedEditsConflictError`."""
+        try:
+            out = decide()
+        except BaseException:
+            with contextlib.suppress(StagedEditsConflictError):
+                self._commit(live)
+            raise
+        self._commit(live)
+        return out
+
+    def _commit(self, live: Live) -> None:
+        try:
+            live.session.commit()
+        except StagedEditsConflictError:
+            self.registry.forget(live.sid)
+            raise
 
     @staticmethod
     def _catch_up(live: Live) -> None:
@@ -432,7 +469,12 @@ class CompactionEngine:
         n, limit, out = info
         live = p.live
         with live.lock:
-            freed = live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens)
+            try:
+                freed = self._planned(live, lambda: live.strategy.reactive(n, limit, p.now, p.model,
+                                                                             out or p.max_tokens))
+            except StagedEditsConflictError as err:  # the next request decides on the stored session
+                log.warning("cachecompact: reactive compaction not stored: %s", err)
+                freed = False
             self._save_events(live)
             if not freed:
                 return None

@@ -25,6 +25,7 @@ from ..base.errors import (
     InvalidEditError,
     LedgerCorruptError,
     MalformedMessageError,
+    StagedEditsConflictError,
     StoreConflictError,
     StoreError,
 )
@@ -112,6 +113,9 @@ class Session:
         self.link = link
         self._prefix_hash = prefix_hash
         self.torn: list[TornTail] = []
+        # ledger edits a strategy staged this turn: rendered and counted, stored by `commit`
+        self._staged: list[LedgerEntry] = []
+        self.stale = False  # staged edits lost a race with another writer: reopen from the store
         self._chain: list[str] = [GENESIS]  # transcript chain value after 0, 1, ..., n messages
         self._requests = 0
         self._requests_head = GENESIS
@@ -464,18 +468,16 @@ class Session:
             self.store.write_meta(self._meta())
 
     def edit(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
-        """Validate and append one ledger edit. Raises a typed `InvalidEditError`; writes nothing then."""
-        if not isinstance(edit, (SkipRange, ReplaceWithSummary)):
-            raise InvalidEditError(f"expected SkipRange or ReplaceWithSummary, got {type(edit).__name__}")
+        """Validate and append one ledger edit, stored at once (edits staged before it first).
+        Raises a typed `InvalidEditError`; writes nothing then."""
+        if self._staged:
+            entry = self.stage(edit, level=level, created_at=created_at)
+            self.commit()
+            return entry
+        self._check_edit_type(edit)
         for _ in range(_CONFLICT_RETRIES):
             with self._locked():
-                check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
-                n = len(self.transcript)
-                draft = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
-                                               tokens_before=0, tokens_after=0, created_at=created_at)
-                before, after = self.renderer.edit_tokens(draft)
-                entry = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
-                                               tokens_before=before, tokens_after=after, created_at=draft.created_at)
+                entry = self._entry(edit, level, created_at)
                 try:
                     self._persist("ledger", [msgspec.to_builtins(entry)], entry.seq)
                 except StoreConflictError:
@@ -484,6 +486,57 @@ class Session:
                 return entry
         raise StoreError(f"{self.store.location if self.store else 'session'}: could not append an edit after "
                          f"{_CONFLICT_RETRIES} conflicting writes")
+
+    def stage(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
+        """Validate and append one ledger edit in memory only: renders and counts see it at once,
+        and `commit` stores it. A strategy plans this way and returns its staged entries in its
+        `Plan`; the engine commits them after the strategy returns, so no strategy writes to the
+        store. Raises a typed `InvalidEditError`; stages nothing then."""
+        self._check_edit_type(edit)
+        entry = self._entry(edit, level, created_at)
+        self.ledger.append(entry)
+        self._staged.append(entry)
+        return entry
+
+    @property
+    def staged(self) -> list[LedgerEntry]:
+        """The edits staged and not yet stored, in order."""
+        return list(self._staged)
+
+    def commit(self) -> list[LedgerEntry]:
+        """Store the staged edits, in order, in one compare-and-append; what was stored.
+
+        The entries were made at the ledger's length as this process knew it. When another
+        writer appended ledger entries since, nothing is stored, the session is marked `stale`
+        and `StagedEditsConflictError` is raised: its memory holds entries the store does not,
+        so it must be opened again from the store (the engine does)."""
+        staged, self._staged = self._staged, []
+        if not staged or self.store is None:
+            return staged
+        try:
+            with self.store.lock():
+                self._persist("ledger", [msgspec.to_builtins(e) for e in staged], staged[0].seq)
+        except StoreConflictError as err:
+            self.stale = True
+            raise StagedEditsConflictError(f"{self.store.location}: {len(staged)} staged ledger edit(s) not stored: "
+                                           f"another writer appended first ({err})") from None
+        return staged
+
+    @staticmethod
+    def _check_edit_type(edit: Edit) -> None:
+        if not isinstance(edit, (SkipRange, ReplaceWithSummary)):
+            raise InvalidEditError(f"expected SkipRange or ReplaceWithSummary, got {type(edit).__name__}")
+
+    def _entry(self, edit: Edit, level: str, created_at: str | None) -> LedgerEntry:
+        """The ledger entry ``edit`` makes now, checked against the history and the ledger,
+        with the tokens its range holds before and after."""
+        check_edit(edit, self.transcript, self.prefix_end, self.ledger.entries)
+        n = len(self.transcript)
+        draft = self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                       tokens_before=0, tokens_after=0, created_at=created_at)
+        before, after = self.renderer.edit_tokens(draft)
+        return self.ledger.make_entry(edit, level=level, transcript_len=n, transcript_head=self._chain[n],
+                                      tokens_before=before, tokens_after=after, created_at=draft.created_at)
 
     def edit_effect(self, edit: Edit) -> tuple[int, int]:
         """Estimated tokens ``edit``'s range occupies now and would after it (nothing is written)."""
@@ -555,6 +608,8 @@ class Session:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Hold the store lock and catch up with other writers first (no-op in memory)."""
+        if self._staged:  # stored first: catching up would read other writers' entries over them
+            self.commit()
         if self.store is None:
             yield
             return

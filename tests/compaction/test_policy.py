@@ -173,6 +173,7 @@ def _grow(s: Session, c: CacheAwareCompactor, turns: list[list[dict[str, Any]]],
         s.sync(msgs)
         now += gap
         events += c.before_request(now, MODEL, max_tokens).events
+        s.commit()  # as the engine does: the strategy stages its plan's edits, the cycle stores them
         r = s.render(model=MODEL, max_tokens=max_tokens)
         validate_request(r.body)
         s.note_sent(r)

@@ -70,7 +70,7 @@ class ClaudeCodePolicy(LedgerStrategy):
         if self._idle_edit is not None:
             edit, self._idle_edit = self._idle_edit, None
             try:
-                entry = s.edit(edit, level="L4")
+                entry = s.stage(edit, level="L4")
                 self._emit("compaction", level="L4", reason=edit.reason, tokens_before=before,
                            tokens_after=self._tokens(), entries=[entry.seq], detail={"idle": True})
             except InvalidEditError as err:
@@ -133,7 +133,7 @@ class ClaudeCodePolicy(LedgerStrategy):
         seqs = []
         for r in old:
             try:
-                seqs.append(s.edit(ReplaceWithSummary(r.message, r.message, CLEARED, "claude-code: time-based "
+                seqs.append(s.stage(ReplaceWithSummary(r.message, r.message, CLEARED, "claude-code: time-based "
                                                       "microcompact", tool_use_id=r.tool_use_id), level="L1").seq)
             except InvalidEditError:
                 continue

@@ -58,7 +58,7 @@ class SeedPipeline(LedgerStrategy):
 
     def _try(self, edit: SkipRange | ReplaceWithSummary, level: str) -> list[int]:
         try:
-            return [self.session.edit(edit, level=level).seq]
+            return [self.session.stage(edit, level=level).seq]
         except InvalidEditError:
             return []
 
