@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         compaction_regression_suite as compaction_regression_suite,
     )
     from .compaction.scratchpad import READ_SCRATCHPAD_TOOL as READ_SCRATCHPAD_TOOL, Scratchpad as Scratchpad
-    from .compaction.strategy import Strategy, StrategyConfig, StrategyContext, TurnReport
+    from .compaction.strategy import Plan, Strategy, StrategyConfig, StrategyContext
     from .compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, Summarizer
     from .engine.options import EngineOptions
     from .history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
@@ -135,7 +135,8 @@ _EXPORTS = {
     "Strategy": "compaction.strategy",
     "StrategyConfig": "compaction.strategy",
     "StrategyContext": "compaction.strategy",
-    "TurnReport": "compaction.strategy",
+    "Plan": "compaction.strategy",
+    "TurnReport": "compaction.strategy",  # the 0.2 name of Plan, until 0.4
     "ExtractiveSummarizer": "compaction.summarize.llm",
     "LLMSummarizer": "compaction.summarize.llm",
     "Summarizer": "compaction.summarize.llm",
@@ -181,6 +182,7 @@ __all__ = [
     "LLMSummarizer",
     "LedgerEntry",
     "LevelSettings",
+    "Plan",
     "PolicyConfig",
     "RenderResult",
     "ReplaceWithSummary",
@@ -196,7 +198,6 @@ __all__ = [
     "StrategyContext",
     "Summarizer",
     "Triggers",
-    "TurnReport",
     "compact_idle",
     "get_strategy",
     "open_store",

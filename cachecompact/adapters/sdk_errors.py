@@ -1,7 +1,7 @@
 """The one error `wrap()` adds to the SDK's: the context is full.
 
 The engine returns "context full" as a record (`base.values.ContextFull`, from the compactor's
-`TurnReport.context_full` or the reactive path's `Retry`); the SDK middleware raises it as this
+`Plan.context_full` or the reactive path's `Retry`); the SDK middleware raises it as this
 error, and the proxy answers a 400 instead. It is an `anthropic.APIError`, so
 ``except anthropic.APIError`` around ``messages.create`` catches it, and a `CacheCompactError`.
 """

@@ -3,7 +3,7 @@
 Each error names the place it is about (a message path, a file and line, a session id), so
 a user can fix the input. Mixins (`ValueError`, `KeyError`) are kept where callers reasonably
 catch the builtin kind. Nothing here imports the SDK: "the context is full" is a decision the
-compactor returns as data (`TurnReport.context_full`), and each adapter turns it into its
+compactor returns as data (`Plan.context_full`), and each adapter turns it into its
 transport's error (`wrap()`: `adapters.sdk_errors.ContextFullError`, an `anthropic.APIError`; the
 proxy: a 400).
 """

@@ -2,7 +2,7 @@
 keys or an exception.
 
 * `ContextFull`: the decision that a request cannot fit even after every compaction level. The
-  compactor returns it (`TurnReport.context_full`), the engine passes it on, and each adapter
+  compactor returns it (`Plan.context_full`), the engine passes it on, and each adapter
   gives it as its transport's error (`wrap()`: `ContextFullError`, the proxy: a 400).
 * `Answer`: what one response told us that the engine records. The SDK middleware and the
   proxy's tap each read it from their transport (a parsed message, an SSE stream, a JSON body)

@@ -15,7 +15,7 @@ Per turn, with the session synced to the agent's history and before the request 
    planning bug: it is logged and dropped and the next candidate is tried; it is not a
    failure. A summarizer failure counts toward the breaker. When the request still does
    not fit, L5 runs, even with the breaker open; only when not even L5 can make it fit does
-   the report say the context is full (`TurnReport.context_full`).
+   the report say the context is full (`Plan.context_full`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from .policy import (
     limits,
 )
 from .scratchpad import READ_SCRATCHPAD_TOOL
-from .strategy import StrategyContext, TurnReport, summarize_range, summary_request
+from .strategy import Plan, StrategyContext, summarize_range, summary_request
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -216,7 +216,7 @@ class CacheAwareCompactor:
     def _emit(self, kind: str, **kw: Any) -> Event:
         return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
 
-    def _observe_new(self, now: float, report: TurnReport) -> int:
+    def _observe_new(self, now: float, report: Plan) -> int:
         """Count steps since the last turn and watch for repeated calls; the first new index."""
         t = self.session.transcript
         start, self._seen = self._seen, len(t)
@@ -232,7 +232,7 @@ class CacheAwareCompactor:
             self.gaps.observe(now - self.last_request_at, after_tool_call=called)
         return start
 
-    def _track_results(self, i: int, now: float, report: TurnReport) -> None:
+    def _track_results(self, i: int, now: float, report: Plan) -> None:
         """A burst of more than `REPEAT_CALLS` identical calls with identical results within
         `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
         answer again and again is not."""
@@ -278,7 +278,7 @@ class CacheAwareCompactor:
         return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
                       write_over_read=ratio)
 
-    def _note_recent_budget(self, lim: Limits, report: TurnReport) -> None:
+    def _note_recent_budget(self, lim: Limits, report: Plan) -> None:
         """An event when the budget learnt from the agent's look-backs first replaces the
         configured one, whenever it has moved by a factor of 1.5 either way since the last event
         (by the meter's raw tokens, so a moving calibration does not repeat it), and when it
@@ -396,10 +396,10 @@ class CacheAwareCompactor:
     # -- the turn --------------------------------------------------------------------------------
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
+                       params: dict[str, Any] | None = None) -> Plan:
         """Decide and apply this turn's compaction; ``context_full`` in the report says why when
         nothing fits (the adapters turn it into their transport's error)."""
-        report = TurnReport(0, 0)
+        report = Plan(0, 0)
         since = self._observe_new(now, report)
         self._now = now
         s = self.session
@@ -484,7 +484,7 @@ class CacheAwareCompactor:
                 report.events.append(self._first_notice(report))
         return report
 
-    def _restore(self, report: TurnReport) -> None:
+    def _restore(self, report: Plan) -> None:
         """Lines of hidden output that the newest calls named, appended to their results
         (`compaction.restore`): never sent yet, so nothing cached changes."""
         s = self.session
@@ -501,7 +501,7 @@ class CacheAwareCompactor:
                                             tokens_before=before,
                                             tokens_after=self._now_tokens(), entries=[e.seq for e in entries]))
 
-    def _first_notice(self, report: TurnReport) -> Event:
+    def _first_notice(self, report: Plan) -> Event:
         """What the first request changed in the history the caller brought, and how to get it
         back: a user who wraps a long session sees it cut once, and must be told."""
         edits = [e for e in report.entries if e.level != RESTORE_LEVEL]  # what removed, not what was given back
@@ -562,7 +562,7 @@ class CacheAwareCompactor:
                 break
         return out
 
-    def _compact(self, trig: Trigger, cold: bool, body: dict[str, Any] | None, report: TurnReport, model: str,
+    def _compact(self, trig: Trigger, cold: bool, body: dict[str, Any] | None, report: Plan, model: str,
                  lim: Limits) -> int:
         s, cfg = self.session, self.cfg
         view = build_view(s)
@@ -763,7 +763,7 @@ class CacheAwareCompactor:
         own = [e for e in p.edits if e.reason != SUPERSEDED_REASON]  # superseded ones may sit in the recent part
         self.session.stable_before = max(e.end for e in own) + 1 if cleared and own else None
 
-    def _truncate(self, tokens: int, lim: Limits, report: TurnReport, why: str, drop_summary: bool = False) -> int:
+    def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
 
         It cuts to as far below the soft threshold as the window is above it, so one cache
@@ -785,7 +785,7 @@ class CacheAwareCompactor:
                                         entries=[e.seq for e in entries]))
         return after
 
-    def _ensure_fits(self, tokens: int, lim: Limits, report: TurnReport) -> int:
+    def _ensure_fits(self, tokens: int, lim: Limits, report: Plan) -> int:
         """Past the critical threshold, L5 until the request fits, and if the newest round beside a
         leading summary still does not (the prefix fills most of the window), L5 again with the
         summary dropped; ``report.context_full`` says why if even that cannot fit."""
@@ -838,7 +838,7 @@ class CacheAwareCompactor:
             self._planning_bug(p.level, f"the ledger refused {p.level}'s edit: {err}")
             return []
 
-    def _fail(self, level: Level, why: str, tokens: int, cost: float, report: TurnReport) -> None:
+    def _fail(self, level: Level, why: str, tokens: int, cost: float, report: Plan) -> None:
         self.failures += 1
         report.events.append(self._emit("failure", level=level, reason=why, tokens_before=tokens,
                                         tokens_after=tokens, cost_usd=cost,
@@ -922,7 +922,7 @@ class CacheAwareCompactor:
         except Exception as err:  # summarizer errors count for the breaker, as at a request
             cost = getattr(err, "cost_usd", 0.0)
             self.summary_cost += cost
-            self._fail(p.level, f"idle {type(err).__name__}: {err}", tokens, cost, TurnReport(tokens, tokens))
+            self._fail(p.level, f"idle {type(err).__name__}: {err}", tokens, cost, Plan(tokens, tokens))
             return no(f"the summary failed: {type(err).__name__}: {err}", tokens_after=tokens, cost_usd=cost,
                       **priced_kw)
         self.summary_cost += cost
@@ -942,7 +942,7 @@ class CacheAwareCompactor:
             return None
         return self.last_request_at + self._ttl_s - DECIDE_BEFORE_S
 
-    def _append_idle(self, report: TurnReport) -> None:
+    def _append_idle(self, report: Plan) -> None:
         """The edits of the summary made while the session was quiet, appended now that the
         response they were made after is in the transcript (so the thinking they invalidate is
         told by the ledger's usual rule, `history.thinking`). Its cost was its `idle_summary`
@@ -1009,7 +1009,7 @@ class CacheAwareCompactor:
                 continue
             except Exception as err:  # the breaker counts it; L5 is next
                 self._fail(level, f"reactive {type(err).__name__}: {err}", tokens, getattr(err, "cost_usd", 0.0),
-                           TurnReport(tokens, tokens))
+                           Plan(tokens, tokens))
                 continue
             self.summary_cost += cost
             changed = True

@@ -3,9 +3,13 @@
 A strategy is called by the middleware (or the proxy) around every request of its session:
 
 * `before_request` runs with the session synced to the agent's history, before the request
-  is rendered; it may append ledger edits (through `Session.edit`) and returns a `TurnReport`;
+  is rendered; it plans against the session, staging ledger edits (`Session.stage`: renders
+  and counts see them at once, nothing is stored), and returns a `Plan` carrying them, its
+  events and "context full"; the request cycle stores the staged edits (`Session.commit`), so
+  a strategy never writes to the store;
 * `after_response` gets the request time and the usage the API reported;
-* `reactive` runs after a prompt-too-long error and returns whether it freed enough;
+* `reactive` runs after a prompt-too-long error and returns whether it freed enough (its
+  staged edits are stored the same way);
 * the request body is rendered from transcript + ledger. A strategy that edits the caller's
   body directly instead (a sliding window, server-side clearing) is a `BodyShaper`: the second
   protocol, whose `shape` rewrites the body the caller sent. Which of the two a strategy is
@@ -51,6 +55,7 @@ __all__ = [
     "CompactsIdle",
     "LedgerStrategy",
     "NeedsBetas",
+    "Plan",
     "StatefulStrategy",
     "Strategy",
     "StrategyConfig",
@@ -66,10 +71,12 @@ log = logging.getLogger("cachecompact")
 
 
 @dataclass(slots=True)
-class TurnReport:
-    """What a strategy decided for one request: the edits it made, the events, and, when even
-    its last resort cannot fit the request, why (``context_full``: the message the adapter gives
-    the caller as its transport's error)."""
+class Plan:
+    """What a strategy decided for one request, as data: the ledger edits it staged
+    (``entries``, `Session.stage`: the request cycle stores them after the strategy returns),
+    the events, the tokens before and after, and, when even its last resort cannot fit the
+    request, why (``context_full``: the message the adapter gives the caller as its transport's
+    error)."""
 
     tokens_before: int
     tokens_after: int
@@ -78,13 +85,17 @@ class TurnReport:
     context_full: str | None = None
 
 
+#: The 0.2 name of `Plan`, kept until 0.4.
+TurnReport = Plan
+
+
 @runtime_checkable
 class Strategy(Protocol):
     """A strategy that compacts through the session's ledger: the request body is rendered from
     transcript + ledger, so every edit is hashed, audited and rendered the same way."""
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport: ...
+                       params: dict[str, Any] | None = None) -> Plan: ...
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None: ...
 
@@ -108,7 +119,7 @@ class _PassThrough:
         self.strategy = strategy
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
+                       params: dict[str, Any] | None = None) -> Plan:
         return self.strategy.before_request(now, model, max_tokens, params)
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from cachecompact.compaction.strategy import BodyShaper, Strategy, TurnReport, shaper_of
+from cachecompact.compaction.strategy import BodyShaper, Plan, Strategy, shaper_of
 
 
 class _Ledger:
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
-        return TurnReport(0, 0)
+                       params: dict[str, Any] | None = None) -> Plan:
+        return Plan(0, 0)
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         return None
@@ -69,8 +69,8 @@ def test_a_ledger_strategy_with_its_own_shape_still_renders_as_in_0_3() -> None:
 
     class Mine(LedgerStrategy):
         def before_request(self, now: float, model: str, max_tokens: int = 0,
-                           params: dict[str, Any] | None = None) -> TurnReport:
-            return TurnReport(0, 0)
+                           params: dict[str, Any] | None = None) -> Plan:
+            return Plan(0, 0)
 
         def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
             return False

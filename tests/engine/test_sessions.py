@@ -23,7 +23,7 @@ from cachecompact import Session
 from cachecompact.adapters.middleware import SESSION_HEADER
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.events import Event
-from cachecompact.base.values import Answer
+from cachecompact.base.values import Answer, ContextFull
 from cachecompact.engine.identity import RequestHistory, decide
 from cachecompact.engine.request_cycle import CompactionEngine
 from cachecompact.history.transcript import message_hash
@@ -509,3 +509,66 @@ def test_the_typed_request_record_is_stored_key_for_key(tmp_path: Path) -> None:
     assert ours <= set(rec) and "thinking" not in rec
     assert set(rec) - ours - session <= {"seq", "prev_hash", "hash", "stable_before"}, set(rec) - ours - session
     assert rec["usage"] == {"input_tokens": 10, "output_tokens": 5} and rec["stream"] is False
+
+
+# -- the plan: a strategy stages, the cycle stores -------------------------------------------------
+
+def _racing_config(store_dir: Path) -> Any:
+    """A strategy that plans one skip per request; on its very first plan "another replica"
+    stores an edit on the same session first (the race a fleet on one store can run)."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from cachecompact.compaction.strategy import Plan, StrategyContext
+    from cachecompact.history.ledger import SkipRange
+
+    raced: list[bool] = []
+
+    class Racing:
+        def __init__(self, ctx: StrategyContext) -> None:
+            self.session = ctx.session
+
+        def before_request(self, now: float, model: str, max_tokens: int = 0,
+                           params: dict[str, Any] | None = None) -> Plan:
+            s = self.session
+            if not raced:
+                raced.append(True)
+                Session.open(FileStore(store_dir), s.session_id).edit(SkipRange(7, 10), level="L1")
+            return Plan(0, 0, entries=[s.stage(SkipRange(3, 6), level="L1")])
+
+        def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+            return None
+
+        def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
+            return False
+
+    @dataclass(frozen=True)
+    class RacingConfig:
+        name: ClassVar[str] = "racing"
+        prefix_messages: int = 3
+        summary_model: str | None = None
+        summary_mode: str = "auto"
+
+        def build(self, ctx: StrategyContext) -> Racing:
+            return Racing(ctx)
+
+    return RacingConfig()
+
+
+def test_the_cycle_stores_the_plan_and_a_lost_race_is_decided_again(tmp_path: Path) -> None:
+    """The strategy's staged edit reaches the store only through the cycle; when another writer
+    stored an edit first, the cycle lets the session go, opens it from the store and plans again,
+    so the request carries both edits and the store holds each once, in order."""
+    from cachecompact import EngineOptions
+
+    from ..conftest import TOOLS, history
+
+    msgs = history(10, n_calls=2)
+    body = {"model": MODEL, "max_tokens": 100, "system": SHORT_SYSTEM, "tools": TOOLS, "messages": msgs}
+    eng = CompactionEngine(FileStore(tmp_path), EngineOptions(strategy=_racing_config(tmp_path)), summarizer=None)
+    p = eng.prepare(body, explicit="conv", now=1.0)
+    assert not isinstance(p, ContextFull)
+    stored = Session.open(FileStore(tmp_path), "conv")
+    assert [(e.start, e.end) for e in stored.ledger.entries] == [(7, 10), (3, 6)]  # theirs, then the plan's
+    assert p.live.session.ledger.entries == stored.ledger.entries and not p.live.session.stale
+    assert p.body == stored.render(model=MODEL, max_tokens=100).body  # what goes out is what is stored

@@ -49,3 +49,46 @@ def test_a_read_only_open_takes_the_shared_lock(tmp_path: Path) -> None:
     lock_file.unlink(missing_ok=True)
     ro = Session.open(ss, readonly=True)
     assert len(ro) > 0 and not lock_file.exists()
+
+
+# -- a strategy's plan: staged, then stored by the request cycle --------------------------------
+
+def test_staged_edits_render_at_once_and_are_stored_by_commit(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    s = Session.create(store, session_id="s3", system=SYSTEM, tools=TOOLS)
+    s.sync(history(8, n_calls=2))
+    before = s.render().to_json()
+    entry = s.stage(SkipRange(start=3, end=6), level="L1")
+    assert s.staged == [entry] and s.ledger.entries == [entry]
+    assert s.render().to_json() != before  # renders and counts see the plan at once
+    assert Session.open(store, "s3").ledger.entries == []  # nothing stored yet
+    assert s.commit() == [entry] and s.staged == []
+    again = Session.open(store, "s3")
+    assert again.ledger.entries == [entry] and again.render().to_json() == s.render().to_json()
+
+
+def test_a_manual_edit_stores_what_was_staged_before_it(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    s = Session.create(store, session_id="s4", system=SYSTEM, tools=TOOLS)
+    s.sync(history(10, n_calls=2))
+    staged = s.stage(SkipRange(start=3, end=6), level="L1")
+    edited = s.edit(SkipRange(start=7, end=10))
+    assert s.staged == [] and Session.open(store, "s4").ledger.entries == [staged, edited]
+
+
+def test_a_plan_that_lost_a_race_is_not_stored_and_marks_the_session_stale(tmp_path: Path) -> None:
+    """Another writer (a replica on the same store) appended an edit after this one staged its
+    own: nothing of the plan is written, and the session says it must be opened again."""
+    from cachecompact.base.errors import StagedEditsConflictError
+
+    store = FileStore(tmp_path)
+    mine = Session.create(store, session_id="s5", system=SYSTEM, tools=TOOLS)
+    mine.sync(history(10, n_calls=2))
+    other = Session.open(FileStore(tmp_path), "s5")
+    mine.stage(SkipRange(start=3, end=6), level="L1")
+    theirs = other.edit(SkipRange(start=7, end=10))
+    assert not mine.stale
+    with pytest.raises(StagedEditsConflictError, match="1 staged ledger edit"):
+        mine.commit()
+    assert mine.stale and mine.staged == []
+    assert Session.open(store, "s5").ledger.entries == [theirs]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.values import SummaryMode
-from ..strategy import Strategy, StrategyContext, TurnReport
+from ..strategy import Plan, Strategy, StrategyContext
 
 __all__ = ["AUTO_CACHE", "AnthropicClearConfig", "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",
            "NoneConfig", "WindowConfig"]
@@ -50,8 +50,8 @@ class BodyStrategy:
         self.summary_cost = 0.0
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
-        return TurnReport(0, 0)
+                       params: dict[str, Any] | None = None) -> Plan:
+        return Plan(0, 0)
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         return None

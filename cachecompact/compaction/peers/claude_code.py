@@ -24,7 +24,7 @@ from ...base.errors import InvalidEditError
 from ...base.values import IdleDecision, SummaryMode
 from ...history.ledger import ReplaceWithSummary, widen_to_pairs
 from ..levels import build_view
-from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport, summarize_range
+from ..strategy import LedgerStrategy, Plan, Strategy, StrategyContext, summarize_range
 
 __all__ = ["CC_COMPACTABLE", "ClaudeCodeConfig", "ClaudeCodePolicy"]
 
@@ -61,10 +61,10 @@ class ClaudeCodePolicy(LedgerStrategy):
         self._idle_at: float | None = None  # the request time of the quiet period it was decided in
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
+                       params: dict[str, Any] | None = None) -> Plan:
         s = self.session
         before = self._tokens()
-        report = TurnReport(before, before)
+        report = Plan(before, before)
         if s.prefix_end is None:
             return report
         if self._idle_edit is not None:

@@ -38,7 +38,7 @@ import anthropic
 from ...base.headers import INTERNAL_HEADER
 from ...base.values import SummaryMode
 from ...base.wire import canonical_bytes
-from ..strategy import Strategy, StrategyContext, TurnReport
+from ..strategy import Plan, Strategy, StrategyContext
 from .body import AUTO_CACHE
 
 __all__ = ["BETA", "OnDemandConfig", "OnDemandStrategy"]
@@ -61,8 +61,8 @@ class OnDemandStrategy:
         self.reported_bytes = 0  # the size of the messages that request sent, to add what came since
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
-        return TurnReport(0, 0)
+                       params: dict[str, Any] | None = None) -> Plan:
+        return Plan(0, 0)
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         if usage:

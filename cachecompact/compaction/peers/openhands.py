@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...base.values import SummaryMode
-from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
+from ..strategy import LedgerStrategy, Plan, Strategy, StrategyContext
 
 __all__ = ["OpenHandsCondenser", "OpenHandsConfig"]
 
@@ -41,10 +41,10 @@ class OpenHandsCondenser(LedgerStrategy):
         self.cfg = cfg or OpenHandsConfig()
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
+                       params: dict[str, Any] | None = None) -> Plan:
         s = self.session
         before = self._tokens()
-        report = TurnReport(before, before)
+        report = Plan(before, before)
         if s.prefix_end is not None and s.render(breakpoints=False).n_messages > self.cfg.max_size:
             tail = self.cfg.max_size // 2 - self.cfg.keep_first - 1
             self._summarize(s.prefix_end, len(s) - tail - 1, "L4", "openhands: condense forgotten events")

@@ -22,7 +22,7 @@ from ...base.errors import InvalidEditError
 from ...base.values import SummaryMode
 from ...history.ledger import ReplaceWithSummary, SkipRange, widen_to_pairs
 from ..levels import build_view, propose_entry_summary, results_since
-from ..strategy import LedgerStrategy, Strategy, StrategyContext, TurnReport
+from ..strategy import LedgerStrategy, Plan, Strategy, StrategyContext
 
 __all__ = ["SeedPipeline", "SeedPipelineConfig"]
 
@@ -63,10 +63,10 @@ class SeedPipeline(LedgerStrategy):
             return []
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
-                       params: dict[str, Any] | None = None) -> TurnReport:
+                       params: dict[str, Any] | None = None) -> Plan:
         s, c = self.session, self.cfg
         before = self._tokens()
-        report = TurnReport(before, before)
+        report = Plan(before, before)
         since, self._seen = self._seen, len(s)
         if s.prefix_end is None:
             return report
