@@ -123,11 +123,20 @@ class StoreError(CacheCompactError):
 
 
 class StagedEditsConflictError(StoreError):
-    """Edits a strategy staged could not be stored: another writer appended ledger entries first.
+    """Edits a strategy staged were not stored (another writer appended ledger entries first, or
+    the write failed), or a session that lost them is used again.
 
-    The session's memory then holds entries the store does not; the engine lets that session
-    go and opens it again from the store (`SessionRegistry.forget`) before deciding anew.
+    The session's memory then holds entries the store does not, so it is `stale`; the engine
+    lets it go and opens it again from the store (`SessionRegistry.forget`) before deciding anew.
+    ``session_id`` names it.
     """
+
+    def __init__(self, session_id: str, message: str) -> None:
+        self.session_id, self.message = session_id, message
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.session_id, self.message)
 
 
 class SessionNotFoundError(StoreError, KeyError):

@@ -73,10 +73,10 @@ log = logging.getLogger("cachecompact")
 @dataclass(slots=True)
 class Plan:
     """What a strategy decided for one request, as data: the ledger edits it staged
-    (``entries``, `Session.stage`: the request cycle stores them after the strategy returns),
-    the events, the tokens before and after, and, when even its last resort cannot fit the
-    request, why (``context_full``: the message the adapter gives the caller as its transport's
-    error)."""
+    (``entries``, `Session.stage`: the request cycle stores them after the strategy returns,
+    and lists them here when a strategy left the list empty), the events, the tokens before and
+    after, and, when even its last resort cannot fit the request, why (``context_full``: the
+    message the adapter gives the caller as its transport's error)."""
 
     tokens_before: int
     tokens_after: int

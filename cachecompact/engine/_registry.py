@@ -126,14 +126,15 @@ class LiveMaker:
                                  prefix_messages=prefix, token_ratio=ratio, link=link)
         return self._live(session, body, preamble_key(body.get("tools"), body.get("system")))
 
-    def open(self, sid: str) -> Live:
-        """The stored session ``sid``, live (`SessionNotFoundError` if there is none)."""
+    def open(self, sid: str, model: str = "") -> Live:
+        """The stored session ``sid``, live (`SessionNotFoundError` if there is none); its model
+        (window, summaries) is its last request's, else ``model`` (the request that opens it)."""
         assert self.store is not None
         session = Session.open(self.store, sid)
         tools = session.tools_param
         if self.options.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
             tools = tools[:-1]
-        body = {"model": (session.last_request or {}).get("model", ""), "tools": tools or None,
+        body = {"model": (session.last_request or {}).get("model") or model, "tools": tools or None,
                 "system": session.system_param}
         return self._live(session, body, preamble_key(tools or None, session.system_param))
 
@@ -183,7 +184,7 @@ class SessionRegistry:
             self._live.popitem(last=False)
         return live
 
-    def _load(self, sid: str) -> Live | None:
+    def _load(self, sid: str, model: str = "") -> Live | None:
         live = self._live.get(sid)
         if live is not None:
             self._live.move_to_end(sid)
@@ -191,7 +192,7 @@ class SessionRegistry:
         if self.store is None:
             return None
         try:
-            return self._remember(sid, self.maker.open(sid))
+            return self._remember(sid, self.maker.open(sid, model))
         except SessionNotFoundError:
             return None
 
@@ -220,7 +221,7 @@ class SessionRegistry:
         base = check_session_id(explicit) if explicit is not None else family_key(req.ids[0])
         for _ in range(8):
             with self._lock:
-                chosen = self._choose(base, named, req)
+                chosen = self._choose(base, named, req, str(body.get("model") or ""))
                 if isinstance(chosen, Decision):
                     return self._start(base, named, req, chosen, body)
             with chosen.lock:
@@ -233,7 +234,7 @@ class SessionRegistry:
             return self._start(base, named, req, Decision("new", None, "no stored history settled after repeated "
                                                                        "concurrent appends"), body)
 
-    def _choose(self, base: str, named: bool, req: RequestHistory) -> Live | Decision:
+    def _choose(self, base: str, named: bool, req: RequestHistory, model: str = "") -> Live | Decision:
         """The live session to continue, or the decision to start one. Memory first; the store's
         members of the family (another process's, or ones this process let go) when memory has
         no session to continue. Caller holds ``_lock``."""
@@ -243,7 +244,7 @@ class SessionRegistry:
             unloaded = [k for k in self._family(base, stored=True) if k not in self._live]
             if unloaded:
                 for sid in unloaded:
-                    self._load(sid)
+                    self._load(sid, model)
                 members = [x for k in self._family(base, stored=False) if (x := self._live.get(k)) is not None]
                 d = decide(req, members, named=named)
         if d.kind == "continue":

@@ -39,11 +39,13 @@ from ..compaction.strategy import (
     ChoosesTTL,
     CompactsIdle,
     NeedsBetas,
+    Plan,
     StatefulStrategy,
     Strategy,
     StrategyConfig,
 )
 from ..compaction.summarize.llm import Summarizer
+from ..history.ledger import LedgerEntry
 from ..history.render import RenderResult
 from ..history.session import Session
 from ..history.thinking import BINDING_BETA, DROP_BLOCK
@@ -157,8 +159,15 @@ class CompactionEngine:
         try:
             return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
         except StagedEditsConflictError as err:
+            self._let_go(err)
             log.info("cachecompact: %s; deciding again on the stored session", err)
             return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+
+    def _let_go(self, err: StagedEditsConflictError) -> None:
+        """A session whose plan was not stored: out of memory, and the events of that plan
+        discarded (they name entries the store does not hold; hooks had them already)."""
+        self.registry.forget(err.session_id)
+        self.events.drain(err.session_id)
 
     def _prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool,
                  raw: bytes | None) -> Prepared | ContextFull:
@@ -239,16 +248,18 @@ class CompactionEngine:
         try:
             out = decide()
         except BaseException:
-            with contextlib.suppress(StagedEditsConflictError):
+            with contextlib.suppress(Exception):
                 self._commit(live)
             raise
-        self._commit(live)
+        stored = self._commit(live)
+        if isinstance(out, Plan) and not out.entries:
+            out.entries = stored  # a strategy that did not list what it staged
         return out
 
-    def _commit(self, live: Live) -> None:
+    def _commit(self, live: Live) -> list[LedgerEntry]:
         try:
-            live.session.commit()
-        except StagedEditsConflictError:
+            return live.session.commit()
+        except Exception:  # not stored: the session's memory is not the store's any more
             self.registry.forget(live.sid)
             raise
 
@@ -445,7 +456,14 @@ class CompactionEngine:
         info = too_long(payload)
         if info is None:
             return None
-        body = self.reactive(p, info)
+        try:
+            body = self.reactive(p, info)
+        except StagedEditsConflictError as err:
+            # another writer stored edits first: the API's own 400 goes back (not "context full",
+            # which would not be true), and the next request plans on the stored session
+            self._let_go(err)
+            log.warning("cachecompact: reactive compaction not stored: %s", err)
+            return None
         if body is not None:
             return Retry(body, "")
         n, limit, out = info
@@ -469,12 +487,7 @@ class CompactionEngine:
         n, limit, out = info
         live = p.live
         with live.lock:
-            try:
-                freed = self._planned(live, lambda: live.strategy.reactive(n, limit, p.now, p.model,
-                                                                             out or p.max_tokens))
-            except StagedEditsConflictError as err:  # the next request decides on the stored session
-                log.warning("cachecompact: reactive compaction not stored: %s", err)
-                freed = False
+            freed = self._planned(live, lambda: live.strategy.reactive(n, limit, p.now, p.model, out or p.max_tokens))
             self._save_events(live)
             if not freed:
                 return None

@@ -2,8 +2,12 @@
 
 Every mutation (``sync``, ``edit``, ``record_request``) runs under the store's lock as: read
 what other writers appended, validate, compare-and-append, then update memory. A failed
-validation writes nothing. Loading verifies every chain (transcript content, ledger entries,
-request records) and the immutable prefix, and raises `LedgerCorruptError` naming the record.
+validation writes nothing. A strategy's edits are the one exception: ``stage`` validates and
+updates memory only, and ``commit`` stores them later, under the lock, after checking that no
+other writer appended ledger entries since; a commit that fails leaves the session ``stale``
+(its memory holds what the store does not), and every later mutation refuses it.
+Loading verifies every chain (transcript content, ledger entries, request records) and the
+immutable prefix, and raises `LedgerCorruptError` naming the record.
 """
 
 from __future__ import annotations
@@ -470,10 +474,6 @@ class Session:
     def edit(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
         """Validate and append one ledger edit, stored at once (edits staged before it first).
         Raises a typed `InvalidEditError`; writes nothing then."""
-        if self._staged:
-            entry = self.stage(edit, level=level, created_at=created_at)
-            self.commit()
-            return entry
         self._check_edit_type(edit)
         for _ in range(_CONFLICT_RETRIES):
             with self._locked():
@@ -493,6 +493,7 @@ class Session:
         `Plan`; the engine commits them after the strategy returns, so no strategy writes to the
         store. Raises a typed `InvalidEditError`; stages nothing then."""
         self._check_edit_type(edit)
+        self._refuse_stale()
         entry = self._entry(edit, level, created_at)
         self.ledger.append(entry)
         self._staged.append(entry)
@@ -506,21 +507,42 @@ class Session:
     def commit(self) -> list[LedgerEntry]:
         """Store the staged edits, in order, in one compare-and-append; what was stored.
 
-        The entries were made at the ledger's length as this process knew it. When another
-        writer appended ledger entries since, nothing is stored, the session is marked `stale`
-        and `StagedEditsConflictError` is raised: its memory holds entries the store does not,
-        so it must be opened again from the store (the engine does)."""
+        The entries were made at the ledger's length as this process knew it. Under the store's
+        lock, ledger entries another writer appended since are looked for first (a torn tail
+        is repaired only then, so no other writer's entry is ever cut away). When there are any,
+        or the write fails, nothing of the plan is stored, the session is marked `stale` and
+        `StagedEditsConflictError` (for a lost race) or the write's own error is raised: its
+        memory holds entries the store does not, so it must be opened again from the store
+        (the engine does)."""
         staged, self._staged = self._staged, []
         if not staged or self.store is None:
             return staged
         try:
             with self.store.lock():
+                theirs, _torn = self.store.read_new("ledger")
+                if theirs:
+                    raise StoreConflictError(self.store.where("ledger"), staged[0].seq, staged[0].seq + len(theirs))
                 self._persist("ledger", [msgspec.to_builtins(e) for e in staged], staged[0].seq)
         except StoreConflictError as err:
             self.stale = True
-            raise StagedEditsConflictError(f"{self.store.location}: {len(staged)} staged ledger edit(s) not stored: "
-                                           f"another writer appended first ({err})") from None
+            raise StagedEditsConflictError(self.session_id, f"{self.store.location}: {len(staged)} staged ledger "
+                                           f"edit(s) not stored: another writer appended first ({err})") from None
+        except BaseException:
+            self.stale = True
+            raise
         return staged
+
+    def _settle(self) -> None:
+        """Before anything reads or writes the store: refuse a stale session, store staged edits
+        (a strategy driven by hand, without the engine, that did not commit)."""
+        self._refuse_stale()
+        if self._staged:
+            self.commit()
+
+    def _refuse_stale(self) -> None:
+        if self.stale:
+            raise StagedEditsConflictError(self.session_id, f"session {self.session_id}: its memory holds ledger "
+                                           "edits that were never stored; open it again from the store")
 
     @staticmethod
     def _check_edit_type(edit: Edit) -> None:
@@ -554,6 +576,7 @@ class Session:
         render's breakpoint plan. ``fields`` is the engine's `RequestRecord`, or the fields of
         a tool that keeps its own records in a session.
         """
+        self._settle()  # the record commits to a ledger state: the staged edits first, never a lost one
         t_len = self._render_transcript_len(render)
         own = fields.fields() if isinstance(fields, RequestRecord) else dict(fields)
         base = {**own, "meta": self.meta_digest(), "transcript_len": t_len, "transcript_head": self._chain[t_len],
@@ -608,8 +631,7 @@ class Session:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """Hold the store lock and catch up with other writers first (no-op in memory)."""
-        if self._staged:  # stored first: catching up would read other writers' entries over them
-            self.commit()
+        self._settle()  # catching up would read other writers' entries over staged or lost ones
         if self.store is None:
             yield
             return

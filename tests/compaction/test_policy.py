@@ -693,3 +693,19 @@ def test_a_break_also_clears_the_results_a_later_identical_call_superseded() -> 
     newer = body["messages"][s.messages().index(turns[13][1])]["content"][0]["content"]
     assert "superseded" in str(older) and "tool_use_id toolu_13" in str(older) and newer == "same file line\n" * 600
     assert s.stable_before is not None and s.stable_before <= s.messages().index(turns[10][1])
+
+
+def test_the_compactor_stages_its_plan_and_writes_nothing_itself(tmp_path: Path) -> None:
+    """A plan's edits are in the session's memory (rendered, counted) and in the `Plan`, but not
+    in the store until the request cycle commits them."""
+    s = Session.create(tmp_path / "s", prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, cache_aware=False, keep_recent_tokens=0, preview_chars=20_000))
+    turns = [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(12)]
+    _grow(s, c, turns[:-1])
+    stored_before = len(Session.open(tmp_path / "s").ledger)
+    s.sync(s.messages() + turns[-1])
+    plan = c.before_request(200.0, MODEL, 1000)
+    assert plan.entries and s.staged == plan.entries
+    assert len(Session.open(tmp_path / "s").ledger) == stored_before  # nothing written by the strategy
+    assert s.commit() == plan.entries
+    assert Session.open(tmp_path / "s").ledger.entries == s.ledger.entries

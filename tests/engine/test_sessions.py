@@ -514,33 +514,40 @@ def test_the_typed_request_record_is_stored_key_for_key(tmp_path: Path) -> None:
 # -- the plan: a strategy stages, the cycle stores -------------------------------------------------
 
 def _racing_config(store_dir: Path) -> Any:
-    """A strategy that plans one skip per request; on its very first plan "another replica"
-    stores an edit on the same session first (the race a fleet on one store can run)."""
+    """A strategy that plans one skip per call and says so in an event; on its first plan, and
+    again on its first reactive compaction, "another replica" stores an edit on the same session
+    first (the race a fleet on one store can run)."""
     from dataclasses import dataclass
     from typing import ClassVar
 
     from cachecompact.compaction.strategy import Plan, StrategyContext
     from cachecompact.history.ledger import SkipRange
 
-    raced: list[bool] = []
+    raced: set[str] = set()
 
     class Racing:
         def __init__(self, ctx: StrategyContext) -> None:
-            self.session = ctx.session
+            self.session, self.events = ctx.session, ctx.events
+
+        def _race(self, when: str, theirs: SkipRange) -> None:
+            if when not in raced:
+                raced.add(when)
+                Session.open(FileStore(store_dir), self.session.session_id).edit(theirs, level="L1")
 
         def before_request(self, now: float, model: str, max_tokens: int = 0,
                            params: dict[str, Any] | None = None) -> Plan:
-            s = self.session
-            if not raced:
-                raced.append(True)
-                Session.open(FileStore(store_dir), s.session_id).edit(SkipRange(7, 10), level="L1")
-            return Plan(0, 0, entries=[s.stage(SkipRange(3, 6), level="L1")])
+            self._race("plan", SkipRange(7, 10))
+            entry = self.session.stage(SkipRange(3, 6), level="L1")
+            self.events.emit(Event("compaction", self.session.session_id, reason=f"planned entry {entry.seq}"))
+            return Plan(0, 0, entries=[entry])
 
         def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
             return None
 
         def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
-            return False
+            self._race("reactive", SkipRange(15, 18))
+            self.session.stage(SkipRange(11, 14), level="L1")
+            return True
 
     @dataclass(frozen=True)
     class RacingConfig:
@@ -558,7 +565,8 @@ def _racing_config(store_dir: Path) -> Any:
 def test_the_cycle_stores_the_plan_and_a_lost_race_is_decided_again(tmp_path: Path) -> None:
     """The strategy's staged edit reaches the store only through the cycle; when another writer
     stored an edit first, the cycle lets the session go, opens it from the store and plans again,
-    so the request carries both edits and the store holds each once, in order."""
+    so the request carries both edits, the store holds each once, in order, and only the plan
+    that was stored left its event."""
     from cachecompact import EngineOptions
 
     from ..conftest import TOOLS, history
@@ -572,3 +580,28 @@ def test_the_cycle_stores_the_plan_and_a_lost_race_is_decided_again(tmp_path: Pa
     assert [(e.start, e.end) for e in stored.ledger.entries] == [(7, 10), (3, 6)]  # theirs, then the plan's
     assert p.live.session.ledger.entries == stored.ledger.entries and not p.live.session.stale
     assert p.body == stored.render(model=MODEL, max_tokens=100).body  # what goes out is what is stored
+    said = [e["reason"] for e in FileStore(tmp_path).open("conv").read_events() if e.get("kind") == "compaction"]
+    assert said == ["planned entry 1"]  # the lost plan's "entry 0" named the other writer's entry: dropped
+
+
+def test_a_reactive_compaction_that_lost_a_race_gives_back_the_apis_error(tmp_path: Path) -> None:
+    """Not "context full" (that would not be true): the 400 goes back, the session is let go,
+    and the next request plans on what the store holds."""
+    from cachecompact import EngineOptions
+
+    from ..conftest import TOOLS, history
+
+    msgs = history(10, n_calls=2)
+    body = {"model": MODEL, "max_tokens": 100, "system": SHORT_SYSTEM, "tools": TOOLS, "messages": msgs}
+    eng = CompactionEngine(FileStore(tmp_path), EngineOptions(strategy=_racing_config(tmp_path)), summarizer=None)
+    p = eng.prepare(body, explicit="conv", now=1.0)
+    assert not isinstance(p, ContextFull)
+    too_long = {"type": "error", "error": {"type": "invalid_request_error",
+                                           "message": "prompt is too long: 250000 tokens > 200000 maximum"}}
+    assert eng.after_too_long(p, too_long) is None
+    assert p.live.session.stale and eng.registry.get("conv") is not p.live
+    stored = Session.open(FileStore(tmp_path), "conv")
+    assert [(e.start, e.end) for e in stored.ledger.entries] == [(7, 10), (3, 6), (15, 18)]
+    again = eng.prepare(body, explicit="conv", now=2.0)
+    assert not isinstance(again, ContextFull) and not again.live.session.stale
+    assert again.body == Session.open(FileStore(tmp_path), "conv").render(model=MODEL, max_tokens=100).body

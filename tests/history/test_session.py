@@ -92,3 +92,48 @@ def test_a_plan_that_lost_a_race_is_not_stored_and_marks_the_session_stale(tmp_p
         mine.commit()
     assert mine.stale and mine.staged == []
     assert Session.open(store, "s5").ledger.entries == [theirs]
+
+
+def test_a_commit_never_cuts_away_an_entry_another_writer_stored_over_a_torn_tail(tmp_path: Path) -> None:
+    """A crashed writer left half a ledger line; this session saw it. Another writer then repaired
+    the tail and stored its edit. The commit must find that entry and refuse, not "repair" it away."""
+    from cachecompact.base.errors import StagedEditsConflictError
+
+    store = FileStore(tmp_path)
+    mine = Session.create(store, session_id="s6", system=SYSTEM, tools=TOOLS)
+    mine.sync(history(10, n_calls=2))
+    with open(tmp_path / "s6" / "ledger.jsonl", "ab") as f:
+        f.write(b'{"seq":0,"kind":"sk')  # a torn tail: no newline
+    mine.refresh()
+    assert mine.torn
+    theirs = Session.open(FileStore(tmp_path), "s6").edit(SkipRange(start=7, end=10))
+    mine.stage(SkipRange(start=3, end=6), level="L1")
+    with pytest.raises(StagedEditsConflictError):
+        mine.commit()
+    assert Session.open(store, "s6").ledger.entries == [theirs]
+
+
+def test_a_commit_whose_write_fails_leaves_the_session_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its memory holds an entry the store does not: every later use refuses it, so no request
+    record can ever name that entry; the store keeps what it had."""
+    from cachecompact.base.errors import StagedEditsConflictError
+
+    store = FileStore(tmp_path)
+    s = Session.create(store, session_id="s7", system=SYSTEM, tools=TOOLS)
+    msgs = history(10, n_calls=2)
+    s.sync(msgs)
+    s.stage(SkipRange(start=3, end=6), level="L1")
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(s.store, "append", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        s.commit()
+    monkeypatch.undo()
+    assert s.stale
+    with pytest.raises(StagedEditsConflictError, match="open it again from the store"):
+        s.sync(msgs)
+    with pytest.raises(StagedEditsConflictError):
+        s.record_request(s.render(), {"usage": {}})
+    assert Session.open(store, "s7").ledger.entries == []
