@@ -19,7 +19,16 @@ from typing import Any
 from ..base.errors import UnknownStrategyError
 from ._default import CachecompactConfig
 from .policy import Economics, PolicyConfig
-from .strategy import LedgerStrategy, Plan, Strategy, StrategyConfig, StrategyContext, summarize_range, task_goal
+from .strategy import (
+    LedgerStrategy,
+    Plan,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+    TurnReport,
+    summarize_range,
+    task_goal,
+)
 
 __all__ = [
     "CachecompactConfig",
@@ -28,6 +37,7 @@ __all__ = [
     "Strategy",
     "StrategyConfig",
     "StrategyContext",
+    "TurnReport",
     "get_strategy",
     "register_strategy",
     "strategy_names",

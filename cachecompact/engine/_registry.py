@@ -171,11 +171,13 @@ class SessionRegistry:
         with self._lock:
             return self._live.get(sid)
 
-    def forget(self, sid: str) -> None:
-        """Let ``sid`` go from memory: its next request opens it again from the store (its
-        strategy from the state stored with its last request), as after a restart."""
+    def forget(self, sid: str, live: Live) -> None:
+        """Let ``live`` go from memory: the next request of ``sid`` opens it again from the store
+        (its strategy from the state stored with its last request), as after a restart. Only
+        that object: one another thread opened since under the same id stays."""
         with self._lock:
-            self._live.pop(sid, None)
+            if self._live.get(sid) is live:
+                del self._live[sid]
 
     def _remember(self, sid: str, live: Live) -> Live:
         self._live[sid] = live

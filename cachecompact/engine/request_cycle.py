@@ -158,16 +158,9 @@ class CompactionEngine:
         """
         try:
             return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
-        except StagedEditsConflictError as err:
-            self._let_go(err)
+        except StagedEditsConflictError as err:  # the stale session was let go (`_commit`)
             log.info("cachecompact: %s; deciding again on the stored session", err)
             return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
-
-    def _let_go(self, err: StagedEditsConflictError) -> None:
-        """A session whose plan was not stored: out of memory, and the events of that plan
-        discarded (they name entries the store does not hold; hooks had them already)."""
-        self.registry.forget(err.session_id)
-        self.events.drain(err.session_id)
 
     def _prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool,
                  raw: bytes | None) -> Prepared | ContextFull:
@@ -257,10 +250,17 @@ class CompactionEngine:
         return out
 
     def _commit(self, live: Live) -> list[LedgerEntry]:
+        """`Session.commit`; when it fails, the session's memory is not the store's any more:
+        this live session is let go (the next request opens it from the store), and the events
+        of the plan that was not stored are replaced by one ``failure`` event that keeps what
+        its summaries cost (they were paid; their entries were not stored)."""
         try:
             return live.session.commit()
-        except Exception:  # not stored: the session's memory is not the store's any more
-            self.registry.forget(live.sid)
+        except Exception as err:
+            self.registry.forget(live.sid, live)
+            lost = self.events.drain(live.sid)
+            self.events.emit(Event("failure", live.sid, reason=f"plan not stored ({type(err).__name__}: {err}); "
+                                   f"its {len(lost)} event(s) dropped", cost_usd=sum(e.cost_usd for e in lost)))
             raise
 
     @staticmethod
@@ -458,11 +458,11 @@ class CompactionEngine:
             return None
         try:
             body = self.reactive(p, info)
-        except StagedEditsConflictError as err:
-            # another writer stored edits first: the API's own 400 goes back (not "context full",
-            # which would not be true), and the next request plans on the stored session
-            self._let_go(err)
-            log.warning("cachecompact: reactive compaction not stored: %s", err)
+        except Exception as err:  # the caller's request must get an answer
+            # its edits were not stored (another writer first, or the store failed): the API's
+            # own 400 goes back, not "context full", which would not be true; the session was let
+            # go, and the next request plans on the stored one
+            log.warning("cachecompact: reactive compaction not stored: %s: %s", type(err).__name__, err)
             return None
         if body is not None:
             return Retry(body, "")

@@ -24,6 +24,5 @@ __all__ = ["Candidate", "Decision", "Live", "LiveMaker", "RequestHistory", "Reso
            "SummarizerFactory", "decide", "family_key", "family_order", "head_key", "in_family", "model_window",
            "new_id", "session_hint"]
 
-warnings.warn("cachecompact.engine.sessions moved to cachecompact.engine.identity (the rule) and "
-              "cachecompact.engine._registry (the live sessions); the old path goes in 0.4",
-              DeprecationWarning, stacklevel=2)
+warnings.warn("cachecompact.engine.sessions moved to cachecompact.engine.identity (the rule; the live sessions "
+              "are the engine's own now); the old path goes in 0.4", DeprecationWarning, stacklevel=2)

@@ -472,8 +472,8 @@ class Session:
             self.store.write_meta(self._meta())
 
     def edit(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
-        """Validate and append one ledger edit, stored at once (edits staged before it first).
-        Raises a typed `InvalidEditError`; writes nothing then."""
+        """Validate and append one ledger edit, stored at once (edits staged before it are stored
+        first). Raises a typed `InvalidEditError`; nothing of this edit is written then."""
         self._check_edit_type(edit)
         for _ in range(_CONFLICT_RETRIES):
             with self._locked():

@@ -580,8 +580,12 @@ def test_the_cycle_stores_the_plan_and_a_lost_race_is_decided_again(tmp_path: Pa
     assert [(e.start, e.end) for e in stored.ledger.entries] == [(7, 10), (3, 6)]  # theirs, then the plan's
     assert p.live.session.ledger.entries == stored.ledger.entries and not p.live.session.stale
     assert p.body == stored.render(model=MODEL, max_tokens=100).body  # what goes out is what is stored
-    said = [e["reason"] for e in FileStore(tmp_path).open("conv").read_events() if e.get("kind") == "compaction"]
+    events = FileStore(tmp_path).open("conv").read_events()
+    said = [e["reason"] for e in events if e.get("kind") == "compaction"]
     assert said == ["planned entry 1"]  # the lost plan's "entry 0" named the other writer's entry: dropped
+    (lost,) = [e for e in events if e.get("kind") == "failure"]
+    assert lost["reason"].startswith("plan not stored (StagedEditsConflictError")
+    assert "1 event(s) dropped" in lost["reason"]
 
 
 def test_a_reactive_compaction_that_lost_a_race_gives_back_the_apis_error(tmp_path: Path) -> None:
