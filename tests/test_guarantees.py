@@ -144,17 +144,23 @@ def _modules() -> list[tuple[str, ast.Module]]:
     return out
 
 
-def _imports(mod: str, tree: ast.Module) -> list[str]:
-    """Absolute dotted names imported by a module of the package."""
+def _imports(mod: str, tree: ast.Module, *, with_names: bool = False) -> list[str]:
+    """Absolute dotted names imported by a module of the package (``with_names``: for ``from X
+    import y``, ``X.y`` too, which is a module when ``y`` is one)."""
     pkg = mod.split(".")[:-1]  # the package a module's relative imports start from
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg[: len(pkg) - node.level + 1] if node.level > 1 else pkg
-                names.append(".".join(["cachecompact", *base, *(node.module.split(".") if node.module else [])]))
+                target = ".".join(["cachecompact", *base, *(node.module.split(".") if node.module else [])])
             elif node.module:
-                names.append(node.module)
+                target = node.module
+            else:
+                continue
+            names.append(target)
+            if with_names:
+                names += [f"{target}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             names += [a.name for a in node.names]
     return names
@@ -217,30 +223,14 @@ def test_the_documented_old_paths_work_for_one_release(old: str, new: str, name:
 
 
 def _package_imports() -> dict[str, set[str]]:
-    """Every module of the package that each module imports (relative imports resolved; `from
-    X import name` counts X and X.name), read from the source, old paths left out."""
-    import ast
+    """The package's modules that each of its modules imports, old paths left out."""
+    def dotted(mod: str) -> str:  # "tools.__init__" -> "cachecompact.tools"
+        return ".".join(["cachecompact", *[p for p in mod.split(".") if p != "__init__"]])
 
+    trees = {dotted(mod): (mod, tree) for mod, tree in _modules()}
     aliases = _old_paths()
-    mods: dict[str, Path] = {}
-    for p in PKG.rglob("*.py"):
-        parts = ["cachecompact", *p.relative_to(PKG).with_suffix("").parts]
-        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    out: dict[str, set[str]] = {m: set() for m in mods if m not in aliases}
-    for m in out:
-        p = mods[m]
-        pkg = m.split(".") if p.name == "__init__.py" else m.split(".")[:-1]
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = pkg[: len(pkg) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                names = [target, *(f"{target}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            out[m] |= {n for n in names if n in mods}
-    return out
+    return {m: {n for n in _imports(mod, tree, with_names=True) if n in trees}
+            for m, (mod, tree) in trees.items() if m not in aliases}
 
 
 def test_a_private_module_is_used_only_by_its_own_folder() -> None:

@@ -76,7 +76,6 @@ class ProxyConfig:
             raise ConfigError(f"{', '.join(knobs)} {'applies' if len(knobs) == 1 else 'apply'} only with --mode "
                               "compact (observe mode changes nothing)")
 
-
     def engine_settings(self) -> list[str]:
         """The names of the engine settings ``engine_options`` sets (its fields that differ from
         their defaults), read without importing the engine: observe mode checks them too."""
