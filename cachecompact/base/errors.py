@@ -16,6 +16,7 @@ __all__ = [
     "EditOverlapError",
     "EditSplitsToolPairError",
     "EditTouchesPrefixError",
+    "ForeignHistoryError",
     "HistoryRewrittenError",
     "ImmutablePrefixError",
     "InvalidEditError",
@@ -120,6 +121,21 @@ class EditOverlapError(InvalidEditError):
 
 class StoreError(CacheCompactError):
     """The session store is missing, unreadable, or not a cachecompact store."""
+
+
+class ForeignHistoryError(CacheCompactError):
+    """A rendered request was not made from the caller's own history alone (issue 46): it was
+    about to carry messages, or edits of messages, that the request did not send. Such a request
+    is never sent: the engine decides the session again, and if that fails too it sends the
+    caller's original request (fail open) with a ``failure`` event. ``session_id`` names the
+    session, ``why`` the first difference found."""
+
+    def __init__(self, session_id: str, why: str) -> None:
+        self.session_id, self.why = session_id, why
+        super().__init__(f"session {session_id}: the rendered request is not the caller's own history ({why})")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.session_id, self.why)
 
 
 class StagedEditsConflictError(StoreError):

@@ -13,10 +13,11 @@ links it to the session it continues.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,9 +208,26 @@ class SessionRegistry:
 
     # -- resolution ----------------------------------------------------------------------------------
 
-    def resolve(self, body: dict[str, Any], explicit: str | None = None,
-                req: RequestHistory | None = None) -> Resolved:
-        """The live session this request continues (`decide`), synced with its history.
+    @contextlib.contextmanager
+    def held(self, body: dict[str, Any], explicit: str | None = None,
+             req: RequestHistory | None = None) -> Iterator[Resolved]:
+        """The live session this request continues (`decide`), synced with its history, with
+        the session's lock held until the block ends.
+
+        The lock is taken before the sync and kept through whatever the caller does next (the
+        strategy's plan, the render): no other request can append to the session in between,
+        so what is rendered is the history this request synced, not one another agent with the
+        same opening appended after it (issue 46: a request that synced, released the lock and
+        rendered later carried the other agent's messages).
+        """
+        resolved = self._resolve(body, explicit, req)
+        try:
+            yield resolved
+        finally:
+            resolved.live.lock.release()
+
+    def _resolve(self, body: dict[str, Any], explicit: str | None, req: RequestHistory | None) -> Resolved:
+        """`held`'s work: returns with ``Resolved.live.lock`` acquired.
 
         A sync that finds the session moved on (another thread or process appended first)
         decides again with what it now holds; after repeated races the request gets a session
@@ -226,12 +244,16 @@ class SessionRegistry:
                 chosen = self._choose(base, named, req, str(body.get("model") or ""))
                 if isinstance(chosen, Decision):
                     return self._start(base, named, req, chosen, body)
-            with chosen.lock:
-                try:
-                    new = chosen.session.sync(messages, identities=req.ids)
-                except HistoryRewrittenError:
-                    continue  # it moved on under us; what it holds now is decided on again
-                return Resolved(chosen, new, Decision("continue", chosen.sid, "extends", len(chosen.session)))
+            chosen.lock.acquire()
+            try:
+                new = chosen.session.sync(messages, identities=req.ids)
+            except HistoryRewrittenError:
+                chosen.lock.release()
+                continue  # it moved on under us; what it holds now is decided on again
+            except BaseException:
+                chosen.lock.release()
+                raise
+            return Resolved(chosen, new, Decision("continue", chosen.sid, "extends", len(chosen.session)))
         with self._lock:
             return self._start(base, named, req, Decision("new", None, "no stored history settled after repeated "
                                                                        "concurrent appends"), body)
@@ -258,7 +280,7 @@ class SessionRegistry:
 
     def _start(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
         """Create the session ``d`` asks for and sync it before anyone else can see it. Caller
-        holds ``_lock``."""
+        holds ``_lock``; returns with the new session's lock held (`held`)."""
         link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
         taken = set(self._family(base, stored=True))
         for _ in range(100):
@@ -273,7 +295,11 @@ class SessionRegistry:
         parent = self._live.get(d.target) if d.target is not None else None
         if parent is not None and d.kind == "segment":
             live.forensics = parent.forensics.fork()  # compared with the request before it
-        with live.lock:
+        live.lock.acquire()  # nobody else knows it yet: uncontended, and held for the caller (`held`)
+        try:
             new = live.session.sync(body["messages"], identities=req.ids)
+        except BaseException:
+            live.lock.release()
+            raise
         self._remember(sid, live)
         return Resolved(live, new, d)

@@ -14,11 +14,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..base.errors import (
     CacheCompactError,
+    ForeignHistoryError,
     InvalidSessionIdError,
     MalformedMessageError,
     SessionNotFoundError,
@@ -103,6 +104,7 @@ class Prepared:
     params: dict[str, Any]
     fingerprint: bytes
     betas: tuple[str, ...] = ()  # beta headers the strategy's body needs (added to anthropic-beta)
+    ids: list[bytes] = field(default_factory=list)  # the identity of each message the caller sent
 
 
 class CompactionEngine:
@@ -160,7 +162,9 @@ class CompactionEngine:
             return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
         except StagedEditsConflictError as err:  # the stale session was let go (`_commit`)
             log.info("cachecompact: %s; deciding again on the stored session", err)
-            return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+        except ForeignHistoryError as err:  # another writer appended between the sync and the render
+            log.info("cachecompact: %s; deciding again", err)
+        return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
 
     def _prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool,
                  raw: bytes | None) -> Prepared | ContextFull:
@@ -182,14 +186,13 @@ class CompactionEngine:
             again = self._last_prepared.get(fp) if retry else None
         if again is not None:
             return again  # a retried attempt: nothing new to record
-        resolved = self.registry.resolve(body, explicit, req)
-        live = resolved.live
-        d = resolved.decision
-        if d.kind != "continue":
-            log.log(logging.INFO if d.target is not None else logging.DEBUG,
-                    "cachecompact: session %s starts (%s%s)", live.sid, d.reason,
-                    f", continuing {d.target} from messages[{d.at}]" if d.target is not None else "")
-        with live.lock:
+        with self.registry.held(body, explicit, req) as resolved:  # the session's lock, until rendered
+            live = resolved.live
+            d = resolved.decision
+            if d.kind != "continue":
+                log.log(logging.INFO if d.target is not None else logging.DEBUG,
+                        "cachecompact: session %s starts (%s%s)", live.sid, d.reason,
+                        f", continuing {d.target} from messages[{d.at}]" if d.target is not None else "")
             self._catch_up(live)
             model = str(params.pop("model", ""))
             max_tokens = int(params.pop("max_tokens", 0) or 0)
@@ -206,6 +209,10 @@ class CompactionEngine:
                             "places its own breakpoints and chose %s from the session's gaps (wrap(ttl='1h') or "
                             "EngineOptions(ttl='1h') keeps the hour)", live.sid, ttl or "5m")
             r = live.session.render(model=model, max_tokens=max_tokens, ttl=ttl, prefix_ttl=prefix_ttl, **params)
+            if live.shaper is None:
+                foreign = _not_own_history(live.session, r, req.ids)
+                if foreign is not None:  # never sent: decided again, then failed open (`prepare`)
+                    raise ForeignHistoryError(live.sid, foreign)
             live.in_flight = now  # until its answer is recorded, the session is not quiet
             if live.shaper is None:
                 out = r.body
@@ -219,15 +226,16 @@ class CompactionEngine:
                 out = _escape_hatch(live.shaper.shape(whole), model)
                 memo = live.sim_memo
                 t = live.session.transcript
-                same = len(messages) == len(t) and out.get("messages") is messages
+                n = len(messages)
+                same = n == len(t) and out.get("messages") is messages
 
                 def snap() -> Snapshot:
                     if len(memo) > 50_000:
                         memo.clear()
-                    keys = [t.hash_of(i) for i in range(len(t))] if same else None  # the transcript's own hashes
+                    keys = [t.hash_of(i) for i in range(n)] if same else None  # the transcript's own hashes
                     sim = request_from_body(out, now, live.session.counter, memo, keys=keys)
                     return snapshot_from_sim(sim, out, keep_text=False)
-        p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r, out))
+            p = Prepared(live, out, r, snap, now, model, max_tokens, params, fp, _betas(live, r, out), req.ids)
         with self._lock:
             self._last_prepared = {fp: p}
         return p
@@ -290,7 +298,7 @@ class CompactionEngine:
             return None
         except Exception as err:  # fail open: the user's request still goes out
             log.exception("cachecompact: compaction failed; sending the original request")
-            sid = self.session_id or "-"
+            sid = getattr(err, "session_id", None) or self.session_id or "-"
             self.events.emit(Event("failure", sid, reason=f"compaction: {type(err).__name__}: {err}"))
             live = self.registry.get(sid)
             if live is not None:
@@ -494,6 +502,9 @@ class CompactionEngine:
             ttl, prefix_ttl = self._ttls(live)
             r = live.session.render(model=p.model, max_tokens=p.max_tokens, ttl=ttl, prefix_ttl=prefix_ttl,
                                     **p.params)
+            foreign = _not_own_history(live.session, r, p.ids) if live.shaper is None else None
+            if foreign is not None:  # the session moved on since the request was prepared: the API's 400 stands
+                raise ForeignHistoryError(live.sid, foreign)
             p.render = r
             p.body = r.body if live.shaper is None else live.shaper.shape(p.body)
             p.betas = _betas(live, r, p.body)
@@ -530,6 +541,32 @@ class CompactionEngine:
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+
+def _not_own_history(session: Session, r: RenderResult, ids: list[bytes]) -> str | None:
+    """Why render ``r`` is not made from the caller's own history alone, or None when it is.
+
+    The check every rendered request passes before it is sent (issue 46): the render covers
+    exactly the caller's ``len(ids)`` messages; the session's transcript holds, at each of those
+    indices, the message the caller sent there (by identity, every message, not a sample); and
+    every ledger edit it applies was made on at most those messages and ends inside them, so no
+    summary or placeholder carries what another agent appended. The transcript is append-only,
+    so a transcript that equals the caller's history up to ``len(ids)`` cannot be changed there
+    later; what this catches is a render of a session that has moved on (another thread, replica
+    or process appended after the sync), whatever the cause.
+    """
+    n = len(ids)
+    if r.transcript_len != n:
+        return f"the render covers {r.transcript_len} transcript messages, the request has {n}"
+    have = session.transcript.identities
+    if len(have) < n or have[:n] != ids:
+        first = next((i for i in range(min(n, len(have))) if have[i] != ids[i]), min(n, len(have)))
+        return f"the session's message {first} is not the one the request sent there"
+    for e in session.ledger.effective(r.n_entries):
+        if e.transcript_len > n or e.end >= n:
+            return (f"ledger entry #{e.seq} ({e.start}..{e.end}, made at {e.transcript_len} messages) reaches past "
+                    f"the request's {n} messages")
+    return None
 
 
 def _betas(live: Live, r: RenderResult, out: dict[str, Any] | None = None) -> tuple[str, ...]:
