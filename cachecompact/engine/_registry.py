@@ -21,7 +21,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base.errors import HistoryRewrittenError, MalformedMessageError, SessionExistsError, SessionNotFoundError
+from ..base.errors import (
+    HistoryRewrittenError,
+    MalformedMessageError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    StoreError,
+)
 from ..base.events import EventBus
 from ..base.pricing import model_window, priced
 from ..base.values import SummaryMode
@@ -141,6 +148,7 @@ class LiveMaker:
 
 
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
+_UNREADABLE_SAID: set[str] = set()  # stored sessions said not to be continuable (once each)
 
 
 # -- the registry --------------------------------------------------------------------------------
@@ -197,6 +205,14 @@ class SessionRegistry:
         try:
             return self._remember(sid, self.maker.open(sid, model))
         except SessionNotFoundError:
+            return None
+        except SessionLockedError:
+            raise  # busy, not unreadable: this request fails open, the next finds it
+        except StoreError as err:  # not a session this engine can continue: never a candidate (its id stays taken)
+            if sid not in _UNREADABLE_SAID:
+                _UNREADABLE_SAID.add(sid)
+                log.warning("cachecompact: stored session %s is not one this engine can continue, so no request "
+                            "continues it: %s", sid, err)
             return None
 
     def _family(self, base: str, stored: bool) -> list[str]:

@@ -18,6 +18,7 @@ import httpx2
 import pytest
 from aiohttp import web
 
+from cachecompact import Session
 from cachecompact.adapters.httpserver import ServerThread
 from cachecompact.adapters.proxy import Proxy, ProxyConfig, session_hint
 from cachecompact.adapters.proxy._observe import ObservedSession
@@ -672,3 +673,31 @@ def test_compact_mode_passes_todays_request_fields_through(tmp_path: Path) -> No
     assert [m["role"] for m in sent["messages"]] == ["user", "system"]
     assert sent["messages"][1]["content"] in ("From now on, answer in French.",  # where the caller put it, as
                                               [{"type": "text", "text": "From now on, answer in French."}])  # sent
+
+
+def test_compact_mode_keeps_passed_through_requests_out_of_the_engines_names(emu: Emulator, tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture
+                                                                              ) -> None:
+    """A request compact mode forwards unchanged (here it fails open on a bad ``max_tokens``) is
+    recorded under ``passthrough-<name>``: before, the observer stored it under the next id of the
+    engine's own family, and the engine, opening that id as one of its sessions, failed with
+    "session metadata: fields mode, name, observed ... are unknown or missing" and failed open
+    for the whole family from then on (issue 46)."""
+    hello = {"role": "user", "content": "Hello there."}
+
+    def body(*more: dict[str, Any], max_tokens: Any = 64) -> dict[str, Any]:
+        return {"model": MODEL, "max_tokens": max_tokens, "messages": [hello, *more]}
+
+    with _proxy(emu.url, mode="compact", store=str(tmp_path)) as px, \
+            httpx2.Client(base_url=px.url, timeout=30, headers={"x-api-key": "k"}) as c:
+        for b in (body(), body(max_tokens="64"), body({"role": "assistant", "content": "A"}, {"role": "user",
+                                                                                              "content": "B"}),
+                  body({"role": "assistant", "content": "C"}, {"role": "user", "content": "D"})):
+            c.post("/v1/messages", json=b)
+            px.wait_idle()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in names if n.startswith("passthrough-")] and len(names) == 3, names
+    assert not [r for r in caplog.records if "unknown or missing" in r.getMessage()
+                or "compaction failed" in r.getMessage()]
+    engine = [n for n in names if not n.startswith("passthrough-")]
+    assert all(Session.open(tmp_path / n).requests_recorded >= 1 for n in engine)  # compacted, not failed open

@@ -177,8 +177,11 @@ class Observer:
     """The proxy's session records (thread-safe); optionally persisted as events in a `Store`."""
 
     def __init__(self, *, store: Store | None = None, keep_bodies: bool = False, max_sessions: int = 256,
-                 max_records: int = 2000) -> None:
+                 max_records: int = 2000, id_prefix: str = "") -> None:
         self.store = store
+        # compact mode records what it forwarded unchanged under ids of their own
+        # (``passthrough-<name>``), so they never share a name with the engine's sessions in the store
+        self.id_prefix = id_prefix
         self.keep_bodies = keep_bodies
         self.max_sessions = max_sessions
         self.max_records = max_records
@@ -223,7 +226,7 @@ class Observer:
         request is compared with the request before it and classified."""
         with self._lock:
             named = hint is not None
-            base = hint if hint is not None else family_key(req.ids[0])
+            base = self.id_prefix + (hint if hint is not None else family_key(req.ids[0]))
             members = sorted((x for x in self._sessions.values() if in_family(x.sid, base)),
                              key=lambda x: family_order(x.sid))
             d = decide(req, members, named=named, fixed_preamble=False)

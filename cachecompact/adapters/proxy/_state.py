@@ -39,6 +39,10 @@ __all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
 
 log = logging.getLogger("cachecompact")
 
+# compact mode: what was forwarded unchanged (failed open, or not a request the engine edits) is
+# recorded under ``passthrough-<name>``, never in a family of the engine's sessions
+PASSTHROUGH_PREFIX = "passthrough-"
+
 
 @dataclass(slots=True)
 class Exchange:
@@ -62,7 +66,8 @@ class ProxyState:
         cfg.check()
         self.cfg = cfg
         self.store: Store | None = open_writable_store(cfg.store)  # a bad path fails now, not per request
-        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies)
+        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies,
+                                 id_prefix=PASSTHROUGH_PREFIX if cfg.mode == "compact" else "")
         self.creds = threading.local()
         self.clock: Callable[[], float] = cfg.clock or time.time
         self.engine: CompactionEngine | None = None
