@@ -21,11 +21,28 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import xxhash
 
-from ..base.errors import InvalidSessionIdError, ScratchpadRefError
+from ..base.errors import InvalidSessionIdError, ScratchpadRefError, StoreError
 
-__all__ = ["BODY_REF_RE", "LOGS", "REF_PATTERN", "REF_RE", "AtomicAppends", "BatchReads", "BlobOwners", "LogName",
-           "SessionStore", "SharedReadLock", "Store", "TornTail", "blob_matches", "blob_ref", "check_ref",
-           "check_session_id"]
+__all__ = [
+    "BLOB_REF_RE",
+    "BODY_REF_RE",
+    "LOGS",
+    "REF_PATTERN",
+    "REF_RE",
+    "AtomicAppends",
+    "BatchReads",
+    "BlobOwners",
+    "LogName",
+    "SessionStore",
+    "SharedReadLock",
+    "Store",
+    "TornTail",
+    "blob_matches",
+    "blob_ref",
+    "check_blob_ref",
+    "check_ref",
+    "check_session_id",
+]
 
 LogName = Literal["transcript", "ledger", "requests"]
 LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
@@ -44,6 +61,17 @@ def blob_ref(data: bytes) -> str:
 
 
 BODY_REF_RE = re.compile(r"^body_[0-9a-f]{32}$")  # a request body the proxy kept (--keep-bodies)
+BLOB_REF_RE = re.compile(rf"\A(?:{REF_PATTERN}|body_[0-9a-f]{{32}})\Z")  # every name a stored blob may have
+
+
+def check_blob_ref(ref: object, where: str) -> str:
+    """Return ``ref`` if it is a name a stored blob may have (a scratchpad reference or a kept
+    body's), else raise `StoreError` naming ``where``: a blob's name becomes a file name and a
+    row key, so a name like ``../../x`` or ``/etc/x`` must never reach a path (issue 46)."""
+    if not isinstance(ref, str) or not BLOB_REF_RE.match(ref):
+        raise StoreError(f"{where}: blob {str(ref)[:80]!r} is not a blob reference (sp_ or body_ + 32 hex "
+                         "digits); refusing it")
+    return ref
 
 
 def blob_matches(ref: str, data: bytes) -> bool:

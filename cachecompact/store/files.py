@@ -42,7 +42,7 @@ from ..base.errors import (
 )
 from ..base.safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 from ..base.wire import canonical_bytes
-from .contract import LogName, TornTail, check_ref, check_session_id
+from .contract import LogName, TornTail, check_blob_ref, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
@@ -305,6 +305,7 @@ class FileSessionStore:
     # -- scratchpad blobs -----------------------------------------------------------------------
 
     def _blob_path(self, ref: str) -> Path:
+        check_blob_ref(ref, f"{self.path / SCRATCH}")  # a name is never a path (../x, /abs)
         d = self.path / SCRATCH
         ensure_dir(d)
         return d / f"{ref}.txt"
@@ -323,6 +324,7 @@ class FileSessionStore:
                       and not p.is_symlink())
 
     def get_blob(self, ref: str) -> bytes | None:
+        check_blob_ref(ref, f"{self.path / SCRATCH}")
         d = self.path / SCRATCH
         if d.is_symlink():  # a planted link never leads out of the session
             return None

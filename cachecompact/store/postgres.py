@@ -42,7 +42,7 @@ from ..base.errors import (
     StoreError,
 )
 from ..base.wire import canonical_bytes
-from .contract import LOGS, LogName, TornTail, check_ref, check_session_id
+from .contract import LOGS, LogName, TornTail, check_blob_ref, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 
 try:
@@ -520,6 +520,7 @@ class PostgresSessionStore:
         return out
 
     def put_blob(self, ref: str, data: bytes) -> None:
+        check_blob_ref(ref, f"{self.location} (blobs)")
         try:
             with self._conn() as conn:
                 conn.execute("INSERT INTO cachecompact_blobs (session_id, ref, data) VALUES (%s, %s, %s) "
@@ -528,6 +529,7 @@ class PostgresSessionStore:
             raise self._fail("cannot store scratchpad content", err) from None
 
     def get_blob(self, ref: str) -> bytes | None:
+        check_blob_ref(ref, f"{self.location} (blobs)")
         try:
             with self._conn() as conn:
                 row = conn.execute("SELECT data FROM cachecompact_blobs WHERE session_id = %s AND ref = %s",

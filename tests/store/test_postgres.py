@@ -29,6 +29,7 @@ from cachecompact.base.errors import (
 )
 from cachecompact.history.ledger import SkipRange
 from cachecompact.store import FileStore, Store, open_store
+from cachecompact.store.contract import blob_ref
 from cachecompact.tools.cli import main
 from cachecompact.tools.emulator import Emulator
 
@@ -69,10 +70,17 @@ def test_the_contract_holds_for_both_stores(store: Store) -> None:
     assert [r for _, r in a.read_all("transcript")][-1] == {"i": 2}
     assert a.read_new("transcript")[0] == [(3, {"i": 2})]
     a.append_event({"kind": "x"})
-    a.put_blob("sp_abc", b"hello")
-    a.put_blob("sp_abc", b"hello")
-    assert b.read_events() == [{"kind": "x"}] and b.get_blob("sp_abc") == b"hello" and b.get_blob("nope") is None
-    assert b.blob_refs() == ["sp_abc"]
+    hello = blob_ref(b"hello")
+    a.put_blob(hello, b"hello")
+    a.put_blob(hello, b"hello")
+    assert b.read_events() == [{"kind": "x"}] and b.get_blob(hello) == b"hello"
+    assert b.get_blob("sp_" + "0" * 32) is None
+    assert b.blob_refs() == [hello]
+    for bad in ("nope", "../x", "/tmp/x", "sp_zz", "sp_" + "0" * 32 + "/../x"):  # a name never reaches a path
+        with pytest.raises(StoreError, match="not a blob reference"):
+            a.put_blob(bad, b"x")
+        with pytest.raises(StoreError, match="not a blob reference"):
+            a.get_blob(bad)
     ref = "sp_" + uuid.uuid4().hex  # unique: the database is shared by the tests
     assert store.blob_owners(ref) == []
     b.put_blob(ref, b"kept")
@@ -82,6 +90,55 @@ def test_the_contract_holds_for_both_stores(store: Store) -> None:
     assert b.read_meta()["n"] == 1
     b.write_meta({"session_id": sid, "n": 2})
     assert a.read_meta()["n"] == 2
+
+
+def _session_with_blob(st: Store, sid: str) -> Session:
+    s = Session.create(st, session_id=sid, system="sys", prefix_messages=3)
+    s.sync(history(6))
+    assert s.store is not None
+    s.store.put_blob(blob_ref(b"kept output"), b"kept output")
+    return s
+
+
+@pytest.mark.parametrize("bad", ["../../escaped_rel", "/tmp/cachecompact-escaped-abs", "sp_zz", "not-a-ref",
+                                 "sp_" + "0" * 32])
+def test_export_refuses_a_blob_row_that_is_not_a_reference(pg_url: str, tmp_path: Path, bad: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A blob row whose name is not a blob reference (``../../x``, an absolute path) used to be
+    written to ``<ref>.txt`` wherever that led, and export exited 0 (issue 46); a row whose
+    content is not what its name says was copied too. Export now refuses with one line naming
+    the row, writes nothing outside DIR, and leaves no DIR."""
+    sid = _sid("badref")
+    pg = open_store(pg_url)
+    _session_with_blob(pg, sid)
+    data = b"not the content sp_000... names"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO cachecompact_blobs (session_id, ref, data) VALUES (%s, %s, %s)", (sid, bad, data))
+    out = tmp_path / "sub" / "exported"
+    out.parent.mkdir()
+    capsys.readouterr()
+    assert main(["store", "export", pg_url, sid, str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"#{sid} (blobs): blob {bad!r}" in err and "nothing" in err, err
+    assert not out.exists() and list(tmp_path.rglob("*escaped*")) == [] and not Path(bad + ".txt").exists()
+    assert not Path("/tmp/cachecompact-escaped-abs.txt").exists()
+    pg.close()
+
+
+def test_import_refuses_a_scratchpad_file_that_is_not_a_reference(pg_url: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The other direction: a session folder with ``scratchpad/not-a-ref.txt`` (or content that is
+    not its name's) is refused, naming the file, and the database gains no session."""
+    for name, data in (("not-a-ref", b"x"), ("sp_" + "1" * 32, b"changed")):
+        sid = _sid("badimport")
+        files = FileStore(tmp_path / name)
+        _session_with_blob(files, sid)
+        (tmp_path / name / sid / "scratchpad" / f"{name}.txt").write_bytes(data)
+        capsys.readouterr()
+        assert main(["store", "import", str(tmp_path / name / sid), pg_url]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and repr(name) in err, err
+        assert not open_store(pg_url).exists(sid)
 
 
 def test_sessions_verify_alike_in_both_stores_and_export_byte_for_byte(pg_url: str, tmp_path: Path,
