@@ -276,12 +276,21 @@ class Forensics:
         self.entries: dict[bytes, _Entry] = {}  # what this session's requests wrote, by chain value
         self.n = 0
         self.summary = SessionSummary()
+        # whether a finding may quote the previous request's text: not when that request belongs
+        # to another session (the first request after `fork`), whose text may be what a rewrite removed
+        self.quotes_prev = True
 
     def fork(self) -> Forensics:
         """A continuation for a new segment of the session (a rewrite, or another agent under the
-        same name): it compares its first request with this one's last, then goes its own way."""
+        same name): it compares its first request with this one's last, then goes its own way.
+
+        Its first finding quotes nothing of that last request: a segment that starts because an
+        agent redacted an old message would otherwise copy the redacted text into the new
+        segment's records and events as the "before" excerpt (issue 46). The earlier text stays
+        where it was, in the session this one continues."""
         f = Forensics(self.own, self.as_of)
         f.prev, f.entries, f.n, f.prev_cached = self.prev, dict(self.entries), self.n, self.prev_cached
+        f.quotes_prev = False
         return f
 
     def observe(self, snap: Snapshot, usage: dict[str, Any], cache_miss_reason: dict[str, Any] | None = None
@@ -305,6 +314,7 @@ class Forensics:
             self._agree(f, cache_miss_reason)
         self._update(snap, read, ratio)
         self.prev = snap
+        self.quotes_prev = True
         self.prev_cached = read + int(usage.get("cache_creation_input_tokens") or 0)
         self.n += 1
         self.summary.add(f)
@@ -468,7 +478,11 @@ class Forensics:
             b = snap.layout.text(k)
             if a is not None and b is not None:
                 off = _diff_offset(a, b)
-                f.offset, f.before, f.after = off, _excerpt(a, off), _excerpt(b, off)
+                f.offset, f.after = off, _excerpt(b, off)
+                if self.quotes_prev:
+                    f.before = _excerpt(a, off)
+                else:
+                    f.detail += "; the earlier text is not copied here (it is in the session this one continues)"
         f.explained_by = (snap.layout.explained_by(k, prev.n_entries, snap.n_entries) if k < len(snap.chain)
                           else None)
         f.actionable = f.explained_by is None
