@@ -79,7 +79,8 @@ class _Base(Struct, kw_only=True, omit_defaults=True):
     """Fields every block has: unknown keys live in ``extra`` so round trips are lossless."""
 
     TYPE: ClassVar[str] = ""
-    cache_control: dict[str, Any] | UnsetType = UNSET
+    # null is absent: the SDK types every block's marker Optional (``TextBlockParam.cache_control``)
+    cache_control: dict[str, Any] | UnsetType | None = UNSET
     extra: dict[str, Any] = {}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from ..base.errors import MalformedMessageError
 from ..base.pricing import PRESERVED_THINKING, canonical_id
 from ..base.wire import canonical_bytes
 
@@ -31,6 +32,8 @@ __all__ = [
     "TTL_SECONDS",
     "block_key",
     "chain_step",
+    "check_marker",
+    "check_marker_order",
     "first_mismatch",
     "is_cacheable",
     "next_position",
@@ -45,6 +48,39 @@ MAX_BREAKPOINTS = 4
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 RUN_KINDS = frozenset({"tool_use", "tool_result"})
 NOT_CACHEABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+_TTL_ORDER = {"1h": 0, "5m": 1}
+
+
+def check_marker(cc: Any, where: str) -> str | None:
+    """A ``cache_control`` marker as the API takes it: its TTL, None when absent (``null`` is
+    absent: the SDK types the field Optional); else `MalformedMessageError` naming ``where``.
+    [PC §1-hour cache duration]: ``{"type": "ephemeral", "ttl": "5m" | "1h"}``."""
+    if cc is None:
+        return None
+    if not isinstance(cc, dict) or cc.get("type") != "ephemeral":
+        raise MalformedMessageError(f"{where}.cache_control", "must be {'type': 'ephemeral', 'ttl'?: '5m' | '1h'}")
+    ttl = cc.get("ttl", "5m")
+    if not isinstance(ttl, str) or ttl not in _TTL_ORDER:
+        raise MalformedMessageError(f"{where}.cache_control.ttl", f"must be '5m' or '1h', got {str(ttl)[:20]!r}")
+    return ttl
+
+
+def check_marker_order(ttls: Sequence[str], top: str | None = None) -> None:
+    """The request-wide marker rules, markers in prefix order (``top``: the top-level automatic
+    marker's TTL): at most `MAX_BREAKPOINTS` [PC FAQ], and no 1-hour marker after a 5-minute one
+    [PC §Mixing different TTLs]; else `MalformedMessageError`."""
+    n = len(ttls) + (top is not None)
+    if n > MAX_BREAKPOINTS:
+        raise MalformedMessageError("cache_control", f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control "
+                                                     f"may be provided. Found {n}.")
+    last = -1
+    for ttl in ttls:
+        if _TTL_ORDER[ttl] < last:
+            raise MalformedMessageError("cache_control.ttl", "a ttl='1h' cache_control block must not come after a "
+                                                             "ttl='5m' cache_control block")
+        last = _TTL_ORDER[ttl]
 
 
 def strip_for_key(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import xxhash
 
 from ..base.errors import MalformedMessageError
@@ -44,6 +45,7 @@ from .cache_keys import (
     MAX_BREAKPOINTS,
     TTL_SECONDS,
     block_key,
+    check_marker,
     is_cacheable,
     positions,
     strip_for_key,
@@ -219,12 +221,9 @@ class CacheSimulator:
 
 
 def _ttl_of(cc: Any, where: str) -> TTL | None:
-    if not isinstance(cc, dict):
-        return None
-    ttl = cc.get("ttl", "5m")
-    if cc.get("type") != "ephemeral" or ttl not in TTL_SECONDS:
-        raise MalformedMessageError(f"{where}.cache_control", "expected {'type': 'ephemeral', 'ttl': '5m'|'1h'}")
-    return "1h" if ttl == "1h" else "5m"
+    """A marker's TTL by the one rule (`cache_keys.check_marker`; null is no marker)."""
+    ttl = check_marker(None if cc is msgspec.UNSET else cc, where)
+    return None if ttl is None else "1h" if ttl == "1h" else "5m"
 
 
 def request_from_body(body: dict[str, Any], time: float, counter: TokenCounter,
@@ -296,5 +295,5 @@ def _sim_block(b: Block, counter: TokenCounter, first: bool, where: str) -> SimB
     tokens = block_tokens(counter, key, b, first)
     kind = d["type"]
     cc = getattr(b, "cache_control", None) if not hasattr(b, "raw") else b.raw.get("cache_control")
-    ttl = _ttl_of(cc if isinstance(cc, dict) else None, where)
+    ttl = _ttl_of(cc, where)
     return SimBlock(key, tokens, kind, ttl, is_cacheable(kind, d), where)

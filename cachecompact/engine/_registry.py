@@ -25,7 +25,6 @@ from ..base.errors import (
     HistoryRewrittenError,
     MalformedMessageError,
     SessionExistsError,
-    SessionLockedError,
     SessionNotFoundError,
     StoreError,
 )
@@ -148,7 +147,6 @@ class LiveMaker:
 
 
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
-_UNREADABLE_SAID: set[str] = set()  # stored sessions said not to be continuable (once each)
 
 
 # -- the registry --------------------------------------------------------------------------------
@@ -170,6 +168,7 @@ class SessionRegistry:
         self.maker = maker  # new and stored sessions come from it, already live
         self._keep = keep
         self._live: OrderedDict[str, Live] = OrderedDict()
+        self._not_ours: set[str] = set()  # stored observe-mode records in a family: their ids are taken, no more
         self._lock = threading.Lock()
 
     def sessions(self) -> list[Live]:
@@ -206,14 +205,19 @@ class SessionRegistry:
             return self._remember(sid, self.maker.open(sid, model))
         except SessionNotFoundError:
             return None
-        except SessionLockedError:
-            raise  # busy, not unreadable: this request fails open, the next finds it
-        except StoreError as err:  # not a session this engine can continue: never a candidate (its id stays taken)
-            if sid not in _UNREADABLE_SAID:
-                _UNREADABLE_SAID.add(sid)
-                log.warning("cachecompact: stored session %s is not one this engine can continue, so no request "
-                            "continues it: %s", sid, err)
+        except StoreError:
+            if not self._observed(sid):
+                raise  # a damaged session of ours: the request fails open and says why (a `failure` event)
+            self._not_ours.add(sid)  # a proxy's record of requests it forwarded unchanged: never a candidate
             return None
+
+    def _observed(self, sid: str) -> bool:
+        """Whether stored ``sid`` is an observe-mode record (a proxy's, not a session with a ledger)."""
+        assert self.store is not None
+        try:
+            return self.store.open(sid).read_meta().get("observed") is True
+        except Exception:  # unreadable either way: the caller's error stands
+            return False
 
     def _family(self, base: str, stored: bool) -> list[str]:
         """Ids of ``base``'s family in number order: live ones, and with ``stored`` the store's too."""

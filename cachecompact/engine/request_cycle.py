@@ -30,6 +30,7 @@ from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
 from ..base.values import TTL, Answer, ContextFull, IdleDecision, RequestRecord
+from ..cache.cache_keys import NOT_CACHEABLE, check_marker, check_marker_order
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
 from ..compaction.idle import DECIDE_BEFORE_S
@@ -171,7 +172,7 @@ class CompactionEngine:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
-        asks_hour = _check_caller_fields(body)
+        asks_hour = _check_untouched(body)
         if self.strict_models and isinstance(body.get("model"), str):
             get_model(body["model"], self.options.prices)  # UnknownModelError names the nearest ids and how to price it
         if explicit is not None:
@@ -595,33 +596,57 @@ def _escape_hatch(out: dict[str, Any], model: str) -> dict[str, Any]:
     return {**out, "thinking": th}
 
 
-def _check_caller_fields(body: dict[str, Any]) -> bool:
-    """Fields of the caller's request that rendering would otherwise turn valid: a ``max_tokens``
-    that is not an integer, and ``cache_control`` markers the API refuses (more than 4, or an
-    unknown TTL; the renderer places its own). Such a request goes out as the caller sent it
-    (`MalformedMessageError`: fail open), so the caller gets the API's own answer. Markers are
-    looked for where clients put them (system, tools, the newest messages): a whole-history
-    walk would cost more per turn than the identities do, and a marker further back is dropped
-    as every caller marker is. True when a marker asks the 1-hour TTL: the engine says once that
-    its own choice replaces it."""
+def _check_untouched(body: dict[str, Any]) -> bool:
+    """The caller's fields that rendering would otherwise change, checked as the API checks them:
+    a request the API would refuse goes out exactly as the caller sent it (`MalformedMessageError`:
+    the adapters pass it through), so the caller gets the API's own answer (issue 46: a missing
+    ``max_tokens``, ``tools: false`` or a bad marker got 200 through compact mode, a numeric
+    ``model`` got 404). What is checked is what the cycle rewrites: ``model`` and ``max_tokens``
+    (read as a string and an integer), top-level ``null`` values (the renderer leaves them out),
+    the types of ``tools`` and ``system`` (a falsy one would be dropped), and every
+    ``cache_control`` marker, the top-level one included (replaced by the renderer's own): each
+    valid (`cache_keys.check_marker`), none on a thinking block, at most 4, no 1-hour marker
+    after a 5-minute one. Returns whether a marker asks the 1-hour TTL: the engine says once
+    that its own choice replaces it."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise MalformedMessageError("model", "must be a non-empty string")
     mt = body.get("max_tokens")
-    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool)):
-        raise MalformedMessageError("max_tokens", f"must be an integer, got {type(mt).__name__}")
-    marks, hour = 0, False
-    msgs = body.get("messages")
-    parts: list[Any] = [body.get("system"), body.get("tools"), msgs[-4:] if isinstance(msgs, list) else msgs]
-    while parts:
-        x = parts.pop()
-        if isinstance(x, list):
-            parts.extend(x)
-        elif isinstance(x, dict):
-            cc = x.get("cache_control")
+    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
+        raise MalformedMessageError("max_tokens", f"must be a non-negative integer, got {str(mt)[:40]}")
+    nulls = [k for k, v in body.items() if v is None]
+    if nulls:
+        raise MalformedMessageError(nulls[0], "is null; such a request is sent as it came, for the API to answer")
+    tools, system = body.get("tools"), body.get("system")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise MalformedMessageError("tools", "must be a list of tool definitions")
+    if system is not None and not (isinstance(system, str) or (
+            isinstance(system, list) and all(isinstance(b, dict) for b in system))):
+        raise MalformedMessageError("system", "must be a string or a list of text blocks")
+    ttls: list[str] = []
+    for i, t in enumerate(tools or ()):
+        if (ttl := check_marker(t.get("cache_control"), f"tools[{i}]")) is not None:
+            ttls.append(ttl)
+    for j, b in enumerate(system if isinstance(system, list) else ()):
+        if (ttl := check_marker(b.get("cache_control"), f"system[{j}]")) is not None:
+            ttls.append(ttl)
+    for i, m in enumerate(body["messages"]):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, b in enumerate(content):
+            if not isinstance(b, dict):
+                continue
+            cc = b.get("cache_control")
             if cc is not None:
-                marks += 1
-                if not isinstance(cc, dict) or cc.get("ttl", "5m") not in ("5m", "1h"):
-                    raise MalformedMessageError("cache_control", f"{str(cc)[:60]} is not a breakpoint the API takes")
-                hour = hour or cc.get("ttl") == "1h"
-            parts.extend(v for k, v in x.items() if k in ("content", "messages"))
-    if marks > 4:
-        raise MalformedMessageError("cache_control", f"{marks} breakpoints; the API takes at most 4")
-    return hour
+                where = f"messages[{i}].content[{j}]"
+                ttls.append(check_marker(cc, where) or "5m")
+                if b.get("type") in NOT_CACHEABLE:
+                    raise MalformedMessageError(f"{where}.cache_control", "thinking blocks cannot carry cache_control")
+            inner = b.get("content") if b.get("type") == "tool_result" else None
+            for k, x in enumerate(inner if isinstance(inner, list) else ()):
+                if isinstance(x, dict) and x.get("cache_control") is not None:
+                    ttls.append(check_marker(x["cache_control"], f"messages[{i}].content[{j}].content[{k}]") or "5m")
+    top = check_marker(body.get("cache_control"), "body")
+    check_marker_order(ttls, top)
+    return "1h" in ttls or top == "1h"

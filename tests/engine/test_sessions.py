@@ -609,3 +609,26 @@ def test_a_reactive_compaction_that_lost_a_race_gives_back_the_apis_error(tmp_pa
     again = eng.prepare(body, explicit="conv", now=2.0)
     assert not isinstance(again, ContextFull) and not again.live.session.stale
     assert again.body == Session.open(FileStore(tmp_path), "conv").render(model=MODEL, max_tokens=100).body
+
+
+def test_an_observe_record_in_a_family_is_no_candidate(tmp_path: Path) -> None:
+    """A store written by an older compact proxy may hold an observe-mode record under an id of
+    the engine's family (issue 46's "session metadata: fields mode, name, observed ... are unknown
+    or missing"): the registry takes its id as used and never opens it as a session, so the
+    family's next session is made and compacted, not failed open; a damaged session of its own
+    still fails open with a `failure` event (test_middleware, the corrupt store)."""
+    events: list[Event] = []
+    store = FileStore(tmp_path)
+    eng = CompactionEngine(store, summarizer=None, on_event=events.append)
+    first = [{"role": "user", "content": "Fix the bug."}]
+    p = eng.prepare({"model": MODEL, "max_tokens": 10, "messages": first}, explicit=None, now=1.0)
+    assert not isinstance(p, ContextFull)
+    sid = p.live.sid
+    store.create(f"{sid}.2", {"session_id": f"{sid}.2", "observed": True, "name": sid, "mode": "compact"})
+    fork = [*first, {"role": "assistant", "content": "A"}, {"role": "user", "content": "B"}]
+    other = CompactionEngine(store, summarizer=None, on_event=events.append)  # a restart: nothing in memory
+    for msgs in ([*first, {"role": "assistant", "content": "C"}, {"role": "user", "content": "D"}], fork):
+        q = other.prepare({"model": MODEL, "max_tokens": 10, "messages": msgs}, explicit=None, now=2.0)
+        assert not isinstance(q, ContextFull) and q.live.sid.startswith(sid)
+    assert sorted(store.list()) == [sid, f"{sid}.2", f"{sid}.3"]  # the fork got the next free id
+    assert not [e for e in events if e.kind == "failure"]

@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ...base.errors import MalformedMessageError
-from ...cache.cache_keys import MAX_BREAKPOINTS
+from ...cache.cache_keys import check_marker, check_marker_order
 
 __all__ = ["MessageInfo", "check_message", "check_pairing", "check_request", "count_breakpoints",
            "validate_messages", "validate_request"]
 
-_TTL_ORDER = {"1h": 0, "5m": 1}
 _ROLES = ("user", "assistant", "system")
 # block types the API documents besides the ones checked field by field (server tools' uses and
 # results are recognised by their suffix)
@@ -56,15 +55,8 @@ def _is_num(v: Any) -> bool:
 
 
 def _check_cc(cc: Any, where: str) -> str | None:
-    """A ``cache_control`` marker: its TTL, or None when absent."""
-    if cc is None:
-        return None
-    if not isinstance(cc, dict) or cc.get("type") != "ephemeral":
-        raise _bad(f"{where}.cache_control", "must be {'type': 'ephemeral', 'ttl'?: '5m' | '1h'}")
-    ttl = cc.get("ttl", "5m")
-    if not isinstance(ttl, str) or ttl not in _TTL_ORDER:
-        raise _bad(f"{where}.cache_control.ttl", f"must be '5m' or '1h', got {str(ttl)[:20]!r}")
-    return str(ttl)
+    """A ``cache_control`` marker: its TTL, or None when absent (the one rule, `cache_keys.check_marker`)."""
+    return check_marker(cc, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,17 +365,7 @@ def check_request(body: Any, infos: Sequence[MessageInfo], *, max_output: int | 
     ttls += _check_system(body["system"]) if body.get("system") is not None else []
     check_pairing(infos)
     marks = ttls + [ttl for info in infos for _, ttl in info.markers]
-    top = _check_cc(body.get("cache_control"), "body")
-    n = len(marks) + (1 if top is not None else 0)
-    if n > MAX_BREAKPOINTS:
-        raise _bad("cache_control", f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
-                                    f"Found {n}.")
-    last = -1
-    for ttl in marks:
-        if _TTL_ORDER[ttl] < last:
-            raise _bad("cache_control.ttl", "a ttl='1h' cache_control block must not come after a ttl='5m' "
-                                            "cache_control block")
-        last = _TTL_ORDER[ttl]
+    check_marker_order(marks, _check_cc(body.get("cache_control"), "body"))
 
 
 def validate_messages(messages: Any) -> list[MessageInfo]:
