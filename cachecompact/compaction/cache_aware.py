@@ -245,7 +245,8 @@ class CacheAwareCompactor:
                 continue
             use = calls[b.tool_use_id]
             key = call_key(use)
-            result = xxhash.xxh3_128_digest(canonical_bytes(b.content if b.content is not None else ""))
+            # a result may have no content at all (the field is optional in the API)
+            result = xxhash.xxh3_128_digest(canonical_bytes(b.content if isinstance(b.content, (str, list)) else ""))
             seen = self._calls.setdefault(key, deque(maxlen=16))
             while seen and now - seen[0][0] > REPEAT_WINDOW_S:
                 seen.popleft()

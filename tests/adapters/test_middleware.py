@@ -736,3 +736,20 @@ def test_pricing_applies_to_the_wrapped_client_only(emu: Emulator) -> None:
     recorded = session.last_request["cost_usd"]
     assert recorded == pytest.approx(100 * billed, rel=1e-6)
     assert get_model(MODEL).input == 3.0
+
+
+def test_a_tool_result_without_content_is_compacted_not_failed_open(tmp_path: Path, emu: Emulator) -> None:
+    """``content`` is optional on a tool result; the repeated-call tracker hashed the unset field
+    and failed, so every such request went out uncompacted with a ``failure`` event."""
+    events: list[Event] = []
+    client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                  summarizer=None, on_event=events.append)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Touch the files."}]
+    for k in range(4):
+        client.messages.create(model=MODEL, max_tokens=10, system=SYSTEM, messages=msgs)
+        tid = f"toolu_touch_{k}"
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": "touch", "input": {}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid}]}]
+    client.messages.create(model=MODEL, max_tokens=10, system=SYSTEM, messages=msgs)
+    assert [e.reason for e in events if e.kind == "failure"] == []
+    assert _requests(_mw(client).sessions()[0])  # recorded: it went through the engine
