@@ -89,6 +89,15 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _no_row_before_one(where: str, seq: int) -> None:
+    """Rows are numbered from 1 (the line number in the file store): a row at ``seq`` 0 or below
+    is no line of the log, and a reader that asked only for rows after the last one it read
+    would never see it (issue 46); every read asks for them too, and fails here."""
+    if seq < 1:
+        raise LedgerCorruptError(where, seq, f"a row at seq {seq}: rows are numbered from 1, so this is no line of "
+                                             "the log (written outside cachecompact)")
 _VERSION_TABLE = "cachecompact_schema_version"
 
 
@@ -416,13 +425,14 @@ class PostgresSessionStore:
     def _rows(self, log: LogName, after: int) -> list[tuple[int, Any]]:
         try:
             rows = self._retrying(lambda conn: conn.execute(
-                "SELECT seq, body FROM cachecompact_records WHERE session_id = %s AND log = %s AND seq > %s "
-                "ORDER BY seq", (self._sid, _LOG_ID[log], after)).fetchall(), f"cannot read the {log} log")
+                "SELECT seq, body FROM cachecompact_records WHERE session_id = %s AND log = %s AND (seq > %s OR "
+                "seq < 1) ORDER BY seq", (self._sid, _LOG_ID[log], after)).fetchall(), f"cannot read the {log} log")
         except psycopg.Error as err:
             raise self._fail(f"cannot read the {log} log", err) from None
         out: list[tuple[int, Any]] = []
         expect = after + 1
         for seq, body in rows:
+            _no_row_before_one(self.where(log), seq)
             if seq != expect:
                 raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")
             out.append((seq, decode_record(bytes(body), self.where(log), seq)))
@@ -430,7 +440,7 @@ class PostgresSessionStore:
         return out
 
     def _new_rows_query(self, logs: tuple[LogName, ...]) -> tuple[str, list[Any]]:
-        cond = " OR ".join("(log = %s AND seq > %s)" for _ in logs)
+        cond = " OR ".join("(log = %s AND (seq > %s OR seq < 1))" for _ in logs)
         args: list[Any] = [self._sid]
         for log in logs:
             args += [_LOG_ID[log], self._seen[log]]
@@ -453,6 +463,7 @@ class PostgresSessionStore:
         out: dict[LogName, list[tuple[int, Any]]] = {log: [] for log in logs}
         for log_id, seq, body in rows:
             log = LOGS[log_id]
+            _no_row_before_one(self.where(log), seq)
             expect = self._seen[log] + 1
             if seq != expect:
                 raise LedgerCorruptError(self.where(log), expect, f"record {expect} is missing (next is {seq})")

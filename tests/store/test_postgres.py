@@ -422,3 +422,26 @@ def test_a_torn_first_request_is_torn_with_repair_in_both_stores(store: Store,
     assert st.read_meta()["prefix_hash"] == s.prefix_hash
     assert main(["ledger", "verify", *target]) == 0
     assert "torn" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("log", [0, 1, 2])
+def test_a_row_numbered_below_one_is_detected(pg_url: str, tmp_path: Path, log: int,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows are numbered from 1; every reader asked only for rows after the last one it read, so a
+    row at seq 0 was ignored by all of them, verify and export included (issue 46)."""
+    sid = _sid("seq0")
+    pg = open_store(pg_url)
+    s = Session.create(pg, session_id=sid, system="sys", prefix_messages=3)
+    s.sync(history(4))
+    s.edit(SkipRange(4, 4, "old output"), level="L1", created_at="2026-11-30T00:00:00.000000Z")
+    s.record_request(s.render(), {"time": 1.0})
+    assert main(["ledger", "verify", "--store", pg_url, sid]) == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO cachecompact_records (session_id, log, seq, body) VALUES (%s, %s, 0, %s)",
+                     (sid, log, b'{"smuggled":true}'))
+    capsys.readouterr()
+    assert main(["ledger", "verify", "--store", pg_url, sid]) == 1
+    assert "a row at seq 0" in capsys.readouterr().err
+    assert main(["store", "export", pg_url, sid, str(tmp_path / "out")]) == 2
+    assert "a row at seq 0" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    pg.close()
