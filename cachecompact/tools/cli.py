@@ -125,9 +125,9 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             print("repaired: the prefix fields of session.json were written from the transcript", file=sys.stderr)
         else:
             print(f"warning: {sess.meta_torn}; `--repair` writes them", file=sys.stderr)
-    blob_problems = sess.blob_problems()
-    if blob_problems:
-        for problem in blob_problems:
+    problems = sess.blob_problems() + sess.request_problems()
+    if problems:
+        for problem in problems:
             print(f"INVALID {problem}", file=sys.stderr)
         return 1
     if args.head and not sess.extends(args.head):

@@ -213,3 +213,151 @@ def test_the_thinking_rule_is_exact_enough_for_the_spec_verifier(tmp_path: Path)
     s.record_request(r, {})
     ours, theirs, err = _verdicts(d)
     assert (ours, theirs) == (0, []), (theirs, err)
+
+
+def _heads(d: Path, head: str | None = None) -> tuple[tuple[int, str | None], tuple[bool, str | None]]:
+    """Each verifier's verdict and printed head (``--head`` given to both when ``head``)."""
+    from ..spec_verifier import check, extends
+
+    out = io.StringIO()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(out):
+        rc = cli(["ledger", "verify", *(["--head", head] if head else []), str(d)])
+    ours = next((line.split()[1] for line in out.getvalue().splitlines() if line.startswith("head ")), None)
+    report = check(d)
+    ok = not report.problems and (head is None or extends(report, head))
+    return (rc, ours), (ok, report.head)
+
+
+def test_the_verifiers_print_one_head_and_take_each_others(tmp_path: Path) -> None:
+    """One definition of the head (docs/ledger-format.md, *The head*). A torn first request (the
+    prefix fields not written) gave two heads, each refused by the other verifier; a head taken
+    while the prefix formed was refused by `ledger verify` once the prefix completed (issue 46)."""
+    from cachecompact import Session
+
+    from ..conftest import history
+
+    torn = tmp_path / "torn"
+    s = Session.create(torn, system="You are careful.", prefix_messages=3)
+    meta_before = (torn / "session.json").read_bytes()
+    s.sync(history(3))
+    s.record_request(s.render(), {"n": 1})
+    (torn / "session.json").write_bytes(meta_before)
+    (ours_rc, ours), (spec_ok, spec) = _heads(torn)
+    assert ours_rc == 0 and spec_ok and ours == spec and ours is not None
+    assert _heads(torn, spec)[0][0] == 0 and _heads(torn, ours)[1][0]
+
+    forming = tmp_path / "forming"
+    s2 = Session.create(forming, system="You are careful.", prefix_messages=3)
+    s2.sync(history(0))
+    (_, early), (_, early_spec) = _heads(forming)
+    assert early == early_spec and early is not None
+    s2.sync(history(3))
+    s2.record_request(s2.render(), {"n": 1})
+    (rc, later), (ok, later_spec) = _heads(forming, early)
+    assert rc == 0 and ok and later == later_spec and later != early
+
+
+def _reseal(d: Path, forge: Any) -> None:
+    """Apply ``forge`` to the stored records, then recompute every hash, chain and commitment
+    after it, as a forger who can write the store would (docs/ledger-format.md, *What the chains
+    prove*): only the recorded breakpoints, which commit to the rendered bytes, still differ."""
+    import hashlib
+
+    import xxhash
+
+    from cachecompact import Session
+    from cachecompact.base.wire import canonical_bytes
+
+    def rd(name: str) -> list[Any]:
+        return [json.loads(line) for line in (d / name).read_bytes().split(b"\n")[:-1]]
+
+    def wr(name: str, recs: list[Any]) -> None:
+        (d / name).write_bytes(b"".join(canonical_bytes(r) + b"\n" for r in recs))
+
+    tr, led, req = rd("transcript.jsonl"), rd("ledger.jsonl"), rd("requests.jsonl")
+    forge(tr, led)
+    chain = ["0" * 64]
+    for r in tr:
+        mb = canonical_bytes(r["m"])
+        r["h"] = xxhash.xxh3_128_hexdigest(mb)
+        r["c"] = hashlib.sha256(bytes.fromhex(chain[-1]) + mb).hexdigest()
+        chain.append(r["c"])
+    prev, heads = "0" * 64, ["0" * 64]
+    for e in led:
+        e["transcript_head"], e["prev_hash"] = chain[e["transcript_len"]], prev
+        e.pop("hash")
+        e["hash"] = prev = hashlib.sha256(canonical_bytes(e)).hexdigest()
+        heads.append(prev)
+    prev = "0" * 64
+    for q in req:
+        q["transcript_head"], q["ledger_head"] = chain[q["transcript_len"]], heads[q["ledger_len"]]
+        q["prev_hash"] = prev
+        q.pop("hash")
+        q["hash"] = prev = hashlib.sha256(canonical_bytes(q)).hexdigest()
+    wr("transcript.jsonl", tr)
+    wr("ledger.jsonl", led)
+    wr("requests.jsonl", req)
+    meta = json.loads((d / "session.json").read_bytes())
+    pe = meta["prefix_end"]
+    meta["prefix_end"] = meta["prefix_hash"] = None
+    (d / "session.json").write_bytes(canonical_bytes(meta) + b"\n")
+    meta["prefix_end"], meta["prefix_hash"] = pe, Session.open(d, readonly=True).prefix_hash  # recomputed too
+    (d / "session.json").write_bytes(canonical_bytes(meta) + b"\n")
+
+
+def _forge_leaf(m: dict[str, Any]) -> None:
+    if isinstance(m["content"], str):
+        m["content"] += " FORGED"
+        return
+    for b in m["content"]:
+        for key in ("text", "content", "thinking"):
+            if isinstance(b.get(key), str):
+                b[key] += " FORGED"
+                return
+            if isinstance(b.get(key), list):
+                for x in b[key]:
+                    if isinstance(x.get("text"), str):
+                        x["text"] += " FORGED"
+                        return
+        if b.get("type") == "tool_use":
+            b["input"] = {**b["input"], "forged": True}
+            return
+    raise AssertionError("nothing to forge")
+
+
+def test_both_verifiers_catch_a_forgery_that_recomputes_every_chain(built: tuple[ModuleType, Path],
+                                                                    tmp_path: Path) -> None:
+    """A forger rewrites one message (each in turn) or a ledger entry's summary, and recomputes
+    every hash, chain, commitment and the prefix hash after it. `ledger verify` caught 0 such
+    cases and the spec verifier 13 of 31 (it stopped at the first cleared placeholder, whose
+    ``~N tokens`` the document did not define; issue 46). Both now re-render every request from
+    the state it commits to and compare its breakpoints, N included (*Token estimates*)."""
+    _, base = built
+    n = len((base / "transcript.jsonl").read_bytes().splitlines())
+    cases: list[tuple[str, Any]] = [(f"message {i}", lambda tr, led, i=i: _forge_leaf(tr[i]["m"])) for i in range(n)]
+    cases.append(("a summary", lambda tr, led: next(e for e in led if e.get("summary")).update(summary="FORGED")))
+    missed = []
+    for name, forge in cases:
+        d = tmp_path / name.replace(" ", "_")
+        shutil.copytree(base, d)
+        _reseal(d, forge)
+        ours, theirs, _ = _verdicts(d)
+        if ours != 1 or not theirs:
+            missed.append((name, ours, theirs[:1]))
+    assert missed == []
+
+
+def test_requests_sent_before_the_prefix_was_complete_verify(tmp_path: Path) -> None:
+    """A request rendered from fewer messages than the immutable prefix holds (an agent's first
+    turn) is re-rendered from that state to check its breakpoints; the renderer compared such a
+    state's partial prefix with the whole prefix's hash and refused it."""
+    from cachecompact import Session
+
+    from ..conftest import history
+
+    d = tmp_path / "s"
+    s = Session.create(d, system="You are careful. " * 200, prefix_messages=3)
+    for n in (0, 1, 2, 4):
+        s.sync(history(n))
+        s.record_request(s.render(), {"n": n})
+    assert _verdicts(d)[:2] == (0, [])

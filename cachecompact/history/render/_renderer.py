@@ -192,6 +192,8 @@ class Renderer:
 
         # immutable prefix: its hash is the chain value at its last block
         pe = self._prefix_end()
+        if pe is not None and n < pe:
+            pe = None  # an earlier state (``transcript_len``) from before the prefix was complete
         prefix_last = self._prefix_last_block(arr, pe)
         prefix_hash = None
         if pe is not None:
