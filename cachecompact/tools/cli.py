@@ -276,11 +276,40 @@ def _proxy_engine_options(args: argparse.Namespace) -> EngineOptions | None:
     return EngineOptions(recent_tokens=args.recent_tokens, lookback_coverage=args.lookback_coverage)
 
 
+def _auth_token(args: argparse.Namespace, say: bool = True) -> str | None:
+    """The dashboard's token: ``--auth-token-file``, ``CACHECOMPACT_AUTH_TOKEN`` or ``--auth-token``
+    (one of them). A token on the command line shows in ``ps`` to every user of the machine, so
+    it is taken with a warning; the file must not be readable by others."""
+    given = [n for n, v in (("--auth-token-file", args.auth_token_file), ("--auth-token", args.auth_token))
+             if v is not None]
+    if len(given) > 1:
+        raise UsageError("give the token one way: --auth-token-file or --auth-token (or CACHECOMPACT_AUTH_TOKEN)")
+    if args.auth_token_file is not None:
+        path = Path(args.auth_token_file)
+        try:
+            mode = path.stat().st_mode
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"--auth-token-file {path}: cannot be read ({err})") from None
+        if not token or "\n" in token:
+            raise UsageError(f"--auth-token-file {path}: must hold the token on one line")
+        if mode & 0o077:
+            raise UsageError(f"--auth-token-file {path}: readable by others (mode {mode & 0o777:o}); "
+                             f"chmod 600 {path}")
+        return token
+    if args.auth_token is not None:
+        if say:
+            print("cachecompact: warning: --auth-token shows in `ps` to every user of this machine; use "
+                  "--auth-token-file or CACHECOMPACT_AUTH_TOKEN", file=sys.stderr)
+        return str(args.auth_token) or None
+    return os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Run the proxy until interrupted."""
     from ..adapters.proxy import Proxy, ProxyConfig
 
-    token = args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None
+    token = _auth_token(args)
     cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
                       window_tokens=args.window, idle_compaction=args.idle_compaction,
@@ -572,7 +601,7 @@ def _check(args: argparse.Namespace) -> None:
                              "recent budget from the agent's look-backs, the second fixes it")
         ProxyConfig(upstream=args.upstream, host=args.host, mode=args.mode, store=args.store,
                     keep_bodies=args.keep_bodies, strategy=args.strategy,
-                    auth_token=args.auth_token or os.environ.get("CACHECOMPACT_AUTH_TOKEN") or None).check()
+                    auth_token=_auth_token(args, say=False)).check()
         if args.store:
             from ..store import open_writable_store
 
@@ -684,8 +713,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="observe: never change a byte; compact: run the strategy on each session")
     px.add_argument("--store", metavar="DIR|URL", help="persist sessions and records (a folder or postgresql://...)")
     px.add_argument("--keep-bodies", action="store_true", help="also keep request bodies (needs --store)")
-    px.add_argument("--auth-token", help="a token the dashboard and /api then require (or CACHECOMPACT_AUTH_TOKEN); "
-                                         "needed only when listening beyond loopback")
+    px.add_argument("--auth-token-file", metavar="FILE",
+                    help="a file holding the token the dashboard and /api then require (or the environment variable "
+                         "CACHECOMPACT_AUTH_TOKEN); needed only when listening beyond loopback")
+    px.add_argument("--auth-token", help="the token itself (shows in `ps` to every user of the machine: prefer "
+                                         "--auth-token-file or CACHECOMPACT_AUTH_TOKEN)")
     px.add_argument("--strategy", default="cachecompact", help="compact mode: the registered strategy")
     px.add_argument("--lookback-coverage", type=_fraction("--lookback-coverage", exclusive=True), default=None,
                     metavar="Q",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from cachecompact import ReplaceWithSummary, Session, SkipRange
-from cachecompact.tools.cli import main
+from cachecompact.tools.cli import UsageError, main
 
 from ..conftest import SYSTEM, TOOLS, history
 
@@ -266,3 +266,33 @@ def test_an_unlisted_model_is_one_line_naming_the_nearest_ids(session_dir: Path,
     prices = tmp_path / "prices.json"
     prices.write_text('{"claude-lab-cli": {"input": 3, "output": 15}}')  # registered for the process: a new name
     assert main(["render", str(session_dir), "--model", "claude-lab-cli", "--model-prices", str(prices)]) == 0
+
+
+def test_the_dashboard_token_comes_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--auth-token`` shows in ``ps`` to every user of the machine (issue 46): a token file
+    (not readable by others) or CACHECOMPACT_AUTH_TOKEN carries it instead; the flag still
+    works, with a warning."""
+    from cachecompact.tools.cli import _auth_token, build_parser
+
+    def token(*argv: str) -> str | None:
+        return _auth_token(build_parser().parse_args(["proxy", *argv]))
+
+    f = tmp_path / "token"
+    f.write_text("s3cret-token\n")
+    f.chmod(0o600)
+    assert token("--auth-token-file", str(f)) == "s3cret-token"
+    f.chmod(0o644)
+    with pytest.raises(UsageError, match=r"readable by others.*chmod 600"):
+        token("--auth-token-file", str(f))
+    with pytest.raises(UsageError, match="cannot be read"):
+        token("--auth-token-file", str(tmp_path / "missing"))
+    monkeypatch.setenv("CACHECOMPACT_AUTH_TOKEN", "from-env")
+    assert token() == "from-env"
+    capsys.readouterr()
+    assert token("--auth-token", "on-argv") == "on-argv"
+    assert "shows in `ps`" in capsys.readouterr().err
+    f.chmod(0o600)
+    with pytest.raises(UsageError, match="one way"):
+        token("--auth-token", "x", "--auth-token-file", str(f))
+    assert main(["proxy", "--host", "0.0.0.0", "--auth-token-file", str(tmp_path / "missing")]) == 2
