@@ -81,6 +81,14 @@ class Live:
         return self.session.session_id
 
     @property
+    def nbytes(self) -> int:
+        """An estimate of the memory the live session holds: its messages' bytes, times the
+        copies kept of them (parsed messages, rendered blocks and their canonical bytes, the
+        chain arrays). benchmarks/proxy_memory.py measures what a capped proxy still holds
+        against it (docs/benchmarks.md, *Proxy memory under its byte cap*)."""
+        return LIVE_BYTES_PER_MESSAGE_BYTE * self.session.transcript.nbytes
+
+    @property
     def identities(self) -> Sequence[bytes]:
         return self.session.transcript.identities
 
@@ -146,6 +154,8 @@ class LiveMaker:
         return self._live(session, body, preamble_key(tools or None, session.system_param))
 
 
+LIVE_BYTES_PER_MESSAGE_BYTE = 4  # `Live.nbytes`: copies of each message byte a live session keeps
+
 _LARGER_WARNED: set[tuple[str, int]] = set()  # (model, window_tokens) said to exceed the model's window
 
 
@@ -163,10 +173,15 @@ class Resolved:
 class SessionRegistry:
     """Resolves requests to sessions and keeps them live; thread-safe."""
 
-    def __init__(self, store: Store | None, maker: LiveMaker, *, keep: int = 512) -> None:
+    def __init__(self, store: Store | None, maker: LiveMaker, *, keep: int = 512, max_bytes: int | None = None
+                 ) -> None:
+        """``keep`` sessions at most in memory, and with ``max_bytes`` at most that many bytes of
+        them (`Live.nbytes`), least recently used out first: a session let go opens again from the
+        store when its next request comes (without a store it starts anew)."""
         self.store = store
         self.maker = maker  # new and stored sessions come from it, already live
         self._keep = keep
+        self.max_bytes = max_bytes
         self._live: OrderedDict[str, Live] = OrderedDict()
         self._not_ours: set[str] = set()  # stored observe-mode records in a family: their ids are taken, no more
         self._lock = threading.Lock()
@@ -190,9 +205,20 @@ class SessionRegistry:
     def _remember(self, sid: str, live: Live) -> Live:
         self._live[sid] = live
         self._live.move_to_end(sid)
+        self._trim()
+        return live
+
+    def _trim(self) -> None:
+        """Let the least recently used sessions go while more than ``keep`` are held, or more than
+        ``max_bytes`` (never the newest: a request is using it). Caller holds ``_lock``."""
         while len(self._live) > self._keep:
             self._live.popitem(last=False)
-        return live
+        if self.max_bytes is None:
+            return
+        total = sum(x.nbytes for x in self._live.values())
+        while total > self.max_bytes and len(self._live) > 1:
+            _, gone = self._live.popitem(last=False)
+            total -= gone.nbytes
 
     def _load(self, sid: str, model: str = "") -> Live | None:
         live = self._live.get(sid)
@@ -273,6 +299,9 @@ class SessionRegistry:
             except BaseException:
                 chosen.lock.release()
                 raise
+            if new and self.max_bytes is not None:
+                with self._lock:  # the session grew: the byte cap may let an older one go
+                    self._trim()
             return Resolved(chosen, new, Decision("continue", chosen.sid, "extends", len(chosen.session)))
         with self._lock:
             return self._start(base, named, req, Decision("new", None, "no stored history settled after repeated "

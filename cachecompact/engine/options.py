@@ -35,7 +35,8 @@ class EngineOptions:
     policy chooses); ``on_event`` receives every `Event`; ``clock`` is the time source;
     ``strict_models`` refuses a model the price table does not list; ``lookback_coverage`` is
     the one knob for cost against recall: the recent budget is learnt to cover that share of the
-    agent's own look-backs; ``recent_tokens`` fixes the budget instead (docs/policy.md)."""
+    agent's own look-backs; ``recent_tokens`` fixes the budget instead (docs/policy.md);
+    ``max_memory_mb`` caps the sessions kept in memory by their estimated size."""
 
     session_id: str | None = None
     strategy: str | StrategyConfig = "cachecompact"
@@ -54,6 +55,9 @@ class EngineOptions:
     # this engine's own price entries (``wrap(pricing=...)``), keyed by canonical id, looked up
     # before the process-wide table; they never change that table
     prices: Mapping[str, ModelInfo] | None = None
+    # megabytes of sessions kept in memory (estimated, `Live.nbytes`), least recently used out
+    # first; None: up to 512 sessions whatever their size
+    max_memory_mb: int | None = None
 
     def __post_init__(self) -> None:
         if self.session_id is not None:
@@ -77,6 +81,9 @@ class EngineOptions:
         if not all(callable(h) for h in self.hooks) or not callable(self.clock):
             raise ConfigError(f"on_event must be a callable or a list of callables and clock a callable, got "
                               f"on_event={self.on_event!r}, clock={self.clock!r}")
+        mm = self.max_memory_mb
+        if mm is not None and (not isinstance(mm, int) or isinstance(mm, bool) or mm < 1):
+            raise ConfigError(f"max_memory_mb must be a positive integer of megabytes, got {mm!r}")
         r = self.recent_tokens
         if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 0):
             raise ConfigError(f"recent_tokens must be a non-negative integer of tokens, got {r!r}")

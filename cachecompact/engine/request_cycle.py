@@ -133,7 +133,8 @@ class CompactionEngine:
         self.strict_models = opts.strict_models
         self.overhead_s = 0.0  # time spent preparing requests and recording usage
         self.registry = SessionRegistry(self.store, LiveMaker(self.store, opts, self.strategy_config, summarizer,
-                                                              self.events, self.window_tokens))
+                                                              self.events, self.window_tokens),
+                                        max_bytes=opts.max_memory_mb << 20 if opts.max_memory_mb else None)
         self._last_prepared: dict[bytes, Prepared] = {}
         self._lock = threading.Lock()
 

@@ -133,6 +133,7 @@ class MessageRecord(msgspec.Struct, frozen=True):
     hash: bytes
     chain: str
     ident: bytes
+    size: int = 0  # bytes of its canonical JSON (what `Transcript.nbytes` adds up)
 
 
 class Transcript:
@@ -141,6 +142,7 @@ class Transcript:
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self._ids: list[bytes] = []  # identity of every message (`message_hash`)
+        self.nbytes = 0  # canonical JSON bytes of the messages: what a byte cap on memory counts
         self._tool_ids: set[str] = set()
         self._has_use: list[bool] = []
         self._has_result: list[bool] = []
@@ -222,7 +224,8 @@ class Transcript:
             else:
                 canon = canonical_message(raw)
                 ident = digest if canon is raw else xxhash.xxh3_128_digest(canonical_bytes(canon))
-            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=digest, chain=prev, ident=ident))
+            records.append(MessageRecord(index=i, message=msg, raw=raw, hash=digest, chain=prev, ident=ident,
+                                         size=len(data)))
             prev_msg = msg
         return records
 
@@ -234,6 +237,7 @@ class Transcript:
             m = rec.message
             self.messages.append(m)
             self._ids.append(rec.ident)
+            self.nbytes += rec.size
             uses = tool_use_ids(m)
             self._tool_ids.update(uses)
             self._has_use.append(bool(uses))

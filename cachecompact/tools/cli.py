@@ -313,7 +313,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, mode=args.mode, store=args.store,
                       keep_bodies=args.keep_bodies, auth_token=token, strategy=args.strategy,
                       window_tokens=args.window, idle_compaction=args.idle_compaction,
-                      summary_model=args.summary_model,
+                      summary_model=args.summary_model, max_memory_mb=args.max_memory,
                       engine_options=_proxy_engine_options(args))
     cfg.check()
     proxy = Proxy(cfg)
@@ -713,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="observe: never change a byte; compact: run the strategy on each session")
     px.add_argument("--store", metavar="DIR|URL", help="persist sessions and records (a folder or postgresql://...)")
     px.add_argument("--keep-bodies", action="store_true", help="also keep request bodies (needs --store)")
+    px.add_argument("--max-memory", type=_int_in("--max-memory", 2), default=1024, metavar="MB",
+                    help="session state kept in memory, estimated (default 1024); the least recently used "
+                         "sessions go first and open again from --store when they come back")
     px.add_argument("--auth-token-file", metavar="FILE",
                     help="a file holding the token the dashboard and /api then require (or the environment variable "
                          "CACHECOMPACT_AUTH_TOKEN); needed only when listening beyond loopback")

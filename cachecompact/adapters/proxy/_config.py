@@ -33,6 +33,9 @@ class ProxyConfig:
     strategy: str = "cachecompact"
     window_tokens: int | None = None
     max_connections: int = 200
+    # megabytes of session state kept in memory (estimated), least recently used out first; in
+    # compact mode half for the engine's sessions and half for the dashboard's records
+    max_memory_mb: int = 1024
     # compact mode's other engine settings (``recent_tokens``, ``lookback_coverage``, ``ttl``, ...);
     # the proxy's own fields set its strategy, window and clock. A dict of them is read until 0.4.
     engine_options: EngineOptions | Mapping[str, Any] | None = None
@@ -54,6 +57,9 @@ class ProxyConfig:
         if u.username is not None or u.password is not None:
             raise ConfigError("--upstream must not carry a user name or password (it would be logged and shown in "
                               "errors); the proxy forwards each caller's own credentials")
+        mm = self.max_memory_mb
+        if not isinstance(mm, int) or isinstance(mm, bool) or mm < 2:
+            raise ConfigError(f"--max-memory must be a whole number of megabytes, at least 2, got {mm!r}")
         if not is_loopback(self.host) and not self.auth_token:
             raise ConfigError(f"binding to {self.host} (beyond loopback) needs --auth-token: the dashboard and its API "
                               "show request contents")

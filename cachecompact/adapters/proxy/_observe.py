@@ -8,8 +8,9 @@ hands over its finding. Either way the dashboard and the JSON API read the same 
 Bodies are not kept unless asked (``keep_bodies``): a record holds hashes, sizes, breakpoint
 locations, usage, cost, timing and, for a miss, excerpts of at most 200 characters around the
 first divergence. The previous body of each session stays in memory only, to cut those
-excerpts from. Memory is bounded: at most ``max_sessions`` sessions (least recently used
-out) and ``max_records`` records per session (totals keep counting).
+excerpts from. Memory is bounded: at most ``max_sessions`` sessions and ``max_bytes`` of them
+by their estimated size (least recently used out) and ``max_records`` records per session
+(totals keep counting).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class ObservedSession:
     thinking_drop_requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stored: Any = None  # the session in the proxy's store, once opened
+    nbytes: int = 0  # estimated memory held (`Observer` caps the sum): see `Observer._add`
+    body_bytes: int = 0  # the newest request body's size (observe mode keeps that body for excerpts)
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
@@ -177,8 +180,9 @@ class Observer:
     """The proxy's session records (thread-safe); optionally persisted as events in a `Store`."""
 
     def __init__(self, *, store: Store | None = None, keep_bodies: bool = False, max_sessions: int = 256,
-                 max_records: int = 2000, id_prefix: str = "") -> None:
+                 max_records: int = 2000, id_prefix: str = "", max_bytes: int | None = None) -> None:
         self.store = store
+        self.max_bytes = max_bytes  # the sessions' estimated memory (`ObservedSession.nbytes`), LRU out
         # compact mode records what it forwarded unchanged under ids of their own
         # (``passthrough-<name>``), so they never share a name with the engine's sessions in the store
         self.id_prefix = id_prefix
@@ -213,9 +217,20 @@ class Observer:
     def _remember(self, s: ObservedSession) -> ObservedSession:
         self._sessions[s.sid] = s
         self._sessions.move_to_end(s.sid)
+        self._trim()
+        return s
+
+    def _trim(self) -> None:
+        """At most ``max_sessions`` sessions, and ``max_bytes`` of them, in memory; the least
+        recently used go first, never the newest (totals keep counting). Under ``_lock``."""
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
-        return s
+        if self.max_bytes is None:
+            return
+        total = sum(x.nbytes for x in self._sessions.values())
+        while total > self.max_bytes and len(self._sessions) > 1:
+            _, gone = self._sessions.popitem(last=False)
+            total -= gone.nbytes
 
     def _resolve(self, hint: str | None, req: RequestHistory, mode: str) -> ObservedSession:
         """The session this request continues, by the one rule (`sessions.decide`, the same as
@@ -281,6 +296,7 @@ class Observer:
             log.debug("cachecompact proxy: request not analysed: %s", str(err)[:200])
             return None
         with s.lock:
+            s.body_bytes = len(raw)
             if not s.title:
                 s.title = conversation_title(body)
             kept = {"body_ref": self._put_body(s, raw)} if self.keep_bodies and self.store is not None else {}
@@ -383,10 +399,15 @@ class Observer:
         s.first_time = s.first_time or s.last_time
         s.model = str(rec.get("model") or s.model)
         s.records.append(rec)
+        # estimated bytes held: the newest body as parsed (kept for the next request's excerpts), the
+        # memoised blocks and the records (benchmarks/proxy_memory.py measures what is held against it)
+        s.nbytes = 4 * s.body_bytes + 200 * len(s.memo) + 600 * len(s.records)
         with self._lock:
             self.version += 1
             self.totals.requests += 1
             self.totals.errors += int(rec.get("status") not in (None, 200))
+            if self.max_bytes is not None:
+                self._trim()
         if self.store is not None:
             self._persist(s, rec)
         return rec

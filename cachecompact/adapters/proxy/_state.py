@@ -66,7 +66,8 @@ class ProxyState:
         cfg.check()
         self.cfg = cfg
         self.store: Store | None = open_writable_store(cfg.store)  # a bad path fails now, not per request
-        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies,
+        share = cfg.max_memory_mb // 2 if cfg.mode == "compact" else cfg.max_memory_mb
+        self.observer = Observer(store=self.store, keep_bodies=cfg.keep_bodies, max_bytes=share << 20,
                                  id_prefix=PASSTHROUGH_PREFIX if cfg.mode == "compact" else "")
         self.creds = threading.local()
         self.clock: Callable[[], float] = cfg.clock or time.time
@@ -85,17 +86,18 @@ class ProxyState:
                 return CallerKeySummarizer(upstream, chosen or model or DEFAULT_SUMMARY_MODEL, mode, creds,
                                            clock=simulated)
 
-            clash = sorted({"strategy", "window_tokens", "clock"} & set(cfg.engine_settings()))
+            clash = sorted({"strategy", "window_tokens", "clock", "max_memory_mb"} & set(cfg.engine_settings()))
             if clash:
                 raise ConfigError(f"engine_options must not set {', '.join(clash)}: the proxy's strategy, "
-                                  "window_tokens and clock (--strategy, --window) set them")
+                                  "window_tokens, clock and max_memory_mb (--strategy, --window, --max-memory) "
+                                  "set them")
             given = cfg.engine_options
             if isinstance(given, EngineOptions):  # checked again with the proxy's own fields: fails before listening
                 options = dataclasses.replace(given, strategy=cfg.strategy, window_tokens=cfg.window_tokens,
-                                              clock=self.clock)
+                                              clock=self.clock, max_memory_mb=share)
             else:
                 options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
-                                                  "clock": self.clock, **(given or {})})
+                                                  "clock": self.clock, "max_memory_mb": share, **(given or {})})
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
