@@ -100,7 +100,7 @@ def main() -> int:
         return p, url
 
     with tempfile.TemporaryDirectory(prefix="cachecompact-mem-") as tmp, \
-            httpx2.Client(timeout=120, headers={"x-api-key": "k"}) as c:
+            httpx2.Client(timeout=120, headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}) as c:
         for body, (raw, headers) in bodies.items():
             for name in ("emulator", "proxy observe", "proxy compact"):
                 procs = []

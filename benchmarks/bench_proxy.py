@@ -55,6 +55,7 @@ async def _one(http: aiohttp.ClientSession, url: str, body: bytes, stream: bool)
     """(total seconds, seconds to the first body byte) of one request; raises on an error status."""
     t0 = time.perf_counter()
     async with http.post(url + "/v1/messages", data=body, headers={"content-type": "application/json",
+                                                                    "anthropic-version": "2023-06-01",
                                                                     "x-api-key": "bench"}) as r:
         first = None
         async for _chunk in r.content.iter_any():

@@ -46,7 +46,8 @@ def one(mode: str, cap: int, sessions: int, turns: int, kib: int) -> dict[str, f
     try:
         with tempfile.TemporaryDirectory() as d, \
                 Proxy(ProxyConfig(upstream=emu_url, port=0, mode=mode, store=d, max_memory_mb=cap)) as px, \
-                httpx2.Client(base_url=px.url, timeout=60, headers={"x-api-key": "k"}) as c:
+                httpx2.Client(base_url=px.url, timeout=60,
+                              headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}) as c:
             gc.collect()
             tracemalloc.start()
             history_bytes = 0

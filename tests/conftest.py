@@ -16,6 +16,8 @@ SHARED_TRACES = Path(os.environ.get("CACHECOMPACT_TRACES", Path(__file__).resolv
 TOOLS = [{"name": "bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
 SYSTEM = "You are a careful coding agent."
+# what every SDK sends and the API requires (api/versioning); raw HTTP clients in tests send it too
+API_VERSION = {"anthropic-version": "2023-06-01"}
 
 
 def turn(k: int, n_calls: int = 1, result: str | None = None) -> list[dict[str, Any]]:

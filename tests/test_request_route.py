@@ -27,6 +27,8 @@ import httpx2
 import cachecompact
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 
+from .conftest import API_VERSION
+
 PKG = Path(cachecompact.__file__).resolve().parent
 FLOORS = {"base": 1, "cache": 2, "store": 3, "history": 4, "compaction": 5, "engine": 6, "adapters": 7, "tools": 8}
 WINDOW = 30_000
@@ -86,7 +88,7 @@ def _api() -> Iterator[str]:
     try:
         for _ in range(300):
             try:
-                if httpx2.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                if httpx2.get(f"{url}/v1/models", timeout=1, headers=API_VERSION).status_code == 200:
                     break
             except httpx2.HTTPError:
                 time.sleep(0.1)

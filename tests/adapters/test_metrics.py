@@ -13,6 +13,8 @@ from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.headers import CLOCK_HEADER
 from cachecompact.tools.emulator import Emulator
 
+from ..conftest import API_VERSION
+
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}
 SYSTEM = [{"type": "text", "text": "You are a careful agent. " * 300, "cache_control": CC}]
@@ -34,7 +36,7 @@ def _send(c: anthropic.Anthropic, t: float, text: str, session: str = "m") -> No
 
 def test_metrics_parse_and_add_up_to_the_dashboards_numbers() -> None:
     with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0)) as px, \
-            httpx2.Client(base_url=px.url) as http:
+            httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         _send(c, 1000, "read the repository and fix the bug " * 40)
         _send(c, 1010, "read the repository and fix the bug " * 40)  # the cache is warm
@@ -60,7 +62,7 @@ def test_metrics_parse_and_add_up_to_the_dashboards_numbers() -> None:
 
 def test_metrics_take_the_dashboards_token() -> None:
     with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, auth_token="t0ken")) as px, \
-            httpx2.Client(base_url=px.url) as http:
+            httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         assert http.get("/metrics").status_code == 401
         ok: Any = http.get("/metrics", headers={"authorization": "Bearer t0ken"})
         assert ok.status_code == 200 and "cachecompact_requests_total" in ok.text

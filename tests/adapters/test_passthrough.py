@@ -24,7 +24,9 @@ import pytest
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.headers import SESSION_HEADER
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
+from cachecompact.tools.emulator._binding import ThinkingRules
 
+from ..conftest import API_VERSION
 from ..hostile_corpus import BASES, generate
 
 pytestmark = pytest.mark.slow  # 4 x 904 requests
@@ -45,13 +47,15 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str,
     cases = [{"name": f"{k}: valid base", "body": v} for k, v in BASES.items()] + generate()
     out: list[dict[str, Any]] = []
     with ExitStack() as st:
-        emus = [st.enter_context(Emulator()) for _ in range(3)]
+        # the bases' thinking blocks carry made-up signatures: bound, not refused, so that the corpus
+        # mutates requests the API would take (a refused signature is a case of its own elsewhere)
+        emus = [st.enter_context(Emulator(thinking=ThinkingRules(foreign_signatures="bind"))) for _ in range(3)]
         urls = {"direct": emus[0].url,
                 "observe": st.enter_context(Proxy(ProxyConfig(upstream=emus[1].url, port=0, mode="observe",
                                                               store=str(tmp / "observe")))).url,
                 "compact": st.enter_context(Proxy(ProxyConfig(upstream=emus[2].url, port=0, mode="compact",
                                                               store=str(tmp / "compact")))).url}
-        http = {k: st.enter_context(httpx2.Client(base_url=u, timeout=60, headers={"x-api-key": "k"}))
+        http = {k: st.enter_context(httpx2.Client(base_url=u, timeout=60, headers={**API_VERSION, "x-api-key": "k"}))
                 for k, u in urls.items()}
         for i, c in enumerate(cases):
             raw = json.dumps(c["body"]).encode()

@@ -25,6 +25,8 @@ from cachecompact.adapters.proxy._observe import ObservedSession
 from cachecompact.base.errors import ConfigError
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
 
+from ..conftest import API_VERSION
+
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}
 SYSTEM = [{"type": "text", "text": "You are a careful agent. " * 300, "cache_control": CC}]
@@ -103,14 +105,14 @@ def test_async_client_and_other_paths_pass_through(emu: Emulator) -> None:
 def test_status_headers_and_error_bodies_are_unchanged(emu: Emulator) -> None:
     bad = [b'{"model":"claude-sonnet-4-6","max_tokens":5,"messages":[]}', b"{not json",
            b'{"model":"gpt-4","max_tokens":5,"messages":[{"role":"user","content":"x"}]}']
-    with _proxy(emu.url) as px, httpx2.Client() as http:
+    with _proxy(emu.url) as px, httpx2.Client(headers=API_VERSION) as http:
         for raw in bad:
             direct = http.post(emu.url + "/v1/messages", content=raw, headers={"content-type": "application/json"})
             via = http.post(px.url + "/v1/messages", content=raw, headers={"content-type": "application/json"})
             assert via.status_code == direct.status_code >= 400
             assert {**json.loads(via.content), "request_id": None} == {**json.loads(direct.content), "request_id": None}
             assert via.headers["content-type"] == direct.headers["content-type"]
-        r = http.get(px.url + "/v1/models/claude-sonnet-4-6", headers={"anthropic-version": "2023-06-01"})
+        r = http.get(px.url + "/v1/models/claude-sonnet-4-6", headers=API_VERSION)
         assert r.status_code == 200 and r.json()["id"] == "claude-sonnet-4-6"
 
 
@@ -151,7 +153,7 @@ def test_observe_mode_never_changes_a_byte_and_never_keeps_credentials(tmp_path:
     with ServerThread(rec.app) as up, _proxy(up.url, store=str(tmp_path), keep_bodies=True) as px, \
             caplog.at_level(logging.DEBUG):
         r = httpx2.post(px.url + "/v1/messages?beta=true", content=body,
-                        headers={"x-api-key": "sk-SECRET-1", "authorization": "Bearer sk-SECRET-2",
+                        headers={**API_VERSION, "x-api-key": "sk-SECRET-1", "authorization": "Bearer sk-SECRET-2",
                                  "anthropic-beta": "b1,b2", "anthropic-version": "2023-06-01",
                                  "content-type": "application/json", "connection": "keep-alive, x-hop",
                                  "x-hop": "drop me"})
@@ -206,7 +208,7 @@ def test_upstream_cookies_reach_the_client_and_never_another_request() -> None:
 
 def test_streams_are_forwarded_as_they_arrive() -> None:
     rec = _Recorder()
-    with ServerThread(rec.app) as up, _proxy(up.url) as px, httpx2.Client() as http:
+    with ServerThread(rec.app) as up, _proxy(up.url) as px, httpx2.Client(headers=API_VERSION) as http:
         t0 = time.perf_counter()
         arrivals = []
         with http.stream("POST", px.url + "/v1/slow", content=b"{}") as r:
@@ -219,7 +221,7 @@ def test_streams_are_forwarded_as_they_arrive() -> None:
 
 
 def test_gzip_passes_through_and_usage_is_read(tmp_path: Path) -> None:
-    with Emulator(gzip=True) as emu, _proxy(emu.url) as px, httpx2.Client() as http:
+    with Emulator(gzip=True) as emu, _proxy(emu.url) as px, httpx2.Client(headers=API_VERSION) as http:
         body = json.dumps({"model": MODEL, "max_tokens": 5, "system": SYSTEM,
                            "messages": [{"role": "user", "content": "hi " * 2000}]}).encode()
         r = http.post(px.url + "/v1/messages", content=body,
@@ -252,7 +254,7 @@ def test_sessions_by_header_metadata_and_extension(emu: Emulator) -> None:
     assert len([i for i in ids if i.startswith("s_")]) == 2
     with _proxy(emu.url) as px:
         r = httpx2.post(px.url + "/v1/messages", content=b'{"model":"x","max_tokens":1,"messages":[]}',
-                        headers={"x-cachecompact-session": "../etc"})
+                        headers={**API_VERSION, "x-cachecompact-session": "../etc"})
         assert r.status_code == 400  # the emulator's own answer: the proxy forwards, never stores
 
 
@@ -326,7 +328,7 @@ def test_compact_mode_runs_the_strategy_and_keeps_unknown_fields(tmp_path: Path)
 def test_api_and_auth_token(emu: Emulator) -> None:
     with pytest.raises(ConfigError, match="auth-token"):
         ProxyConfig(upstream=emu.url, host="0.0.0.0").check()
-    with _proxy(emu.url, auth_token="t0ken") as px, httpx2.Client(base_url=px.url) as http:
+    with _proxy(emu.url, auth_token="t0ken") as px, httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         _turns(c, 2, extra={"x-cachecompact-session": "a"})  # /v1 needs no token: the client's key is checked upstream
         px.wait_idle()
@@ -353,7 +355,7 @@ def test_api_and_auth_token(emu: Emulator) -> None:
         assert page.status_code == 200 and "Content-Security-Policy" in page.headers
         assert http.get("/api/sessions/nope", headers=auth).status_code == 404
     # without a token, the dashboard answers only to loopback names (no DNS rebinding)
-    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         port = px.url.rsplit(":", 1)[1]
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
             assert http.get("/api/sessions", headers={"host": host}).status_code == 200, host
@@ -368,7 +370,7 @@ def test_gzip_request_bodies_are_forwarded_compressed(emu: Emulator) -> None:
     rec = _Recorder()
     with ServerThread(rec.app, auto_decompress=False) as up, _proxy(up.url) as px:
         httpx2.post(px.url + "/v1/messages", content=gzip.compress(body),
-                    headers={"content-encoding": "gzip", "content-type": "application/json"})
+                    headers={**API_VERSION, "content-encoding": "gzip", "content-type": "application/json"})
     assert gzip.decompress(rec.got[0][1]) == body and rec.got[0][0]["content-encoding"] == "gzip"
 
 
@@ -413,7 +415,7 @@ def test_compact_mode_records_streams_its_window_and_its_compactions_apart_from_
 
     with Emulator(SummarizingResponder(ScriptedResponder(reader))) as emu, \
             _proxy(emu.url, mode="compact", store=str(tmp_path), window_tokens=30_000) as px, \
-            httpx2.Client(base_url=px.url) as http:
+            httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]
         tools = [{"name": "read", "description": "read a file", "input_schema": {"type": "object"}}]
@@ -542,7 +544,7 @@ def test_compact_mode_records_a_stream_before_the_client_has_it_all(tmp_path: Pa
 
 
 def test_observe_mode_under_overload_forwards_everything_and_counts_what_it_did_not_analyse(emu: Emulator) -> None:
-    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         px.state.max_pending_bytes = 0  # analysis "behind" from the start
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         _turns(c, 3)
@@ -555,7 +557,7 @@ def test_observe_mode_under_overload_forwards_everything_and_counts_what_it_did_
 def test_the_waiting_response_counts_toward_the_analysis_bound(emu: Emulator) -> None:
     """A response kept for the analysis thread holds memory like its request: both are counted."""
     body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url) as http:
+    with _proxy(emu.url) as px, httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         px.state.max_pending_bytes = len(body) + 10  # room for the request, not for its response too
         r = http.post("/v1/messages", content=body, headers={"x-api-key": "k", "content-type": "application/json"})
         assert r.status_code == 200 and len(r.content) > 10
@@ -586,7 +588,7 @@ def test_a_broken_error_body_in_compact_mode_is_a_502_and_gives_its_connection_b
 
     body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     with ServerThread(app) as up, _proxy(up.url, mode="compact", store=str(tmp_path), max_connections=2) as px, \
-            httpx2.Client(base_url=px.url, timeout=10) as http:
+            httpx2.Client(base_url=px.url, timeout=10, headers=API_VERSION) as http:
         for _ in range(4):
             r = http.post("/v1/messages", json=body, headers={"x-api-key": "k"})
             assert r.status_code == 502 and "broke off" in r.json()["error"]["message"]
@@ -617,7 +619,7 @@ def test_keep_bodies_keeps_what_the_client_sent_in_compact_mode(tmp_path: Path) 
                       indent=2).encode()
     with Emulator() as emu, _proxy(emu.url, mode="compact", store=str(tmp_path), keep_bodies=True) as px:
         r = httpx2.post(px.url + "/v1/messages", content=body,
-                        headers={"x-api-key": "k", "content-type": "application/json"})
+                        headers={**API_VERSION, "x-api-key": "k", "content-type": "application/json"})
         px.wait_idle()
     assert r.status_code == 200
     st = open_store(str(tmp_path))
@@ -689,7 +691,7 @@ def test_compact_mode_keeps_passed_through_requests_out_of_the_engines_names(emu
         return {"model": MODEL, "max_tokens": max_tokens, "messages": [hello, *more]}
 
     with _proxy(emu.url, mode="compact", store=str(tmp_path)) as px, \
-            httpx2.Client(base_url=px.url, timeout=30, headers={"x-api-key": "k"}) as c:
+            httpx2.Client(base_url=px.url, timeout=30, headers={**API_VERSION, "x-api-key": "k"}) as c:
         for b in (body(), body(max_tokens="64"), body({"role": "assistant", "content": "A"}, {"role": "user",
                                                                                               "content": "B"}),
                   body({"role": "assistant", "content": "C"}, {"role": "user", "content": "D"})):
@@ -711,7 +713,7 @@ def test_memory_is_capped_by_bytes_and_a_session_let_go_comes_back(emu: Emulator
     (benchmarks/proxy_memory.py measures what stays held against the estimate)."""
     filler = "line of tool output\n" * 600
     with _proxy(emu.url, mode=mode, store=str(tmp_path), max_memory_mb=2) as px, \
-            httpx2.Client(base_url=px.url, timeout=30, headers={"x-api-key": "k"}) as c:
+            httpx2.Client(base_url=px.url, timeout=30, headers={**API_VERSION, "x-api-key": "k"}) as c:
         histories = []
         for s in range(12):
             msgs: list[dict[str, Any]] = [{"role": "user", "content": f"session {s}"}]

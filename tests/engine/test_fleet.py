@@ -21,6 +21,8 @@ from cachecompact.adapters.httpserver import spawn_cli_server
 from cachecompact.base.headers import CLOCK_HEADER, SESSION_HEADER
 from cachecompact.store import open_store
 
+from ..conftest import API_VERSION
+
 pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 
 CONVERSATIONS = 50
@@ -48,7 +50,7 @@ async def _drive(urls: list[str], tag: str, kill_at: tuple[int, subprocess.Popen
         for t in range(TURNS):
             body = {"model": "claude-haiku-4-5", "max_tokens": 200, "system": "You audit configuration files.",
                     "messages": msgs}
-            headers = {SESSION_HEADER: sid, CLOCK_HEADER: str(1_800_000_000 + c * 1000 + t * 20),
+            headers = {**API_VERSION, SESSION_HEADER: sid, CLOCK_HEADER: str(1_800_000_000 + c * 1000 + t * 20),
                        "x-api-key": "fleet", "content-type": "application/json"}
             for attempt in range(len(urls) + 2):
                 url = alive[(c + t + attempt) % len(alive)]

@@ -24,6 +24,8 @@ from cachecompact.base.headers import SESSION_HEADER
 from cachecompact.store import open_store
 from cachecompact.tools.emulator import Emulator, Reply, ScriptedResponder
 
+from ..conftest import API_VERSION
+
 MODEL = "claude-sonnet-4-6"
 SYSTEM = "You are a careful agent. " * 300
 SECRET = "hunter2-s3cr3t-a91f"
@@ -98,7 +100,8 @@ def test_proxy_redaction_leaves_no_copy(tmp_path: Path, mode: str) -> None:
     cc = {"type": "ephemeral"}
     with Emulator(ScriptedResponder(_reply)) as emu, \
             Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(root), keep_bodies=True)) as px, \
-            httpx2.Client(base_url=px.url, timeout=30, headers={"x-api-key": "k", SESSION_HEADER: "job-redact"}) as c:
+            httpx2.Client(base_url=px.url, timeout=30,
+                          headers={**API_VERSION, "x-api-key": "k", SESSION_HEADER: "job-redact"}) as c:
         def send(msgs: list[dict[str, Any]]) -> None:
             last = msgs[-1]
             content = last["content"] if isinstance(last["content"], list) else [{"type": "text",

@@ -14,6 +14,8 @@ import pytest
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, FaultConfig, ReplayResponder, Reply, ScriptedResponder
 from cachecompact.tools.traces import discover, load_trace, synthetic_trace
 
+from ..conftest import API_VERSION
+
 MODEL = "claude-sonnet-4-6"
 CC = {"type": "ephemeral"}
 CC1H = {"type": "ephemeral", "ttl": "1h"}
@@ -213,7 +215,7 @@ def test_bad_input_gets_400s_never_500s(emu: Emulator) -> None:
                     "messages": [{"role": "user", "content": [
                         {"type": "text", "text": "b", "cache_control": CC1H}]}]}).encode(),
     ]
-    with httpx2.Client(base_url=emu.url) as http:
+    with httpx2.Client(base_url=emu.url, headers=API_VERSION) as http:
         for raw in bodies:
             r = http.post("/v1/messages", content=raw, headers={"content-type": "application/json"})
             assert r.status_code == 400, (raw, r.text)

@@ -20,6 +20,8 @@ from cachecompact.tools.emulator import Emulator, ScriptedResponder
 from cachecompact.tools.emulator._binding import BETA, ThinkingRules
 from cachecompact.tools.emulator.responders import Reply
 
+from ..conftest import API_VERSION
+
 OPUS = "claude-opus-5-5"
 TOOLS = [{"name": "read", "description": "Read a file.", "input_schema": {"type": "object",
                                                                          "properties": {"path": {"type": "string"}}}}]
@@ -314,7 +316,7 @@ def test_thinking_settings_each_model_accepts(emu: Emulator) -> None:
 def test_api_version_2026_10_21_refuses_what_the_migration_guide_lists(emu: Emulator) -> None:
     body: dict[str, Any] = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [
         {"role": "user", "content": "x"}]}
-    with httpx2.Client(base_url=emu.url) as http:
+    with httpx2.Client(base_url=emu.url, headers=API_VERSION) as http:
         def post(extra: dict[str, Any], version: str) -> httpx2.Response:
             return http.post("/v1/messages", json={**body, **extra}, headers={"anthropic-version": version})
 
@@ -329,7 +331,16 @@ def test_api_version_2026_10_21_refuses_what_the_migration_guide_lists(emu: Emul
             r = post(extra, "2026-10-21")
             assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
             assert post(extra, "2023-06-01").status_code == 200, extra  # the old version keeps today's behaviour
-        assert http.post("/v1/messages", json=body, headers={"anthropic-version": "2099-01-01"}).status_code == 400
+        r = http.post("/v1/messages", json=body, headers={"anthropic-version": "2099-01-01"})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == 'anthropic-version: "2099-01-01" is not a valid version'
+    # api/versioning: "you must send an anthropic-version request header"; every SDK does (issue 46: the
+    # emulator took a request without it)
+    with httpx2.Client(base_url=emu.url) as bare:
+        for method, path in (("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("GET", "/v1/models")):
+            r = bare.request(method, path, json=body if method == "POST" else None)
+            assert r.status_code == 400 and r.json()["error"] == {"type": "invalid_request_error",
+                                                                 "message": "anthropic-version: header is required"}
     # through the SDK, which sends 2026-10-21 and a Bearer key
     with pytest.raises(anthropic.BadRequestError, match="temperature"):
         _client(emu).messages.create(**body, extra_body={"temperature": 0.2})
@@ -465,3 +476,28 @@ def _server_compaction(emu: Emulator) -> None:
         c.messages.create(model=OPUS, max_tokens=2000, system=SYSTEM, tools=TOOLS, messages=edited,
                           extra_body={"context_management": edit},
                           extra_headers={"anthropic-beta": "compact-2026-01-12"})
+
+
+@pytest.mark.parametrize("model", ["claude-sonnet-4-6", "claude-opus-5-5"])
+def test_a_signature_the_emulator_never_issued_is_refused_unless_replays_bind_it(model: str) -> None:
+    """The API refuses a thinking block whose signature it cannot decrypt (made up, or another
+    key's); the emulator took ``"AAAA"`` (issue 46). By default it refuses one it did not issue, on
+    every model; ``ThinkingRules(foreign_signatures="bind")`` keeps the binding for replays that send
+    a recorded session's real signatures."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": "Plan it."},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "AAAA"},
+                                          {"type": "text", "text": "A plan."}]},
+        {"role": "user", "content": "Go on."}]
+    with Emulator() as strict:
+        with pytest.raises(anthropic.BadRequestError, match=r"messages\.1\.content\.0: Invalid `signature`"):
+            _client(strict).messages.create(model=model, max_tokens=2000, messages=msgs)  # type: ignore[arg-type]
+        ours = _client(strict).messages.create(model=model, max_tokens=2000, messages=msgs[:1],
+                                               thinking={"type": "adaptive"})
+        issued = [b.model_dump(exclude_none=True) for b in ours.content]
+        again = [msgs[0], {"role": "assistant", "content": issued}, msgs[2]]  # its own signatures: accepted
+        assert _client(strict).messages.create(model=model, max_tokens=2000, messages=again,  # type: ignore[arg-type]
+                                               thinking={"type": "adaptive"}).content
+    with Emulator(thinking=ThinkingRules(foreign_signatures="bind")) as binding:
+        assert _client(binding).messages.create(model=model, max_tokens=2000,  # type: ignore[arg-type]
+                                                messages=msgs).content

@@ -45,9 +45,14 @@ thinking*):
   billed". A block whose text was omitted (``display: "omitted"``, the default) is billed as the
   tokens the model thought, which its signature carries.
 
-A signature the emulator did not make (a recorded trace's, or the real API's) cannot be verified
-here, so it is bound to the prefix and predecessor it is first sent with, and checked against them
-afterwards; its tokens are what it was first sent as, or the hint a replaying responder gave.
+* **Signatures it did not issue.** A signature is the API's own sealed record; one it cannot
+  decrypt (made up, or issued to another key) fails as "Invalid `signature` in `thinking` block"
+  on every model (the troubleshooting docs list a tampered or undecryptable signature apart from
+  the prefix check). The emulator refuses a signature it did not issue the same way
+  (`ThinkingRules.foreign_signatures`, "refuse"). With "bind", for a replay that sends a recorded
+  session's real signatures, such a block is bound to the prefix and predecessor it is first
+  sent with and checked against them afterwards; its tokens are what it was first sent as, or
+  the hint a replaying responder gave.
 """
 
 from __future__ import annotations
@@ -146,6 +151,10 @@ class ThinkingRules:
     unset: Mapping[str, Outcome] = field(default_factory=lambda: dict(DEFAULT_UNSET))
     account_before_2026_08_31: bool = False  # an older account: Fable 5.1 and Opus 5.5 let failing blocks through
     latest_tool_turn: Literal["strict", "lenient"] = "strict"
+    # a signature this emulator never issued: "refuse" it as the API refuses one it cannot decrypt (a
+    # made-up or another key's signature: "Invalid `signature` in `thinking` block"), or "bind" it to
+    # where it is first sent, for replays that send a recorded session's real signatures
+    foreign_signatures: Literal["refuse", "bind"] = "refuse"
 
     def outcome(self, model: str, asked: str | None) -> Outcome:
         """What a failing block gets on ``model`` when the request asked ``asked`` (None: unset)."""
@@ -391,6 +400,8 @@ class ThinkingCheck:
                 bound = self.signer.read(sig)
                 if bound is None and sig.startswith(Signer.PREFIX):
                     raise _bad(where, TAMPERED)  # ours, changed: a different failure, always a 400
+                if bound is None and self.rules.foreign_signatures == "refuse":
+                    raise _bad(where, TAMPERED)  # not one we issued: the API cannot decrypt it either
                 if bound is None:
                     bound = self.signer.foreign(sig)
                     if bound is None:  # a block we cannot verify: bound to where it is first sent

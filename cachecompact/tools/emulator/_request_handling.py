@@ -210,6 +210,10 @@ class EmulatorCore:
             if method != allowed:
                 return self._error(405, f"Method {method[:20]} not allowed on {path[:200]}; use {allowed}", request_id,
                                    {"allow": allowed})
+            try:
+                version_of(headers)  # every request names an API version, before anything else is read
+            except MalformedMessageError as err:
+                return self._error(400, str(err), request_id)
             if allowed == "GET":
                 return self._models(path, request_id)
             fault = self._fault(path, request_id)

@@ -12,13 +12,13 @@ The docs (api/migration-2026-10-21): "These changes apply to requests to the Mes
 * a user ``text`` block with non-empty ``citations`` is a 400.
 
 The exact texts of the last two are not in the part of the page we can read: the emulator's name
-the place and the rule. A request without the header, or with ``2023-06-01``, keeps the old
-behaviour (the real API requires the header; the emulator defaults to the old version so that raw
-HTTP clients in tests need not send it).
+the place and the rule. ``2023-06-01`` keeps the old behaviour; a request without the header is
+a 400, as the API answers (every SDK sends it).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,11 +33,16 @@ SAMPLING = ("temperature", "top_p", "top_k")
 
 
 def version_of(headers: Mapping[str, str]) -> str:
-    """The request's API version; an unknown one is a 400, as the API answers."""
-    v = str(headers.get("anthropic-version") or OLD).strip()
+    """The request's API version. Without the header, or with one the API does not know, a 400 as
+    the API answers (api/versioning: "When making API requests, you must send an anthropic-version
+    request header"; the API's messages, as clients have reported them: "anthropic-version: header
+    is required", and "anthropic-version: "X" is not a valid version")."""
+    v = headers.get("anthropic-version")
+    if v is None:
+        raise MalformedMessageError("anthropic-version", "header is required")
+    v = str(v).strip()
     if v not in VERSIONS:
-        raise MalformedMessageError("anthropic-version", f"unknown API version {v[:40]!r}; expected one of "
-                                                         f"{', '.join(VERSIONS)}")
+        raise MalformedMessageError("anthropic-version", f"{json.dumps(v[:40])} is not a valid version")
     return v
 
 
