@@ -312,13 +312,16 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     skipped: list[dict[str, str]] = []
     seen: set[str] = set()  # response ids counted: a resumed session's copied history counts once
     for p in paths:
+        before = set(seen)
         try:
             r = forensics_of_log(p, counter, seen)
         except TraceFormatError as err:
             skipped.append({"file": str(p), "reason": err.reason})
             continue
-        except (OSError, ValueError) as err:
-            skipped.append({"file": str(p), "reason": str(err)[:200]})
+        except Exception as err:  # one file's problem is never the whole run's: said, and skipped
+            seen.intersection_update(before)  # nothing of a file that failed counts
+            skipped.append({"file": str(p), "reason": f"could not be analysed ({type(err).__name__}: "
+                                                      f"{' '.join(str(err).split())[:160]}); a bug, please report it"})
             continue
         if r is None:
             skipped.append({"file": str(p), "reason": "fewer than 3 calls with recorded usage"})

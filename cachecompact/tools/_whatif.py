@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +131,11 @@ def recorded_ttl(trace: Trace) -> str:
 
 
 def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, window: int = OWN_WINDOW,
-            workers: int | None = None, progress: bool = True) -> WhatIf:
-    """Replay every session under every option (both cores by default) and sum them."""
+            workers: int | None = None, progress: bool = True,
+            on_skip: Callable[[dict[str, str]], None] | None = None) -> WhatIf:
+    """Replay every session under every option (both cores by default) and sum them. When no
+    file can be loaded, ``on_skip`` hears of each with why before the error (otherwise the
+    table lists them)."""
     t0 = time.perf_counter()
     asked = [n for n in dict.fromkeys(options) if n != BASELINE]
     idle_peer = BASELINE_IDLE in asked or any(n.startswith("claude-code") and n.endswith("+idle") for n in asked)
@@ -142,9 +145,12 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
     names = [n for n in shown if n != BASELINE_IDLE] + hidden
     corpus, skipped, _ = load_corpus(paths)
     if not corpus:
-        why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped[:3])
+        for sk in skipped:
+            if on_skip is not None:
+                on_skip(sk)
+        why = "" if on_skip is not None else " (" + "; ".join(f"{x['file']}: {x['reason']}" for x in skipped[:3]) + ")"
         raise ConfigError(f"no session could be loaded from {', '.join(map(str, paths))}"
-                          + (f" ({why})" if why else ""))
+                          + (why if skipped else "") + (": each file is listed above with why" if on_skip else ""))
     res: BenchResult = run_bench(strategies=names, model=None, windows=[window], workers=workers, progress=progress,
                                  tasks=False, full=True, corpus=corpus, oracle_runs=False,
                                  progress_label="cachecompact whatif")

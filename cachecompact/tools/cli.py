@@ -7,6 +7,7 @@ Every command checks its arguments before it starts work; every error is one lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -336,13 +337,18 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 def cmd_forensics(args: argparse.Namespace) -> int:
     """Cache forensics of recorded Claude Code logs: misses per class and what they cost."""
     from ._logs import summarize_logs
-    from .traces import discover
+    from .traces import discover_all
 
-    _must_exist(args.paths)
-    files = discover(list(args.paths))
+    files, unusable = discover_all(list(args.paths))
     if not files:
-        raise UsageError(f"no trace files found in {' '.join(args.paths)}")
+        _say_skipped(unusable)
+        raise UsageError(f"no log files found in {' '.join(args.paths)}")
     done, skipped, totals = summarize_logs(files)
+    skipped = unusable + skipped
+    if not done and not args.json:  # one line per file and why, no report of nothing
+        _say_skipped(skipped)
+        raise UsageError(f"none of the {len(files)} file(s) is a Claude Code log with 3 or more calls recorded "
+                         f"with usage (each is listed above with why)")
     if args.json:
         print(json.dumps({"logs": [{"name": r.name, "project": r.project, "day": r.day, "model": r.model,
                                     "calls": r.calls, "cost_usd": r.cost_usd, "misses": r.misses,
@@ -350,7 +356,7 @@ def cmd_forensics(args: argparse.Namespace) -> int:
                                     "findings": [f.to_dict() for f in r.findings
                                                  if f.cls != "read_as_expected"]} for r in done],
                           "skipped": skipped, "totals": totals}, indent=1))
-        return 0 if done else 1
+        return 0 if done else 2
     shown = done if args.verbose or len(done) <= _MOST else \
         sorted(done, key=lambda r: -sum(r.wasted.values()))[:_MOST]
     for r in shown:
@@ -369,7 +375,7 @@ def cmd_forensics(args: argparse.Namespace) -> int:
     if len(shown) < len(done):
         print(f"... and {len(done) - len(shown)} more logs (the {_MOST} that wasted most are shown; -v lists all)")
     for s in skipped:
-        print(f"skipped {s['file']}: {s['reason']}")
+        print(f"skipped {s['file']}: {_one_line_text(s['reason'])}")
     main = totals["cost_usd"] - totals["subagent_cost_usd"]
     print(_wrapped(f"\n{totals['logs']} logs, {totals['calls']} calls with usage "
                    f"({totals['subagent_calls']} of them by sub-agents, each sub-agent a thread of its own), "
@@ -390,7 +396,7 @@ def cmd_forensics(args: argparse.Namespace) -> int:
     print(f"explained by a class: {totals['explained']}; unexplained (provider suspected): {totals['unexplained']}")
     for line in totals["advice"]:
         print(_wrapped(f"- {line}"))
-    return 0 if done else 1
+    return 0
 
 
 _MOST = 12  # logs (and days, projects) a terminal listing shows before it summarises
@@ -407,10 +413,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     from ._whatif import OPTIONS, table, what_if, write
     from .bench.run import OWN_WINDOW
 
-    _must_exist(args.paths)
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
     w = what_if(args.paths, args.option or OPTIONS, window=args.window or OWN_WINDOW, workers=args.workers,
-                progress=not args.json)
+                progress=not args.json, on_skip=None if args.json else lambda s: _say_skipped([s]))
     files = write(w, Path(args.out))
     if args.json:
         print((Path(args.out) / "whatif.json").read_text())
@@ -545,6 +550,16 @@ def _writable_file(p: Path, what: str) -> None:
         raise UsageError(f"{what} {p}: is a folder")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"{what} {p}: the folder {parent} does not exist or is not writable")
+
+
+def _one_line_text(text: str) -> str:
+    return " ".join(str(text).split())[:300]
+
+
+def _say_skipped(skipped: list[dict[str, str]]) -> None:
+    """One line per file a command could not use, and why (to stderr, as it goes)."""
+    for s in skipped:
+        print(f"cachecompact: skipped {s['file']}: {_one_line_text(s['reason'])}", file=sys.stderr, flush=True)
 
 
 def _must_exist(paths: list[str]) -> None:
@@ -785,6 +800,10 @@ _EXTRA_COMMANDS: list[Any] = []  # (sub, common) -> None: commands defined in ot
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(argv) if argv is not None else sys.argv[1:]
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed escaped, never a crash
+        if hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
     debug = "--debug" in argv
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")

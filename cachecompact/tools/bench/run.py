@@ -19,7 +19,7 @@ import xxhash
 from ...base.errors import ConfigError, UnknownModelError
 from ...base.pricing import get_model, model_prices
 from ...compaction.catalog import strategy_names
-from ..traces import Trace, TraceFormatError, default_trace_dir, discover, load_trace, synthetic_trace
+from ..traces import Trace, TraceFormatError, default_trace_dir, discover_all, load_trace, synthetic_trace
 from ._oracle import oracle_cost
 from ._tasks import TaskResult, make_task, run_task
 from .harness import MAX_TOKENS, TraceResult, check_strategy, replay
@@ -137,7 +137,6 @@ def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
                 ) -> tuple[list[Trace], list[dict[str, str]], str]:
     """Traces from ``paths`` (or the shared corpus, or the synthetic one); bad files are skipped
     and listed with the reason, never half-loaded."""
-    skipped: list[dict[str, str]] = []
     if synthetic is not None or (not paths and default_trace_dir() is None):
         n = synthetic or SYNTHETIC_CORPUS
         return [synthetic_trace(s) for s in range(n)], [], f"synthetic corpus ({n} traces, seeds 0-{n - 1})"
@@ -149,11 +148,15 @@ def load_corpus(paths: Sequence[str | Path], synthetic: int | None = None
     else:
         label = ", ".join(map(str, paths))
     traces = []
-    for f in discover(list(paths)):
+    files, skipped = discover_all(list(paths))
+    for f in files:
         try:
             traces.append(load_trace(f))
         except TraceFormatError as err:
             skipped.append({"file": str(f), "reason": err.reason})
+        except Exception as err:  # one file's problem is never the whole run's: said, and skipped
+            skipped.append({"file": str(f), "reason": f"could not be loaded ({type(err).__name__}: "
+                                                      f"{' '.join(str(err).split())[:160]}); a bug, please report it"})
     return traces, skipped, label
 
 

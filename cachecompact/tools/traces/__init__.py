@@ -14,6 +14,7 @@ from typing import Any
 from ...base.errors import MalformedMessageError
 from ...base.wire import message_from_dict, system_from_param, tool_from_dict
 from ._mini_swe import BASH_TOOL, load_openai_chat
+from ._reading import json_value, read_text
 from ._synthetic import SyntheticSpec, synthetic_trace
 from .claude_code_logs import is_claude_code, load_claude_code
 from .trace_model import Trace, TraceFormatError, parse_time
@@ -25,6 +26,7 @@ __all__ = [
     "TraceFormatError",
     "default_trace_dir",
     "discover",
+    "discover_all",
     "load_trace",
     "parse_time",
     "synthetic_trace",
@@ -45,13 +47,31 @@ def default_trace_dir() -> Path | None:
 
 def discover(paths: list[str | Path]) -> list[Path]:
     """Expand directories to the trace files under them (``*.json`` / ``*.jsonl``), sorted."""
+    return discover_all(paths)[0]
+
+
+def discover_all(paths: list[str | Path]) -> tuple[list[Path], list[dict[str, str]]]:
+    """`discover`, and every path it cannot use with the reason: a missing path, and under a
+    folder a ``*.json(l)`` entry that is no regular file (a pipe, a device, a dangling link), so
+    a run says what it left out instead of dropping it in silence. A path given by name is
+    returned as it is: the loader says why it cannot read it."""
     out: list[Path] = []
+    skipped: list[dict[str, str]] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(x for x in p.rglob("*") if x.suffix in (".json", ".jsonl") and x.is_file())
+            for x in sorted(p.rglob("*")):
+                if x.suffix not in (".json", ".jsonl"):
+                    continue
+                if x.is_file():
+                    out.append(x)
+                elif not x.is_dir():
+                    why = "a dangling link" if x.is_symlink() and not x.exists() else "not a regular file"
+                    skipped.append({"file": str(x), "reason": f"{why}, not a log file"})
+        elif not p.exists() and not p.is_symlink():
+            skipped.append({"file": str(p), "reason": "no such file or folder"})
         else:
             out.append(p)
-    return out
+    return out, skipped
 
 
 def _is_anthropic(messages: list[Any]) -> bool:
@@ -79,16 +99,14 @@ def load_trace(path: str | Path) -> Trace:
         system_from_param(trace.system)
     except MalformedMessageError as err:
         raise TraceFormatError(str(p), f"not a valid conversation: {err}") from None
-    except (KeyError, TypeError, AttributeError, IndexError) as err:  # a shape no loader expected
-        raise TraceFormatError(str(p), f"malformed ({type(err).__name__}: {err})") from None
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, ArithmeticError, RecursionError,
+            UnicodeError) as err:  # a shape no check above caught: still this file's problem, said in one line
+        raise TraceFormatError(str(p), f"malformed ({type(err).__name__}: {str(err)[:160]})") from None
     return trace
 
 
 def _load_any(p: Path) -> Trace:
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise TraceFormatError(str(p), f"cannot read: {err}") from None
+    text = read_text(p)
     if not text.strip():
         raise TraceFormatError(str(p), "empty file")
     if p.suffix == ".jsonl":
@@ -96,7 +114,7 @@ def _load_any(p: Path) -> Trace:
     if not text.lstrip().startswith(("{", "[")):
         raise TraceFormatError(str(p), "not JSON: expected a JSON object, array or JSON Lines")
     try:
-        data = json.loads(text)
+        data = json_value(text, str(p))
     except json.JSONDecodeError as err:
         if err.msg == "Extra data":  # several JSON values: JSON Lines under a .json name
             return load_claude_code(p, text)

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ._reading import check_usage, finite, json_value, read_text
 from ._repair import repair_pairing
 from .trace_model import Trace, TraceFormatError, parse_time
 
@@ -19,15 +20,21 @@ _CONTINUATION = "This session is being continued from a previous conversation"
 
 
 def _entries(path: Path, text: str) -> list[dict[str, Any]]:
+    """The log's entries, each checked where later steps read it (`_check_entry`): a bad line is a
+    `TraceFormatError` naming it, never an exception several steps later."""
+    where = str(path)
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
-            data = json.loads(text)
+            data = json_value(text, where)
         except json.JSONDecodeError as err:
-            raise TraceFormatError(str(path), f"not valid JSON (truncated?): {err}") from None
+            raise TraceFormatError(where, f"not valid JSON (truncated?): {err}") from None
         if not isinstance(data, list):
-            raise TraceFormatError(str(path), "expected a JSON array of Claude Code entries")
-        return [e for e in data if isinstance(e, dict)]
+            raise TraceFormatError(where, "expected a JSON array of Claude Code entries")
+        entries = [e for e in data if isinstance(e, dict)]
+        for k, e in enumerate(entries):
+            _check_entry(e, where, f"entry {k}")
+        return entries
     out = []
     lines = text.splitlines()
     for n, line in enumerate(lines, 1):
@@ -35,19 +42,49 @@ def _entries(path: Path, text: str) -> list[dict[str, Any]]:
             continue
         values: list[Any] | None
         try:
-            values = [json.loads(line)]
+            values = [json_value(line, where, n)]
         except json.JSONDecodeError as err:
-            values = _several(line)  # two entries written on one line (a log appended to concurrently)
+            values = _several(line, where, n)  # two entries written on one line (a log appended to concurrently)
             if values is None:
-                if n == len(lines):
-                    raise TraceFormatError(str(path), f"line {n}: truncated last line: {err}") from None
-                raise TraceFormatError(str(path), f"line {n}: not JSON: {err}") from None
+                if n == len(lines) and n > 1:
+                    raise TraceFormatError(where, f"line {n}: truncated last line: {err}") from None
+                raise TraceFormatError(where, f"line {n}: not JSON: {err}") from None
             log.warning("%s: line %d holds %d entries; read as %d", path, n, len(values), len(values))
-        out += [e for e in values if isinstance(e, dict)]
+        for e in values:
+            if isinstance(e, dict):
+                _check_entry(e, where, f"line {n}")
+                out.append(e)
     return out
 
 
-def _several(line: str) -> list[Any] | None:
+def _check_entry(e: dict[str, Any], where: str, at: str) -> None:
+    """The fields of an entry that the loader reads, in the types Claude Code writes them; a
+    user or assistant message's ``content`` a string or a list of objects, its ``model`` and
+    ``id`` strings, its ``usage`` token counts (`check_usage`), a boundary's tool ids a list."""
+    msg = e.get("message")
+    if e.get("type") in ("user", "assistant") and msg is not None:
+        if not isinstance(msg, dict):
+            raise TraceFormatError(where, f"{at}: message is not an object")
+        c = msg.get("content")
+        if c is not None and not (isinstance(c, str) or (isinstance(c, list) and all(
+                isinstance(b, dict) and isinstance(b.get("type"), str) for b in c))):
+            raise TraceFormatError(where, f"{at}: message.content is neither text nor a list of typed blocks")
+        for k in ("model", "id"):
+            if msg.get(k) is not None and not isinstance(msg[k], str):
+                raise TraceFormatError(where, f"{at}: message.{k} is not a string")
+        for b in c if isinstance(c, list) else ():
+            if b["type"] == "tool_use" and not (isinstance(b.get("id"), str) and isinstance(b.get("name"), str)):
+                raise TraceFormatError(where, f"{at}: a tool_use block without a string id and name")
+            if b["type"] == "tool_result" and not isinstance(b.get("tool_use_id"), str):
+                raise TraceFormatError(where, f"{at}: a tool_result block without a string tool_use_id")
+        check_usage(msg.get("usage"), where, at)
+    for holder in (e, e.get("microcompactMetadata")):
+        ids = holder.get("compactedToolIds") if isinstance(holder, dict) else None
+        if ids is not None and not isinstance(ids, list):
+            raise TraceFormatError(where, f"{at}: compactedToolIds is not a list")
+
+
+def _several(line: str, where: str, n: int) -> list[Any] | None:
     """The JSON values written back to back on one line, or None if it is not such a line."""
     dec = json.JSONDecoder()
     out: list[Any] = []
@@ -58,10 +95,13 @@ def _several(line: str) -> list[Any] | None:
         if i == n:
             break
         try:
-            v, i = dec.raw_decode(line, i)
+            _v, j = dec.raw_decode(line, i)
         except json.JSONDecodeError:
             return None
-        out.append(v)
+        except RecursionError:
+            raise TraceFormatError(where, f"line {n}: nested too deeply to read") from None
+        out.append(json_value(line[i:j], where, n))  # checked as a value of its own (NaN, surrogates)
+        i = j
     return out if len(out) > 1 else None
 
 
@@ -139,7 +179,7 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
     times as logged, which the benchmark's tables were measured with.
     """
     p = Path(path)
-    entries = _entries(p, p.read_text(encoding="utf-8") if text is None else text)
+    entries = _entries(p, read_text(p) if text is None else text)
     if not is_claude_code(entries):
         raise TraceFormatError(str(p), "no Claude Code user/assistant entries found")
     entries, again = _once_per_uuid(entries)
@@ -248,8 +288,8 @@ def _int(meta: dict[str, Any], *names: str) -> int | None:
     """The first of ``names`` that ``meta`` holds as a number (the log writes camelCase; some
     readers document snake_case)."""
     for n in names:
-        v = meta.get(n)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = finite(meta.get(n))
+        if v is not None and abs(v) < 1 << 53:
             return int(v)
     return None
 
@@ -282,7 +322,7 @@ def _boundary(e: dict[str, Any]) -> dict[str, Any] | None:
     ids = meta.get("compactedToolIds") or e.get("compactedToolIds") or []
     return {"kind": "microcompact", "trigger": str(meta.get("trigger") or "auto"),
             "tool_ids": [str(i) for i in ids if isinstance(i, str)],
-            "tokens_saved": int(meta.get("tokensSaved") or e.get("tokensSaved") or 0),
+            "tokens_saved": _int(meta, "tokensSaved") or _int(e, "tokensSaved") or 0,
             "time": parse_time(e.get("timestamp"))}
 
 

@@ -59,13 +59,21 @@ class Trace(msgspec.Struct, kw_only=True):
         return out
 
 
+_TIME_RANGE = (0.0, 253402300799.0)  # 1970 to the end of year 9999: what a date can be shown as
+
+
 def parse_time(value: Any) -> float | None:
-    """ISO-8601 strings and unix numbers to unix seconds; anything else to None."""
+    """ISO-8601 strings and unix numbers to unix seconds; anything else, and a number no date
+    has (NaN, infinite, before 1970 or after 9999), to None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            t = float(value)
+        except OverflowError:
+            return None
+        return t if _TIME_RANGE[0] <= t <= _TIME_RANGE[1] else None  # False for NaN
     if isinstance(value, str) and value:
         try:
             return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError):
             return None
     return None
