@@ -377,3 +377,31 @@ def test_a_module_has_a_name_of_its_own() -> None:
     assert not shared, shared
     for rel in old & {str(p.relative_to(pkg)) for p in pkg.rglob("*.py")}:
         assert "DeprecationWarning" in (pkg / rel).read_text(), rel
+
+
+def test_the_constraints_file_pins_every_dependency_within_its_bounds() -> None:
+    """constraints.txt makes the README's install reproducible (issue 46: only lower bounds, no
+    lock): every dependency pyproject.toml names, core and extras, is pinned there to one version
+    that its own bounds admit, so `pip install -c constraints.txt -e '.[dev,postgres]'` resolves."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = PKG.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for group in project["optional-dependencies"].values() for r in group]
+    pins: dict[str, str] = {}
+    for line in (root / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not a pin (name==version)"
+            pins[canonicalize_name(name)] = version
+    missing = [r.name for r in reqs if canonicalize_name(r.name) not in pins]
+    outside = [f"{r.name}=={pins[canonicalize_name(r.name)]} not in {r.specifier}" for r in reqs
+               if canonicalize_name(r.name) in pins and pins[canonicalize_name(r.name)] not in r.specifier]
+    assert missing == [] and outside == []
+    readme = (root / "README.md").read_text()
+    assert "pip install -c constraints.txt -e '.[dev]'" in readme.split("```", 2)[1]  # the README's install uses it
