@@ -250,7 +250,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     logging.getLogger("cachecompact").setLevel(logging.ERROR)  # per-request warnings would drown the table
     res = run_bench(args.paths, args.strategy, model=args.model, windows=args.window or DEFAULT_WINDOWS,
                     workers=args.workers, progress=not args.json, synthetic=args.synthetic,
-                    tasks=not args.no_tasks, traces=not args.tasks, full=args.full)
+                    tasks=not args.no_tasks, traces=not args.tasks, full=args.full, closed_loop=not args.open_loop)
     command = "cachecompact " + " ".join(shlex.quote(a) for a in (args.argv or []))
     files = write_outputs(res, Path(args.out), command)
     if args.json:
@@ -700,6 +700,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="every trace of the shared corpus (default: a sample of each set, a few minutes)")
     bench.add_argument("--tasks", action="store_true", help="run only the closed-loop task suite")
     bench.add_argument("--no-tasks", action="store_true", help="skip the closed-loop task suite")
+    bench.add_argument("--open-loop", action="store_true",
+                       help="replay the recorded replies whatever each request shows, charging a notional re-read "
+                            "turn for hidden evidence (default: closed loop: the agent re-runs the call that produced "
+                            "what it needs and cannot see)")
     bench.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
     bench.add_argument("--workers", type=_int_in("--workers", 1, 64), default=None,
                        help="processes (default: up to 2)")

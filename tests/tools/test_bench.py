@@ -105,8 +105,8 @@ def test_every_registered_strategy_replays_at_both_windows(strategy: str, window
     assert r.completed or r.failure, "a failed trace carries its reason"
     if strategy == "cachecompact" or window == 200_000:
         assert r.completed, r.failure
-    if r.completed:
-        assert len(r.token_series) == tr.turns and r.cost_usd > 0
+    if r.completed:  # the recorded calls, and the closed loop's re-runs (one call a request)
+        assert len(r.token_series) == tr.turns + r.reruns == r.requests and r.cost_usd > 0
         assert max(r.token_series) + 4096 <= window or strategy == "none"
     assert r.cost_series == sorted(r.cost_series)
     assert 0 <= r.evidence_recall <= 1 and 0 <= r.name_recall <= 1 and 0 <= r.hit_rate <= 1
@@ -410,3 +410,55 @@ def test_as_model_replays_recorded_thinking_under_todays_rules(tmp_path: Path,
     printed = " ".join(capsys.readouterr().out.split())
     assert "reasoning" in printed and " ".join(THINKING_LEGEND.split()) in printed
     assert "claude-opus-5-5" in printed
+
+
+def _hiding_trace() -> Trace:
+    """A grep whose result a later edit names, after enough large reads that a small window
+    must hide the grep's result: the closed-loop agent has to run the grep again."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the crash in the parser"},
+                                  _call(0, "grep", {"pattern": "parse_args"}),
+                                  _result(0, "src/cli/util.py:3: def parse_args(argv, strict_mode_flag_x9):")]
+    for k in range(1, 13):  # more reads than masking keeps verbatim (10)
+        msgs += [_call(k, "read_file", {"path": f"src/big_{k}.py"}), _result(k, f"line of big file {k}\n" * 300)]
+    msgs += [_call(13, "edit_file", {"path": "src/cli/util.py", "old": "strict_mode_flag_x9", "new": "x"}),
+             _result(13, "ok"), {"role": "assistant", "content": "Done."}]
+    return Trace(name="hand/hiding", source="test", format="anthropic", messages=msgs,
+                 timestamps=[float(i) for i in range(len(msgs))], usage=[None] * len(msgs))
+
+
+def test_the_closed_loop_reruns_what_a_strategy_hid_and_the_open_loop_only_charges_it() -> None:
+    """Issue 47: the replayed agent acts on what each request shows. Where a strategy hid the
+    grep result the final edit needs, the closed-loop agent runs the grep again (billed, and
+    seen through the strategy) before it edits; the open loop goes on blind and charges a
+    notional re-read turn. A strategy that hides nothing makes no re-run, and a replay is
+    deterministic."""
+    tr = _hiding_trace()
+    closed = replay(tr, "masking", model=MODEL, window=40_000)
+    again = replay(tr, "masking", model=MODEL, window=40_000)
+    opened = replay(tr, "masking", model=MODEL, window=40_000, closed=False)
+    assert closed.completed and closed.closed_loop and not opened.closed_loop
+    assert closed.reruns >= 1 and closed.requests == tr.turns + closed.reruns and closed.loops == 0
+    assert closed.evidence_recall == opened.evidence_recall < 1.0  # first sight: the same measure
+    assert closed.cost_usd > opened.cost_usd  # the re-run is billed for real
+    assert opened.rereads >= 1 and opened.adjusted_cost_usd > opened.cost_usd and opened.reruns == 0
+    assert (closed.cost_usd, closed.reruns, closed.requests) == (again.cost_usd, again.reruns, again.requests)
+    none = replay(tr, "none", model=MODEL, window=200_000)
+    assert none.reruns == 0 and none.requests == tr.turns and none.evidence_recall == 1.0
+
+
+def test_a_rerun_that_comes_back_hidden_is_a_loop() -> None:
+    """A strategy that shortens every new large result as it arrives shows a re-run no better than
+    the first result: each re-run that comes back hidden is a loop, counted, and after the
+    attempts for one result the agent goes on without it (charged as lost)."""
+    from cachecompact.tools.bench._agent import ATTEMPTS, ClosedLoopAgent
+
+    tr = _hiding_trace()
+    agent = ClosedLoopAgent(ReplayResponder(tr.messages, tr.usage))
+    hidden = {"messages": [tr.messages[0], {"role": "user", "content": "nothing of the grep here"}]}
+    replies = []
+    for _ in range(ATTEMPTS + 2):  # the edit is due; its evidence never shows
+        agent.inner._cursor = len(tr.messages) - 4  # the recorded edit is next
+        replies.append(agent.respond(hidden))
+    kinds = [r.content[0]["name"] for r in replies[:ATTEMPTS + 1]]
+    assert kinds[:ATTEMPTS] == ["grep"] * ATTEMPTS and kinds[ATTEMPTS] == "edit_file"
+    assert agent.reruns == ATTEMPTS and agent.loops >= ATTEMPTS - 1 and len(agent.lost) >= 1

@@ -30,7 +30,8 @@ from ...base.pricing import ModelInfo
 from ...base.wire import canonical_bytes
 from ..emulator.responders import ReplayResponder, Reply
 
-__all__ = ["REREAD_OUTPUT_TOKENS", "Evidence", "RecallProbe", "evidence_table", "request_text", "reread_cost"]
+__all__ = ["REREAD_OUTPUT_TOKENS", "Evidence", "RecallProbe", "evidence_table", "request_text", "reread_cost",
+           "visible"]
 
 REREAD_OUTPUT_TOKENS = 150  # the tool call of a re-read turn
 MAX_EVIDENCE_LINE = 400  # longer lines are cut at this many characters for matching
@@ -79,6 +80,7 @@ class Evidence:
     lines: tuple[str, ...]
     source: int
     source_tokens: int
+    source_id: str = ""  # the tool_use id whose result holds the newest evidence line (what a re-run repeats)
 
 
 def evidence_table(messages: Sequence[dict[str, Any]]) -> dict[int, list[Evidence]]:
@@ -98,6 +100,7 @@ def _evidence_cached(raw: bytes) -> dict[int, list[Evidence]]:
     text_parts: list[str] = []
     starts: list[int] = []  # offset of each line in `blob`
     line_msg: list[int] = []
+    line_src: list[str] = []  # the tool_use id of the result each line is in
     sizes: dict[int, int] = {}
     offset = 0
     msg_end: dict[int, int] = {}  # message index -> blob offset after its lines
@@ -112,6 +115,7 @@ def _evidence_cached(raw: bytes) -> dict[int, list[Evidence]]:
                         text_parts.append(line)
                         starts.append(offset)
                         line_msg.append(i)
+                        line_src.append(str(b.get("tool_use_id") or ""))
                         offset += len(line) + 1
         msg_end[i] = offset
     blob = "\n".join(text_parts)
@@ -128,7 +132,7 @@ def _evidence_cached(raw: bytes) -> dict[int, list[Evidence]]:
         refs: list[Evidence] = []
         for x in idents:
             lines: dict[str, None] = {}
-            src = -1
+            src, src_id = -1, ""
             pos = blob.rfind(x, 0, limit)
             while pos >= 0 and len(lines) < 64:
                 k = bisect.bisect_right(starts, pos) - 1
@@ -136,10 +140,10 @@ def _evidence_cached(raw: bytes) -> dict[int, list[Evidence]]:
                 if line:
                     lines.setdefault(line, None)
                     if src < 0:
-                        src = line_msg[k]
+                        src, src_id = line_msg[k], line_src[k]
                 pos = blob.rfind(x, 0, starts[k]) if starts[k] > 0 else -1
             if lines:
-                refs.append(Evidence(x, tuple(lines), src, sizes.get(src, 0)))
+                refs.append(Evidence(x, tuple(lines), src, sizes.get(src, 0), src_id))
         if refs:
             table[i] = refs
     return table
@@ -196,6 +200,12 @@ class RecallProbe:
     @property
     def name_recall(self) -> float:
         return self.named / self.references if self.references else 1.0
+
+
+def visible(ev: Evidence, sent: str) -> bool:
+    """Whether one line of ``ev``'s evidence is in ``sent`` (the request's text with a newline at
+    each end): verbatim, and as a whole line when the line is the identifier alone."""
+    return _visible(ev, sent)
 
 
 def _visible(ev: Evidence, sent: str) -> bool:

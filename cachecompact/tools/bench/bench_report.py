@@ -81,6 +81,14 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "paired_recall_ours": sum(o.evidence_recall * o.references for _, o in paired) / o_refs if o_refs else 1.0,
             "summary_cost_usd": sum(r.summary_cost_usd for r in ok),
             "rereads": sum(r.rereads for r in ok),
+            # the closed loop: re-run calls over every run, finished or not (a stuck run's count), their
+            # share of the agent's requests, loops, and what each finished session cost, every run's bill
+            # (a stuck one's included) spread over the finished ones
+            "closed_loop": any(r.closed_loop for r in rs),
+            "reruns": sum(r.reruns for r in rs),
+            "rerun_share": (sum(r.reruns for r in rs) / req if (req := sum(r.requests for r in rs)) else 0.0),
+            "loops": sum(r.loops for r in rs),
+            "cost_per_completed": sum(r.cost_usd for r in rs) / len(ok) if ok else None,
             "evidence_recall": sum(r.evidence_recall * r.references for r in ok) / refs if refs else 1.0,
             "references": refs,
             "name_recall": sum(r.name_recall * r.references for r in ok) / refs if refs else 1.0,
@@ -160,16 +168,19 @@ def _fmt(v: Any, kind: str = "") -> str:
 
 def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "adj vs ours", "vs oracle",
-            "evidence recall", "name recall", "re-reads", "summaries", "hit rate", "re-writes", "breaks", "peak tok",
-            "refused", "dropped", "stripped", "reasoning kept", "compactions"]
+            "evidence recall", "name recall", "re-reads", "re-runs", "loops", "per session", "summaries", "hit rate",
+            "re-writes", "breaks", "peak tok", "refused", "dropped", "stripped", "reasoning kept", "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
+        closed = r.get("closed_loop")
         out.append([r["strategy"], f"{r['completed']}/{r['traces']}", _fmt(r["cost_usd"], "$"),
                     _fmt(r["cost_vs_none"], "x"), _fmt(r["adjusted_cost_usd"], "$"), _fmt(r["adjusted_vs_none"], "x"),
                     _fmt(r["adjusted_vs_ours"], "x"), _fmt(r["cost_vs_oracle"], "x"),
                     _fmt(r["evidence_recall"], "%"), _fmt(r["name_recall"], "%"),
-                    str(r["rereads"]), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
+                    str(r["rereads"]),
+                    f"{r['reruns']} ({r['rerun_share']:.1%})" if closed else "-", str(r["loops"]) if closed else "-",
+                    _fmt(r.get("cost_per_completed"), "$"), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
                     _fmt(r["rewrite_share"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}",
                     str(r["refused"]), str(r["thinking_dropped"]), str(r["thinking_stripped"]),
                     _fmt(r["reasoning_kept"], "%"), comps])
@@ -186,15 +197,17 @@ def tasks_table(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 
 # The terminal shows these columns of a trace table, within `WIDTH`; report.md has them all.
-TERMINAL_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "hit rate",
-                    "re-writes", "re-reads", "compactions")
+TERMINAL_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "re-runs",
+                    "loops", "per session", "hit rate", "compactions")
 # a table whose runs carried thinking (a model with preserved thinking) shows what the API did with it instead
-THINKING_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "refused",
-                    "dropped", "stripped", "reasoning kept", "hit rate")
+THINKING_COLUMNS = ("strategy", "done", "adjusted", "adj vs none", "adj vs ours", "evidence recall", "re-runs",
+                    "loops", "refused", "dropped", "stripped", "reasoning kept")
 TERMINAL_HEADS = {"adj vs none": "adj/none", "adj vs ours": "adj/ours", "evidence recall": "recall",
                   "reasoning kept": "reasoning"}
-TRACE_LEGEND = ("adjusted: cost + a re-read turn per lost result; adj/none, adj/ours: paired ratios; recall: of "
-                "evidence")
+TRACE_LEGEND = ("closed loop; re-runs: calls made again to see a hidden result; loops: re-runs still hidden; per "
+                "session: cost/finished")
+OPEN_LOOP_LEGEND = ("open loop; adjusted: cost + a re-read turn per lost result; adj/none, adj/ours: paired ratios; "
+                    "recall: of evidence")
 THINKING_LEGEND = ("refused: requests the API refused; dropped: thinking blocks it dropped; stripped: blocks left out "
                    "of the turns a request showed; reasoning: of the thinking in those turns, the share sent and valid")
 TASKS_LEGEND = "passed: every step done within its turn budget; re-reads: quotes that needed the tool run again"
@@ -228,8 +241,10 @@ def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     return THINKING_COLUMNS if _thinks(rows) else TERMINAL_COLUMNS
 
 
-def _legend(rows: list[dict[str, Any]]) -> list[str]:
-    return [TRACE_LEGEND, THINKING_LEGEND] if _thinks(rows) else [TRACE_LEGEND]
+def _legend(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
+    first = TRACE_LEGEND if any(r.get("closed_loop") for r in rows) else OPEN_LOOP_LEGEND
+    said = [first, THINKING_LEGEND] if _thinks(rows) else [first]
+    return said if md else [textwrap.fill(x, WIDTH, break_on_hyphens=False) for x in said]
 
 
 def _verdict(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
@@ -252,7 +267,7 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                 rows = aggregate(b, w, long_only, half)
                 n = len(_names(b, long_only, half))
                 parts += [f"{h}window {window_label(w)}: {label} ({n} traces)", "",
-                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows), ""]
+                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows, md), ""]
                 if half is None:
                     parts += _verdict(rows, md)
             sets = trace_sets(b)
@@ -262,7 +277,7 @@ def _sections(b: BenchResult, md: bool) -> list[str]:
                     continue
                 rows = aggregate(b, w, long_only, None, set_)
                 parts += [f"{h}window {window_label(w)}: {kind}, set {set_} ({n} traces)", "",
-                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows), "",
+                          _render(trace_table(rows), md, None if md else _columns(rows)), *_legend(rows, md), "",
                           *_verdict(rows, md)]
         trows = task_rows(b, w)
         if trows:
@@ -301,12 +316,20 @@ def markdown(b: BenchResult, command: str) -> str:
         f"Command: `{command}`  ",
         f"Corpus: {b.corpus}: {len(b.traces)} traces ({long_n} with >= {LONG_TURNS} turns); model pricing `{b.model}`; "
         f"windows {', '.join(window_label(w) for w in b.windows)}; {len(b.tasks)} task runs; "
-        f"wall time {b.wall_s:.0f} s.", "",
+        f"{'closed' if b.closed_loop else 'open'} loop; wall time {b.wall_s:.0f} s.", "",
         *_sections(b, md=True),
-        "Columns: cost = agent requests + summarizer calls over completed traces; *vs none* ratios are over the "
-        "traces both completed; *adj vs ours* is a peer's adjusted cost over cachecompact's on the traces both "
-        "completed; *adjusted* adds one re-read turn (context read from cache, the lost tool result "
-        "written, 150 output tokens) the first time a tool result's evidence is lost; *vs oracle* against the billed "
+        "Closed loop (the default; `--open-loop` for the other): the replayed agent acts on what each request "
+        "shows: when a recorded call needs a tool result whose evidence the request hides, it first re-runs the "
+        "call that produced it (same tool and input; the recorded result comes back through the strategy), at most "
+        "twice per result and call; *re-runs* counts those calls (and their share of the agent's requests), "
+        "*loops* the re-runs whose result came back hidden, and a session past 16 loops is stuck and does not "
+        "finish; *per session* is every run's cost, a stuck one's included, over the sessions finished. "
+        "Columns: cost = agent requests (the re-runs included) + summarizer calls over completed traces; *vs none* "
+        "ratios are over the traces both completed; *adj vs ours* is a peer's adjusted cost over cachecompact's on "
+        "the traces both completed; *adjusted* adds one re-read turn (context read from cache, the lost tool result "
+        "written, 150 output tokens) for each tool result whose evidence was never made visible (closed loop: one "
+        "that could not be re-run, a sub-agent's, or was given up on; open loop: the first time it is lost); evidence "
+        "recall is measured at first sight, before any re-run; *vs oracle* against the billed "
         "masking oracle (never above none); re-writes = the share of the cost spent writing again what the previous "
         "request had cached (edits and idle expiries); evidence recall = share of references whose evidence lines "
         "were still visible verbatim; name recall = share whose identifier appeared anywhere. Preserved thinking "
@@ -366,6 +389,7 @@ def write_outputs(b: BenchResult, out: Path, command: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = {
         "model": b.model, "windows": b.windows, "corpus": b.corpus, "wall_s": b.wall_s, "strategies": b.strategies,
+        "closed_loop": b.closed_loop,
         "traces": b.traces, "skipped": b.skipped, "oracle": b.oracle,
         "aggregate": {str(w): {"long": aggregate(b, w), "long_A": aggregate(b, w, True, "A"),
                                "long_B": aggregate(b, w, True, "B"), "all": aggregate(b, w, False),

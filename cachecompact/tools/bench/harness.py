@@ -25,9 +25,10 @@ from ...base.pricing import ModelInfo, get_model
 from ...compaction.catalog import get_strategy
 from ..emulator import Emulator, ReplayResponder, SummarizingResponder
 from ..traces import Trace
+from ._agent import ClosedLoopAgent
 from ._recall import RecallProbe, reread_cost
 
-__all__ = ["IDLE_SUFFIX", "MAX_TOKENS", "TraceResult", "check_strategy", "replay", "rewrite_cost"]
+__all__ = ["IDLE_SUFFIX", "MAX_TOKENS", "RERUN_GAP_S", "TraceResult", "check_strategy", "replay", "rewrite_cost"]
 
 MAX_TOKENS = 4096
 IDLE_SUFFIX = "+idle"  # a strategy name with this ending replays with its idle compaction
@@ -62,9 +63,17 @@ class TraceResult:
     mean_tokens: float = 0.0
     compactions: dict[str, int] = field(default_factory=dict)
     overhead_ms_per_turn: float = 0.0
-    evidence_recall: float = 1.0
+    evidence_recall: float = 1.0  # at first sight: before any re-run (closed loop), as the open loop measures
     name_recall: float = 1.0
     references: int = 0
+    # the closed loop (`_agent.ClosedLoopAgent`): re-run tool calls the agent made because what it needed
+    # was hidden, loops (re-runs whose result came back hidden), references given up on, and whether the
+    # replay ran closed loop at all (False: the open loop, ``--open-loop``)
+    closed_loop: bool = False
+    reruns: int = 0
+    loops: int = 0
+    lost: int = 0
+    requests: int = 0  # agent requests sent (the recorded calls and the re-runs)
     idle_decisions: int = 0  # idle compaction: decisions made (``+idle``), and how many summarized
     idle_fired: int = 0
     cost_series: list[float] = field(default_factory=list)  # cumulative $ after each request
@@ -130,9 +139,26 @@ def api_message(err: anthropic.APIStatusError) -> str:
     return str(msg if isinstance(msg, str) else err.message)[:MAX_REASON]
 
 
+RERUN_GAP_S = 2.0  # simulated seconds a re-run turn takes (the tool and the model's short call)
+
+
+def _rerun_time(at: float, nxt: float | None, k: int) -> float:
+    """When the ``k``-th re-run request before the recorded call at ``at`` goes out: a couple of
+    seconds apart, and always before the next recorded time, so recorded gaps stay as they were."""
+    if not k:
+        return at
+    room = (nxt - at) if nxt is not None and nxt > at else 60.0
+    return at + min(k * RERUN_GAP_S, room * k / (k + 1))
+
+
 def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", window: int = 200_000,
-           idle: bool | None = None) -> TraceResult:
+           idle: bool | None = None, closed: bool = True) -> TraceResult:
     """Run one trace under one strategy; never raises for a failing trace (see ``failure``).
+
+    ``closed`` (the default) replays closed loop: the agent re-runs the call that produced what
+    its next recorded call needs when the request hides it (`_agent.ClosedLoopAgent`), and the
+    harness answers the re-run with the recorded result; ``closed=False`` replays every recorded
+    reply whatever the request showed, and charges a notional re-read turn instead.
 
     ``idle`` (or a strategy name ending in `IDLE_SUFFIX`) runs the strategy's idle compaction
     between requests: where the recorded gap passes the moment the strategy wants to decide
@@ -144,38 +170,57 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
     strategy = check_strategy(strategy)  # an unknown name is an error, not a failed trace
     price = get_model(model)
     t_start = time.perf_counter()
-    probe = RecallProbe(ReplayResponder(trace.messages, trace.usage))
+    recorded = ReplayResponder(trace.messages, trace.usage)
+    looper = ClosedLoopAgent(recorded) if closed else None
+    probe = RecallProbe(recorded) if looper is None else None
+    model_of_replay: ClosedLoopAgent | RecallProbe = looper if looper is not None else RecallProbe(recorded)
+    if probe is not None:
+        model_of_replay = probe
     res = TraceResult(trace=trace.name, strategy=name, window=window, turns=trace.turns, completed=True,
-                      model=price.name)
+                      model=price.name, closed_loop=closed)
     clock = [0.0]  # the replay's time: summary calls carry it
-    with Emulator(SummarizingResponder(probe), context_window=window) as emu:
+    with Emulator(SummarizingResponder(model_of_replay), context_window=window) as emu:
         raw = anthropic.Anthropic(base_url=emu.url, api_key="bench", max_retries=0)
         mw = CompactionMiddleware(None, strategy=strategy, window_tokens=window,
                                   summarizer=summarizer_factory(raw, None, clock=lambda: clock[0]))
         client = raw.with_middleware(mw)
         history = [trace.messages[0]]
         i = 1
+        k = 0  # re-run turns made before the recorded call at ``i``
         ledger_sizes: list[int] = []  # ledger entries after each request: when compactions happened
         try:
             while i < len(trace.messages):
                 at = trace.timestamps[i - 1] or float(i)
-                if idle:
+                if idle and not k:
                     for sid, due in mw.engine.idle_due():
                         if due < at:  # the session went quiet past that moment: decide there
                             clock[0] = due
                             res.idle_decisions += 1
                             res.idle_fired += sum(d.fired for d in mw.engine.compact_idle(sid, now=due))
-                clock[0] = at
+                when = _rerun_time(at, trace.timestamps[i] if i < len(trace.timestamps) else None, k)
+                clock[0] = when
                 kw: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "messages": history,
-                                      "extra_headers": {CLOCK_HEADER: repr(at)}}
+                                      "extra_headers": {CLOCK_HEADER: repr(when)}}
                 if trace.system:
                     kw["system"] = trace.system
                 if trace.tools:
                     kw["tools"] = trace.tools
                 reply = client.messages.create(**kw)
                 ledger_sizes.append(sum(len(s.ledger) for s in mw.sessions()))
-                history.append({"role": "assistant",
-                                "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+                content = [b.model_dump(exclude_none=True) for b in reply.content]
+                history.append({"role": "assistant", "content": content})
+                reruns = [b["id"] for b in content if b.get("type") == "tool_use" and looper is not None
+                          and b.get("id") in looper.pending]
+                if looper is not None and reruns:  # the tool executor: the recorded result, again
+                    history.append({"role": "user", "content": [looper.pending.pop(r) for r in reruns]})
+                    k += 1
+                    continue
+                if looper is not None and looper.stuck:
+                    res.completed, res.failure = False, (
+                        f"request {len(ledger_sizes)}: stuck: {looper.loops} re-runs came back hidden (a loop; "
+                        f"the cap is {looper.loop_cap})")
+                    break
+                k = 0
                 i += 1
                 if i < len(trace.messages):
                     history.append(trace.messages[i])
@@ -209,9 +254,12 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
         t = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
         rates.append(u["cache_read_input_tokens"] / t if t else 0.0)
     res.cost_usd = total + res.summary_cost_usd
-    res.rereads = len(probe.rereads)
-    extra = sum(reread_cost(price, res.token_series[k] if k < len(res.token_series) else 0, tokens)
-                for k, tokens in probe.rereads)
+    # the open loop charges a notional re-read turn per hidden source; the closed loop made its re-runs
+    # for real (they are in the bill) and charges one only for what it gave up on
+    notional = probe.rereads if probe is not None else looper.lost if looper is not None else []
+    res.rereads = len(notional) if looper is None else looper.reruns
+    extra = sum(reread_cost(price, res.token_series[n] if n < len(res.token_series) else 0, tokens)
+                for n, tokens in notional)
     res.adjusted_cost_usd = res.cost_usd + extra
     reads = sum(r["usage"]["cache_read_input_tokens"] for r in agent)
     res.hit_rate = reads / max(1, sum(r["total_input_tokens"] for r in agent))
@@ -219,7 +267,12 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
     res.cache_breaks = _breaks(rates)
     res.peak_tokens = max(res.token_series, default=0)
     res.mean_tokens = statistics.fmean(res.token_series) if res.token_series else 0.0
-    res.evidence_recall, res.name_recall, res.references = probe.recall, probe.name_recall, probe.references
+    measured = looper or probe
+    assert measured is not None
+    res.evidence_recall, res.name_recall, res.references = measured.recall, measured.name_recall, measured.references
+    res.requests = len(agent)
+    if looper is not None:
+        res.reruns, res.loops, res.lost = looper.reruns, looper.loops, len(looper.lost)
     res.overhead_ms_per_turn = 1000 * mw.overhead_s / max(1, len(agent))
     for ev in mw.events.history:
         if ev.kind in ("compaction", "externalized") and ev.level:

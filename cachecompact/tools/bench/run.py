@@ -48,6 +48,7 @@ class BenchResult:
     skipped: list[dict[str, str]] = field(default_factory=list)  # files that could not be loaded
     wall_s: float = 0.0
     corpus: str = ""
+    closed_loop: bool = True  # the traces were replayed closed loop (`harness.replay`)
 
 
 def trace_set(source: str, roots: Sequence[str | Path]) -> str:
@@ -177,9 +178,9 @@ def window_label(w: int) -> str:
     return "the model's own" if w == OWN_WINDOW else f"{w:,}"
 
 
-def _job(args: tuple[Trace, str, str, int, int]) -> TraceResult:
-    trace, strategy, model, window, key = args
-    r = replay(trace, strategy, model=model, window=window)
+def _job(args: tuple[Trace, str, str, int, int, bool]) -> TraceResult:
+    trace, strategy, model, window, key, closed = args
+    r = replay(trace, strategy, model=model, window=window, closed=closed)
     r.window_key = key
     return r
 
@@ -217,14 +218,16 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
               workers: int | None = None, progress: bool = True, synthetic: int | None = None,
               tasks: bool = True, traces: bool = True, task_seeds: Sequence[int] = TASK_SEEDS,
               full: bool = True, corpus: Sequence[Trace] | None = None, oracle_runs: bool = True,
-              progress_label: str = "cachecompact bench") -> BenchResult:
+              progress_label: str = "cachecompact bench", closed_loop: bool = True) -> BenchResult:
     """Replay traces and run the tasks under each strategy at each window (see docs/benchmarks.md).
     ``model=None`` prices each trace by its recorded model (`trace_model`); a model id prices
     them all as that one. `OWN_WINDOW` in ``windows`` runs each trace at its model's own window
     (once: where that is another window of the run, the result is shared). Without ``full``,
     the shared corpus is sampled (`sample_corpus`); given paths are always run whole; given
     ``corpus`` traces are run instead of any file. Without ``oracle_runs`` no oracle cost is
-    computed (`cachecompact whatif` needs none); ``progress_label`` names the progress bar."""
+    computed (`cachecompact whatif` needs none); ``progress_label`` names the progress bar.
+    ``closed_loop`` (the default) replays each trace closed loop (`harness.replay`); False
+    replays the recorded replies whatever the requests showed."""
     names = list(dict.fromkeys(strategies or strategy_names()))  # each once, in the order given
     windows = list(dict.fromkeys(windows))
     for s in names:
@@ -261,7 +264,7 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
                 continue
             if oracle_runs:
                 jobs.append((_oracle, (t, m, at, w)))
-            jobs += [(_job, (t, s, m, at, w)) for s in names]
+            jobs += [(_job, (t, s, m, at, w, closed_loop)) for s in names]
     task_model = model or FALLBACK_MODEL
     if tasks:
         jobs += [(_task, (seed, s, task_model, w)) for w in TASK_WINDOWS for seed in task_seeds for s in names]
@@ -306,4 +309,4 @@ def run_bench(paths: Sequence[str | Path] = (), strategies: Sequence[str] | None
         traces=[{"name": t.name, "source": t.source, "turns": t.turns, "format": t.format, "half": halves[t.name],
                  "set": trace_set(t.source, roots), "model": priced_as[t.name]} for t in corpus],
         results=results, oracle=oracle, tasks=task_results, skipped=skipped, wall_s=time.perf_counter() - t0,
-        corpus=label)
+        corpus=label, closed_loop=closed_loop)

@@ -150,6 +150,11 @@ class ReplayResponder:
         return self._cursor
 
     def respond(self, body: dict[str, Any]) -> Reply:
+        return self.answer(self.select(body))
+
+    def select(self, body: dict[str, Any]) -> int | None:
+        """The trace index of the assistant message that answers ``body`` (None: the trace is
+        over), without moving the cursor: a closed-loop agent looks before it answers."""
         msgs = body.get("messages") or []
         last_user = next((m for m in reversed(msgs) if m.get("role") == "user"), None)
         key = _user_key(last_user) if last_user else None
@@ -158,6 +163,10 @@ class ReplayResponder:
         expected = self.messages[idx - 1] if idx else None
         if key is not None and (expected is None or _user_key(expected) != key):
             idx = self._by_user.get(key, idx)
+        return idx
+
+    def answer(self, idx: int | None) -> Reply:
+        """The recorded assistant message ``idx`` as a reply; the cursor moves past it."""
         if idx is None:
             return _text_reply("[replay finished: the trace has no further assistant message]")
         self._cursor = idx + 1
