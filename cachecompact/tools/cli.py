@@ -341,6 +341,9 @@ def cmd_forensics(args: argparse.Namespace) -> int:
 
     files, unusable = discover_all(list(args.paths))
     if not files:
+        missing = [s["file"] for s in unusable if s["reason"] == "no such file or folder"]
+        if len(missing) == len(unusable) == len(args.paths):
+            raise UsageError(f"no such file or folder: {', '.join(missing)}")
         _say_skipped(unusable)
         raise UsageError(f"no log files found in {' '.join(args.paths)}")
     done, skipped, totals = summarize_logs(files)

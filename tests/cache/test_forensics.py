@@ -158,7 +158,8 @@ def test_forensics_command_on_recorded_logs(shared_traces: Path, capsys: pytest.
     assert main(["forensics", str(shared_traces / "claude-code")]) == 0
     out = capsys.readouterr().out
     assert "calls with usage" in out and "provider_suspected" in out and "ttl_expiry" in out
-    assert main(["forensics", str(shared_traces / "mini-swe-agent")]) == 1  # no usage recorded: nothing ran
+    # no Claude Code log there: one line per file and why, then exit 2 (no report of nothing)
+    assert main(["forensics", str(shared_traces / "mini-swe-agent")]) == 2
 
 
 def test_our_own_compactions_are_their_own_class_never_a_cache_miss(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ against the same lines.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -211,7 +212,10 @@ def visible(ev: Evidence, sent: str) -> bool:
 def _visible(ev: Evidence, sent: str) -> bool:
     for line in ev.lines:
         if line == ev.identifier:
-            if f"\n{line}\n" in sent:
+            # a line that is the identifier alone must be a whole line of the request; the evidence line
+            # was stripped, so the request's may carry the indentation and line end it had
+            if f"\n{line}\n" in sent or (line in sent and re.search(
+                    rf"(?m)^[ \t]*{re.escape(line)}[ \t\r]*$", sent) is not None):
                 return True
         elif line in sent:
             return True

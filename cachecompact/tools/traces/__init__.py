@@ -97,6 +97,8 @@ def load_trace(path: str | Path) -> Trace:
         for k, t in enumerate(trace.tools):
             tool_from_dict(t, k)
         system_from_param(trace.system)
+    except TraceFormatError:
+        raise
     except MalformedMessageError as err:
         raise TraceFormatError(str(p), f"not a valid conversation: {err}") from None
     except (KeyError, TypeError, AttributeError, IndexError, ValueError, ArithmeticError, RecursionError,
