@@ -220,6 +220,21 @@ class LookbackMeter:
         return (len(self._by_distance) - bisect_right(self._by_distance, budget),
                 len(self._span) - bisect_right(self._span, budget))
 
+    def provisional(self, coverage: float, configured: int, cap: int) -> int | None:
+        """Before `budget` can certify one: a budget above ``configured`` when this agent's own
+        look-backs already show it is too small. The ``coverage`` quantile of the distances seen
+        so far (so one outlier among many short look-backs moves nothing), with a tenth more room,
+        up to ``cap``; None when that quantile is within ``configured``. Growing the budget on
+        what the agent did needs no long run of samples; shrinking it below the configured one
+        still waits for `budget` (issue 47: at a 120k window an agent lost every fact nine reads
+        back until 72 look-backs had been seen)."""
+        if coverage <= 0 or not self._by_distance:
+            return None
+        q = self._by_distance[min(len(self._by_distance) - 1, math.ceil(coverage * len(self._by_distance)) - 1)]
+        if q <= configured:
+            return None
+        return min(cap, int(q * 1.1))
+
     def budget(self, coverage: float, cap: int) -> int | None:
         """The smallest budget of the ladder (up to ``cap``) past which at most ``1 - coverage`` of
         the look-backs that could reach it did, at the upper end of the Wilson interval, judged

@@ -43,7 +43,7 @@ from ..base.wire import (
     content_blocks,
     tool_result_ids,
 )
-from ..history.ledger import LedgerEntry, ReplaceWithSummary, SkipRange
+from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange
 from ..history.thinking import latest_tool_turn
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from ._lookback import LookbackMeter
@@ -51,6 +51,7 @@ from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
 from .idle import DECIDE_BEFORE_S, idle_value, late_chance
 from .levels import (
     Proposal,
+    ResultInfo,
     View,
     build_view,
     propose_entry_summary,
@@ -273,6 +274,8 @@ class CacheAwareCompactor:
         room = lim.soft - prefix - self.cfg.levels.summary_tokens
         cal = max(s.counter.calibration, 1e-9)
         learnt = self._lookback.budget(coverage, int(room / cal))
+        if learnt is None:  # until a budget is certified, the agent's own look-backs may still show it must grow
+            learnt = self._lookback.provisional(coverage, int(lim.configured_recent / cal), int(room / cal))
         self._learnt_now = learnt
         if learnt is None:
             return lim
@@ -301,6 +304,36 @@ class CacheAwareCompactor:
             detail={"recent_tokens": lim.keep_recent, "configured": lim.configured_recent, "learnt": learnt,
                     "coverage": coverage, "beyond": far, "at_risk": at_risk, "exposed": m.exposed,
                     "missed": m.missed, "lookbacks": len(m.lookbacks)}))
+
+    def _reruns_of_hidden(self, new: list[ResultInfo], room: int) -> frozenset[str]:
+        """The new results (tool_use ids) that repeat a call whose earlier result compaction hid
+        (shortened on arrival, cleared, or summarized; not given back), and that fit in ``room``
+        (raw tokens): the agent asked for that output again, so it comes back whole (issue 47: a
+        re-run was shortened to the same placeholder every time, and the agent looped). The levels
+        make room for it from older history; one too big for the window stays shortened, and its
+        placeholder says so."""
+        s = self.session
+        t = s.transcript
+        hidden: set[str] = set()
+        for e in s.ledger.effective():
+            if e.level == GIVEN_BACK_LEVEL:
+                continue
+            if e.tool_use_id is not None:
+                hidden.add(e.tool_use_id)
+                continue
+            for i in range(e.start, min(e.end + 1, len(t))):
+                hidden.update(b.tool_use_id for b in content_blocks(t[i]) if isinstance(b, ToolResultBlock))
+        if not hidden:
+            return frozenset()
+        first = min(r.message for r in new)
+        asked = {call_key(b) for i in range(first) if t[i].role == "assistant"
+                 for b in content_blocks(t[i]) if isinstance(b, ToolUseBlock) and b.id in hidden}
+        out, left = set(), room
+        for r in sorted(new, key=lambda x: x.tokens):
+            if r.tokens <= left and call_key(ToolUseBlock(id=r.tool_use_id, name=r.name, input=r.input)) in asked:
+                out.add(r.tool_use_id)
+                left -= r.tokens
+        return frozenset(out)
 
     def _now_tokens(self) -> int:
         return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
@@ -345,8 +378,10 @@ class CacheAwareCompactor:
             return propose_turn_collapse(view, target_tokens=target_raw, keep_rounds=lv.keep_rounds_l3,
                                          summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
                                          keep_tokens=int(lim.collapse_keep / max(ctr.calibration, 1e-9)))
-        if level == "L4":
-            return propose_full(view, keep_rounds=lv.keep_rounds_l4, summary_tokens=lv.summary_tokens)
+        if level == "L4":  # the rounds the recent budget holds, in tokens; the configured count is a floor
+            keep = int(lim.collapse_keep / max(ctr.calibration, 1e-9))
+            return propose_full(view, keep_rounds=max(lv.keep_rounds_l4, view.rounds_within(keep)),
+                                summary_tokens=lv.summary_tokens)
         return propose_truncate(view, target_tokens=target_raw)
 
     def _guard(self, p: Proposal) -> Proposal:
@@ -421,10 +456,18 @@ class CacheAwareCompactor:
         # L2 on entry: results never sent yet, so shortening them breaks nothing
         new = results_since(s, since)
         if new:
-            p2 = self._guard(propose_entry_summary(new, self.scratchpad, s.counter, big_tokens=lim.big_result,
-                                                   turn_tokens=lim.configured_recent, preview_chars=lv.preview_chars,
-                                                   key_chars=lv.key_max_chars,
-                                                   exempt_tools=self._l2_exempt))
+            prefix_now = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
+            room = max(0, lim.room)  # a result this size fits below soft beside the prefix and a summary
+            cal = max(s.counter.calibration, 1e-9)
+            big = [r for r in new if s.counter.calibrated(r.tokens) > lim.big_result]
+            p2 = self._guard(propose_entry_summary(
+                new, self.scratchpad, s.counter, big_tokens=int(lim.big_result / cal),
+                turn_tokens=int(lim.big_result / cal), preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
+                exempt_tools=self._l2_exempt,
+                whole=self._reruns_of_hidden(big, int(room / cal)) if big else frozenset(),
+                why=(f"more than the ~{lim.big_result} tokens this session keeps verbatim through a compaction, "
+                     f"at a {lim.window:,}-token window with ~{prefix_now:,} fixed"),
+                rerun_fits=int(room / cal)))
             if p2.edits:
                 entries = self._apply_or_refuse(p2, True, None)
                 if entries:
@@ -725,28 +768,15 @@ class CacheAwareCompactor:
         return (lim.critical - after) / g >= kept * premium / max(1, removed)
 
     def _no_thrash(self, p: Proposal, view: View, lim: Limits, model: str) -> list[Proposal]:
-        """``p`` if it pays back (`_pays_back`); else, for a summary level, the same level keeping
-        fewer rounds, the most that pays back; else nothing (the next candidate is tried)."""
-        if self._pays_back(p, view, lim, model):
-            return [p]
-        if p.level not in ("L3", "L4"):
-            return []
-        lv, ctr = self.cfg.levels, self.session.counter
-        rounds = lv.keep_rounds_l4 if p.level == "L4" else lv.keep_rounds_l3
-        while rounds > 1:  # the newest round stays: its result has not been shown to the agent yet
-            rounds -= 1
-            if p.level == "L4":
-                q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
-            else:
-                q = propose_turn_collapse(view, target_tokens=int(lim.aim() / max(ctr.calibration, 1e-9)),
-                                          keep_rounds=rounds, summary_tokens=lv.summary_tokens,
-                                          min_batch_tokens=lim.min_batch, keep_tokens=0)
-            q = self._guard(q)
-            if not q.empty and self._pays_back(q, view, lim, model):
-                return [replace(q, reason=f"{q.reason}; {rounds} round(s) kept, not "
-                                          f"{lv.keep_rounds_l4 if p.level == 'L4' else lv.keep_rounds_l3}: the cycle "
-                                          "must pay back its re-write")]
-        return []
+        """``p`` if it pays back (`_pays_back`), else nothing (the next candidate is tried; when
+        none pays back, `_compact` takes the plans as they are, each keeping the recent budget).
+
+        A plan that thrashes is not cut deeper to make it pay back: it used to be retried keeping
+        fewer rounds and no recent budget at all, which counted a one-word round as a 7,000-token
+        read and hid what the agent looks back at (issue 47: facts two to nine reads back were
+        re-read in 34 of 40 to 48 of 48 closed-loop runs). What an agent looks back at is kept in
+        tokens (the recent budget, learnt from its own look-backs), at every level."""
+        return [p] if self._pays_back(p, view, lim, model) else []
 
     def _rewrite_from(self, break_at: int) -> int:
         """The first message an edit at ``break_at`` makes the next request write again: after the

@@ -102,7 +102,11 @@ class LevelSettings:
     keep_recent_tokens: int = 50_000  # ... and the newest history up to the recent budget: this many tokens
     # until it is learnt from the agent's look-backs (`lookback_coverage`), or always when that is 0 (fitted)
     collapse_keep_share: float = 0.5  # L3 keeps at most this share of the window after its summary (fitted)
-    big_result_share: float = 0.25  # a new result over this share of keep_recent_tokens is shortened on entry (fitted)
+    # a new result is shortened on entry only when it could not stay whole through the next collapse: when it
+    # is bigger than this share of what a collapse keeps (the configured recent budget, at most its share of the
+    # window). 1.0 is that rule exactly (issue 47: at 0.25 of the budget, fixed 12,500 tokens at any window from
+    # 68k up, a 26k-token file was shortened at a 1M window with 3% of it used, on every re-read too)
+    big_result_share: float = 1.0
     key_fraction: float = 0.25  # a cleared or shortened result keeps key lines up to this share of its size (fit) ...
     key_max_chars: int = 16_000  # ... and at most this many characters of them (fitted with keep_recent_tokens)
     keep_rounds_l3: int = 8
@@ -185,9 +189,10 @@ class Limits:
     keep_recent: int  # the recent budget every level keeps verbatim: learnt, or configured, within the room
     configured_recent: int  # the configured budget within the room (before the agent's look-backs are known)
     collapse_keep: int  # what L3 keeps after its summary: the recent budget, at most a share of the window
-    big_result: int  # a new result over this is shortened on entry
+    big_result: int  # a new result over this is shortened on entry: it could not stay whole through a collapse
     old_result: int
     min_batch: int
+    room: int = 0  # what the window holds below ``soft`` beside the prefix and a summary: a re-run fits in it
     max_tokens: int = 0  # the output the request reserves
     estimate_error: float = 0.0  # the share of the window kept for estimate error
     target: int = 0  # what compacting aims under: soft, or the bottom of a collapse cycle that fits below it
@@ -239,9 +244,11 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     target = soft if hard > soft else min(soft, bottom)
     return Limits(window=window, limit=limit, soft=soft, hard=hard, critical=critical, target=target,
                   keep_recent=keep, configured_recent=configured, collapse_keep=collapse_keep,
-                  # a result too big to carry whole is judged by the configured budget: the learnt one
-                  # says how far back the agent looks, not what it must see once
-                  big_result=max(lv.old_result_tokens, int(lv.big_result_share * configured)),
+                  # a result too big to carry whole through a collapse is judged by the configured budget: the
+                  # learnt one says how far back the agent looks, not what it must see once
+                  big_result=max(lv.old_result_tokens,
+                                 int(lv.big_result_share * min(configured, int(lv.collapse_keep_share * window)))),
+                  room=room,
                   old_result=lv.old_result_tokens, min_batch=min_batch,
                   max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
 

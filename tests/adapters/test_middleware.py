@@ -254,19 +254,26 @@ def _long_result(call: Any) -> dict[str, Any]:
     return {**r, "content": r["content"] + "".join(f"\n# note {k}: this step scales and offsets" for k in range(200))}
 
 
+def _too_big_result(call: Any) -> dict[str, Any]:
+    """A result over half a 20k window: more than a compaction could keep whole, so it is shortened
+    as it arrives (smaller ones arrive whole, issue 47)."""
+    r = _long_result(call)
+    return {**r, "content": r["content"] + "".join(f"\n# more notes {k}: scaled, offset, kept" for k in range(900))}
+
+
 def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> None:
     with Emulator(SummarizingResponder(ScriptedResponder(_tool_model))) as emu:
         # with the scratchpad tool on a stored session and on an in-memory one (store=None)
         for opt, store in ((False, tmp_path / "a"), (True, tmp_path / "b"), (True, None)):
             client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
-                          window_tokens=20_000, scratchpad_tool=opt, summarizer=None)
+                          window_tokens=20_000, scratchpad_tool=opt, summarizer=None, prefix_messages=1)
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Read every module."}]
             for _ in range(30):
                 reply = client.messages.create(model=MODEL, max_tokens=512, system=SYSTEM, tools=TOOLS,
                                                messages=messages)
                 messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True)
                                                                   for b in reply.content]})
-                messages.append({"role": "user", "content": [_long_result(c) for c in reply.content
+                messages.append({"role": "user", "content": [_too_big_result(c) for c in reply.content
                                                              if c.type == "tool_use"]})
             mw = _mw(client)
             body = mw.sessions()[0].render().body
@@ -304,7 +311,9 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                     assert scratchpad_handler(third)({"ref": ref.group(0)}) == (out, False)
             else:
                 assert "read_scratchpad" not in text  # never a tool the request does not carry
-                assert "re-run" in text or "re-read" in text
+                # and never advice that cannot work: a result too big for the window's room is not offered
+                # whole on a re-run (it would be shortened again, a loop), but asked for in parts
+                assert "too large to show whole here" in text and "ask for the part you need" in text
 
 
 # -- sessions ---------------------------------------------------------------------------------------------

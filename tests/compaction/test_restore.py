@@ -130,13 +130,13 @@ def test_what_comes_back_is_bounded_per_turn_and_skips_results_with_media() -> N
 
 
 def test_the_compactor_gives_lines_back_without_touching_what_was_sent() -> None:
-    """A collapse hides config.py; the agent then edits it: its line comes back, appended to
+    """Compaction hides config.py; the agent then edits it: its line comes back, appended to
     the new result, and every block the previous request sent is unchanged."""
     msgs = _reads(40)
     s = Session.create(None, prefix_messages=1)
     c = CacheAwareCompactor.for_session(s, cfg(30_000))
     events = _grow(s, c, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
-    assert any(e.kind == "compaction" and e.level in ("L3", "L4") for e in events)
+    assert any(e.kind == "compaction" for e in events)
     before = s.render(model="claude-sonnet-4-6", max_tokens=1000)
     assert SETTING.strip() not in str(before.body)
     events = _grow(s, c, [tool_turn(90, "edit", "ok", {"path": "config.py", "old": "apply_retry_limit"})], t0=1_000.0)
@@ -144,6 +144,10 @@ def test_the_compactor_gives_lines_back_without_touching_what_was_sent() -> None
     assert len(given) == 1 and given[0].level == RESTORE_LEVEL
     after = s.render(model="claude-sonnet-4-6", max_tokens=1000)
     assert SETTING.strip() in str(after.body["messages"][-1])
+    entry = s.ledger.entries[given[0].entries[0]]
+    assert entry.start == entry.end == len(s) - 1  # the line goes with the new result, nowhere else
+    if any(e.kind == "compaction" for e in events):
+        return  # the same turn also compacted (its own deliberate re-write): the restore is shown above
     def bare(m: Any) -> Any:  # a block as the cache keys it: breakpoints move from request to request
         if isinstance(m, dict):
             return {k: bare(v) for k, v in m.items() if k != "cache_control"}

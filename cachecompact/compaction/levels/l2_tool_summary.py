@@ -5,10 +5,14 @@ changes), for a result over the per-result budget, or when one message's results
 the per-turn budget (largest first). It can also be applied to old big results when tool
 output dominates the context; then it breaks the cache like any edit.
 
-Where the rest of the output can be had again depends on the agent: when its requests carry
-the ``read_scratchpad`` tool (``wrap(client, scratchpad_tool=True)``), the full output is
-kept in the scratchpad and the placeholder names its reference; otherwise the placeholder
-says to run the tool again (or re-read the file), and never mentions a tool the agent lacks.
+On entry a result is shortened only when it could not stay whole through the next compaction
+(bigger than what a collapse keeps), and its placeholder says so with the numbers. Where the
+rest of the output can be had again depends on the agent: when its requests carry the
+``read_scratchpad`` tool (``wrap(client, scratchpad_tool=True)``), the full output is kept in
+the scratchpad and the placeholder names its reference; otherwise the placeholder says to run
+the tool again (or re-read the file), which works: a re-run of a call whose result compaction
+hid comes back whole when the window has room for it; when it has not, the placeholder says
+that too and asks for a part. It never mentions a tool the agent lacks.
 """
 
 from __future__ import annotations
@@ -56,9 +60,13 @@ def rule_summary(r: ResultInfo) -> str:
 
 
 def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_chars: int = 0,
-                      focus: Focus | None = None) -> str:
-    """The tool result the model sees instead of the full output: a rule-based summary, the first
-    lines (``preview_chars``), and the key lines after them (``key_chars``), all verbatim."""
+                      focus: Focus | None = None, why: str = "", rerun_fits: int | None = None) -> str:
+    """The tool result the model sees instead of the full output: why it is shortened (``why``:
+    the numbers that require it), how to get the rest in a way that works, a rule-based summary,
+    the first lines (``preview_chars``), and the key lines after them (``key_chars``), all
+    verbatim. A re-run comes back whole when the output fits in ``rerun_fits`` tokens (None: the
+    window is not the bound, as for an old result cleared to save reads); a bigger one is said to
+    be too big for that, so the agent asks for a part instead of looping."""
     preview = r.text[:preview_chars]
     cut = preview.rfind("\n") + 1 if "\n" in preview and len(r.text) > preview_chars else len(preview)
     preview = preview[:cut]  # whole lines only
@@ -67,10 +75,15 @@ def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_ch
     if ref is not None:
         how = (f"the full output is in the scratchpad as {ref}; call read_scratchpad(ref=\"{ref}\", offset, limit) "
                "to read it")
+    elif rerun_fits is not None and r.tokens > rerun_fits:
+        how = (f"it is too large to show whole here (it would take more than the ~{rerun_fits} tokens the window has "
+               "room for), so running the tool again shows this again: ask for the part you need (a narrower "
+               "command, or a range of lines)")
     else:
-        how = "run the tool again (or re-read the file) if you need the rest"
-    return (f"[cachecompact: {r.name} output shortened to save context ({len(r.text)} characters, ~{r.tokens} tokens); "
-            f"{how}. {rule_summary(r)}]\nFirst {len(preview)} characters:\n{preview}"
+        how = "run the tool again (or re-read the file) to see it whole"
+    said = f"; {why}" if why else ""
+    return (f"[cachecompact: {r.name} output shortened to save context ({len(r.text)} characters, ~{r.tokens} tokens"
+            f"{said}); {how}. {rule_summary(r)}]\nFirst {len(preview)} characters:\n{preview}"
             + (f"\n[... {more} more characters not shown" + ("; their key lines:]\n" + "\n".join(keep) if keep
                                                               else "]") if more > 0 else ""))
 
@@ -80,11 +93,11 @@ ON_ENTRY = "L2 on entry"  # the ledger reason of entry-time edits (they are not 
 
 def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter,
            preview_chars: int, key_chars: int, p: Proposal, tag: str,
-           later: LaterIdentifiers | None = None) -> None:
+           later: LaterIdentifiers | None = None, why: str = "", rerun_fits: int | None = None) -> None:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
         ref = scratchpad.ref_for(r.text) if scratchpad is not None else None
         text = externalized_text(r, ref, preview_chars, key_chars,
-                                 later.after(r.message) if later is not None else None)
+                                 later.after(r.message) if later is not None else None, why, rerun_fits)
         saved = r.tokens - counter.count_text(text)
         if saved <= 0:
             # an output whose lines are nearly all key lines (definitions, grep hits, listings)
@@ -100,10 +113,14 @@ def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter:
 
 def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter, *,
                           big_tokens: int, turn_tokens: int, preview_chars: int, key_chars: int = 0,
-                          exempt_tools: frozenset[str] = frozenset()) -> Proposal:
+                          exempt_tools: frozenset[str] = frozenset(), whole: frozenset[str] = frozenset(),
+                          why: str = "", rerun_fits: int | None = None) -> Proposal:
     """L2 on entry: new results over ``big_tokens``, then per message the largest ones until the
-    message's results fit ``turn_tokens``. Free: nothing of them was ever sent."""
-    fresh = [r for r in new if not r.edited and r.name not in exempt_tools]
+    message's results fit ``turn_tokens``. Free: nothing of them was ever sent. ``whole`` names
+    results (tool_use ids) that come back whole whatever their size: re-runs of a call whose
+    earlier result compaction hid. ``why`` and ``rerun_fits`` go into the placeholder
+    (`externalized_text`)."""
+    fresh = [r for r in new if not r.edited and r.name not in exempt_tools and r.tool_use_id not in whole]
     preview_tokens = preview_chars // 4
     chosen = [r for r in fresh if r.tokens > max(big_tokens, 2 * preview_tokens)]
     for msg in sorted({r.message for r in fresh}):
@@ -116,7 +133,7 @@ def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | No
                 chosen.append(r)
                 total -= r.tokens - preview_tokens
     p = Proposal("L2", f"shorten {len(chosen)} large new tool result(s)")
-    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, ON_ENTRY)
+    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, ON_ENTRY, why=why, rerun_fits=rerun_fits)
     return p
 
 

@@ -72,6 +72,18 @@ class View:
         e = self.covered_by[pe] if pe < self.n else None
         return pe, (e if e is not None and e.kind == "summary" and e.start == pe else None)
 
+    def rounds_within(self, tokens: int) -> int:
+        """How many of the newest whole rounds fit together in ``tokens`` (raw): a level that keeps
+        rounds keeps at least these, so a round of a one-word result and one of a long file read do
+        not count alike."""
+        last = self.n - 1
+        k = 0
+        for e in reversed([e for e in self.round_ends if e < last]):
+            if self.tokens_between(e + 1, last) > tokens:
+                break
+            k += 1
+        return k
+
     def tokens_between(self, start: int, end: int) -> int:
         return sum(self.msg_tokens[start:end + 1])
 
