@@ -81,6 +81,7 @@ class LookbackMeter:
     def __init__(self, min_clear_tokens: int = 0) -> None:
         self.min_clear_tokens = min_clear_tokens  # a smaller result is never cleared: repeating its call lost nothing
         self._seen = 0
+        self.turns = 0  # the agent's turns after the prefix (assistant messages)
         self._pos = 0  # raw tokens of history after the immutable prefix so far
         # identifier -> position of the newest result after the prefix that showed it
         self._where: dict[str, int] = {}
@@ -116,6 +117,7 @@ class LookbackMeter:
                     if isinstance(blk, ToolResultBlock):
                         self.pinned.update(identifiers(result_text(blk)))
                 continue
+            self.turns += t[i].role == "assistant"
             uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
             if uses:
                 self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses],
@@ -212,6 +214,20 @@ class LookbackMeter:
                         q = self.lines[x] = deque(maxlen=LINES_PER_IDENTIFIER)
                     if not q or q[-1][2] != line:
                         q.append((message, tool_use_id, line))
+
+    def coverage_for(self, coverage: float, miss_rate: float) -> float:
+        """The share of look-backs to cover, from what this session's own look-backs found: where
+        more than ``miss_rate`` of the agent's turns made a look-back that found none of its lines
+        in view (`missed`), the share left uncovered shrinks in proportion, so the budget grows
+        until the misses fall back to that rate. Never less than ``coverage``, and never more
+        than the look-backs seen so far can certify (``1 - MIN_EXPECTED / look-backs``: five
+        expected past the budget, as `budget` asks)."""
+        n = len(self.lookbacks)
+        if miss_rate <= 0 or not n or not self.missed:
+            return coverage
+        realized = self.missed / max(1, self.turns)
+        allowed = (1.0 - coverage) * min(1.0, miss_rate / realized)
+        return max(coverage, min(1.0 - MIN_EXPECTED / n, 1.0 - allowed))
 
     def beyond(self, budget: int) -> tuple[int, int]:
         """Look-backs that reached farther than ``budget``, and those that could have: made with

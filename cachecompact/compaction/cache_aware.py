@@ -120,6 +120,7 @@ class CacheAwareCompactor:
         self._lookback = LookbackMeter(self.cfg.levels.min_clear_tokens)
         self._learnt: int | None = None  # the learnt recent budget last reported (raw tokens; None: configured)
         self._learnt_now: int | None = None  # the one this turn's limits use
+        self._coverage_now = self.cfg.levels.lookback_coverage  # the share of look-backs it covers (raised on misses)
         # the cache TTL: what this turn's request is rendered with (the engine reads both), and
         # the gaps it is chosen from
         fixed = self.cfg.economics.ttl
@@ -271,6 +272,7 @@ class CacheAwareCompactor:
         if coverage <= 0:
             return lim
         self._lookback.observe(s)
+        coverage = self._coverage_now = self._lookback.coverage_for(coverage, self.cfg.levels.miss_rate)
         room = lim.soft - prefix - self.cfg.levels.summary_tokens
         cal = max(s.counter.calibration, 1e-9)
         learnt = self._lookback.budget(coverage, int(room / cal))
@@ -296,7 +298,7 @@ class CacheAwareCompactor:
         far, at_risk = m.beyond(learnt if learnt is not None else int(lim.configured_recent / cal))
         what = (f"learnt: {lim.keep_recent} tokens (configured {lim.configured_recent})" if learnt is not None
                 else f"back to the configured {lim.configured_recent} tokens")
-        coverage = self.cfg.levels.lookback_coverage
+        coverage = self._coverage_now
         report.events.append(self._emit(
             "recent_budget", reason=f"recent budget {what}, to cover {coverage:.1%} of the agent's look-backs: "
                                     f"{far} of the {at_risk} that could reach past it did; {m.missed} of the "

@@ -113,10 +113,12 @@ class LevelSettings:
     keep_rounds_l4: int = 4
     preview_chars: int = 2_000  # L2 keeps this much of the output verbatim
     summary_tokens: int = 1_500  # planning estimate of a summary's size (3/4 of the summarizer's max_tokens)
-    working_set_chars: int = 3_000  # verbatim lines of old output the agent used: a summary keeps this many
+    working_set_chars: int = 3000  # verbatim lines of old output the agent used: a summary keeps this many
     # characters of them, and a turn gets back at most this many of the hidden ones its calls name (fitted; 0: off)
     lookback_coverage: float = 0.93  # the one knob: the recent budget is learnt to cover this share of the
     # agent's own look-backs (`cachecompact.compaction._lookback`); 0 keeps the configured budget
+    miss_rate: float = 0.02  # ... and more where the agent looks back often: at most this share of its turns may
+    # look back past the budget (issue 47's bar is 3% of turns re-run; 0: coverage alone)
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
@@ -128,7 +130,7 @@ class LevelSettings:
                 _bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_recent_tokens < 0:
             _bad("keep_recent_tokens must be >= 0")
-        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_coverage"):
+        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_coverage", "miss_rate"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
 

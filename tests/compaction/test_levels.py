@@ -365,6 +365,25 @@ def test_l3_with_a_keep_budget_collapses_everything_older_than_it() -> None:
     assert never.summarize is not None and never.summarize[1] == last - 2 * 4  # the last rounds always stay
 
 
+def test_l3_batch_size_never_eats_into_the_recent_budget() -> None:
+    """Issue 47: a cold-cache collapse asked for "at least a batch" and cut under the budget the
+    agent's look-backs had set. With a budget, the batch is what lies past it; a collapse
+    smaller than a batch is proposed as it is, and the economics decide."""
+    s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
+    view = build_view(s)
+    last = len(s) - 1
+    keep = view.tokens_between(view.round_ends[-6] + 1, last)  # the newest rounds in tokens
+    p = propose_turn_collapse(view, target_tokens=view.total_tokens - 1000, keep_rounds=2, summary_tokens=200,
+                              min_batch_tokens=view.total_tokens, keep_tokens=keep)
+    assert p.summarize is not None and view.tokens_between(p.summarize[1] + 1, last) <= keep
+    assert view.tokens_between(p.summarize[1] + 1, last) > keep // 2  # not cut to the last rounds
+    assert p.tokens_removed < view.total_tokens  # less than the batch asked for: the caller decides
+    # without a budget, the batch still sets how much goes
+    q = propose_turn_collapse(view, target_tokens=view.total_tokens - 1000, keep_rounds=2, summary_tokens=200,
+                              min_batch_tokens=view.total_tokens)
+    assert q.summarize is not None and q.summarize[1] == last - 2 * 2
+
+
 def test_l5_drops_whole_rounds_and_keeps_prefix_and_earlier_summary() -> None:
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(10)], prefix=3)
     s.edit(__import__("cachecompact").ReplaceWithSummary(3, 6, "Goal: x\nOpen issues:\n- bug"), level="L3")

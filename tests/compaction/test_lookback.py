@@ -68,6 +68,21 @@ def test_the_budget_covers_the_share_asked_for_and_no_more() -> None:
     assert m.budget(0.0, cap=200_000) is None  # the meter is off
 
 
+def test_coverage_rises_only_where_the_agent_missed_more_than_the_rate_allows() -> None:
+    m, _ = _meter(_agent(turns=80, gap=6))
+    n = len(m.lookbacks)
+    assert m.turns > 0 and n > 0
+    assert m.coverage_for(0.9, 0.02) == 0.9  # no miss yet: the configured coverage
+    m.missed = max(1, round(0.01 * m.turns))  # under the rate: unchanged
+    assert m.coverage_for(0.9, 0.02) == 0.9
+    m.missed = round(0.08 * m.turns)  # four times the rate: a quarter of the tail stays uncovered
+    assert abs(m.coverage_for(0.9, 0.02) - min(1 - MIN_EXPECTED / n, 1 - 0.1 * 0.02 * m.turns / m.missed)) < 1e-9
+    assert m.coverage_for(0.9, 0.02) > 0.9
+    m.missed = 10 * m.turns  # never beyond what the look-backs seen can certify
+    assert m.coverage_for(0.9, 0.02) == 1 - MIN_EXPECTED / n
+    assert m.coverage_for(0.9, 0.0) == 0.9  # the rate off: coverage alone
+
+
 def test_look_backs_made_with_little_history_behind_them_say_nothing_about_far_budgets() -> None:
     """Early in a session every look-back is short because nothing lies far behind: those made
     with less history than a budget are not counted for or against it."""

@@ -17,9 +17,13 @@ __all__ = ["propose_turn_collapse"]
 
 def propose_turn_collapse(view: View, *, target_tokens: int, keep_rounds: int, summary_tokens: int,
                           min_batch_tokens: int, keep_tokens: int | None = None) -> Proposal:
-    """L3: the oldest completed rounds: all but the newest ``keep_tokens`` (None: just enough to
-    get under ``target_tokens``), at least enough to get under the target and at least
-    ``min_batch_tokens``; never the last ``keep_rounds`` rounds."""
+    """L3: the oldest completed rounds: all but the newest ``keep_tokens``, and at least enough to
+    get under ``target_tokens``; never the last ``keep_rounds`` rounds. Without ``keep_tokens``,
+    just enough to get under the target, and at least ``min_batch_tokens``. With it, the batch
+    size never eats into the recent budget: a collapse that would remove less than a batch is
+    proposed as it is, and the caller's economics defer it (issue 47: a cold-cache collapse
+    removed "at least a batch", 80k at a 1M window, and cut a 77k context to 27k, under the
+    55k the agent's look-backs had asked for)."""
     start, prev = view.editable_start()
     tail = view.tail_start(keep_rounds)
     p = Proposal("L3", "collapse the oldest completed rounds into a structured summary", previous_summary=prev)
@@ -30,8 +34,10 @@ def propose_turn_collapse(view: View, *, target_tokens: int, keep_rounds: int, s
     for e in ends:
         removed = view.tokens_between(start, e) - summary_tokens
         chosen = e
-        if removed >= max(need, min_batch_tokens) and (
-                keep_tokens is None or view.tokens_between(e + 1, last) <= keep_tokens):
+        if keep_tokens is None:
+            if removed >= max(need, min_batch_tokens):
+                break
+        elif removed >= need and view.tokens_between(e + 1, last) <= keep_tokens:
             break
     if chosen is None or view.tokens_between(start, chosen) <= summary_tokens:
         return p  # nothing to gain: the summary would not be smaller than what it replaces
