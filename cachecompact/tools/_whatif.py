@@ -55,7 +55,9 @@ class Option:
 
     name: str
     cost_usd: float = 0.0  # the replay's bill: requests and summaries
-    adjusted_usd: float = 0.0  # plus one re-read turn per tool result whose evidence was lost
+    adjusted_usd: float = 0.0  # plus one re-read turn per hidden result the agent gave up re-running
+    reruns: int = 0  # calls the closed-loop agent made again to see what an edit hid (billed in cost_usd)
+    requests: int = 0  # the requests replayed, re-runs included
     recall: float = 1.0  # evidence recall, weighted by the references each session made
     failed: int = 0  # sessions this option could not replay to the end
     rewrite_usd: float = 0.0  # writing again what the previous request had cached: TTL expiries and edits
@@ -179,6 +181,8 @@ def what_if(paths: Sequence[str | Path], options: Sequence[str] = OPTIONS, windo
             o.cost_usd += r.cost_usd
             o.adjusted_usd += r.adjusted_cost_usd
             o.rewrite_usd += r.rewrite_usd
+            o.reruns += r.reruns
+            o.requests += r.requests
             refs += r.references
             got += r.evidence_recall * r.references
         o.recall = got / refs if refs else 1.0
@@ -209,21 +213,23 @@ def table(w: WhatIf, top: int = 3) -> str:
                      f"${rc['subagents_usd']:,.2f} (sub-agents, which whatif does not replay); each response once, "
                      "a resumed log's copies included. The replays lack the system prompt and tools a log omits, "
                      "so compare the rows with each other")
-    rows = [("option", "cost", "vs own way", "saving", "re-writes", "adjusted", "recall", "failed")]
+    rows = [("option", "cost", "vs own way", "saving", "re-writes", "adjusted", "recall", "re-runs", "failed")]
     for o in w.options:
         if o.name in w.hidden:
             continue
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
         rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
-                     f"${o.rewrite_usd:,.2f}", f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}", str(o.failed)))
+                     f"${o.rewrite_usd:,.2f}", f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}",
+                     f"{o.reruns} ({o.reruns / max(1, o.requests):.1%})", str(o.failed)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for k, r in enumerate(rows):
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
             lines.append("  ".join("-" * x for x in widths))
     lines.append("cost: the replay's bill; saving: against Claude Code's way at each session's own TTL; re-writes: "
-                 "writing again what the request before had cached (TTL expiries, edits); adjusted: plus one re-read "
-                 "turn per lost result; recall: evidence the agent could still see")
+                 "writing again what the request before had cached (TTL expiries, edits); closed loop: the agent "
+                 "re-runs a call to see what an edit hid (re-runs, in the cost); adjusted: plus one re-read turn per "
+                 "result it gave up on; recall: evidence the agent could still see")
     best = min((o for o in w.options if o.name != BASELINE), key=lambda o: o.adjusted_usd, default=None)
     if best is not None and w.per_session:
         gains = sorted(((c[BASELINE] - c[best.name], name) for name, c in w.per_session.items()), reverse=True)

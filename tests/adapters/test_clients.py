@@ -137,6 +137,57 @@ def test_claude_code_through_the_proxy(tmp_path: Path, mode: str) -> None:
         assert all(f["explained_by"] is not None for f in churn)  # our own edits, each named
 
 
+def _rereading_model(steps: int, lines: int, bodies: list[str]) -> Any:
+    """A closed-loop model through Claude Code: it runs ``steps`` Bash commands, then needs a line
+    of step 2's output (the first after the immutable prefix, which no edit touches). If
+    compaction has hidden it, it runs that command again, exactly (issue 47: the re-run must come
+    back whole), and says whether it found the line."""
+    def call(n: int) -> dict[str, str]:
+        return {"command": f"seq 1 {lines} | sed 's/^/line {n} /'", "description": f"step {n}"}
+
+    needed = f"line 2 {lines // 2}"
+    issued = [0, 0]  # steps run, re-runs asked for (the model remembers what it did, not what it sees)
+
+    def respond(body: dict[str, Any]) -> Reply:
+        text = json.dumps(body["messages"])
+        bodies.append(text)
+        seen = [int(x) for x in re.findall(r"line (\d+) ", text)]
+        n = issued[0] = max([issued[0], *(x + 1 for x in seen)])
+        if n < steps:
+            return Reply([{"type": "text", "text": f"Running step {n}."},
+                          {"type": "tool_use", "id": f"toolu_rr_{n:03d}", "name": "Bash", "input": call(n)}],
+                         "tool_use")
+        if needed + "\\n" in text:
+            return Reply([{"type": "text", "text": f"found {needed}"}], "end_turn")
+        asked = issued[1]
+        if asked >= 2:
+            return Reply([{"type": "text", "text": "lost"}], "end_turn")
+        issued[1] += 1
+        return Reply([{"type": "text", "text": "I need step 2's output again."},
+                      {"type": "tool_use", "id": f"toolu_rr_again_{asked}", "name": "Bash", "input": call(2)}],
+                     "tool_use")
+    return respond
+
+
+def test_claude_code_gets_a_shortened_bash_output_back_when_it_runs_it_again(tmp_path: Path) -> None:
+    """Through the compact proxy, a Claude Code Bash output that compaction hid comes back whole
+    when the model runs the same command again."""
+    _need(CLAUDE.exists(), f"the Claude Code CLI is not installed at {CLAUDE} (.ci/run installs it)")
+    window, steps, lines = 40_000, 9, 700
+    bodies: list[str] = []
+    with Emulator(SummarizingResponder(ScriptedResponder(_rereading_model(steps, lines, bodies))),
+                  context_window=window) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=window,
+                              store=str(tmp_path / "store"))) as px:
+        result = _run_claude(px.url, tmp_path)
+        px.wait_idle()
+    hidden = [k for k, b in enumerate(bodies) if k > 3 and f"line 2 {lines}" not in b]
+    assert hidden, ("step 2's output was never hidden: the test tested nothing", [len(b) for b in bodies])
+    assert result["result"] == f"found line 2 {lines // 2}", (result["result"], [len(b) for b in bodies])
+    again = bodies[-1].split("toolu_rr_again_0")[-1]  # the re-run and its result
+    assert f"line 2 {lines}" in again and "shortened" not in again and "cleared" not in again
+
+
 def _prompt_model(body: dict[str, Any]) -> Reply:
     """One Bash step per prompt: a tool call for the newest prompt, then "done N" once its result
     is in."""
