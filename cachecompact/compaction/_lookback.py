@@ -244,12 +244,20 @@ class LookbackMeter:
         what the agent did needs no long run of samples; shrinking it below the configured one
         still waits for `budget` (issue 47: at a 120k window an agent lost every fact nine reads
         back until 72 look-backs had been seen)."""
-        if coverage <= 0 or not self._by_distance:
-            return None
-        q = self._by_distance[min(len(self._by_distance) - 1, math.ceil(coverage * len(self._by_distance)) - 1)]
+        q = self.reach(coverage)
         if q <= configured:
             return None
-        return min(cap, int(q * 1.1))
+        return min(cap, q)
+
+    def reach(self, coverage: float) -> int:
+        """How far back this agent has shown it looks: the ``coverage`` quantile of the distances
+        seen so far, with a tenth more room (raw tokens); 0 before any look-back (or with the
+        meter off). What a cut made only to stop thrashing must still keep: below it, the agent
+        has already shown it would lose what it comes back to."""
+        if coverage <= 0 or not self._by_distance:
+            return 0
+        n = len(self._by_distance)
+        return int(self._by_distance[min(n - 1, math.ceil(coverage * n) - 1)] * 1.1)
 
     def budget(self, coverage: float, cap: int) -> int | None:
         """The smallest budget of the ladder (up to ``cap``) past which at most ``1 - coverage`` of

@@ -21,8 +21,10 @@ Per turn, with the session synced to the agent's history and before the request 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import replace
 from itertools import pairwise
 from typing import Any
@@ -628,7 +630,7 @@ class CacheAwareCompactor:
                 # the levels tried first thrash: the higher ones the trigger allows may not
                 more = self._candidates(view, trig, lim, stop_at_target=False)[len(cands):]
                 paying = [q for p in more for q in self._no_thrash(p, view, lim, model)]
-            order = paying or order  # when nothing pays back and the window forces it, the old order
+            order = paying or self._least_thrash(order, view, lim, model)  # the window forces it
         loop = self._mid_tool_loop_thinking()
         for p in order:
             if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop:
@@ -751,15 +753,16 @@ class CacheAwareCompactor:
                 lost += n
         return lost
 
-    def _pays_back(self, p: Proposal, view: View, lim: Limits, model: str) -> bool:
+    def _payback_margin(self, p: Proposal, view: View, lim: Limits, model: str) -> float:
         """The no-thrash rule (docs/policy.md, "No thrash"): an edit re-writes what it keeps after
         its edit point (``kept``) at w - r more than reading it, and saves ``removed`` reads a
         turn, so it pays back after kept * (w/r - 1) / removed turns. The context grows back to
         ``critical`` (where the window forces the next compaction) after (critical - after) / g
-        turns, g the session's typical growth. An edit whose cycle ends before it has paid back
-        thrashes: the next one re-writes again before this one's saving has covered it."""
+        turns, g the session's typical growth. The margin is the turns left between the two:
+        below zero the edit thrashes (the next one re-writes again before this one's saving has
+        covered it)."""
         if p.break_at is None or p.tokens_removed <= 0:
-            return True  # nothing sent is changed: no re-write
+            return math.inf  # nothing sent is changed: no re-write
         ctr = self.session.counter
         removed = ctr.calibrated(p.tokens_removed)
         kept = max(0, ctr.calibrated(view.suffix_tokens(self._rewrite_from(p.break_at))) - removed)
@@ -767,18 +770,63 @@ class CacheAwareCompactor:
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
         g = max(1, growth, lim.limit // 100)
         premium = max(0.0, priced(model, self.ctx.prices).write_over_read(self.ttl or "5m") - 1)
-        return (lim.critical - after) / g >= kept * premium / max(1, removed)
+        return (lim.critical - after) / g - kept * premium / max(1, removed)
+
+    def _pays_back(self, p: Proposal, view: View, lim: Limits, model: str) -> bool:
+        return self._payback_margin(p, view, lim, model) >= 0
+
+    def _deeper_cuts(self, p: Proposal, view: View, lim: Limits) -> Iterator[Proposal]:
+        """The same summary level keeping fewer of the newest tokens, most kept first: down to
+        what the agent's own look-backs have shown it reaches (`LookbackMeter.reach`), and never
+        less than the newest round (its result has not been shown to the agent yet).
+
+        The floor is evidence, not the configured budget: a budget the agent has not shown it
+        needs is a guess, and where a turn adds a large share of the window, keeping it makes
+        every collapse re-write it again a few turns later (benchmarks/async_agent.py, 60k
+        window, 2.5-10k files read whole: re-writes were 0.81 of the cost with the configured
+        budget as the floor). A cut that ignored the look-backs hid what the agent comes back to
+        (issue 47: facts two to nine reads back were re-read in 34 of 40 closed-loop runs)."""
+        if p.level not in ("L3", "L4") or p.break_at is None:
+            return
+        lv, ctr = self.cfg.levels, self.session.counter
+        cal = max(ctr.calibration, 1e-9)
+        keep = int(lim.collapse_keep / cal)
+        floor = self._lookback.reach(self._coverage_now) if lv.lookback_coverage > 0 else 0
+        last = view.n - 1
+        tails = sorted({view.tokens_between(e + 1, last) for e in view.round_ends if e < last}, reverse=True)
+        for tail in tails:
+            if tail >= keep:
+                continue
+            rounds = view.rounds_within(tail)
+            if tail < floor or rounds < 1:
+                return
+            if p.level == "L4":
+                q = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
+            else:
+                q = propose_turn_collapse(view, target_tokens=int(lim.aim() / cal), keep_rounds=rounds,
+                                          summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
+                                          keep_tokens=tail)
+            q = self._guard(q)
+            if not q.empty and q.tokens_removed > p.tokens_removed:
+                yield replace(q, reason=f"{q.reason}; keeps the newest {ctr.calibrated(tail):,} tokens, not "
+                                        f"{lim.collapse_keep:,}: the cycle must pay back its re-write (the "
+                                        f"agent's look-backs reach {ctr.calibrated(floor):,})")
 
     def _no_thrash(self, p: Proposal, view: View, lim: Limits, model: str) -> list[Proposal]:
-        """``p`` if it pays back (`_pays_back`), else nothing (the next candidate is tried; when
-        none pays back, `_compact` takes the plans as they are, each keeping the recent budget).
+        """``p`` if it pays back (`_pays_back`); else the deeper cut of it that keeps the most and
+        pays back (`_deeper_cuts`); else nothing (the next candidate is tried; when none pays
+        back, `_least_thrash` picks among them)."""
+        if self._pays_back(p, view, lim, model):
+            return [p]
+        return next(([q] for q in self._deeper_cuts(p, view, lim) if self._pays_back(q, view, lim, model)), [])
 
-        A plan that thrashes is not cut deeper to make it pay back: it used to be retried keeping
-        fewer rounds and no recent budget at all, which counted a one-word round as a 7,000-token
-        read and hid what the agent looks back at (issue 47: facts two to nine reads back were
-        re-read in 34 of 40 to 48 of 48 closed-loop runs). What an agent looks back at is kept in
-        tokens (the recent budget, learnt from its own look-backs), at every level."""
-        return [p] if self._pays_back(p, view, lim, model) else []
+    def _least_thrash(self, order: list[Proposal], view: View, lim: Limits, model: str) -> list[Proposal]:
+        """When the window forces a compaction and no plan pays back: the plans and their deeper
+        cuts, closest to paying back first. Every plan here re-writes before it has paid back; the
+        one with the largest margin re-writes least per turn (the 60k async agent kept four rounds
+        of 8k files at each forced collapse, removing 5-10k, and collapsed again a turn later)."""
+        plans = [*order, *(q for p in order for q in self._deeper_cuts(p, view, lim))]
+        return sorted(plans, key=lambda q: -self._payback_margin(q, view, lim, model))
 
     def _rewrite_from(self, break_at: int) -> int:
         """The first message an edit at ``break_at`` makes the next request write again: after the

@@ -226,10 +226,9 @@ def table(w: WhatIf, top: int = 3) -> str:
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
             lines.append("  ".join("-" * x for x in widths))
-    lines.append("cost: the replay's bill; saving: against Claude Code's way at each session's own TTL; re-writes: "
-                 "writing again what the request before had cached (TTL expiries, edits); closed loop: the agent "
-                 "re-runs a call to see what an edit hid (re-runs, in the cost); adjusted: plus one re-read turn per "
-                 "result it gave up on; recall: evidence the agent could still see")
+    lines.append("cost: the replay's bill, closed loop (re-runs: calls the agent made again to see what an edit hid); "
+                 "saving: against Claude Code's way at each session's own TTL; re-writes: cached tokens written again "
+                 "(expiries, edits); adjusted: plus a re-read turn per result given up on; recall: evidence in view")
     best = min((o for o in w.options if o.name != BASELINE), key=lambda o: o.adjusted_usd, default=None)
     if best is not None and w.per_session:
         gains = sorted(((c[BASELINE] - c[best.name], name) for name, c in w.per_session.items()), reverse=True)

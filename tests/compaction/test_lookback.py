@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,34 @@ def test_a_closed_loop_agent_at_40k_rarely_reads_again_what_it_needs(distance: i
         quotes += r.quotes
         rereads += r.rereads
     assert quotes >= 60 and rereads / quotes <= 0.15, (rereads, quotes)
+
+
+def test_reach_is_the_coverage_quantile_of_the_distances_with_room() -> None:
+    m, _ = _meter(_agent(turns=40, gap=6))
+    distances = sorted(d for d, _ in m.lookbacks)
+    assert m.reach(0.9) == int(distances[math.ceil(0.9 * len(distances)) - 1] * 1.1)
+    assert m.reach(0.0) == 0 and LookbackMeter().reach(0.9) == 0  # off, or nothing seen yet
+
+
+@pytest.mark.parametrize("gap", [0, 3, 8, 12])
+def test_a_cut_made_to_stop_thrashing_keeps_what_the_agent_looks_back_at(gap: int) -> None:
+    """At a small window where every collapse would thrash, the no-thrash cut keeps less than the
+    configured budget, but never less than the agent's own look-backs reach: an agent that names
+    a line of the file it read ``gap`` turns back keeps seeing it (none when it never looks back)."""
+    msgs = _agent(turns=70, gap=gap or 1000)
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(24_000))
+    cuts = 0
+    for i in range(1, len(msgs), 2):
+        _grow(s, c, [msgs[i:i + 2]], t0=10.0 * i)
+        floor = c._lookback.reach(c._coverage_now)
+        for e in s.ledger.entries:
+            if e.kind == "summary" and e.transcript_len == len(s.transcript) and "must pay back" in (e.reason or ""):
+                cuts += 1
+                # raw tokens, as the meter counts them
+                kept = sum(b.tokens for j in range(e.end + 1, len(s)) for b in s.renderer.plain_message(j).blocks)
+                assert kept >= floor, (gap, kept, floor)
+    assert cuts > 0
+    if gap:
+        m = c._lookback
+        assert m.missed <= max(2, 0.05 * len(m.lookbacks)), (m.missed, len(m.lookbacks))

@@ -25,13 +25,14 @@ def agent() -> ModuleType:
 def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent: ModuleType) -> None:
     ours = agent.run("cachecompact")
     assert ours.failure is None and ours.turns == 80
-    # re-writes of what was cached are at most a quarter of the cost (they were 0.62 before the
-    # no-thrash rule, L4 on 41 of 80 turns); measured 0.22
-    assert ours.rewrite_share <= 0.25, ours
-    # the issue asks 0.85; measured 0.80. With each turn's new output (5.4k) written and every
-    # collapse back to the prefix and what it keeps, no schedule exceeds 0.844 at this window
-    # (docs/benchmarks.md, "The 60k async agent", derives the bound)
-    assert ours.hit_rate >= 0.78, ours
+    # re-writes of what was cached: 0.62 of the cost before the no-thrash rule (L4 on 41 of 80
+    # turns); 0.22 while files over 8.2k were shortened on arrival (issue 47 shows them whole);
+    # 0.81 with the configured budget as the floor of a no-thrash cut; measured 0.35 with the
+    # agent's look-backs as the floor and the least-thrashing plan when the window forces one
+    assert ours.rewrite_share <= 0.40, ours
+    # the issue asked 0.85; no schedule that shows every file whole reaches it at this window
+    # (docs/benchmarks.md, "The 60k async agent", derives the bound); measured 0.734
+    assert ours.hit_rate >= 0.70, ours
     finished = 0
     for name in strategy_names():
         if name.startswith("cachecompact"):
