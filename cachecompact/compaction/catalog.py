@@ -52,13 +52,25 @@ _PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "none": ("NoneConfig", {}),
     "window-20": ("WindowConfig", {"messages": 20}),
     "seed-pipeline": ("SeedPipelineConfig", {}),
-    "anthropic-clear": ("AnthropicClearConfig", {}),
-    "anthropic-clear-atleast": ("AnthropicClearConfig", {"clear_at_least_fraction": 0.125}),
-    "anthropic-compact": ("AnthropicCompactConfig", {}),
-    "anthropic-ondemand": ("OnDemandConfig", {}),
+    "anthropic-clear": ("AnthropicClearConfig", {}),  # the documented default: 100k, keep 3
+    "anthropic-clear-atleast": ("AnthropicClearConfig", {"clear_at_least_tokens": 25_000}),
+    "anthropic-compact": ("AnthropicCompactConfig", {}),  # the documented default: 150k
+    "anthropic-ondemand": ("OnDemandConfig", {}),  # the recipes, with the trigger derived from prices
     "masking": ("MaskingConfig", {}),
     "openhands": ("OpenHandsConfig", {}),
     "claude-code": ("ClaudeCodeConfig", {}),
+}
+
+# Named extras, run when asked for by name (``--strategy anthropic-compact-300k``) and listed by
+# ``strategy_names(extras=True)``: the Anthropic peers' trigger sweeps (their knob frontier), and
+# the triggers scaled to the window that the bench used before issue 48 (at 1M they never fire).
+_EXTRAS: dict[str, tuple[str, dict[str, Any]]] = {
+    **{f"anthropic-compact-{k}k": ("AnthropicCompactConfig", {"trigger_tokens": k * 1000})
+       for k in (50, 100, 300, 500)},
+    **{f"anthropic-clear-{k}k": ("AnthropicClearConfig", {"trigger_tokens": k * 1000}) for k in (50, 200)},
+    "anthropic-compact-scaled": ("AnthropicCompactConfig", {"trigger_fraction": 0.75}),
+    "anthropic-clear-scaled": ("AnthropicClearConfig", {"trigger_fraction": 0.5}),
+    "anthropic-ondemand-scaled": ("OnDemandConfig", {"trigger_fraction": 0.75}),
 }
 
 
@@ -67,6 +79,7 @@ _REGISTRY: dict[str, Any] = {
     "cachecompact": CachecompactConfig(),
     "cachecompact-no-econ": CachecompactConfig(policy=PolicyConfig(economics=Economics(cache_aware=False))),
     **dict.fromkeys(_PEERS),  # None until first asked for
+    **dict.fromkeys(_EXTRAS),
 }
 _ALIASES = {"default": "cachecompact"}
 
@@ -87,10 +100,10 @@ def get_strategy(name: str) -> StrategyConfig:
         return with_ttl(get_strategy(base), ttl, name)
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
-        raise UnknownStrategyError(f"unknown strategy {name!r}; known: {', '.join(strategy_names())}")
+        raise UnknownStrategyError(f"unknown strategy {name!r}; known: {', '.join(strategy_names(extras=True))}")
     cfg = _REGISTRY[key]
     if cfg is None:  # a peer not built yet
-        cls, kwargs = _PEERS[key]
+        cls, kwargs = _PEERS[key] if key in _PEERS else _EXTRAS[key]
         cfg = getattr(importlib.import_module(f"{__package__}.peers"), cls)(**kwargs)
         with _LOCK:
             _REGISTRY[key] = cfg
@@ -98,8 +111,9 @@ def get_strategy(name: str) -> StrategyConfig:
     return out
 
 
-def strategy_names() -> list[str]:
-    return list(_REGISTRY)
+def strategy_names(extras: bool = False) -> list[str]:
+    """The registered names a default run uses; with ``extras``, the named sweep variants too."""
+    return [n for n in _REGISTRY if extras or n not in _EXTRAS]
 
 
 def with_ttl(config: StrategyConfig, ttl: str, name: str = "") -> StrategyConfig:

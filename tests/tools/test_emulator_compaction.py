@@ -13,6 +13,7 @@ import pytest
 
 import cachecompact
 from cachecompact.base.pricing import get_model
+from cachecompact.compaction.catalog import get_strategy, strategy_names
 from cachecompact.compaction.peers.body import MASKED, AnthropicCompactConfig
 from cachecompact.tools.emulator import Emulator, ScriptedResponder
 from cachecompact.tools.emulator.responders import Reply
@@ -196,13 +197,22 @@ def test_compaction_blocks_sent_back_are_checked(emu: tuple[Emulator, Seen]) -> 
 
 
 def test_the_anthropic_compact_peer_compacts_through_wrap(emu: tuple[Emulator, Seen]) -> None:
-    """Its trigger scales with the window (150k of 200k, never under 50k); it sends the beta
-    header itself; the block goes back with the history and the emulator drops the rest."""
+    """Its trigger is the documented default, 150k input tokens at any window (issue 48: scaled
+    to 75% of a 1M window it never fired); the sweep's variants and the ``-scaled`` extra are
+    named strategies; never under the documented minimum, 50k. It sends the beta header itself;
+    the block goes back with the history and the emulator drops the rest."""
     e, _ = emu
     peer = AnthropicCompactConfig()
-    assert peer.trigger(200_000) == 150_000 and peer.trigger(60_000) == 50_000
-    assert peer.trigger(1_000_000) == 750_000
-    c = cachecompact.wrap(client(e), store=None, strategy="anthropic-compact", window_tokens=80_000)
+    assert peer.trigger(200_000) == peer.trigger(1_000_000) == peer.trigger(60_000) == 150_000
+    scaled = get_strategy("anthropic-compact-scaled")
+    assert isinstance(scaled, AnthropicCompactConfig)
+    assert scaled.trigger(200_000) == 150_000 and scaled.trigger(60_000) == 50_000
+    assert scaled.trigger(1_000_000) == 750_000
+    assert AnthropicCompactConfig(trigger_tokens=20_000).trigger(200_000) == 50_000  # the documented minimum
+    sweep = get_strategy("anthropic-compact-50k")
+    assert isinstance(sweep, AnthropicCompactConfig) and sweep.trigger(1_000_000) == 50_000
+    assert "anthropic-compact-50k" not in strategy_names() and "anthropic-compact-50k" in strategy_names(extras=True)
+    c = cachecompact.wrap(client(e), store=None, strategy="anthropic-compact-50k", window_tokens=80_000)
     msgs = big(62_000)
     r = c.messages.create(model=MODEL, max_tokens=50, messages=msgs, system="You fix parsers.")
     content = [b.model_dump(exclude_none=True) for b in r.content]

@@ -5,17 +5,20 @@
 * ``window-20``: the naive sliding window of the last N messages; a cut that lands on tool
   results moves to the next assistant message and a marker user message goes first (the
   request must start with a user message), as Claude Code's prompt-too-long head trim does;
-* ``anthropic-clear``: the API's own server-side ``clear_tool_uses_20250919`` edit, its
-  trigger and ``clear_at_least`` set at the same fraction of the window as the documented
-  defaults are of 200k (trigger 100k = 0.5; ``clear_at_least`` 25k = 0.125 in the ``-atleast``
-  variant);
+* ``anthropic-clear``: the API's own server-side ``clear_tool_uses_20250919`` edit as its docs
+  configure it: the documented default trigger, 100,000 input tokens, whatever the window, and
+  ``keep`` 3 tool uses; ``clear_at_least`` has no default (anthropic-cache-facts.md §2). Named
+  variants sweep the trigger (``anthropic-clear-50k``, ``-200k``), set ``clear_at_least`` to
+  25k (``-atleast``), or scale the trigger to the window as the bench once did (``-scaled``:
+  half of it, the share 100k is of 200k);
 * ``anthropic-compact``: the API's own server compaction, ``compact_20260112`` under its beta
-  header (anthropic-cache-facts.md §3): the documented default trigger, 150k of a 200k
-  window, at the same fraction (0.75) of other windows and never under the documented minimum
-  of 50k, with the breakpoint the docs recommend at the end of the system prompt. The
-  response's ``compaction`` block goes back with the history, as the docs tell a client, and
-  the API drops everything before it. At a window of 50k or less the minimum trigger leaves
-  no room: such runs fail, and the bench counts them;
+  header (anthropic-cache-facts.md §3): the documented default trigger, 150,000 input tokens,
+  whatever the window (the documented minimum is 50,000), with the breakpoint the docs
+  recommend at the end of the system prompt. The response's ``compaction`` block goes back with
+  the history, as the docs tell a client, and the API drops everything before it. Named variants
+  sweep the trigger (``anthropic-compact-50k``, ``-100k``, ``-300k``, ``-500k``: its knob
+  frontier) or scale it (``-scaled``: 75% of the window, at least 50k). A trigger that leaves
+  no room below the window (50k at a 50k window) fails its run, and the bench counts it;
 * ``masking``: observation masking as in "The Complexity Trap" (Lindenbauer et al.,
   DL4C@NeurIPS 2025, arXiv 2508.21433; peers.md §7): the tool results of the last M = 10
   turns stay verbatim, older ones become the placeholder of SWE-agent's
@@ -32,7 +35,8 @@ from typing import Any, ClassVar
 from ...base.values import SummaryMode
 from ..strategy import Plan, Strategy, StrategyContext
 
-__all__ = ["AUTO_CACHE", "AnthropicClearConfig", "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",
+__all__ = ["AUTO_CACHE", "CLEAR_DEFAULT_TRIGGER", "COMPACT_DEFAULT_TRIGGER", "AnthropicClearConfig",
+           "AnthropicCompactConfig", "BodyStrategy", "MaskingConfig",
            "NoneConfig", "WindowConfig"]
 
 AUTO_CACHE = {"type": "ephemeral"}
@@ -109,29 +113,42 @@ class WindowConfig:
         return BodyStrategy(ctx, transform)
 
 
+CLEAR_DEFAULT_TRIGGER = 100_000  # clear_tool_uses_20250919's documented default: anthropic-cache-facts.md §2
+
+
 @dataclass(frozen=True)
 class AnthropicClearConfig:
+    """Server-side tool-result clearing. ``trigger_tokens`` is absolute, as the API takes it (the
+    documented default, 100k); ``trigger_fraction``, when set, replaces it with that share of
+    the window (the ``-scaled`` extra). ``clear_at_least_tokens`` likewise (no documented default)."""
+
     name: ClassVar[str] = "anthropic-clear"
-    trigger_fraction: float = 0.5  # 100k of a 200k window, the documented default
+    trigger_tokens: int = CLEAR_DEFAULT_TRIGGER
+    trigger_fraction: float | None = None
     keep: int = 3
-    clear_at_least_fraction: float | None = None  # e.g. 0.125: 25k of a 200k window
+    clear_at_least_tokens: int | None = None
     prefix_messages: int = 3
     summary_model: str | None = None
     summary_mode: SummaryMode = "forced-tool"
 
+    def trigger(self, window: int) -> int:
+        return round(self.trigger_fraction * window) if self.trigger_fraction is not None else self.trigger_tokens
+
     def build(self, ctx: StrategyContext) -> Strategy:
         w = ctx.window_tokens
         edit: dict[str, Any] = {"type": "clear_tool_uses_20250919",
-                                "trigger": {"type": "input_tokens", "value": int(self.trigger_fraction * w)},
+                                "trigger": {"type": "input_tokens", "value": self.trigger(w)},
                                 "keep": {"type": "tool_uses", "value": self.keep}}
-        if self.clear_at_least_fraction:
-            edit["clear_at_least"] = {"type": "input_tokens", "value": int(self.clear_at_least_fraction * w)}
+        if self.clear_at_least_tokens:
+            at_least = (self.clear_at_least_tokens if self.trigger_fraction is None else
+                        round(self.clear_at_least_tokens * w / 200_000))
+            edit["clear_at_least"] = {"type": "input_tokens", "value": at_least}
         return BodyStrategy(ctx, lambda body: {**body, "context_management": {"edits": [edit]},
                                                "cache_control": AUTO_CACHE})
 
 
 COMPACT_BETA = "compact-2026-01-12"
-COMPACT_DEFAULT_TRIGGER = 150_000  # of a 200k window: anthropic-cache-facts.md §3.1
+COMPACT_DEFAULT_TRIGGER = 150_000  # compact_20260112's documented default: anthropic-cache-facts.md §3.1
 COMPACT_MIN_TRIGGER = 50_000
 
 
@@ -146,14 +163,20 @@ def _system_marked(system: Any) -> Any:
 
 @dataclass(frozen=True)
 class AnthropicCompactConfig:
+    """Server-side threshold compaction. ``trigger_tokens`` is absolute, as the API takes it (the
+    documented default, 150k); ``trigger_fraction``, when set, replaces it with that share of the
+    window (the ``-scaled`` extra); never under the documented minimum, 50k."""
+
     name: ClassVar[str] = "anthropic-compact"
-    trigger_fraction: float = COMPACT_DEFAULT_TRIGGER / 200_000
+    trigger_tokens: int = COMPACT_DEFAULT_TRIGGER
+    trigger_fraction: float | None = None
     prefix_messages: int = 3
     summary_model: str | None = None
     summary_mode: SummaryMode = "forced-tool"
 
     def trigger(self, window: int) -> int:
-        return max(COMPACT_MIN_TRIGGER, round(self.trigger_fraction * window))
+        want = round(self.trigger_fraction * window) if self.trigger_fraction is not None else self.trigger_tokens
+        return max(COMPACT_MIN_TRIGGER, want)
 
     def build(self, ctx: StrategyContext) -> Strategy:
         trigger = {"type": "input_tokens", "value": self.trigger(ctx.window_tokens)}

@@ -7,22 +7,35 @@ accepts the swap when the API wrote the summary, so the thinking in kept turns c
 It is what the docs tell code that trims or summarizes earlier turns to do, so the bench runs it
 beside cachecompact to answer the question a user now asks: why not just follow the docs?
 
-What this peer does, the way a careful client would:
+What this peer does: the two recipes the docs give, on the conversation's own model.
 
-* **When.** Once the request reaches (by the last response's usage plus the new messages at
-  four bytes a token) ``trigger_fraction`` of the window (0.75, the share the
-  documented default trigger of threshold compaction, 150k, is of 200k), and only on a request that
-  ends with a user message (the API refuses to compact "if the last assistant turn ends in a tool
-  call with no result yet"), it asks for a summary first.
-* **What.** Everything but the newest ``keep_rounds`` rounds, cut where a round starts (an assistant
-  turn after a user message), so that "the kept turns directly follow the summarized messages"
-  with a role that differs from the last summarized one. A later compaction summarizes the old
-  block and what follows it ("From then on, send only the newest block").
+* **When: a trigger derived from prices and the session's figures.** A compaction cycle pays
+  once for the swap (the next request writes the block and the kept turns again, at w - r more
+  than reading them, and the compaction request reads the context and writes the summary) and
+  every turn reads the context. Over a cycle from B tokens (after the swap) to T, growing g a
+  turn, the cost per turn is about r (B + T) / 2 + g C / (T - B), least at
+  T = B + sqrt(2 g C / r), with C = B (w - r) + T r + S o (S the summary's tokens, o the output
+  price). B, g and S come from the session itself (the last usage, the median growth of its
+  turns, the last block's size; 2,000 tokens before the first), the prices from the model's.
+  T is held below the window's usable limit less a turn. (The old ``trigger_fraction`` of the
+  window, 0.75, stays as the ``-scaled`` extra.)
+* **What: the recipe "Compaction that keeps recent turns".** The client picks the cut: everything
+  but the newest ``keep_rounds`` rounds, cut where a round starts (an assistant turn after a user
+  message), so the kept turns follow the summarized messages directly with a change of role, and
+  the compaction request never ends in an unanswered tool call. The kept turns go verbatim,
+  thinking included. A later compaction summarizes the old block and what follows it.
+* **How: the recipe "Compaction in the background".** The compaction request is sent with the
+  history as it stands, remembering how many messages it covers; the conversation goes on with
+  the full history; no second compaction starts until this one is swapped in or has failed; the
+  block replaces exactly those messages on the first request after it arrives. (In a replay the
+  call returns before the agent's next request, as it would in the background: the request that
+  started it goes uncompacted, the next one carries the block.)
 * **Cache.** Every request carries the top-level ``cache_control`` of automatic caching, as
   ``none`` does, so the difference between the two is the compaction alone.
 * **Then.** Every request sends the block first, as an assistant message of its own, followed by
-  the caller's messages after the cut, unchanged, under the beta header. The summary call is the
-  session's (its summarizer's client, marked as cachecompact's own), billed as a summary.
+  the caller's messages after the cut, unchanged, under the beta header. The compaction call is
+  the session's (its summarizer's client, marked as cachecompact's own), on the request's model,
+  billed as a summary.
 
 It keeps no ledger: its record is the block and the index of the first kept message.
 """
@@ -30,12 +43,14 @@ It keeps no ledger: its record is the block and the index of the first kept mess
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import anthropic
 
 from ...base.headers import INTERNAL_HEADER
+from ...base.pricing import priced
 from ...base.values import SummaryMode
 from ...base.wire import canonical_bytes
 from ..strategy import Plan, Strategy, StrategyContext
@@ -56,9 +71,13 @@ class OnDemandStrategy:
         self.ctx, self.cfg = ctx, cfg
         self.block: dict[str, Any] | None = None
         self.covered = 0  # caller messages the block stands for
+        self.ready: tuple[dict[str, Any], int] | None = None  # a block that arrived, swapped in next request
         self.summary_cost = 0.0
+        self.summary_tokens = 2_000  # the last block's size (an estimate before the first)
         self.reported = 0  # the prompt's size in the last response's usage
         self.reported_bytes = 0  # the size of the messages that request sent, to add what came since
+        self.sizes: list[int] = []  # each response's prompt size, for the session's growth a turn
+        self.last_trigger = 0  # the trigger in force at the last request (for the report)
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
@@ -68,6 +87,7 @@ class OnDemandStrategy:
         if usage:
             self.reported = sum(int(usage.get(k) or 0) for k in
                                 ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+            self.sizes.append(self.reported)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
         return False
@@ -86,42 +106,65 @@ class OnDemandStrategy:
             return None
         return starts[-self.cfg.keep_rounds]
 
+    def trigger(self, model: str, kept_tokens: int, max_tokens: int) -> int:
+        """Where a compaction cycle costs least (the module docstring derives it), or the
+        ``-scaled`` extra's share of the window."""
+        window = self.ctx.window_tokens
+        limit = max(window // 4, window - max(0, max_tokens) - window // 20)
+        growth = sorted(b - a for a, b in zip(self.sizes, self.sizes[1:], strict=False) if b > a)
+        g = max(1, growth[len(growth) // 2] if growth else limit // 100)
+        if self.cfg.trigger_fraction is not None:
+            return int(self.cfg.trigger_fraction * window)
+        price = priced(model, self.ctx.prices)  # an unknown name is priced as the default model, never an error
+        r, w, o = price.read, price.write_5m, price.output
+        after = self.summary_tokens + kept_tokens
+        t = after + g
+        for _ in range(3):  # C depends on T through the compaction request's read: a few rounds settle it
+            cycle = after * (w - r) + t * r + self.summary_tokens * o
+            t = after + int(math.sqrt(2 * g * cycle / max(r, 1e-9)))
+        return max(after + g, min(limit - g, t))
+
     def shape(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
+        if self.ready is not None:  # arrived since the last request: swapped in now (the background recipe)
+            (self.block, self.covered), self.ready = self.ready, None
+            self.reported, self.reported_bytes = 0, 0  # the next response counts afresh
         out = {**body, "messages": self._messages(messages)}
         size = len(canonical_bytes(out["messages"]))
         # The last response's count plus the new messages at 4 bytes a token: what a client knows
         # without a count_tokens call (the estimate is for the growth alone, a turn or two).
         tokens = self.reported + max(0, size - self.reported_bytes) // 4 if self.reported else size // 4
         self.reported_bytes = size
-        if tokens >= self.cfg.trigger_fraction * self.ctx.window_tokens and messages[-1].get("role") == "user":
-            cut = self._cut(messages)
+        cut = self._cut(messages) if messages[-1].get("role") == "user" else None
+        if cut is not None:
+            kept = len(canonical_bytes(messages[cut:])) // 4
+            self.last_trigger = self.trigger(str(body.get("model")), kept, int(body.get("max_tokens") or 0))
             client = getattr(self.ctx.summarizer, "client", None)
-            if cut is not None and client is not None:
+            if tokens >= self.last_trigger and client is not None:
                 self._compact(client, body, messages, cut)
-                out = {**body, "messages": self._messages(messages)}
-                self.reported, self.reported_bytes = 0, 0  # the next response counts afresh
         if self.block is not None:
             self.betas = (BETA,)
         return {**out, "cache_control": AUTO_CACHE}  # automatic caching, as ``none`` does
 
     def _compact(self, client: Any, body: dict[str, Any], messages: list[dict[str, Any]], cut: int) -> None:
-        """Ask the API for a block standing for the caller's messages before ``cut`` (the old block
-        and what follows it, once there is one)."""
+        """Ask the API, on the request's own model, for a block standing for the caller's messages
+        before ``cut`` (the old block and what follows it, once there is one); it is swapped in on
+        the next request."""
         head = self._messages(messages[:cut])
         kw = {k: body[k] for k in ("system", "tools", "thinking") if k in body}
         try:
             r = client.messages.create(model=body["model"], max_tokens=body.get("max_tokens") or 4096,
                                        messages=head, extra_body={"compaction": {"type": "summarize"}},
                                        extra_headers={"anthropic-beta": BETA, INTERNAL_HEADER: "1"}, **kw)
-        except anthropic.APIError as err:  # no summary this time: the request goes as it is
-            log.warning("anthropic-ondemand: the compaction request failed (%s); sending the request uncompacted",
-                        str(err)[:300])
+        except anthropic.APIError as err:  # failed: the conversation goes on whole, and may try again
+            log.warning("anthropic-ondemand: the compaction request failed (%s); the conversation goes on "
+                        "uncompacted", str(err)[:300])
             return
         blocks = [b.model_dump(exclude_none=True) for b in r.content]
         found = next((b for b in blocks if b.get("type") == "compaction" and b.get("content")), None)
         if found is not None:
-            self.block, self.covered = found, cut
+            self.ready = (found, cut)
+            self.summary_tokens = max(1, int(getattr(r.usage, "output_tokens", 0) or 0)) or self.summary_tokens
 
 
 @dataclass(frozen=True)
@@ -129,7 +172,7 @@ class OnDemandConfig:
     """On-demand compaction by the API; see the module docstring."""
 
     name: ClassVar[str] = "anthropic-ondemand"
-    trigger_fraction: float = 0.75
+    trigger_fraction: float | None = None  # None: the derived trigger; 0.75: the ``-scaled`` extra
     keep_rounds: int = 2
     prefix_messages: int = 3
     summary_model: str | None = None
