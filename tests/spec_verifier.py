@@ -581,9 +581,20 @@ class _Renderer:
                            and b.get("id") == e.tool_use_id), None)
                 if at is not None:
                     out.setdefault(e.start, set()).update(thinking(e.start, at))
-        if n >= 2 and _holds(self.messages[n - 1], "tool_result") and \
-                self.messages[n - 2].get("role") == "assistant" and _holds(self.messages[n - 2], "tool_use"):
-            out.pop(n - 2, None)  # rule 4: sent whole, the API drops it (drop_block)
+        # rule 4: the latest assistant message the request renders, past user messages and messages of
+        # thinking alone that rule 3 leaves out; if it calls tools, its thinking is sent whole (drop_block)
+        i = n - 1
+        while 0 <= i < n and self.messages[n - 1].get("role") != "assistant":
+            m = self.messages[i]
+            if m.get("role") == "assistant":
+                blocks = _message_render_blocks(m)
+                if blocks and thinking(i) == set(range(len(blocks))) and out.get(i) == thinking(i):
+                    i -= 1
+                    continue
+                if _holds(m, "tool_use"):
+                    out.pop(i, None)
+                break
+            i -= 1
         return {i: frozenset(js) for i, js in out.items() if js}
 
     @staticmethod

@@ -25,7 +25,9 @@ ledger edit changes what a later request shows before the blocks that follow it,
   invalidated and may not be removed. It is sent as it is, and the request asks the API to drop it
   (``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``, the documented escape hatch,
   with the ``thinking-binding-controls-2026-08-01`` beta). From the next request on that turn is no
-  longer the latest, and its thinking is left out like any other.
+  longer the latest, and its thinking is left out like any other. The latest turn is the one the
+  API sees: an assistant message of thinking alone that the render leaves out (Claude Code's log
+  of a reply cut off after its thinking) does not count (`latest_tool_turn`).
 
 Only the ledger and the transcript decide this, so ``render --at-entry``, ``ledger verify`` and a
 restarted process give the same bytes (docs/ledger-format.md, *Thinking blocks*). The transcript
@@ -34,7 +36,7 @@ keeps every block as received; ``render --uncompacted`` shows them all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..base.wire import RedactedThinkingBlock, ThinkingBlock, ToolUseBlock, content_blocks
@@ -65,13 +67,27 @@ def _is_thinking(b: object) -> bool:
     return isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
 
 
-def latest_tool_turn(t: Transcript, n: int) -> int | None:
-    """The latest assistant message of a request rendered from ``n`` messages when that request
-    answers its tool calls (message ``n - 1`` holds their results), else None."""
-    a = n - 2
-    if a < 0 or t[a].role != "assistant" or not t.is_tool_result_message(n - 1):
+def latest_tool_turn(t: Transcript, n: int, left_out: Callable[[int], bool] = lambda i: True) -> int | None:
+    """The assistant message the API sees as the latest of a request rendered from ``n``
+    messages, when it calls tools (its results follow), else None: the turn whose thinking "must
+    be passed back exactly as received". An assistant message of thinking alone that the render
+    leaves out (``left_out``; by default any) is skipped: Claude Code logs a reply cut off after
+    its thinking (an interruption, a streaming retry) as such a message, and when an edit strips
+    that thinking the message goes and the tool call before it is the latest again (issue 48: a
+    400 at request 125 of a 2.1.25 session). A request that ends with an assistant message (a
+    prefill) has no such turn."""
+    i = n - 1
+    if i < 0 or t[i].role == "assistant":
         return None
-    return a if any(isinstance(b, ToolUseBlock) for b in content_blocks(t[a])) else None
+    while i >= 0:
+        if t[i].role == "assistant":
+            blocks = content_blocks(t[i])
+            if blocks and all(_is_thinking(b) for b in blocks) and left_out(i):
+                i -= 1
+                continue
+            return i if any(isinstance(b, ToolUseBlock) for b in blocks) else None
+        i -= 1
+    return None
 
 
 def plan_thinking(t: Transcript, entries: Sequence[LedgerEntry], n: int) -> ThinkingPlan:
@@ -108,7 +124,10 @@ def plan_thinking(t: Transcript, entries: Sequence[LedgerEntry], n: int) -> Thin
             after = frozenset(j for j, b in enumerate(blocks) if j > at and _is_thinking(b))
             if after:
                 strip[e.start] = strip.get(e.start, frozenset()) | after
-    latest = latest_tool_turn(t, n)
+    def stripped_whole(i: int) -> bool:  # the render leaves out a message whose every block it strips
+        return len(strip.get(i, ())) == len(content_blocks(t[i]))
+
+    latest = latest_tool_turn(t, n, stripped_whole)
     if latest is not None and latest in strip:
         del strip[latest]
         return ThinkingPlan(strip, drop_block=True, kept_invalid=latest)
