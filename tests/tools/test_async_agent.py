@@ -43,7 +43,10 @@ def test_the_60k_async_agent_costs_less_than_every_peer_without_thrashing(agent:
             continue
         finished += 1
         assert ours.cost_usd < peer.cost_usd, (name, peer, ours)
-    assert finished >= 4  # seed-pipeline, both anthropic-clear editions, claude-code
+    # seed-pipeline, anthropic-ondemand and claude-code; both anthropic-clear editions trigger at the
+    # documented 100k and so never fire at this 60k window (issue 48), and anthropic-compact (150k)
+    # neither: they fail at turn 9 and are counted above
+    assert finished >= 3
 
 
 def test_a_compaction_never_summarises_the_result_the_agent_has_not_seen(agent: ModuleType) -> None:
@@ -87,7 +90,8 @@ def test_misses_of_the_apis_own_context_editing_are_told_apart(agent: ModuleType
     import logging
 
     with caplog.at_level(logging.INFO, "cachecompact"):
-        r = agent.run("anthropic-clear-atleast")
+        # the trigger scaled to this 60k window (30k): at the documented 100k it never fires here
+        r = agent.run("anthropic-clear-scaled")
     assert r.failure is None
     assert "provider_suspected" not in caplog.text
     assert caplog.text.count("server_edit: the request asks the API to edit its context") >= 10

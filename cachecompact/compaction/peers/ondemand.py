@@ -20,7 +20,8 @@ What this peer does: the two recipes the docs give, on the conversation's own mo
   T is held below the window's usable limit less a turn. (The old ``trigger_fraction`` of the
   window, 0.75, stays as the ``-scaled`` extra.)
 * **What: the recipe "Compaction that keeps recent turns".** The client picks the cut: everything
-  but the newest ``keep_rounds`` rounds, cut where a round starts (an assistant turn after a user
+  but the newest ``keep_tokens`` (50k, cachecompact's configured recent budget) and at least the
+  newest ``keep_rounds`` (2) rounds, cut where a round starts (an assistant turn after a user
   message), so the kept turns follow the summarized messages directly with a change of role, and
   the compaction request never ends in an unanswered tool call. The kept turns go verbatim,
   thinking included. A later compaction summarizes the old block and what follows it.
@@ -98,13 +99,21 @@ class OnDemandStrategy:
         return [{"role": "assistant", "content": [self.block]}, *messages[self.covered:]]
 
     def _cut(self, messages: list[dict[str, Any]]) -> int | None:
-        """The index of the first caller message to keep: the start of the round ``keep_rounds``
-        back (an assistant message after a user one), after what the block already covers."""
+        """The index of the first caller message to keep: the start of a round (an assistant
+        message after a user one), after what the block already covers, keeping at least the
+        newest ``keep_rounds`` rounds and at least ``keep_tokens`` of the newest history (at four
+        bytes a token), so what the agent just read survives the summary."""
         starts = [i for i in range(max(1, self.covered + 1), len(messages))
                   if messages[i].get("role") == "assistant" and messages[i - 1].get("role") == "user"]
         if len(starts) <= self.cfg.keep_rounds:
             return None
-        return starts[-self.cfg.keep_rounds]
+        cands = starts[:len(starts) - self.cfg.keep_rounds + 1]
+        kept = 0
+        for k in range(len(messages) - 1, cands[0] - 1, -1):
+            kept += len(canonical_bytes(messages[k])) // 4
+            if kept >= self.cfg.keep_tokens and k in cands:
+                return k
+        return None  # nothing older than what it keeps: no compaction yet
 
     def trigger(self, model: str, kept_tokens: int, max_tokens: int) -> int:
         """Where a compaction cycle costs least (the module docstring derives it), or the
@@ -174,6 +183,9 @@ class OnDemandConfig:
     name: ClassVar[str] = "anthropic-ondemand"
     trigger_fraction: float | None = None  # None: the derived trigger; 0.75: the ``-scaled`` extra
     keep_rounds: int = 2
+    # the recent history kept verbatim, in tokens: cachecompact's own configured recent budget
+    # (LevelSettings.keep_recent_tokens), so the two keep alike and differ in who writes the summary
+    keep_tokens: int = 50_000
     prefix_messages: int = 3
     summary_model: str | None = None
     summary_mode: SummaryMode = "forced-tool"
