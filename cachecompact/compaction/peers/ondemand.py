@@ -17,10 +17,12 @@ What this peer does: the two recipes the docs give, on the conversation's own mo
   T = B + sqrt(2 g C / r), with C = B (w - r) + T r + S o (S the summary's tokens, o the output
   price). B, g and S come from the session itself (the last usage, the median growth of its
   turns, the last block's size; 2,000 tokens before the first), the prices from the model's.
-  T is held below the window's usable limit less a turn. (The old ``trigger_fraction`` of the
+  T is held below the window's usable limit less the largest turn seen (the request that starts
+  a compaction in the background still goes whole). (The old ``trigger_fraction`` of the
   window, 0.75, stays as the ``-scaled`` extra.)
 * **What: the recipe "Compaction that keeps recent turns".** The client picks the cut: everything
-  but the newest ``keep_tokens`` (50k, cachecompact's configured recent budget) and at least the
+  but the newest ``keep_tokens`` (50k, cachecompact's configured recent budget, at most a quarter
+  of the window, so a small one still leaves room to grow between compactions) and at least the
   newest ``keep_rounds`` (2) rounds, cut where a round starts (an assistant turn after a user
   message), so the kept turns follow the summarized messages directly with a change of role, and
   the compaction request never ends in an unanswered tool call. The kept turns go verbatim,
@@ -108,10 +110,11 @@ class OnDemandStrategy:
         if len(starts) <= self.cfg.keep_rounds:
             return None
         cands = starts[:len(starts) - self.cfg.keep_rounds + 1]
+        keep = min(self.cfg.keep_tokens, self.ctx.window_tokens // 4)  # a small window must leave room to grow
         kept = 0
         for k in range(len(messages) - 1, cands[0] - 1, -1):
             kept += len(canonical_bytes(messages[k])) // 4
-            if kept >= self.cfg.keep_tokens and k in cands:
+            if kept >= keep and k in cands:
                 return k
         return None  # nothing older than what it keeps: no compaction yet
 
@@ -131,7 +134,9 @@ class OnDemandStrategy:
         for _ in range(3):  # C depends on T through the compaction request's read: a few rounds settle it
             cycle = after * (w - r) + t * r + self.summary_tokens * o
             t = after + int(math.sqrt(2 * g * cycle / max(r, 1e-9)))
-        return max(after + g, min(limit - g, t))
+        # the request that starts it goes whole (the background recipe): it must fit after the largest turn seen
+        room = max(growth) if growth else g
+        return max(after + g, min(limit - room, t))
 
     def shape(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
