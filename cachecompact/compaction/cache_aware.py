@@ -266,7 +266,7 @@ class CacheAwareCompactor:
         s = self.session
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
-        window = self.cfg.window_tokens or self.ctx.window_tokens
+        window = self.ctx.window_tokens  # the one window the engine resolved (EngineOptions.window), or the bench's
         price = priced(model, self.ctx.prices)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)

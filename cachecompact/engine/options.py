@@ -93,7 +93,12 @@ class EngineOptions:
         if r is not None and c is not None:
             raise ConfigError("give recent_tokens (a fixed recent budget) or lookback_coverage (a budget learnt from "
                               "the agent's look-backs), not both")
-        self.strategy_config()  # an unknown strategy, or a knob its strategy does not have, fails now
+        # an unknown strategy, or a knob its strategy does not have, fails now; and the window has one home
+        pol = getattr(self.strategy_config(), "policy", None)
+        pw = pol.window_tokens if isinstance(pol, PolicyConfig) else None
+        if w is not None and pw is not None and w != pw:
+            raise ConfigError(f"window_tokens={w} and the policy's window_tokens={pw} (config=PolicyConfig(...) or "
+                              "the strategy's own policy) disagree; give the window once, as window_tokens=")
 
     @classmethod
     def of(cls, options: EngineOptions | None, settings: Mapping[str, Any]) -> EngineOptions:
@@ -108,6 +113,17 @@ class EngineOptions:
         if unknown:
             raise ConfigError(f"unknown setting {unknown[0]!r}; the engine's settings are: {', '.join(sorted(known))}")
         return cls(**settings)
+
+    def window(self) -> int | None:
+        """The one window every part plans against (issue 49: the engine and the compactor read
+        two settings in opposite order, and a 30k ``window_tokens`` under a 100k policy sent
+        68,682-token prompts): ``window_tokens``, else the policy's (``config``, or the strategy
+        config's own); None: each request's model's own window. Two that differ are refused
+        when the options are made."""
+        if self.window_tokens is not None:
+            return self.window_tokens
+        pol = getattr(self.strategy_config(), "policy", None)
+        return pol.window_tokens if isinstance(pol, PolicyConfig) else None
 
     @property
     def hooks(self) -> list[Callable[[Event], None]]:

@@ -118,7 +118,7 @@ class CompactionEngine:
         opts = self.options = EngineOptions.of(options, settings)
         self.strategy_config: StrategyConfig = opts.strategy_config()
         self.config = opts.config or PolicyConfig()
-        self.window_tokens = opts.window_tokens or self.config.window_tokens
+        self.window_tokens = opts.window()  # one home: EngineOptions.window
         self.store: Store | None = open_writable_store(store)
         self.session_id = opts.session_id
         self._summarizer = summarizer

@@ -11,6 +11,7 @@ import pytest
 from cachecompact import CompactionMiddleware, EngineOptions, wrap
 from cachecompact.adapters.proxy import ProxyConfig, make_app
 from cachecompact.base.errors import CacheCompactError, ConfigError, PolicyConfigError, UnknownStrategyError
+from cachecompact.compaction.catalog import CachecompactConfig
 from cachecompact.compaction.peers.openhands import OpenHandsCondenser, OpenHandsConfig
 from cachecompact.compaction.policy import PolicyConfig
 from cachecompact.compaction.strategy import Strategy, StrategyContext
@@ -30,6 +31,11 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"lookback_coverage": 0.9, "recent_tokens": 10}, ConfigError, "not both"),
     ({"strategy": "openhands", "lookback_coverage": 0.9}, ConfigError, "has no such policy"),
     ({"session_id": "../x"}, CacheCompactError, "session_id"),
+    # issue 49: one window, one home; two that differ are refused naming both
+    ({"window_tokens": 30_000, "config": PolicyConfig(window_tokens=100_000)}, ConfigError,
+     "window_tokens=30000 and the policy's window_tokens=100000"),
+    ({"window_tokens": 30_000, "strategy": CachecompactConfig(policy=PolicyConfig(window_tokens=90_000))},
+     ConfigError, "window_tokens=30000 and the policy's window_tokens=90000"),
 ]
 
 
@@ -145,3 +151,34 @@ def _cache_controls(x: Any) -> list[dict[str, Any]]:
     if isinstance(x, list):
         return [c for v in x for c in _cache_controls(v)]
     return []
+
+
+@pytest.mark.parametrize("given", [{"window_tokens": 30_000}, {"config": PolicyConfig(window_tokens=30_000)},
+                                   {"window_tokens": 30_000, "config": PolicyConfig(window_tokens=30_000)}])
+def test_the_window_given_in_any_one_place_is_the_window_every_request_keeps(given: dict[str, Any]) -> None:
+    """Issue 49: wrap(window_tokens=30_000, config=PolicyConfig(window_tokens=100_000)) sent
+    prompts of 68,682 tokens to a 30k window (the engine read one setting, the compactor the
+    other). Now two that differ are refused (above), and one given anywhere is what every
+    request keeps under, through the real SDK against the emulator."""
+    from cachecompact.tools.emulator import Emulator, ScriptedResponder
+    from cachecompact.tools.emulator.responders import Reply
+
+    k = iter(range(1000))
+
+    def reply(body: dict[str, Any]) -> Reply:
+        n = next(k)
+        return Reply([{"type": "tool_use", "id": f"toolu_{n}", "name": "read", "input": {"path": f"f{n}.py"}}],
+                     "tool_use")
+
+    with Emulator(ScriptedResponder(reply)) as emu:
+        client = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None, **given)
+        assert EngineOptions(**given).window() == 30_000
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "read them all"}]
+        for _ in range(25):
+            r = client.messages.create(model="claude-sonnet-4-6", max_tokens=1000, messages=msgs)
+            use = next(b for b in r.content if b.type == "tool_use")
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": "x = compute(1)\n" * 600}]}]
+        sent = [r["total_input_tokens"] for r in emu.requests if r.get("status") == 200 and not r["internal"]]
+    assert len(sent) == 25 and max(sent) <= 30_000 - 1000
