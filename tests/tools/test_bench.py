@@ -462,3 +462,13 @@ def test_a_rerun_that_comes_back_hidden_is_a_loop() -> None:
     kinds = [r.content[0]["name"] for r in replies[:ATTEMPTS + 1]]
     assert kinds[:ATTEMPTS] == ["grep"] * ATTEMPTS and kinds[ATTEMPTS] == "edit_file"
     assert agent.reruns == ATTEMPTS and agent.loops >= ATTEMPTS - 1 and len(agent.lost) >= 1
+
+
+def test_the_verdict_quotes_strategy_names_so_none_is_not_no_peer() -> None:
+    """Issue 50: "Cheaper in adjusted cost alone: none (3 traces)" named the strategy `none` and
+    read as "no peer"."""
+    from cachecompact.tools.bench.bench_report import _names
+
+    assert _names(["none (3 traces)", "claude-code (5 traces)"]) == "'none' (3 traces), 'claude-code' (5 traces)"
+    assert _names(["openhands"]) == "'openhands'"
+    assert _names([]) == "no peer"

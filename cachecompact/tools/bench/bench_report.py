@@ -247,11 +247,20 @@ def _legend(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     return said if md else [textwrap.fill(x, WIDTH, break_on_hyphens=False) for x in said]
 
 
+def _names(items: list[str]) -> str:
+    """Strategy names, each quoted (its trace count after it, when given), or "no peer"."""
+    if not items:
+        return "no peer"
+    return ", ".join(f"'{n}'" + (f" {rest}" if rest else "") for n, _, rest in (x.partition(" ") for x in items))
+
+
 def _verdict(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     dom, cheaper = dominated_by(rows), cheaper_than_ours(rows)
+    # strategy names in quotes: "none" is also a strategy (issue 50: "Cheaper alone: none (3 traces)"
+    # read as "no peer" while it named the strategy `none`)
     text = (f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
-            f"(paired, over the traces both finished): {', '.join(dom) if dom else 'none'}. "
-            f"Cheaper in adjusted cost alone: {', '.join(cheaper) if cheaper else 'none'}.")
+            f"(paired, over the traces both finished): {_names(dom)}. "
+            f"Cheaper in adjusted cost alone: {_names(cheaper)}.")
     return [text if md else textwrap.fill(text, WIDTH), ""]
 
 
