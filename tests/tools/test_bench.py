@@ -467,8 +467,8 @@ def test_a_rerun_that_comes_back_hidden_is_a_loop() -> None:
 def test_the_verdict_quotes_strategy_names_so_none_is_not_no_peer() -> None:
     """Issue 50: "Cheaper in adjusted cost alone: none (3 traces)" named the strategy `none` and
     read as "no peer"."""
-    from cachecompact.tools.bench.bench_report import _names
+    from cachecompact.tools.bench.bench_report import _quoted
 
-    assert _names(["none (3 traces)", "claude-code (5 traces)"]) == "'none' (3 traces), 'claude-code' (5 traces)"
-    assert _names(["openhands"]) == "'openhands'"
-    assert _names([]) == "no peer"
+    assert _quoted(["none (3 traces)", "claude-code (5 traces)"]) == "'none' (3 traces), 'claude-code' (5 traces)"
+    assert _quoted(["openhands"]) == "'openhands'"
+    assert _quoted([]) == "no peer"

@@ -247,7 +247,7 @@ def _legend(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     return said if md else [textwrap.fill(x, WIDTH, break_on_hyphens=False) for x in said]
 
 
-def _names(items: list[str]) -> str:
+def _quoted(items: list[str]) -> str:
     """Strategy names, each quoted (its trace count after it, when given), or "no peer"."""
     if not items:
         return "no peer"
@@ -259,8 +259,8 @@ def _verdict(rows: list[dict[str, Any]], md: bool = True) -> list[str]:
     # strategy names in quotes: "none" is also a strategy (issue 50: "Cheaper alone: none (3 traces)"
     # read as "no peer" while it named the strategy `none`)
     text = (f"Peers cheaper in adjusted cost *and* higher in evidence recall than cachecompact "
-            f"(paired, over the traces both finished): {_names(dom)}. "
-            f"Cheaper in adjusted cost alone: {_names(cheaper)}.")
+            f"(paired, over the traces both finished): {_quoted(dom)}. "
+            f"Cheaper in adjusted cost alone: {_quoted(cheaper)}.")
     return [text if md else textwrap.fill(text, WIDTH), ""]
 
 
