@@ -261,7 +261,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for s in res.skipped:
         print(f"skipped {s['file']}: {s['reason']}")
     print(text_report(res))
-    print("wrote " + ", ".join(str(f) for f in files))
+    plots = sum(1 for f in files if f.suffix == ".png")
+    print(f"wrote results.json, report.md and {plots} plots to {args.out}/")
     return 0
 
 

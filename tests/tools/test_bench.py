@@ -192,6 +192,11 @@ def test_bench_cli_end_to_end_and_bad_traces(tmp_path: Path, capsys: pytest.Capt
     assert len(table) >= 4 and max(map(len, table)) <= WIDTH
     assert printed.count(TRACE_LEGEND) >= 1 and len(TRACE_LEGEND) <= WIDTH
     assert "| vs oracle |" in report and "| peak tok |" in report and TRACE_LEGEND in report
+    # the last screen ends with the verdict and one short line of where the files went (issue 50)
+    last = printed.rstrip().splitlines()
+    assert last[-1] == f"wrote results.json, report.md and 2 plots to {out}/"
+    assert last[-3] == "verdict (adjusted cost, long traces):"
+    assert last[-2].startswith("window 60,000: cachecompact ") and "x 'none' at recall " in last[-2]
     # bad arguments are one-line errors before any work
     assert main(["bench", str(good), "--strategy", "magic", "--out", str(out)]) == 2
     assert main(["bench", str(good), "--window", "-5", "--out", str(out)]) == 2

@@ -16,6 +16,7 @@ from .harness import TraceResult
 from .run import BenchResult, window_label
 
 __all__ = ["LONG_TURNS", "TASKS_LEGEND", "TERMINAL_COLUMNS", "TRACE_LEGEND", "WIDTH", "aggregate", "cheaper_than_ours",
+           "closing_verdict",
            "dominated_by", "markdown", "publish", "replace_section", "task_rows", "text_report", "trace_sets",
            "write_outputs"]
 
@@ -309,13 +310,42 @@ def failed_runs(b: BenchResult) -> list[str]:
             for (window, trace, reason), strategies in groups.items()]
 
 
+def closing_verdict(b: BenchResult) -> list[str]:
+    """A few lines that end the terminal report (issue 50: its last screen was the failed runs
+    and a long list of files): per window, over the long traces, cachecompact against `none`
+    and against the peer that cost least next to it (paired over the traces both finished),
+    each at its evidence recall."""
+    if not b.results:
+        return []
+    long_only = any(t["turns"] >= LONG_TURNS for t in b.traces)
+    out = []
+    for w in b.windows:
+        rows = {r["strategy"]: r for r in aggregate(b, w, long_only)}
+        ours = rows.get(OURS)
+        if ours is None or not ours["completed"]:
+            continue
+        vs_none = ours["adjusted_vs_none"]
+        line = (f"window {window_label(w)}: cachecompact "
+                + (f"{vs_none:.2f}x 'none'" if vs_none is not None else "(no 'none' run to compare)")
+                + f" at recall {ours['evidence_recall']:.3f}, {ours['completed']}/{ours['traces']} finished")
+        peers = [r for n, r in rows.items() if n not in (OURS, "none") and not n.startswith(OURS)
+                 and r["adjusted_vs_ours"] is not None and r["paired_traces"]]
+        if peers:
+            best = min(peers, key=lambda r: r["adjusted_vs_ours"])
+            line += (f"; cheapest peer '{best['strategy']}' {best['adjusted_vs_ours']:.2f}x ours at recall "
+                     f"{best['paired_recall']:.3f} (ours {best['paired_recall_ours']:.3f}) over the "
+                     f"{best['paired_traces']} traces both finished")
+        out.append(textwrap.fill(line, WIDTH, subsequent_indent="    "))
+    return ["verdict (adjusted cost, long traces):", *out] if out else []
+
+
 def text_report(b: BenchResult) -> str:
     lines = _sections(b, md=False)
     failed = failed_runs(b)
     if failed:
         lines += [f"runs that did not finish ({len(failed)} groups; not in the sums, counted in 'done'):",
                   *(textwrap.fill(x, WIDTH, subsequent_indent="    ", break_on_hyphens=False) for x in failed), ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, *closing_verdict(b)])
 
 
 def markdown(b: BenchResult, command: str) -> str:
