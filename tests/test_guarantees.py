@@ -405,3 +405,15 @@ def test_the_constraints_file_pins_every_dependency_within_its_bounds() -> None:
     assert missing == [] and outside == []
     readme = (root / "README.md").read_text()
     assert "pip install -c constraints.txt -e '.[dev]'" in readme.split("```", 2)[1]  # the README's install uses it
+
+
+def test_the_readmes_test_command_says_why_each_test_skipped(tmp_path: Path) -> None:
+    """Issue 50: the README says each skip explains itself, and `python -m pytest -q` printed no
+    reason. The project's own settings (pyproject.toml, read from the root) now print them."""
+    root = PKG.parent
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("import pytest\n\ndef test_x() -> None:\n    pytest.skip('needs the probe part: install it')\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+                          "-c", str(root / "pyproject.toml"), str(probe)], capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert "needs the probe part: install it" in out.stdout, out.stdout
