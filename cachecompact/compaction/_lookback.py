@@ -244,10 +244,13 @@ class LookbackMeter:
         what the agent did needs no long run of samples; shrinking it below the configured one
         still waits for `budget` (issue 47: at a 120k window an agent lost every fact nine reads
         back until 72 look-backs had been seen)."""
-        q = self.reach(coverage)
+        if coverage <= 0 or not self._by_distance:
+            return None
+        n = len(self._by_distance)
+        q = self._by_distance[min(n - 1, math.ceil(coverage * n) - 1)]
         if q <= configured:
             return None
-        return min(cap, q)
+        return min(cap, int(q * 1.1))
 
     def reach(self, coverage: float) -> int:
         """How far back this agent has shown it looks: the ``coverage`` quantile of the distances

@@ -793,7 +793,7 @@ class CacheAwareCompactor:
         keep = int(lim.collapse_keep / cal)
         floor = self._lookback.reach(self._coverage_now) if lv.lookback_coverage > 0 else 0
         last = view.n - 1
-        tails = sorted({view.tokens_between(e + 1, last) for e in view.round_ends if e < last}, reverse=True)
+        tails = sorted({view.suffix_tokens(e + 1) for e in view.round_ends if e < last}, reverse=True)  # O(1) each
         for tail in tails:
             if tail >= keep:
                 continue
@@ -826,7 +826,15 @@ class CacheAwareCompactor:
         one with the largest margin re-writes least per turn (the 60k async agent kept four rounds
         of 8k files at each forced collapse, removing 5-10k, and collapsed again a turn later)."""
         plans = [*order, *(q for p in order for q in self._deeper_cuts(p, view, lim))]
-        return sorted(plans, key=lambda q: -self._payback_margin(q, view, lim, model))
+        ctr = self.session.counter
+        total = view.total_tokens
+
+        def over(q: Proposal) -> bool:  # still above critical: the window would force L5 after it
+            return ctr.calibrated(total - q.tokens_removed) > lim.critical
+
+        # a plan that gets under critical first, whatever its margin (a cheaper-looking one that does not
+        # would be followed by L5's cut, a second re-write)
+        return sorted(plans, key=lambda q: (over(q), -self._payback_margin(q, view, lim, model)))
 
     def _rewrite_from(self, break_at: int) -> int:
         """The first message an edit at ``break_at`` makes the next request write again: after the

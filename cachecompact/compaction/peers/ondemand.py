@@ -15,8 +15,9 @@ What this peer does: the two recipes the docs give, on the conversation's own mo
   every turn reads the context. Over a cycle from B tokens (after the swap) to T, growing g a
   turn, the cost per turn is about r (B + T) / 2 + g C / (T - B), least at
   T = B + sqrt(2 g C / r), with C = B (w - r) + T r + S o (S the summary's tokens, o the output
-  price). B, g and S come from the session itself (the last usage, the median growth of its
-  turns, the last block's size; 2,000 tokens before the first), the prices from the model's.
+  price). B, g and S come from the session itself (B: system, tools, the block and the turns
+  the cut keeps, at four bytes a token; g: the median growth of its turns by usage; S: the last
+  block's size, 2,000 tokens before the first), the prices from the model's.
   T is held below the window's usable limit less the largest turn seen (the request that starts
   a compaction in the background still goes whole). (The old ``trigger_fraction`` of the
   window, 0.75, stays as the ``-scaled`` extra.)
@@ -110,11 +111,12 @@ class OnDemandStrategy:
         if len(starts) <= self.cfg.keep_rounds:
             return None
         cands = starts[:len(starts) - self.cfg.keep_rounds + 1]
+        allowed = set(cands)
         keep = min(self.cfg.keep_tokens, self.ctx.window_tokens // 4)  # a small window must leave room to grow
         kept = 0
         for k in range(len(messages) - 1, cands[0] - 1, -1):
             kept += len(canonical_bytes(messages[k])) // 4
-            if kept >= keep and k in cands:
+            if kept >= keep and k in allowed:
                 return k
         return None  # nothing older than what it keeps: no compaction yet
 
@@ -150,8 +152,8 @@ class OnDemandStrategy:
         tokens = self.reported + max(0, size - self.reported_bytes) // 4 if self.reported else size // 4
         self.reported_bytes = size
         cut = self._cut(messages) if messages[-1].get("role") == "user" else None
-        if cut is not None:
-            kept = len(canonical_bytes(messages[cut:])) // 4
+        if cut is not None:  # what a swap leaves: system and tools, the block, the kept turns (at 4 bytes a token)
+            kept = len(canonical_bytes([body.get("system"), body.get("tools"), messages[cut:]])) // 4
             self.last_trigger = self.trigger(str(body.get("model")), kept, int(body.get("max_tokens") or 0))
             client = getattr(self.ctx.summarizer, "client", None)
             if tokens >= self.last_trigger and client is not None:
@@ -178,7 +180,7 @@ class OnDemandStrategy:
         found = next((b for b in blocks if b.get("type") == "compaction" and b.get("content")), None)
         if found is not None:
             self.ready = (found, cut)
-            self.summary_tokens = max(1, int(getattr(r.usage, "output_tokens", 0) or 0)) or self.summary_tokens
+            self.summary_tokens = int(getattr(r.usage, "output_tokens", 0) or 0) or self.summary_tokens
 
 
 @dataclass(frozen=True)

@@ -328,8 +328,10 @@ def closing_verdict(b: BenchResult) -> list[str]:
         line = (f"window {window_label(w)}: cachecompact "
                 + (f"{vs_none:.2f}x 'none'" if vs_none is not None else "(no 'none' run to compare)")
                 + f" at recall {ours['evidence_recall']:.3f}, {ours['completed']}/{ours['traces']} finished")
+        # a peer that finished fewer sessions than ours is not "cheapest": it is cheap where it did not fail
         peers = [r for n, r in rows.items() if n not in (OURS, "none") and not n.startswith(OURS)
-                 and r["adjusted_vs_ours"] is not None and r["paired_traces"]]
+                 and r["adjusted_vs_ours"] is not None and r["paired_traces"]
+                 and r["completed"] >= ours["completed"]]
         if peers:
             best = min(peers, key=lambda r: r["adjusted_vs_ours"])
             line += (f"; cheapest peer '{best['strategy']}' {best['adjusted_vs_ours']:.2f}x ours at recall "
