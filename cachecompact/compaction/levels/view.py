@@ -79,7 +79,7 @@ class View:
         last = self.n - 1
         k = 0
         for e in reversed([e for e in self.round_ends if e < last]):
-            if self.tokens_between(e + 1, last) > tokens:
+            if self.suffix_tokens(e + 1) > tokens:  # from e + 1 to the end, O(1): called once per deeper cut
                 break
             k += 1
         return k
