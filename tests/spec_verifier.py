@@ -102,7 +102,7 @@ LINK_KEYS = frozenset({"session", "reason", "at"})
 TRANSCRIPT_KEYS = frozenset({"c", "h", "i", "m"})
 LEDGER_KEYS = frozenset({"seq", "kind", "start", "end", "level", "reason", "created_at", "transcript_len",
                          "transcript_head", "tokens_before", "tokens_after", "prev_hash", "hash"})
-LEDGER_OPTIONAL = frozenset({"summary", "tool_use_id"})
+LEDGER_OPTIONAL = frozenset({"summary", "tool_use_id", "signature"})
 REQUEST_KEYS = frozenset({"seq", "prev_hash", "hash", "transcript_len", "transcript_head", "ledger_len",
                           "ledger_head", "meta", "breakpoints"})
 
@@ -141,6 +141,7 @@ class _Entry:
     summary: str | None
     clear: bool  # a clear in place: a skip whose messages all hold tool results
     transcript_len: int = 0  # the entry's commitment: rules 1 and 2 of *Thinking blocks*
+    signature: str | None = None  # a compaction entry's block signature
 
 
 def _contains(a: _Entry, b: _Entry) -> bool:
@@ -570,7 +571,7 @@ class _Renderer:
 
         out: dict[int, set[int]] = {}
         for e in entries:
-            if e.transcript_len <= e.start:
+            if e.transcript_len <= e.start or e.kind == "compaction":  # a compaction invalidates nothing
                 continue
             for i in range(e.start + 1, min(e.transcript_len, n)):  # rule 1
                 if isinstance(self.messages[i], dict) and self.messages[i].get("role") == "assistant":
@@ -615,6 +616,10 @@ class _Renderer:
                     "result shows what it did")
             return _block_digest({**block, "input": {"cachecompact": note}})
 
+        if whole is not None and whole.kind == "compaction":  # the API's block, alone in an assistant message
+            if i != whole.start:
+                return []
+            return [_block_digest({"type": "compaction", "content": whole.summary, "signature": whole.signature})]
         if whole is not None and whole.kind == "summary":
             if i != whole.start:
                 return []
@@ -841,8 +846,18 @@ def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], pre
         return None
     if prefix_end is None:
         problems.append(f"{w}: an edit while the immutable prefix is incomplete (prefix_end is null)")
+    elif kind == "compaction":  # the API's block comes first: it covers the prefix's messages
+        if start != 0 or (_is_int(prefix_end) and end < prefix_end - 1):
+            problems.append(f"{w}: a compaction entry must cover messages 0..{prefix_end - 1} at least")
+        if messages[end].get("role") != "user":
+            problems.append(f"{w}: a compaction entry must end on a user message")
+        if end + 1 < n and messages[end + 1].get("role") != "assistant":
+            problems.append(f"{w}: the message after a compaction entry must be an assistant message")
     elif _is_int(prefix_end) and start < prefix_end:  # anything else was reported with session.json
         problems.append(f"{w}: range {start}..{end} edits the immutable prefix (prefix_end {prefix_end})")
+    floor = max((e.end for e in earlier if e.kind == "compaction"), default=None)
+    if kind != "compaction" and floor is not None and start <= floor:
+        problems.append(f"{w}: range {start}..{end} starts inside the compaction of messages 0..{floor}")
     rng = messages[start:end + 1]
     if tool_use_id is not None:
         if start != end:
@@ -855,7 +870,8 @@ def _check_edit(w: str, line: int, rec: dict[str, Any], messages: list[Any], pre
         if _holds(rng[-1], "tool_use"):
             problems.append(f"{w}: range {start}..{end} splits a tool pair: message {end} holds tool calls")
     clear = tool_use_id is None and kind == "skip" and all(_holds(m, "tool_result") for m in rng)
-    entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear, n)
+    entry = _Entry(line, rec["seq"], kind, start, end, rec["level"], tool_use_id, rec.get("summary"), clear, n,
+                   rec.get("signature"))
     if kind == "skip" and tool_use_id is None and not clear and _first_shown(
             _effective([*earlier, entry]), messages, n) != "user":
         problems.append(f"{w}: with the edits in force, the request would not start with a user message")
@@ -877,8 +893,8 @@ def _first_shown(effective: list[_Entry], messages: list[Any], n: int) -> str | 
     for e in sorted((x for x in effective if x.tool_use_id is None), key=lambda x: x.start):
         if e.start > i:
             break
-        if e.kind == "summary":
-            return "user"
+        if e.kind in ("summary", "compaction"):
+            return "user"  # a summary is a user message; the API's block may open the request
         if e.clear:
             break
         i = e.end + 1
@@ -910,16 +926,23 @@ def _check_ledger(lines: list[bytes], chain: list[str], messages: list[Any], pre
                 p.append(f"{w}: {key} is not a non-negative integer")
                 well_formed = False
         kind = rec.get("kind")
-        if kind not in ("skip", "summary"):
-            p.append(f"{w}: kind is {kind!r}, not 'skip' or 'summary'")
+        if kind not in ("skip", "summary", "compaction"):
+            p.append(f"{w}: kind is {kind!r}, not 'skip', 'summary' or 'compaction'")
             well_formed = False
-        if kind == "summary" and not isinstance(rec.get("summary"), str):
-            p.append(f"{w}: a summary entry without a summary string")
+        if kind in ("summary", "compaction") and not isinstance(rec.get("summary"), str):
+            p.append(f"{w}: a {kind} entry without a summary string")
             well_formed = False
-        elif kind == "summary" and not rec["summary"].strip():
-            p.append(f"{w}: a summary entry needs a non-blank summary")
+        elif kind in ("summary", "compaction") and not rec["summary"].strip():
+            p.append(f"{w}: a {kind} entry needs a non-blank summary")
         if kind == "skip" and "summary" in rec:
             p.append(f"{w}: a skip entry with a summary")
+        if kind == "compaction" and not (isinstance(rec.get("signature"), str) and rec["signature"]):
+            p.append(f"{w}: a compaction entry needs the block's signature")
+            well_formed = False
+        if kind != "compaction" and "signature" in rec:
+            p.append(f"{w}: a {kind} entry with a signature")
+        if kind == "compaction" and "tool_use_id" in rec:
+            p.append(f"{w}: a compaction entry targets no tool call")
         if "tool_use_id" in rec and not (isinstance(rec["tool_use_id"], str) and rec["tool_use_id"]):
             p.append(f"{w}: tool_use_id is not a non-empty string")
             well_formed = False

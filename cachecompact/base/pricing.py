@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_PRICE_MODEL",
     "DEFAULT_SUMMARY_MODEL",
     "FAMILIES",
+    "ONDEMAND_COMPACTION_MODELS",
     "UNKNOWN_MODEL_WINDOW",
     "ModelInfo",
     "OwnPrices",
@@ -217,6 +218,15 @@ FAMILIES = {"sonnet": "claude-sonnet-5-5", "opus": "claude-opus-5-5", "haiku": "
 # 1M window takes any range, and it reads and writes at a tenth of Haiku 4.5's prices
 UNKNOWN_MODEL_WINDOW = 200_000  # assumed for a model of no known family: the smallest window of current models
 DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
+# On-demand compaction (the ``compaction`` parameter, beta compact-2026-09-04): the models the
+# compaction-thinking-blocks and compaction-on-demand pages list. Fable 5.2 and Mythos 5.2 are on
+# no list we can read (the pages may be stale; anthropic-cache-facts.md, addendum 2026-12-04) and
+# are taken as supported: a refusal makes the client summarize instead, so trying costs one 400.
+ONDEMAND_COMPACTION_MODELS = frozenset({
+    "claude-fable-5", "claude-fable-5-1", "claude-mythos-5", "claude-mythos-5-1", "claude-mythos-preview",
+    "claude-opus-5-5", "claude-opus-5", "claude-sonnet-5-5", "claude-sonnet-5", "claude-haiku-5-5",
+    "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-sonnet-4-6", "claude-fable-5-2",
+    "claude-mythos-5-2"})
 # The models with preserved thinking: they think adaptively by default and bind each thinking block to
 # everything before it (the prefix-checks page's supportedModels; docs/cache-model.md, *Preserved thinking*)
 PRESERVED_THINKING = frozenset({"claude-fable-5-2", "claude-mythos-5-2", "claude-fable-5-1", "claude-mythos-5-1",

@@ -204,6 +204,8 @@ def block_text(b: Block) -> tuple[str, int]:
         # a PDF page is ~1.5-3k tokens; decoded bytes / 100 is a coarse stand-in
         return "", (len(data) * 3 // 4) // 100 if isinstance(data, str) else IMAGE_TOKENS
     if isinstance(b, UnknownBlock):
+        if b.type == "compaction" and isinstance(b.raw.get("content"), str):
+            return b.raw["content"], 0  # the summary is what the model reads; the signature is not billed as text
         return canonical_bytes(b.raw).decode(), 0
     return "", 0
 

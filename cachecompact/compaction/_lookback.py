@@ -66,7 +66,7 @@ class InView:
         k = bisect_right(self._starts, message) - 1
         if k >= 0 and self.whole[k].start <= message <= self.whole[k].end:
             e = self.whole[k]
-            return e.kind == "summary" and line in (e.summary or "")
+            return e.kind in ("summary", "compaction") and line in (e.summary or "")  # ours, or the API's text
         t = self.targeted.get(message, {}).get(tool_use_id)
         return t is None or (t.kind == "summary" and line in (t.summary or ""))
 

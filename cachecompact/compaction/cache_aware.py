@@ -47,6 +47,7 @@ from ..base.wire import (
 )
 from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange
 from ..history.thinking import latest_tool_turn
+from ._api_summary import ApiRequest, api_range_end, usable
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from ._lookback import LookbackMeter
 from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
@@ -80,6 +81,7 @@ from .policy import (
 )
 from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import Plan, StrategyContext, summarize_range, summary_request
+from .summarize.api_compaction import OnDemandSummarizer
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -140,6 +142,11 @@ class CacheAwareCompactor:
         # the next request appends, and the request time of the quiet period it was made in
         self._idle: tuple[Proposal, list[SkipRange | ReplaceWithSummary], str] | None = None
         self._idle_at: float | None = None
+        # API-written summaries (`compaction._api_summary`): the one asked for and not yet swapped in, and
+        # whether the API refused them for this session (our own summaries from then on)
+        self._api_req: ApiRequest | None = None
+        self._api_refused = False
+        self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
 
     @property
     def _ttl_s(self) -> float:
@@ -389,8 +396,9 @@ class CacheAwareCompactor:
         return propose_truncate(view, target_tokens=target_raw)
 
     def _guard(self, p: Proposal) -> Proposal:
-        """The one check every proposal passes: nothing may touch the immutable prefix."""
-        pe = self.session.prefix_end
+        """The one check every proposal passes: nothing may touch the immutable prefix (nor what
+        an API-written summary stands for: its block opens the request)."""
+        pe = self.session.edit_floor
         if pe is None:
             return Proposal(p.level, p.reason)
         bad = [e for e in p.edits if e.start < pe]
@@ -447,6 +455,10 @@ class CacheAwareCompactor:
             s.stable_before = None  # also one restored from requests recorded with the mark on
         if s.prefix_end is None or not len(s):
             return report
+        self._request = (max_tokens, dict(params or {}))
+        if self._api_req is not None:
+            req, self._api_req = self._api_req, None
+            self._swap_api(req, report)
         if self._idle is not None:
             self._append_idle(report)
         lim = self._limits(max_tokens, model)
@@ -633,7 +645,9 @@ class CacheAwareCompactor:
             order = paying or self._least_thrash(order, view, lim, model)  # the window forces it
         loop = self._mid_tool_loop_thinking()
         for p in order:
-            if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop:
+            api_end = self._api_end(p, model)
+            if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop \
+                    and api_end is None:  # an API-written summary keeps that thinking valid
                 # the turn whose tool calls this request answers thinks: an edit before it invalidates that
                 # thinking, which may not be removed (the API would drop it). Wait for a turn where it can be.
                 self._pending = p.level
@@ -650,7 +664,7 @@ class CacheAwareCompactor:
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
                                  steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m",
-                                 reasoning_tokens=self._reasoning_lost(p.break_at))
+                                 reasoning_tokens=0 if api_end is not None else self._reasoning_lost(p.break_at))
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
@@ -662,6 +676,10 @@ class CacheAwareCompactor:
                                                     tokens_before=tokens, tokens_after=tokens,
                                                     detail={"net_usd": econ.net}))
                     return tokens
+            if api_end is not None:
+                done = self._ask_api(p, api_end, trig, cold, tokens, lim, report, model)
+                if done is not None:
+                    return done  # else no call could be made: our own summary
             t0 = time.perf_counter()
             try:
                 entries, cost = self._apply(p, cold, body)
@@ -691,6 +709,86 @@ class CacheAwareCompactor:
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
             return after
         return tokens
+
+    # -- API-written summaries (`compaction._api_summary`) ---------------------------------------
+
+    def _api_end(self, p: Proposal, model: str) -> int | None:
+        """The last message an API-written summary in place of ``p`` covers (from message 0), or
+        None when ours is made instead: not a summary level, the model or summarizer cannot, the
+        API refused before, or the kept turns would not start with a change of role."""
+        if p.summarize is None or p.level not in ("L3", "L4") or self._api_refused \
+                or not usable(self.summarizer, model, self.cfg.levels.api_summaries):
+            return None
+        return api_range_end(self.session.transcript, p.summarize[1])
+
+    def _ask_api(self, p: Proposal, end: int, trig: Trigger, cold: bool, tokens: int, lim: Limits,
+                 report: Plan, model: str) -> int | None:
+        """Ask the API to summarize messages 0..end: in the background (swapped in on the next
+        request) unless the window forces it now or the cache is cold; the tokens after, or None
+        when no call could be bound (no client, no credential)."""
+        req = self._api_request(p.level, f"{trig.reason}: {p.reason}", end, model, tokens)
+        if req is None:
+            return None
+        self._pending = None
+        if trig.forced or cold or tokens >= lim.hard:
+            return self._swap_api(req, report)
+        self._api_req = req
+        report.events.append(self._emit(
+            "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
+            reason=f"{req.reason}; the API writes the summary of messages 0..{end} in the background, swapped in "
+                   "on the next request (this one goes whole)", detail={"writer": "api", "covers": [0, end]}))
+        return tokens
+
+    def _api_request(self, level: Level, reason: str, end: int, model: str, tokens: int) -> ApiRequest | None:
+        """The compaction request for messages 0..end, its call bound in this thread (the proxy's
+        caller key is here); None when the summarizer cannot make one (no client, no key)."""
+        call = self.summarizer.ondemand() if isinstance(self.summarizer, OnDemandSummarizer) else None
+        if call is None:
+            return None
+        max_tokens, params = self._request
+        body = self.session.render(transcript_len=end + 1, **{**params, "model": model,
+                                                              "max_tokens": max_tokens or 4096}).body
+        return ApiRequest(level, reason, end, body, call, tokens)
+
+    def _api_failed(self, err: BaseException) -> None:
+        """A refusal (not a 429 or 5xx, which may pass) turns API summaries off for the session."""
+        if getattr(err, "status_code", None) not in (429, 500, 502, 503, 529):
+            self._api_refused = True
+
+    def _swap_api(self, req: ApiRequest, report: Plan) -> int:
+        """Put the API's block in place of messages 0..req.end; the tokens after. A failure is
+        counted as a failed summary, and one the API refused (not a transient 529) turns them off
+        for the session: the policy's own summaries stand from then on."""
+        s = self.session
+        before = self._now_tokens()
+        t0 = time.perf_counter()
+        try:
+            res = req.result(self._now)
+        except Exception as err:  # the SDK's errors, a refused answer (SummaryRejected)
+            cost = getattr(err, "cost_usd", 0.0)
+            self.summary_cost += cost
+            self._api_failed(err)
+            self._fail(req.level, f"API-written summary: {type(err).__name__}: {str(err)[:300]}", before, cost,
+                       report)
+            return before
+        self.summary_cost += res.cost_usd
+        try:
+            entry = s.stage(req.edit(res), level=req.level)
+        except InvalidEditError as err:  # the history changed under it (an L5 cut since): dropped, not retried
+            self._planning_bug(req.level, f"the ledger refused the API-written summary: {err}")
+            return before
+        after = self._now_tokens()
+        report.entries.append(entry)
+        self.failures = 0
+        s.stable_before = None  # a summary starts at the first message: the next one re-writes from there anyway
+        self.last_compact_step = self.steps
+        report.events.append(self._emit(
+            "compaction", level=req.level, reason=f"{req.reason}; written by the API (on-demand compaction): "
+                                                  "the kept turns' thinking stays valid",
+            tokens_before=before, tokens_after=after, cost_usd=res.cost_usd,
+            duration_s=time.perf_counter() - t0, entries=[entry.seq],
+            detail={"writer": "api", "covers": [0, req.end], "decided_at_tokens": req.tokens}))
+        return after
 
     def _loop_ahead(self, tokens: int) -> int | None:
         """At a person's turn of a session whose turns think (preserved thinking), the tokens the tool
@@ -840,7 +938,7 @@ class CacheAwareCompactor:
         """The first message an edit at ``break_at`` makes the next request write again: after the
         marked compacted part if the edit starts behind it (that entry is still read), else
         after the immutable prefix (the only other entry before the edit that a read reaches)."""
-        pe, mark = self.session.prefix_end or 0, self.session.stable_before
+        pe, mark = self.session.edit_floor or 0, self.session.stable_before
         return mark if mark is not None and pe <= mark <= break_at else pe
 
     def _mark_compacted(self, p: Proposal) -> None:
@@ -981,6 +1079,9 @@ class CacheAwareCompactor:
         assert p.break_at is not None
         reuse = body if self._wants_body() else None
         warm = cold = 0.0
+        # our own summary, even where the API could write it: its compaction request ends at the range's end,
+        # where no cache entry is warm this late in a quiet period (only the last request's are), so it would
+        # pay the range cold, and the idle summary exists to be made warm (docs/policy.md)
         if p.summarize is not None:
             req = summary_request(s, *p.summarize, body=reuse, cache_warm=True, at=now)
             try:
@@ -991,16 +1092,21 @@ class CacheAwareCompactor:
                 return no(f"cannot price the summary: {err}")
         early = economics(self.cfg, price, removed=p.tokens_removed,
                           suffix=view.suffix_tokens(self._rewrite_from(p.break_at)), steps=self.steps, cold=False,
-                          summary_cost=warm, ttl=self.ttl or "5m", reasoning_tokens=self._reasoning_lost(p.break_at))
+                          summary_cost=warm, ttl=self.ttl or "5m",
+                          reasoning_tokens=self._reasoning_lost(p.break_at))
         p_late = late_chance(quiet, ttl, from_gaps=self.gaps.returns_after(quiet, ttl), away_s=away_s)
         value = idle_value(p_late, summary_cold=cold, summary_warm=warm, early=early)
         after = max(0, tokens - s.counter.calibrated(p.tokens_removed))
         priced_kw: dict[str, Any] = {"level": p.level, "p_late": round(p_late, 4), "value_usd": round(value, 6),
                                      "summary_warm_usd": round(warm, 6), "summary_cold_usd": round(cold, 6),
                                      "early_net_usd": round(early.net, 6), "tokens_before": tokens}
+        # the early-return term as it is added: an edit's gain never counts (`compaction.idle`), so a positive
+        # net shows as what it adds, 0, with the net beside it
+        counted = min(0.0, early.net)
         sums = (f"chance of a return after the {ttl / 60:.0f}-minute cache {p_late:.2f} x (summary cold "
                 f"${cold:.4f} - warm ${warm:.4f}) + {1 - p_late:.2f} x the edit on an early return "
-                f"${early.net:+.4f} = ${value:+.4f}")
+                f"${counted:+.4f}" + (f" (its net ${early.net:+.4f} is a gain, counted as 0)" if early.net > 0 else "")
+                + f" = ${value:+.4f}")
         if value <= 0:
             return no(f"does not pay: {sums}", tokens_after=tokens, **priced_kw)
         try:
@@ -1058,8 +1164,11 @@ class CacheAwareCompactor:
     # -- after the call, and prompt-too-long -------------------------------------------------------
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
-        """Record the request time (for TTL reasoning) and calibrate token estimates."""
+        """Record the request time (for TTL reasoning) and calibrate token estimates; start an
+        API-written summary asked for on this request (the agent now runs its tools)."""
         self.last_request_at = now
+        if self._api_req is not None:
+            self._api_req.send(now)
         if usage and self._producing is not None:
             self._thought[self._producing] = int(usage.get("output_tokens") or 0)
         if usage:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..base.errors import UnknownStrategyError
 from ._default import CachecompactConfig
-from .policy import Economics, PolicyConfig
+from .policy import Economics, LevelSettings, PolicyConfig
 from .strategy import (
     LedgerStrategy,
     Plan,
@@ -80,7 +80,11 @@ _REGISTRY: dict[str, Any] = {
     "cachecompact-no-econ": CachecompactConfig(policy=PolicyConfig(economics=Economics(cache_aware=False))),
     **dict.fromkeys(_PEERS),  # None until first asked for
     **dict.fromkeys(_EXTRAS),
+    # an extra: our own summaries everywhere, the thinking after them removed (the trade API-written
+    # summaries make: docs/policy.md, *API-written summaries*)
+    "cachecompact-own-summaries": CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(api_summaries=False))),
 }
+_EXTRA_NAMES = frozenset({*_EXTRAS, "cachecompact-own-summaries"})
 _ALIASES = {"default": "cachecompact"}
 
 
@@ -113,7 +117,7 @@ def get_strategy(name: str) -> StrategyConfig:
 
 def strategy_names(extras: bool = False) -> list[str]:
     """The registered names a default run uses; with ``extras``, the named sweep variants too."""
-    return [n for n in _REGISTRY if extras or n not in _EXTRAS]
+    return [n for n in _REGISTRY if extras or n not in _EXTRA_NAMES]
 
 
 def with_ttl(config: StrategyConfig, ttl: str, name: str = "") -> StrategyConfig:

@@ -122,6 +122,10 @@ class LevelSettings:
     write_tools: frozenset[str] = DEFAULT_WRITE_TOOLS
     exempt_tools: frozenset[str] = frozenset()
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
+    # L3/L4 summaries written by the API (on-demand compaction) where the model supports it and the
+    # summarizer has a client: the kept turns' thinking stays valid (docs/policy.md, "API-written
+    # summaries"); False: always our own summary, with the thinking after it removed
+    api_summaries: bool = True
 
     def __post_init__(self) -> None:
         for name in ("keep_recent_results", "keep_rounds_l3", "keep_rounds_l4", "preview_chars", "summary_tokens",

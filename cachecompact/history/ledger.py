@@ -1,6 +1,8 @@
 """Compaction as data: an append-only, sha256-chained ledger of edits over the transcript.
 
-Two edit kinds act on inclusive message ranges. Rules (checked by `check_edit`):
+Three edit kinds act on inclusive message ranges: `SkipRange` and `ReplaceWithSummary`, which
+cachecompact writes, and `ApiCompaction`, a summary the API wrote (on-demand compaction: a signed
+``compaction`` block). Rules (checked by `check_edit`):
 
 * the range lies inside the transcript and after the immutable prefix;
 * a `SkipRange` whose messages are all tool-result messages clears those results in place
@@ -17,6 +19,15 @@ Two edit kinds act on inclusive message ranges. Rules (checked by `check_edit`):
   shows the summary in its place).
   Edits on different results of one message do not overlap; a whole-message edit over the
   message contains them.
+* an `ApiCompaction` starts at message 0 and covers the immutable prefix's messages: the API
+  requires its block first in ``messages`` (build-with-claude/compaction-on-demand: "Send it
+  first in `messages`, in place of the messages it summarizes"; summarized messages left in
+  front of it are ``compaction_block_misplaced``). It is the one edit that may stand for the
+  first turns; ``system`` and ``tools`` stay byte-identical (docs/ledger-format.md, *API-written
+  summaries*). It ends on a user message and, when messages follow, the first of them is an
+  assistant message: "the first kept message differs in role from the last summarized one and
+  is not a mid-conversation system message" (build-with-claude/compaction-thinking-blocks), the
+  condition under which the kept turns' thinking stays valid. Every other edit starts after it.
 """
 
 from __future__ import annotations
@@ -36,12 +47,14 @@ __all__ = [
     "GENESIS_HASH",
     "GIVEN_BACK_LEVEL",
     "LEVELS",
+    "ApiCompaction",
     "Edit",
     "Ledger",
     "LedgerEntry",
     "ReplaceWithSummary",
     "SkipRange",
     "check_edit",
+    "compaction_end",
     "entry_hash",
     "overlaps",
     "split_effective",
@@ -51,7 +64,7 @@ __all__ = [
 GENESIS_HASH = "0" * 64
 GIVEN_BACK_LEVEL: Final = "restore"  # an edit that adds hidden lines back to a new result (`compaction.restore`)
 LEVELS = ("L1", "L2", "L3", "L4", "L5", GIVEN_BACK_LEVEL, "manual")
-Kind = Literal["skip", "summary"]
+Kind = Literal["skip", "summary", "compaction"]
 
 
 class SkipRange(msgspec.Struct, frozen=True):
@@ -79,7 +92,20 @@ class ReplaceWithSummary(msgspec.Struct, frozen=True):
     tool_use_id: str | None = None
 
 
-Edit = SkipRange | ReplaceWithSummary
+class ApiCompaction(msgspec.Struct, frozen=True):
+    """Show the API's signed ``compaction`` block, as an assistant message of its own, in place
+    of messages 0..end (inclusive). ``content`` and ``signature`` are the block as the API
+    returned it, byte for byte: a changed signature or content is a 400."""
+
+    start: int
+    end: int
+    content: str
+    signature: str
+    reason: str = ""
+    tool_use_id: None = None
+
+
+Edit = SkipRange | ReplaceWithSummary | ApiCompaction
 
 
 class LedgerEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -100,9 +126,12 @@ class LedgerEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     hash: str = ""
     summary: str | None = None
     tool_use_id: str | None = None
+    signature: str | None = None  # an API-written summary's signature (kind "compaction"; summary: its content)
 
     @property
     def edit(self) -> Edit:
+        if self.kind == "compaction":
+            return ApiCompaction(self.start, self.end, self.summary or "", self.signature or "", self.reason)
         if self.kind == "summary":
             return ReplaceWithSummary(self.start, self.end, self.summary or "", self.reason, self.tool_use_id)
         return SkipRange(self.start, self.end, self.reason, self.tool_use_id)
@@ -166,11 +195,17 @@ def check_edit(
         raise InvalidEditError(f"edit range {s}..{e} ends past the transcript (length {n})")
     if prefix_end is None:
         raise EditTouchesPrefixError("the immutable prefix is not complete yet; nothing can be edited")
-    if s < prefix_end:
+    if isinstance(edit, ApiCompaction):
+        _check_api_compaction(edit, t, prefix_end, n)
+    elif s < prefix_end:
         raise EditTouchesPrefixError(
             f"edit range {s}..{e} touches the immutable prefix (messages 0..{prefix_end - 1})")
     if isinstance(edit, ReplaceWithSummary) and not edit.summary.strip():
         raise InvalidEditError("a summary edit needs a non-empty summary")
+    floor = compaction_end(earlier)
+    if not isinstance(edit, ApiCompaction) and floor is not None and s <= floor:
+        raise EditTouchesPrefixError(f"edit range {s}..{e} starts inside the API-written summary of messages "
+                                     f"0..{floor} (ledger); start after message {floor}")
     if edit.tool_use_id is not None:
         if s != e:
             raise InvalidEditError(f"an edit of tool call {str(edit.tool_use_id)[:80]!r} must cover exactly one "
@@ -198,6 +233,33 @@ def check_edit(
         raise InvalidEditError("skipping the start of the conversation must leave a user message first")
 
 
+def _check_api_compaction(edit: ApiCompaction, t: Transcript, prefix_end: int, n: int) -> None:
+    """An API-written summary's own rules (see the module docstring)."""
+    s, e = edit.start, edit.end
+    if s != 0:
+        raise InvalidEditError(f"an API-written summary must start at message 0 (the API wants its block first), "
+                               f"not {s}")
+    if e < prefix_end - 1:
+        raise InvalidEditError(f"an API-written summary of messages 0..{e} must cover the immutable prefix's "
+                               f"messages (0..{prefix_end - 1})")
+    if not isinstance(edit.content, str) or not edit.content.strip() or not isinstance(edit.signature, str) \
+            or not edit.signature:
+        raise InvalidEditError("an API-written summary needs the block's content and signature as returned")
+    if t[e].role != "user":
+        raise InvalidEditError(f"an API-written summary must end on a user message; message {e} is "
+                               f"{t[e].role!r}")
+    if e + 1 < n and t[e + 1].role != "assistant":
+        raise InvalidEditError(f"the message kept after an API-written summary must be an assistant turn (a change "
+                               f"of role keeps its thinking valid); message {e + 1} is {t[e + 1].role!r}")
+
+
+def compaction_end(entries: Sequence[LedgerEntry]) -> int | None:
+    """The last message the newest API-written summary stands for (None without one): every
+    later edit starts after it, and the next API-written summary contains it."""
+    ends = [x.end for x in entries if x.kind == "compaction"]
+    return max(ends) if ends else None
+
+
 def _first_shown(edit: SkipRange, t: Transcript, n: int, earlier: Sequence[LedgerEntry]) -> str | None:
     """The role of the first message the request shows once ``edit`` is in force after
     ``earlier`` ("user" for a summary, which renders as a user message); None when nothing is
@@ -213,8 +275,9 @@ def _first_shown(edit: SkipRange, t: Transcript, n: int, earlier: Sequence[Ledge
     for x in whole:
         if x.start > i:
             break
-        if isinstance(x, ReplaceWithSummary) or (isinstance(x, LedgerEntry) and x.kind == "summary"):
-            return "user"
+        if isinstance(x, (ReplaceWithSummary, ApiCompaction)) or (
+                isinstance(x, LedgerEntry) and x.kind in ("summary", "compaction")):
+            return "user"  # a summary renders as a user message; the API's block may open the messages
         if not _is_clear_in_place(x.edit if isinstance(x, LedgerEntry) else x, t):
             i = x.end + 1
         else:
@@ -275,7 +338,8 @@ class Ledger:
             raise InvalidEditError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
         body = LedgerEntry(
             seq=len(self.entries),
-            kind="summary" if isinstance(edit, ReplaceWithSummary) else "skip",
+            kind=("summary" if isinstance(edit, ReplaceWithSummary) else
+                  "compaction" if isinstance(edit, ApiCompaction) else "skip"),
             start=edit.start,
             end=edit.end,
             level=level,
@@ -286,8 +350,10 @@ class Ledger:
             tokens_after=tokens_after,
             prev_hash=self.head_hash,
             transcript_head=transcript_head,
-            summary=edit.summary if isinstance(edit, ReplaceWithSummary) else None,
+            summary=(edit.summary if isinstance(edit, ReplaceWithSummary) else
+                     edit.content if isinstance(edit, ApiCompaction) else None),
             tool_use_id=edit.tool_use_id,
+            signature=edit.signature if isinstance(edit, ApiCompaction) else None,
         )
         return msgspec.structs.replace(body, hash=entry_hash(body))
 

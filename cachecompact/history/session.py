@@ -48,7 +48,18 @@ from ..store import (
 )
 from ..store.contract import BODY_REF_RE, REF_PATTERN, REF_RE, blob_matches
 from ..store.records import GENESIS, record_hash, seal
-from .ledger import GENESIS_HASH, Edit, Ledger, LedgerEntry, ReplaceWithSummary, SkipRange, check_edit, entry_hash
+from .ledger import (
+    GENESIS_HASH,
+    ApiCompaction,
+    Edit,
+    Ledger,
+    LedgerEntry,
+    ReplaceWithSummary,
+    SkipRange,
+    check_edit,
+    compaction_end,
+    entry_hash,
+)
 from .render import Renderer, RenderResult
 from .transcript import MessageRecord, Transcript, immutable_prefix_end
 
@@ -283,6 +294,17 @@ class Session:
     def prefix_end(self) -> int | None:
         """Index of the first editable message, or None while the prefix is still forming."""
         return immutable_prefix_end(self.transcript, self.prefix_messages)
+
+    @property
+    def edit_floor(self) -> int | None:
+        """The first message an edit other than an API-written summary may start at: after the
+        immutable prefix, and after the messages the newest API-written summary stands for (its
+        block opens the request; history/ledger.py). None while the prefix is still forming."""
+        pe = self.prefix_end
+        if pe is None:
+            return None
+        end = compaction_end(self.ledger.entries)
+        return pe if end is None else max(pe, end + 1)
 
     @property
     def prefix_hash(self) -> str | None:
@@ -558,8 +580,9 @@ class Session:
 
     @staticmethod
     def _check_edit_type(edit: Edit) -> None:
-        if not isinstance(edit, (SkipRange, ReplaceWithSummary)):
-            raise InvalidEditError(f"expected SkipRange or ReplaceWithSummary, got {type(edit).__name__}")
+        if not isinstance(edit, (SkipRange, ReplaceWithSummary, ApiCompaction)):
+            raise InvalidEditError(f"expected SkipRange, ReplaceWithSummary or ApiCompaction, got "
+                                   f"{type(edit).__name__}")
 
     def _entry(self, edit: Edit, level: str, created_at: str | None) -> LedgerEntry:
         """The ledger entry ``edit`` makes now, checked against the history and the ledger,

@@ -19,6 +19,9 @@ ledger edit changes what a later request shows before the blocks that follow it,
   is a gap"): a block is invalidated only by an edit before it, and that edit invalidates every
   block between it and the edit's request too, while a block produced after an edit was made after
   the blocks the edit invalidated were already gone, so it follows the last block that stays.
+* **API-written summaries.** An `ApiCompaction` entry invalidates nothing: the docs' other
+  option for code that edits history is to "let the API write the summary", after which the
+  kept turns' thinking stays valid (build-with-claude/compaction-thinking-blocks).
 * **The one exception: a tool loop's latest assistant turn.** "With tool use, every `thinking` and
   `redacted_thinking` block from the assistant turn must be passed back exactly as received": when
   an edit is made on the request that answers a tool call, the calling turn's thinking is
@@ -43,9 +46,10 @@ from ..base.wire import RedactedThinkingBlock, ThinkingBlock, ToolUseBlock, cont
 from .ledger import LedgerEntry
 from .transcript import Transcript
 
-__all__ = ["BINDING_BETA", "DROP_BLOCK", "ThinkingPlan", "plan_thinking"]
+__all__ = ["BINDING_BETA", "COMPACTION_BETA", "DROP_BLOCK", "ThinkingPlan", "plan_thinking"]
 
 BINDING_BETA = "thinking-binding-controls-2026-08-01"
+COMPACTION_BETA = "compact-2026-09-04"  # on-demand compaction (build-with-claude/compaction-on-demand)
 DROP_BLOCK = {"prefix_mismatch_behavior": "drop_block"}
 
 
@@ -93,7 +97,11 @@ def latest_tool_turn(t: Transcript, n: int, left_out: Callable[[int], bool] = la
 def plan_thinking(t: Transcript, entries: Sequence[LedgerEntry], n: int) -> ThinkingPlan:
     """The thinking plan of a request rendered from the first ``n`` messages under ``entries``
     (see the module docstring)."""
-    late = [e for e in entries if e.transcript_len > e.start]
+    # an API-written summary invalidates nothing after it: "the check accepts the swap when the API
+    # wrote the summary", so the kept turns' thinking stays valid (build-with-claude/compaction-thinking-
+    # blocks; the entry's rules in history/ledger.py keep its three conditions). Edits it contains still
+    # count: a kept turn produced before one of them was bound to messages the block no longer matches.
+    late = [e for e in entries if e.transcript_len > e.start and e.kind != "compaction"]
     if not late:
         return ThinkingPlan({})
     # messages strictly after an entry's start and before the request it was made for: every thinking

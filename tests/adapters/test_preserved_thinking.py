@@ -6,6 +6,10 @@ between a person's turns long enough to compact several times, in the four clien
 emulator checks every thinking block it is sent against the documented prefix check
 (`cachecompact.tools.emulator._binding`), and the test reads its verdicts, not the product's own
 accounting: no refusal, no block dropped, and compaction really happened.
+
+Every model here supports on-demand compaction, so by default the API writes the summaries and
+the kept turns' thinking stays valid (issue 48): nothing is left out. With ``api_summaries``
+off, our own summaries remove the thinking after them, and the report says so.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 import cachecompact
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.pricing import PRESERVED_THINKING
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig
 from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
 from cachecompact.tools.session_report import session_report
@@ -90,7 +95,17 @@ def _verdict(emu: Emulator) -> tuple[int, int, int, int]:
             sum(r["thinking"]["kept"] for r in agent), sum(r["thinking"]["asked"] == "drop_block" for r in agent))
 
 
-def _run(mode: str, model: str, store: Path | None = None) -> tuple[tuple[int, int, int, int], int]:
+def _reasoning_kept(emu: Emulator) -> float:
+    """Of the thinking the emulator issued with the turns the requests showed, the share that
+    reached the model valid (the bench's *reasoning kept*)."""
+    agent = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
+    issued = sum(r["thinking"]["issued_tokens"] for r in agent)
+    return sum(r["thinking"]["kept_of_issued"] for r in agent) / issued if issued else 1.0
+
+
+def _run(mode: str, model: str, store: Path | None = None, api: bool = True
+         ) -> tuple[tuple[int, int, int, int], int, float]:
+    config = PolicyConfig(levels=LevelSettings(api_summaries=api))
     with Emulator(SummarizingResponder(_model())) as emu:
         if mode == "proxy":
             with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW)) as px:
@@ -100,35 +115,50 @@ def _run(mode: str, model: str, store: Path | None = None) -> tuple[tuple[int, i
                 assert engine is not None
                 edits = sum(len(s.ledger) for s in engine.sessions())
                 (seen,) = px.state.observer.sessions()  # the dashboard's API counts what our edits invalidated
-                assert seen.summary()["thinking"]["turns"] > 0
+                assert seen.summary()["thinking"]["turns"] == 0  # the API wrote the summaries: none
         elif mode.startswith("async"):
             client = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0),
-                                       store=None, window_tokens=WINDOW)
+                                       store=None, window_tokens=WINDOW, config=config)
             asyncio.run(_async(client, model, stream=mode == "async-stream"))
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
         else:
             client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
-                                       store=store, window_tokens=WINDOW)
+                                       store=store, window_tokens=WINDOW, config=config)
             _sync(client, model, stream=mode == "sync-stream")
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
             if store is not None:
                 (session,) = cachecompact.wrapped_sessions(client)
                 report = session_report(session, detail=False)  # the report counts what our edits invalidated
-                assert "blocks in" in report and "invalidated by our edits" in report, report
-        return _verdict(emu), edits
+                if not api:
+                    assert "blocks in" in report and "invalidated by our edits" in report, report
+                assert all(e.kind == ("compaction" if api else "summary") for e in session.ledger.entries
+                           if e.level in ("L3", "L4")), [e.kind for e in session.ledger.entries]
+        return _verdict(emu), edits, _reasoning_kept(emu)
 
 
 def test_a_wrapped_agent_on_opus_5_5_compacts_without_a_refused_or_dropped_block(tmp_path: Path) -> None:
-    (refused, dropped, kept, asked), edits = _run("sync", "claude-opus-5-5", tmp_path)
+    """The API writes the summaries: every turn's thinking goes back valid."""
+    (refused, dropped, kept, asked), edits, reasoning = _run("sync", "claude-opus-5-5", tmp_path)
     assert edits >= 3, edits  # compacted several times
     assert (refused, dropped, asked) == (0, 0, 0) and kept > TURNS  # earlier turns' thinking went back, valid
+    assert reasoning >= 0.99, reasoning
+
+
+def test_our_own_summaries_remove_the_thinking_after_them(tmp_path: Path) -> None:
+    """``api_summaries`` off: our summaries, the thinking after each removed (not refused, not
+    dropped), so less of the reasoning reaches the model."""
+    (refused, dropped, kept, _asked), edits, reasoning = _run("sync", "claude-opus-5-5", tmp_path, api=False)
+    assert edits >= 3, edits
+    assert (refused, dropped) == (0, 0) and kept > TURNS
+    assert reasoning < 0.99, reasoning
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async", "sync-stream", "async-stream", "proxy"])
 @pytest.mark.parametrize("model", MODELS)
 def test_every_current_model_in_every_client_mode(mode: str, model: str) -> None:
-    (refused, dropped, kept, asked), edits = _run(mode, model)
+    (refused, dropped, kept, asked), edits, reasoning = _run(mode, model)
     assert edits >= 3, (model, mode, edits)
     assert (refused, dropped) == (0, 0), (model, mode, refused, dropped, asked)
     assert kept > TURNS
+    assert reasoning >= 0.99, (model, mode, reasoning)

@@ -397,7 +397,10 @@ def test_as_model_replays_recorded_thinking_under_todays_rules(tmp_path: Path,
         # under drop_block (the documented escape hatch; leaving its thinking out is not documented as valid)
         assert ours.thinking_dropped == ours.thinking_dropped_latest <= 3
         assert ours.model == "claude-opus-5-5" and ours.thinking_issued_tokens > 0
-        assert ours.thinking_stripped > 0 and ours.reasoning_kept < 1  # it compacted, and it costs reasoning
+        # it compacted, and the API wrote its summaries (Opus 5.5 supports on-demand compaction): the kept
+        # turns' thinking stays valid; only an edit of ours (L1/L2) before a turn costs that turn's reasoning
+        assert sum(ours.compactions.values()) > 0 and ours.summary_cost_usd > 0
+        assert ours.reasoning_kept >= 0.95, ours.reasoning_kept
         if none.completed:  # the whole history: every recorded block goes back valid
             assert none.reasoning_kept == 1.0 and none.thinking_stripped == 0
         od = by[(t.name, "anthropic-ondemand")]

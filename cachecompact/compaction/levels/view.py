@@ -204,7 +204,7 @@ def build_view(session: Session) -> View:
     r = session.render(breakpoints=False)
     t = session.transcript
     n = len(t)
-    pe = session.prefix_end or 0
+    pe = session.edit_floor or 0  # after the prefix, and after an API-written summary (its block opens the request)
     whole, targeted = split_effective(session.ledger.effective())
     covered: list[LedgerEntry | None] = [None] * n
     for e in whole:

@@ -17,6 +17,7 @@ import anthropic
 
 from ...base.headers import INTERNAL_HEADER
 from ...base.values import SummaryMode
+from .api_compaction import OnDemandCall
 from .llm import ExtractiveSummarizer, LLMSummarizer, SummaryRequest, SummaryResult
 
 __all__ = ["CallerKeySummarizer"]
@@ -39,6 +40,21 @@ class CallerKeySummarizer:
         if not getattr(self.creds, "headers", {}):
             return 0.0
         return LLMSummarizer(None, model=self.model, mode=self.mode).estimate_usd(req)
+
+    def ondemand(self) -> OnDemandCall | None:
+        """An API-written summary on the caller's own key, bound now (the key is in this
+        thread's ``creds``; the call may run in another); None without a credential."""
+        h: dict[str, str] = dict(getattr(self.creds, "headers", {}))
+        key = h.get("x-api-key")
+        bearer = h.get("authorization", "")
+        token = bearer[7:] if bearer.lower().startswith("bearer ") else None
+        if not key and not token:
+            return None
+        client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
+                  else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
+        extra = {"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {}
+        return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
+                             clock=self.clock).ondemand()
 
     def summarize(self, req: SummaryRequest) -> SummaryResult:
         h: dict[str, str] = getattr(self.creds, "headers", {})

@@ -33,6 +33,7 @@ from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_p
 from ...base.values import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
 from ...store.contract import REF_PATTERN
+from .api_compaction import COMPACTION_BETA, OnDemandCall, call_ondemand, opens_with_compaction, with_beta
 from .extractive import GOAL_WORDS, block_texts, summary_facts
 
 __all__ = [
@@ -335,9 +336,23 @@ class LLMSummarizer:
         return costs.get(self._choose(req), costs["forced-tool"])
 
     def _headers(self, req: SummaryRequest) -> dict[str, str] | None:
-        if self.clock is None:
-            return self.extra_headers
-        return {**(self.extra_headers or {}), CLOCK_HEADER: repr(req.at if req.at is not None else self.clock())}
+        out = dict(self.extra_headers or {})
+        if req.body is not None and opens_with_compaction(req.body):
+            # the session's own request, opened by an API-written summary: the block needs its beta
+            out["anthropic-beta"] = with_beta(out.get("anthropic-beta"), COMPACTION_BETA)
+        if self.clock is not None:
+            out[CLOCK_HEADER] = repr(req.at if req.at is not None else self.clock())
+        return out or None
+
+    def ondemand(self) -> OnDemandCall | None:
+        """An API-written summary through this client (`summarize.api_compaction`): on the
+        conversation's own model, whatever ``model`` this summarizer uses for its own."""
+        if self.client is None:
+            return None
+        client, headers, prices = self.client, dict(self.extra_headers or {}), self.prices
+        headers.pop(CLOCK_HEADER, None)
+        return lambda body, at: call_ondemand(client, body, headers=headers,
+                                              at=at if self.clock is not None else None, prices=prices)
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)

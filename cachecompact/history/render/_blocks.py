@@ -19,6 +19,7 @@ from ...base.wire import (
     ToolDef,
     ToolResultBlock,
     ToolUseBlock,
+    UnknownBlock,
     block_to_dict,
     canonical_bytes,
     content_blocks,
@@ -201,8 +202,23 @@ class BlockCache:
                 self._edited[key] = m
         return m
 
+    def compaction(self, e: LedgerEntry, cache: bool = True) -> RenderedMessage:
+        """The API's signed block, alone in an assistant message (the form the on-demand docs show),
+        byte for byte as returned: standing for messages 0..e.end."""
+        key = (-3, (e.seq,))
+        m = self._edited.get(key) if cache else None
+        if m is None:
+            raw = {"type": "compaction", "content": e.summary or "", "signature": e.signature or ""}
+            m = self._message("assistant", [self.block(UnknownBlock(type="compaction", raw=raw), None, e.seq, True)])
+            if cache:
+                self._edited[key] = m
+        return m
+
     def entry_messages(self, e: LedgerEntry, cache: bool = True) -> list[RenderedMessage]:
-        """What a whole-message entry renders as: a summary, cleared results, or nothing."""
+        """What a whole-message entry renders as: a summary (ours or the API's), cleared results,
+        or nothing."""
+        if e.kind == "compaction":
+            return [self.compaction(e, cache)]
         if e.kind == "summary":
             return [self.summary(e, cache)]
         if all(self.t.is_tool_result_message(i) for i in range(e.start, e.end + 1)):

@@ -194,9 +194,14 @@ class Renderer:
         pe = self._prefix_end()
         if pe is not None and n < pe:
             pe = None  # an earlier state (``transcript_len``) from before the prefix was complete
-        prefix_last = self._prefix_last_block(arr, pe)
+        compacted = pe is not None and any(e.kind == "compaction" for e in self.ledger.entries[:n_entries])
+        prefix_last = self._prefix_last_block(arr, None if compacted else pe)
         prefix_hash = None
-        if pe is not None:
+        if compacted:
+            # the API's block opens the messages (history/ledger.py): what is sent unchanged is tools and
+            # system; the first messages stay in the transcript, and their hash is checked there
+            prefix_hash = self.prefix_hash()
+        elif pe is not None:
             prefix_hash = arr.chain[prefix_last].hex() if prefix_last >= 0 else EMPTY_PREFIX_HASH
         expected = self._expected_prefix_hash()
         if expected is not None and prefix_hash is not None and prefix_hash != expected:

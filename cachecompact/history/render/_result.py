@@ -17,7 +17,7 @@ from ...base.values import TTL
 from ...base.wire import canonical_bytes
 from ...cache.cache_keys import first_mismatch
 from ..ledger import LedgerEntry
-from ..thinking import BINDING_BETA, ThinkingPlan
+from ..thinking import BINDING_BETA, COMPACTION_BETA, ThinkingPlan
 from ._blocks import RenderedBlock
 from ._chain import ChainArrays
 
@@ -108,9 +108,14 @@ class RenderResult:
 
     @property
     def betas(self) -> tuple[str, ...]:
-        """The ``anthropic-beta`` values the body needs (``block_binding``'s)."""
+        """The ``anthropic-beta`` values the body needs: ``block_binding``'s, and on-demand
+        compaction's while an API-written summary opens the messages (without it "a validation
+        error that says `compaction` is not one of the expected content block types")."""
         th = self.body.get("thinking")
-        return (BINDING_BETA,) if isinstance(th, dict) and "block_binding" in th else ()
+        out = (BINDING_BETA,) if isinstance(th, dict) and "block_binding" in th else ()
+        if any(e.kind == "compaction" for e in self._ledger[:self.n_entries]):
+            out = (*out, COMPACTION_BETA)
+        return out
 
     # -- bytes -----------------------------------------------------------------------------------
 

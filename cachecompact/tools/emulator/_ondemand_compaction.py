@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...base.errors import MalformedMessageError
+from ...base.pricing import ONDEMAND_COMPACTION_MODELS
 from ._compaction import CompactEdit, summary_block
 
 __all__ = ["BETA", "MAX_INSTRUCTIONS", "SUPPORTED", "CodedError", "OnDemand", "check_blocks", "request_of",
@@ -46,10 +47,7 @@ __all__ = ["BETA", "MAX_INSTRUCTIONS", "SUPPORTED", "CodedError", "OnDemand", "c
 
 BETA = "compact-2026-09-04"
 MAX_INSTRUCTIONS = 16_384
-SUPPORTED = frozenset({"claude-fable-5", "claude-fable-5-1", "claude-mythos-5", "claude-mythos-5-1",
-                       "claude-mythos-preview", "claude-opus-5-5", "claude-opus-5", "claude-sonnet-5-5",
-                       "claude-sonnet-5", "claude-haiku-5-5", "claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6",
-                       "claude-sonnet-4-6", "claude-fable-5-2", "claude-mythos-5-2"})
+SUPPORTED = ONDEMAND_COMPACTION_MODELS  # the one list (base.pricing), cited there
 
 
 class CodedError(MalformedMessageError):

@@ -1,0 +1,129 @@
+"""API-written summaries: on-demand compaction (the top-level ``compaction`` parameter).
+
+The docs give code that edits history two ways to keep earlier thinking usable: "let the API
+write the summary", or remove the thinking in the turns it keeps (build-with-claude/preserved-
+thinking; anthropic-cache-facts.md, addendum 2026-12-02). A summary the API writes keeps the kept
+turns' thinking valid (build-with-claude/compaction-thinking-blocks) when
+
+(a) the compaction request runs on the conversation's own model: the call here is made on the
+    request's model, never the summary model;
+(b) the kept turns follow the summarized messages unchanged, with a change of role: the ledger's
+    rules for `ApiCompaction` (history/ledger.py);
+(c) ``system`` and the tools are unchanged: the request here sends the conversation's own.
+
+The request (build-with-claude/compaction-on-demand; §3.5): ``"compaction": {"type":
+"summarize"}`` with the ``compact-2026-09-04`` beta, the messages to summarize (never ending in an
+unanswered tool call), no ``context_management``, ``stop_sequences``, ``output_config.format`` or a
+forcing ``tool_choice``. The response holds one signed ``compaction`` block with ``stop_reason``
+``"compaction"``; its cost is the ``compaction`` entry of ``usage.iterations``. Anything else
+(``max_tokens``, ``refusal``, an empty block, a 529 ``compaction_unavailable``) is a failure, and
+the caller falls back to its own summary.
+
+A call is *bound* in the request's thread (`OnDemandSummarizer.ondemand`: the proxy's caller key
+lives in a thread-local there) and may run later in another: "compaction in the background"
+(build-with-claude/compaction-background) sends it while the conversation goes on whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ...base.errors import SummaryRejected
+from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
+from ...base.pricing import ONDEMAND_COMPACTION_MODELS, OwnPrices, canonical_id, model_prices
+from ...history.thinking import COMPACTION_BETA
+
+__all__ = ["COMPACTION_BETA", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer", "call_ondemand",
+           "compaction_body", "opens_with_compaction", "supports_ondemand", "with_beta"]
+
+# what the compaction parameter may not be sent with (§3.5 Restrictions), dropped from the body
+_REFUSED_WITH = ("context_management", "stop_sequences", "stream", "cache_control")
+
+
+@dataclass(slots=True)
+class OnDemandResult:
+    """The block as the API returned it, and what the call cost."""
+
+    content: str
+    signature: str
+    cost_usd: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+OnDemandCall = Callable[[dict[str, Any], "float | None"], OnDemandResult]
+
+
+@runtime_checkable
+class OnDemandSummarizer(Protocol):
+    """A summarizer that can also have the API write the summary: ``ondemand()`` binds a call
+    (credentials, headers) in the request's thread, or returns None when it cannot (offline,
+    no credentials)."""
+
+    def ondemand(self) -> OnDemandCall | None: ...
+
+
+def supports_ondemand(model: str) -> bool:
+    """Whether the model is on the on-demand compaction page's list (`ONDEMAND_COMPACTION_MODELS`)."""
+    return canonical_id(model) in ONDEMAND_COMPACTION_MODELS
+
+
+def opens_with_compaction(body: Mapping[str, Any]) -> bool:
+    """Whether the body's messages open with an API-written summary (a ``compaction`` block)."""
+    msgs = body.get("messages") or []
+    first = msgs[0].get("content") if msgs and isinstance(msgs[0], dict) else None
+    return isinstance(first, list) and bool(first) and isinstance(first[0], dict) \
+        and first[0].get("type") == "compaction"
+
+
+def with_beta(header: str | None, beta: str) -> str:
+    """An ``anthropic-beta`` value with ``beta`` added once, the others kept in order."""
+    return ",".join(dict.fromkeys([*(x.strip() for x in (header or "").split(",") if x.strip()), beta]))
+
+
+def compaction_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The conversation's own request, as a compaction request: same model, system, tools and
+    thinking (condition (c) and (a)), the messages to summarize, and none of the parameters the
+    API refuses beside ``compaction``."""
+    out = {k: v for k, v in body.items() if k not in _REFUSED_WITH}
+    tc = out.get("tool_choice")
+    if isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
+        out.pop("tool_choice")
+    oc = out.get("output_config")
+    if isinstance(oc, dict) and "format" in oc:
+        out["output_config"] = {k: v for k, v in oc.items() if k != "format"}
+    return out
+
+
+def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, str] | None = None,
+                  at: float | None = None, prices: OwnPrices | None = None) -> OnDemandResult:
+    """Ask the API for a signed block standing for ``body``'s messages. Raises `SummaryRejected`
+    (with what it cost) when the answer is not one block with content; the SDK's own errors
+    pass through (the caller counts both as a failed summary)."""
+    t0 = time.perf_counter()
+    extra = {INTERNAL_HEADER: "1", **(headers or {})}
+    extra["anthropic-beta"] = with_beta(extra.get("anthropic-beta"), COMPACTION_BETA)
+    if at is not None:
+        extra[CLOCK_HEADER] = repr(at)
+    req = compaction_body(body)
+    resp = client.messages.create(**{k: v for k, v in req.items() if k in _SDK_ARGS},
+                                  extra_body={"compaction": {"type": "summarize"},
+                                              **{k: v for k, v in req.items() if k not in _SDK_ARGS}},
+                                  extra_headers=extra)
+    usage = resp.usage.model_dump(exclude_none=True) if hasattr(resp.usage, "model_dump") else dict(resp.usage)
+    cost = model_prices(str(req["model"]), own=prices).cost(usage)
+    blocks = [b.model_dump(exclude_none=True) if hasattr(b, "model_dump") else dict(b) for b in resp.content]
+    found = next((b for b in blocks if b.get("type") == "compaction"), None)
+    if resp.stop_reason != "compaction" or found is None or not str(found.get("content") or "").strip() \
+            or not found.get("signature"):
+        raise SummaryRejected(f"on-demand compaction answered with stop_reason {resp.stop_reason!r} and no signed "
+                              "block with content", cost)
+    return OnDemandResult(str(found["content"]), str(found["signature"]), cost, usage, time.perf_counter() - t0)
+
+
+# the parameters `messages.create` takes by name; the rest of a caller's body goes in extra_body
+_SDK_ARGS = frozenset({"model", "max_tokens", "messages", "system", "tools", "thinking", "tool_choice", "metadata",
+                       "service_tier", "output_config", "top_k", "top_p", "temperature"})

@@ -1,0 +1,121 @@
+"""The policy has the API write its L3/L4 summaries (issue 48): in the background as the recipe
+says, on the conversation's own model, with the kept turns verbatim; our own summaries where the
+model is not on the list or the API refuses. Through wrap() and the real SDK against the emulator,
+which checks every block and bills every call."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import anthropic
+import pytest
+
+import cachecompact
+from cachecompact.compaction.summarize import api_compaction
+from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
+from cachecompact.tools.emulator.responders import Reply
+
+TOOLS = [{"name": "read", "description": "Read a file.",
+          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+WINDOW = 60_000
+
+
+def _agent(turns: int, model: str, emu: Emulator, **kw: Any) -> tuple[Any, list[list[dict[str, Any]]]]:
+    """A reader: a file a turn, a person's turn every sixth; returns the client and every history sent."""
+    client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                               window_tokens=WINDOW, **kw)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project."}]
+    sent: list[list[dict[str, Any]]] = []
+    for k in range(turns):
+        sent.append(copy.deepcopy(msgs))
+        r = client.messages.create(model=model, max_tokens=2000, system="You audit code. " * 100, tools=TOOLS,
+                                   messages=msgs)
+        content = [b.model_dump(exclude_none=True) for b in r.content]
+        msgs.append({"role": "assistant", "content": content})
+        use = next((b for b in content if b["type"] == "tool_use"), None)
+        if use is None:
+            msgs.append({"role": "user", "content": f"Next part {k}."})
+        else:
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                                      "content": f"# {use['input']}\n" + "x = f(1)\n" * 500}]})
+    return client, sent
+
+
+def _reader(seen: list[dict[str, Any]] | None = None) -> ScriptedResponder:
+    n = itertools.count(1)
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if seen is not None:
+            seen.append(copy.deepcopy(body))
+        k = next(n)
+        if k % 6 == 0:
+            return Reply([{"type": "text", "text": f"part {k // 6} done"}])
+        return Reply([{"type": "tool_use", "id": f"toolu_{k:05d}", "name": "read", "input": {"path": f"m{k}.py"}}],
+                     "tool_use")
+    return ScriptedResponder(answer)
+
+
+def _opens_with_block(body: dict[str, Any]) -> bool:
+    c = body["messages"][0]["content"]
+    return isinstance(c, list) and c[0]["type"] == "compaction"
+
+
+def _plain(m: dict[str, Any]) -> dict[str, Any]:
+    """A message without cache markers, its content as blocks (how the request compares to the caller's)."""
+    c = m["content"]
+    blocks = [{"type": "text", "text": c}] if isinstance(c, str) else c
+    return {"role": m["role"], "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]}
+
+
+def test_the_api_writes_the_summary_in_the_background_on_the_conversations_model() -> None:
+    model = "claude-opus-5-5"
+    seen: list[dict[str, Any]] = []
+    with Emulator(SummarizingResponder(_reader(seen))) as emu:
+        client, sent = _agent(40, model, emu)
+        log = [r for r in emu.requests if r.get("status") == 200]
+        refusals = list(emu.core.refusals)
+    assert refusals == []
+    (s,) = cachecompact.wrapped_sessions(client)
+    api = [e for e in s.ledger.entries if e.kind == "compaction"]
+    assert api and all(e.kind != "summary" for e in s.ledger.entries)
+    internal = [k for k, r in enumerate(log) if r["internal"]]
+    assert internal and all(log[k]["model"] == model for k in internal)  # the conversation's own model
+    assert all(log[k]["usage"]["iterations"][0]["type"] == "compaction" for k in internal)
+    # in the background: each call follows the response of the agent request that asked for it, and the
+    # agent's next request carries the block
+    for k in internal:
+        assert 0 < k < len(log) - 1 and not log[k - 1]["internal"] and not log[k + 1]["internal"]
+    first = next(j for j, b in enumerate(seen) if _opens_with_block(b))
+    assert not _opens_with_block(seen[first - 1])  # the request that asked went whole
+    e = api[0]
+    kept = [_plain(m) for m in seen[first]["messages"][1:]]
+    assert kept == [_plain(m) for m in sent[first][e.end + 1:]]  # the caller's turns after the range, verbatim
+    # every entry starts at message 0, ends on a user message, and the kept turns start with the assistant
+    for e in api:
+        assert e.start == 0 and s.transcript[e.end].role == "user" and s.transcript[e.end + 1].role == "assistant"
+
+
+def test_a_model_off_the_list_gets_our_own_summary() -> None:
+    with Emulator(SummarizingResponder(_reader())) as emu:
+        client, _ = _agent(40, "claude-haiku-4-5", emu)
+        log = [r for r in emu.requests if r.get("status") == 200]
+    (s,) = cachecompact.wrapped_sessions(client)
+    kinds = {e.kind for e in s.ledger.entries if e.level in ("L3", "L4")}
+    assert kinds == {"summary"}, kinds
+    assert not any("iterations" in r["usage"] for r in log if r["internal"])
+
+
+def test_a_refusal_turns_api_summaries_off_for_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose list is ahead of the API (it names a model the API refuses): the first
+    compaction request is a 400, counted as a failed summary, and our own summaries follow."""
+    monkeypatch.setattr(api_compaction, "ONDEMAND_COMPACTION_MODELS",
+                        api_compaction.ONDEMAND_COMPACTION_MODELS | {"claude-haiku-4-5"})
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(_reader())) as emu:
+        client, _ = _agent(40, "claude-haiku-4-5", emu, on_event=events.append)
+    refused = [e for e in events if e.kind == "failure" and "compaction is not supported" in e.reason]
+    (s,) = cachecompact.wrapped_sessions(client)
+    assert len(refused) == 1, [e.reason for e in events]  # asked once, then never again for this session
+    assert {e.kind for e in s.ledger.entries if e.level in ("L3", "L4")} == {"summary"}
