@@ -80,6 +80,32 @@ def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
     return Session.open(target, readonly=readonly)
 
 
+def _observed(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The named session's observation records when the proxy kept it in observe mode (no
+    transcript or ledger: `observed_report`); None for any other session, or none found (then
+    `_open` says what it looked for)."""
+    from ..base.errors import CacheCompactError
+    from ..store import open_store
+    from .observed_report import observed_session
+
+    if getattr(args, "store", None):
+        root, sid = open_store(args.store), args.target
+    else:
+        target = Path(args.target)
+        default = Path(DEFAULT_STORE) / args.target
+        if not target.exists() and "/" not in args.target and default.is_dir():
+            target = default
+        if not (target / "session.json").is_file():
+            return None
+        root, sid = open_store(target.absolute().parent), target.name
+    if not root.exists(sid):
+        return None
+    try:
+        return observed_session(root.open(sid))
+    except (CacheCompactError, OSError):  # unreadable as either kind: `_open` and its verdict say why
+        return None
+
+
 def cmd_ledger_show(args: argparse.Namespace) -> int:
     sess = _open(args)
     if not sess.ledger.entries:
@@ -101,7 +127,17 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         StoreError,
     )
     from .emulator.validation import validate_request
+    from .observed_report import observed_problems
 
+    seen = _observed(args)
+    if seen is not None:  # observe mode keeps no ledger: check its records, never call the absence tampering
+        problems = observed_problems(*seen)
+        for problem in problems:
+            print(f"INVALID {args.target}: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"ok: observe-mode session, {len(seen[1])} observation records (no transcript or ledger to "
+                  "verify: the proxy forwarded every request untouched, and these records are not hash-chained)")
+        return 1 if problems else 0
     try:
         sess = _open(args, readonly=True)
     except (SessionNotFoundError, SessionLockedError):
@@ -226,8 +262,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Per-session cache report: hit rate over time, breaks and causes, cost, compactions."""
+    from .observed_report import observed_report
     from .session_report import plot_session, session_data, session_report
 
+    seen = _observed(args)
+    if seen is not None:
+        print(observed_report(*seen, detail=not args.summary), flush=True)
+        if args.plot:
+            print("cachecompact: error: --plot needs a session that keeps a transcript (observe mode keeps only "
+                  "its records); the dashboard (cachecompact proxy) plots observe-mode sessions", file=sys.stderr)
+            return 2
+        return 0
     sess = _open(args)
     print(session_report(sess, detail=not args.summary), flush=True)  # the text first: a failing plot must not lose it
     if args.plot:

@@ -196,6 +196,52 @@ class Observer:
         self._issued: OrderedDict[str, set[str]] = OrderedDict()
         self.version = 0  # bumped on every record: the dashboard polls it
         self.totals = Totals()  # under _lock
+        if store is not None:
+            self._restore(store)
+
+    def _restore(self, store: Store) -> None:
+        """The sessions a proxy on this store recorded before (a restart): each rebuilt from its
+        stored observation records, newest ``max_sessions`` first, so the dashboard lists them
+        again (issue 50: 0 of 15 after a restart). They resume counting when the engine names them
+        again (compact mode); forensics restart with the next request (no body is kept). A
+        session that cannot be read is left out with a warning, never fatal."""
+        found: list[ObservedSession] = []
+        for sid in store.list():
+            try:
+                st = store.open(sid)
+                meta = st.read_meta()
+                recs = [e for e in st.read_events() if e.get("kind") == "observation"]
+            except (OSError, CacheCompactError, ValueError) as err:
+                log.warning("cachecompact proxy: session %s not listed again: %s", sid, str(err)[:200])
+                continue
+            if not recs:
+                continue
+            mode = str(meta.get("mode") or ("observe" if meta.get("observed") else "compact"))
+            x = ObservedSession(sid, str(meta.get("name") or sid.split(".")[0]), mode, stored=st)
+            for rec in recs:
+                x.records.append({k: v for k, v in rec.items() if k != "kind"})
+                x.requests += 1
+                x.last_time = float(rec.get("time") or 0.0)
+                x.first_time = x.first_time or x.last_time
+                x.model = str(rec.get("model") or x.model)
+                if rec.get("status") not in (None, 200):
+                    x.errors += 1
+                usage, f = rec.get("usage") or {}, rec.get("finding") or {}
+                x.cost_usd += float(rec.get("cost_usd") or 0.0)
+                x.read += int(usage.get("cache_read_input_tokens") or 0)
+                x.total_in += _prompt_tokens(usage)
+                cls = f.get("cls")
+                if cls == "compaction_rewrite":
+                    x.rewrites += 1
+                    x.rewrite_usd += float(f.get("wasted_usd") or 0.0)
+                elif cls not in (None, "read_as_expected"):
+                    x.misses[cls] = x.misses.get(cls, 0) + 1
+                    x.wasted_usd += float(f.get("wasted_usd") or 0.0)
+            x.nbytes = 600 * len(x.records)
+            found.append(x)
+        for x in sorted(found, key=lambda y: y.last_time)[-self.max_sessions:]:
+            self._issue(x.name, x.sid)  # its id is never given to another conversation
+            self._remember(x)
 
     # -- reading (the dashboard and the API) -----------------------------------------------------
 

@@ -1,0 +1,80 @@
+"""Proxy stores are first-class (issue 50): `report` and `ledger verify` work on what the proxy
+stored in either mode, and a proxy restarted on the same store lists the sessions it recorded
+before. Each of these failed before: `report` exited 2 and `ledger verify` printed INVALID on an
+untouched observe-mode store, and the dashboard of a restarted proxy showed none of them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
+from cachecompact.tools.cli import main as cli
+from cachecompact.tools.emulator import Emulator
+
+MODEL = "claude-sonnet-4-6"
+
+
+def _conversations(url: str, n: int) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
+    for c in range(n):
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": f"conversation {c}: read the code " * 50}]
+        for k in range(3):
+            r = client.messages.create(model=MODEL, max_tokens=100, messages=msgs)
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": f"more {k}"}]
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli(list(argv))
+    return rc, out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_report_verify_and_the_dashboard_work_on_a_proxy_store_across_a_restart(mode: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Emulator() as emu:
+        with Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(store))) as px:
+            _conversations(px.url, 3)
+            px.wait_idle()
+            before = {s["id"]: s["requests"] for s in httpx2.get(f"{px.url}/api/sessions").json()["sessions"]}
+        assert len(before) == 3 and set(before.values()) == {3}
+        for sid in before:
+            rc, text = _cli("report", "--store", str(store), sid)
+            assert rc == 0 and "requests: 3" in text, text
+            rc, text = _cli("report", str(store / sid))  # by its folder as well
+            assert rc == 0, text
+            rc, text = _cli("ledger", "verify", "--store", str(store), sid)
+            assert rc == 0 and text.startswith("ok"), text  # an untouched store is never called tampered
+        with Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(store))) as px:
+            listed = {s["id"]: s for s in httpx2.get(f"{px.url}/api/sessions").json()["sessions"]}
+            assert {k: v["requests"] for k, v in listed.items()} == before  # all of them, after the restart
+            assert all(v["cost_usd"] > 0 for v in listed.values())
+            _conversations(px.url, 1)  # and it goes on recording
+            px.wait_idle()
+            assert len(httpx2.get(f"{px.url}/api/sessions").json()["sessions"]) >= 3
+
+
+def test_a_changed_observation_record_is_reported_with_its_place(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode="observe", store=str(store))) as px:
+        _conversations(px.url, 1)
+        px.wait_idle()
+    (sid,) = [p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    events = store / sid / "events.jsonl"
+    lines = events.read_text().splitlines()
+    rec = json.loads(lines[1])
+    rec["i"] = 7
+    lines[1] = json.dumps(rec)
+    events.write_text("\n".join(lines) + "\n")
+    rc, text = _cli("ledger", "verify", "--store", str(store), sid)
+    assert rc == 1 and "observation 1 is numbered 7" in text, text
