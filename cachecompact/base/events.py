@@ -40,7 +40,11 @@ class Event:
     hidden output a call named, given back beside its result) | first_compaction (the first
     request of a session changed a history the caller brought: said once, a warning) |
     idle_summary (a quiet session was summarized on its warm cache before it expired; its edits
-    come with the next request's ``compaction`` event, which carries ``detail={"idle": True}``).
+    come with the next request's ``compaction`` event, which carries ``detail={"idle": True}``) |
+    idle_declined (an idle decision that did not fire, with its reason: the proxy's scheduler
+    decides unseen, so the session's log says why) |
+    compaction_requested (the API was asked to write an L3/L4 summary in the background; the next
+    request's ``compaction`` event, with ``detail={"writer": "api", ...}``, swaps it in).
     """
 
     kind: str

@@ -375,6 +375,12 @@ class CompactionEngine:
                     log.exception("cachecompact: idle compaction of session %s failed", live.sid)
                     out.append(IdleDecision(session_id=live.sid, at=now, fired=False,
                                             reason=f"failed: {type(err).__name__}: {err}"))
+                d = out[-1]
+                if not d.fired:  # a decision that does not fire leaves its reason in the session's log too (issue 50)
+                    self.events.emit(Event("idle_declined", live.sid, reason=d.reason, tokens_before=d.tokens_before,
+                                           tokens_after=d.tokens_after, detail={"at": d.at, "p_late": d.p_late,
+                                                                                "value_usd": d.value_usd}),
+                                     level=logging.DEBUG)
                 self._save_events(live)
         return out
 

@@ -29,8 +29,9 @@ from cachecompact.base.values import Answer
 from cachecompact.compaction._gaps import GapMeter
 from cachecompact.compaction.idle import DECIDE_BEFORE_S, idle_value, late_chance
 from cachecompact.compaction.peers.claude_code import ClaudeCodeConfig
-from cachecompact.compaction.policy import Economy
+from cachecompact.compaction.policy import Economy, LevelSettings, PolicyConfig
 from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+from cachecompact.engine.options import EngineOptions
 from cachecompact.engine.request_cycle import CompactionEngine, Prepared
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator
 from cachecompact.tools.emulator.responders import Reply
@@ -96,15 +97,18 @@ def _loop(client: Any, clock: SimulatedClock, pause_s: float, tasks: int, *,
 
 def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | None = MODEL,
          explicit_away: float | None = None, strategy: Any = "cachecompact", calls: int = CALLS,
-         store: Path | None = None, reports: list[dict[str, Any]] | None = None,
+         store: Path | None = None, reports: list[dict[str, Any]] | None = None, api: bool = False,
          ) -> tuple[list[dict[str, Any]], list[IdleDecision], list[float]]:
     """The agent's run through wrap(); returns the emulator's answered requests, the idle
-    decisions and the times each person came back."""
+    decisions and the times each person came back. Our own summaries unless ``api`` (the
+    summary model's prices are what most of these tests are about; the API writes on the
+    conversation's model)."""
     clock = SimulatedClock(START)
     with Emulator(_agent(calls)) as emu:
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                    window_tokens=200_000, clock=clock, idle_compaction=idle,
-                                   summarizer_model=summarizer_model, strategy=strategy)
+                                   summarizer_model=summarizer_model, strategy=strategy,
+                                   config=PolicyConfig(levels=LevelSettings(api_summaries=api)))
         decisions, returns = _loop(client, clock, pause_s, tasks, explicit_away=explicit_away)
         if reports is not None:
             reports += [session_data(x) for x in cachecompact.wrapped_sessions(client)]
@@ -160,6 +164,38 @@ def test_two_hour_pauses_summarize_before_expiry_and_cost_less(tmp_path: Path) -
     billed = sum(float(r["cost_usd"]) for r in reqs if r["internal"])
     assert report["cost"]["summaries_usd"] == pytest.approx(billed, rel=0.01)
     assert report["counts"]["idle_summary"] == len(fired)
+
+
+def test_the_idle_summary_is_ours_where_the_api_could_write_it() -> None:
+    """Sonnet 4.6 supports on-demand compaction, and the policy's summaries are the API's; the idle
+    summary stays ours: it is made to read the warm cache, and a compaction request ending at the
+    range's end finds no warm entry there (docs/policy.md, *API-written summaries*)."""
+    reqs, decisions, _ = _run(7200.0, idle=True, api=True)
+    fired = [d for d in decisions if d.fired]
+    assert fired, [d.reason for d in decisions]
+    for d in fired:
+        (call,) = _at(reqs, d.at)
+        assert call["internal"] and "iterations" not in call["usage"]  # a summary of ours, not a compaction
+        assert call["usage"]["cache_read_input_tokens"] > 0
+
+
+def test_the_printed_sum_adds_up() -> None:
+    """Issue 50: a reason showed the early-return term as "+$0.4288" while the sum added 0 (an
+    edit's gain never counts). Every printed sum's terms now add up to its total, to the rounding."""
+    import re
+
+    decisions: list[IdleDecision] = []
+    for pause in (7200.0, 200.0):
+        decisions += _run(pause, tasks=3, idle=True)[1]
+    sums = [d.reason for d in decisions if "summary cold $" in d.reason]
+    assert sums
+    pat = re.compile(r"cache ([\d.]+) x \(summary cold \$([\d.]+) - warm \$([\d.]+)\) \+ ([\d.]+) x the edit on "
+                     r"an early return \$([-+\d.]+).*= \$([-+\d.]+)")
+    for reason in sums:
+        m = pat.search(reason)
+        assert m, reason
+        p, cold, warm, q, term, total = (float(x) for x in m.groups())
+        assert term <= 0 and p * (cold - warm) + q * term == pytest.approx(total, abs=2e-4), reason
 
 
 def test_three_minute_pauses_never_fire() -> None:
@@ -220,9 +256,10 @@ def test_the_scheduler_stops_with_its_client() -> None:
         assert sched._thread is not None
         sched._thread.join(5)
         assert not sched.running
+    before = {t for t in threading.enumerate() if t.name == "cachecompact-idle"}  # other tests' may be winding down
     plain = cachecompact.wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t"), store=None)
     assert _middleware_of(plain).idle is None  # off by default: no thread
-    assert not any(t.name == "cachecompact-idle" and t.is_alive() for t in threading.enumerate())
+    assert not {t for t in threading.enumerate() if t.name == "cachecompact-idle" and t.is_alive()} - before
 
 
 def test_the_simulated_clock_steps_through_deadlines() -> None:
@@ -311,7 +348,8 @@ def _proxy_run(tmp: Path, *, idle: bool) -> tuple[list[dict[str, Any]], list[Idl
     clock = SimulatedClock(START)
     with Emulator(_agent()) as emu:
         cfg = ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(tmp / "store"),
-                          window_tokens=200_000, idle_compaction=idle, summary_model=MODEL, clock=clock)
+                          window_tokens=200_000, idle_compaction=idle, summary_model=MODEL, clock=clock,
+                          engine_options=EngineOptions(config=PolicyConfig(levels=LevelSettings(api_summaries=False))))
         with Proxy(cfg) as px:
             client = anthropic.Anthropic(base_url=px.url, api_key=SECRET, max_retries=0)
             _, returns = _loop(client, clock, 7200.0, 4)
@@ -333,6 +371,14 @@ def test_the_proxy_summarizes_on_the_held_key_and_keeps_it_nowhere(tmp_path: Pat
     reqs, decisions, _, api = _proxy_run(tmp_path, idle=True)
     fired = [d for d in decisions if d.fired]
     assert fired, [d.reason for d in decisions]
+    # a decision that does not fire leaves its reason in the session's stored log (issue 50)
+    from cachecompact.store import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    logged = {e["reason"] for sid in store.list() for e in store.open(sid).read_events()
+              if e.get("kind") == "idle_declined"}
+    declined = {d.reason for d in decisions if not d.fired}
+    assert declined and declined <= logged, (declined, logged)
     client_times = {float(r["time"]) for r in reqs if not r["internal"]}
     own = [r for r in reqs if r["internal"] and float(r["time"]) not in client_times]
     assert [float(r["time"]) for r in own] == [d.at for d in fired]  # its own requests: the idle summaries
