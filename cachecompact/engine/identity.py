@@ -91,12 +91,21 @@ class RequestHistory:
 
     preamble: bytes
     ids: list[bytes]
+    # the identities of its mid-conversation ``role: "system"`` messages: instructions a client
+    # appends alike to many conversations (Claude Code's sibling sub-agents share one), which never
+    # say whose history a request is (`_rewrites`)
+    system_ids: frozenset[bytes] = frozenset()
+
+    @staticmethod
+    def _system_ids(msgs: Any, ids: list[bytes]) -> frozenset[bytes]:
+        return frozenset(i for m, i in zip(msgs, ids, strict=True) if isinstance(m, dict) and m.get("role") == "system")
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> RequestHistory:
         msgs = body.get("messages")
         ids = [message_hash(m) for m in msgs] if isinstance(msgs, list) else []
-        return cls(preamble_key(body.get("tools"), body.get("system")), ids)
+        return cls(preamble_key(body.get("tools"), body.get("system")), ids,
+                   cls._system_ids(msgs, ids) if ids else frozenset())
 
     @classmethod
     def of_bytes(cls, raw: bytes, body: dict[str, Any]) -> RequestHistory:
@@ -110,8 +119,8 @@ class RequestHistory:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or len(msgs) != len(spans):
             return cls.of(body)
-        return cls(preamble_key(body.get("tools"), body.get("system")),
-                   [identity_of_bytes(s, m) for s, m in zip(spans, msgs, strict=True)])
+        ids = [identity_of_bytes(s, m) for s, m in zip(spans, msgs, strict=True)]
+        return cls(preamble_key(body.get("tools"), body.get("system")), ids, cls._system_ids(msgs, ids))
 
     def fingerprint(self, *extra: Any) -> bytes:
         """xxh3-128 over the whole history (and ``extra``): equal exactly when the requests are."""
@@ -196,7 +205,7 @@ def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool,
     same = [c for c in cands if c.preamble == req.preamble and c.identities]
     if same:  # the same agent with another history, if it kept some of it: a rewrite
         scored = [(_common(req.ids, c.identities), k, c) for k, c in enumerate(same)]
-        kept = [x for x in scored if _rewrites(req.ids, x[2], x[0], named)]
+        kept = [x for x in scored if _rewrites(req.ids, x[2], x[0], named, req.system_ids)]
         if kept:
             at, _, base = max(kept, key=lambda x: (x[0], x[1]))
             return Decision("segment", base.sid, "rewrite", at)
@@ -213,11 +222,15 @@ def _is_agent(sid: str) -> bool:
     return tail[:1] == "a" and tail[1:].isdigit()
 
 
-def _rewrites(req: list[bytes], c: Candidate, at: int, named: bool) -> bool:
+def _rewrites(req: list[bytes], c: Candidate, at: int, named: bool,
+              system_ids: frozenset[bytes] = frozenset()) -> bool:
     """Whether a request that parts from ``c`` at ``at`` is ``c``'s own history rewritten.
 
     - It kept ``c``'s newest message after the change (a redacted or cleared old result, a
       framework that summarised the middle and kept the recent turns): a rewrite, named or not.
+      A mid-conversation system message does not count as that message: a client appends the
+      same one to many conversations (issue 50: 4 of 14 sibling sub-agents of Claude Code 2.1.328,
+      sharing a trailing system message, were taken for rewrites of each other).
     - Under a name, on the owner's line (not a sub-agent's ``.aN``): Claude Code's own compaction
       opens with its summary (nothing in common, ``at`` 0), and a rewind goes back to an earlier
       turn of the same conversation (more than the opening in common).
@@ -226,7 +239,8 @@ def _rewrites(req: list[bytes], c: Candidate, at: int, named: bool) -> bool:
       Independent agents with the same first message are separate conversations, and a
       sub-agent of the same kind as an earlier one is another ``.aN``."""
     ids = c.identities
-    if ids[-1] in req[at:]:
+    newest = next((x for x in reversed(ids) if x not in system_ids), None)
+    if newest is not None and newest in req[at:]:
         return True
     return named and not _is_agent(c.sid) and at != 1
 

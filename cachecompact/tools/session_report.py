@@ -24,7 +24,8 @@ from ._terminal import fold, shorten
 __all__ = ["conversation_segments", "plot_session", "session_data", "session_report"]
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
-            "repeated_tool_calls", "recent_budget", "restored", "idle_summary")
+            "repeated_tool_calls", "recent_budget", "restored", "idle_summary", "compaction_requested",
+            "idle_declined")
 
 
 def session_data(session: Session) -> dict[str, Any]:
@@ -122,7 +123,8 @@ def conversation_data(segments: list[Session]) -> dict[str, Any]:
     """`session_data` over a conversation's segments: requests in time order, totals summed."""
     parts = [session_data(s) for s in segments]
     d = dict(parts[0])
-    d["requests"] = sorted((r for p in parts for r in p["requests"]), key=lambda r: float(r.get("time") or 0.0))
+    d["requests"] = sorted(({**r, "session": p["session_id"]} for p in parts for r in p["requests"]),
+                           key=lambda r: float(r.get("time") or 0.0))
     d["events"] = [e for p in parts for e in p["events"]]
     d["cost"] = {k: sum(p["cost"][k] for p in parts) for k in parts[0]["cost"]}
     reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in d["requests"])
@@ -160,14 +162,22 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         segments = conversation_segments(store, sess.session_id) if store is not None else [sess]
     except (CacheCompactError, OSError):  # the rest of the store unreadable: this session alone
         segments = [sess]
-    d = conversation_data(segments) if len(segments) > 1 else session_data(sess)
+    # the conversation's first session reports all of them; any other reports itself and names the first
+    # (issue 50: `report <id>.a4` printed the root conversation)
+    whole = len(segments) > 1 and segments[0].session_id == sess.session_id
+    d = conversation_data(segments) if whole else session_data(sess)
     lines = [f"session {d['session_id']}  ({d['location']})",
              f"transcript: {d['messages']} messages; ledger: {d['ledger_entries']} edits; prefix {d['prefix_hash']}",
              f"head: {d['head']}"]
-    if len(segments) > 1:
-        lines.append(f"one conversation in {len(segments)} sessions: " + ", ".join(
-            s.session_id + (f" ({s.link['reason']}, from {s.link['session']} at messages[{s.link.get('at', 0)}])"
-                            if s.link else "") for s in segments))
+    if whole:  # one line each: a list of 15 in one sentence folded into a 20-line header (issue 50)
+        lines.append(f"one conversation in {len(segments)} sessions (requests below name theirs):")
+        lines += [f"  {s.session_id}  {s.requests_recorded} requests"
+                  + (f"  ({s.link['reason']}, from {s.link['session']} at messages[{s.link.get('at', 0)}])"
+                     if s.link else "  (the first)") for s in segments]
+    elif len(segments) > 1:
+        link = f" ({sess.link['reason']}, from {sess.link['session']})" if sess.link else ""
+        lines.append(f"one of the {len(segments)} sessions of conversation {segments[0].session_id}{link}: this "
+                     f"report is this session's alone; `cachecompact report {segments[0].session_id}` has them all")
     reqs = d["requests"]
     c = d["cost"]
     lines.append(f"requests: {len(reqs)}; cost ${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries "
@@ -190,7 +200,9 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
                      f"{cr['requests']} (${cr['usd']:.4f})")
     lines += _summary(d)
     if reqs and detail:
-        lines += ["", "   #  read   write  input      cost  finding"]
+        width = max((len(str(r.get("session", ""))) for r in reqs), default=0) if whole else 0
+        head = "session".ljust(width) + "  " if width else ""
+        lines += ["", f"   #  {head}read   write  input      cost  finding"]
         for i, r in enumerate(reqs):
             u = r["usage"]
             f = r.get("finding") or {}
@@ -201,7 +213,8 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
                 note = "" if f.get("cls") in (None, "read_as_expected") else (
                     f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
                     + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
-            lines.append(f"{i:4d} {int(u.get('cache_read_input_tokens') or 0):6d} "
+            who = f" {str(r.get('session', '')).ljust(width)} " if width else ""
+            lines.append(f"{i:4d}{who} {int(u.get('cache_read_input_tokens') or 0):6d} "
                          f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
                          f"${float(r.get('cost_usd') or 0):.5f}  {note}")
     trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",

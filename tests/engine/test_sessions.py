@@ -136,6 +136,34 @@ def test_sub_agents_are_agents_however_many_and_however_nested() -> None:
     assert (d.kind, d.target) == ("agent", "n")
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_sibling_sub_agents_sharing_a_trailing_system_message_are_agents(seed: int) -> None:
+    """Issue 50: Claude Code 2.1.328 appends one identical ``role: "system"`` message to parallel
+    sub-agents; 4 of 14 siblings became ``.sN`` rewrites of each other (the shared message was
+    taken for "the newest message kept"). A family of siblings from seeds (their tasks, turns and
+    reminders): each new sibling is another agent; a real rewrite of a sibling that keeps its newest
+    turn is still a rewrite."""
+    import random
+
+    rng = random.Random(seed)
+    reminder = {"role": "system", "content": f"<system-reminder>budget {rng.randint(1, 9)}</system-reminder>"}
+    main = C("n", b"main", convo(5, "main"))
+    siblings = [C(f"n.a{k + 1}", b"sub", [*convo(rng.randint(1, 4) * 2 - 1, f"task{seed}-{k}"), reminder])
+                for k in range(rng.randint(1, 4))]
+    new = [*convo(rng.randint(1, 4) * 2 - 1, f"task{seed}-new"), reminder]
+    req = RequestHistory.of({"messages": new})
+    req = RequestHistory(b"sub", req.ids, req.system_ids)
+    d = decide(req, [main, *siblings], named=True)
+    assert (d.kind, d.target) == ("agent", "n"), d
+    # the sibling's own history, one old turn redacted, its newest turn kept: a rewrite of it
+    own = [*convo(5, f"own{seed}"), reminder]
+    red = copy.deepcopy(own)
+    red[2]["content"] = "[redacted]"
+    grown = RequestHistory.of({"messages": [*red[:-1], *convo(2, "z"), reminder]})
+    d = decide(RequestHistory(b"sub", grown.ids, grown.system_ids), [main, C("n.a9", b"sub", own)], named=True)
+    assert (d.kind, d.target, d.reason) == ("segment", "n.a9", "rewrite"), d
+
+
 def test_three_async_agents_with_one_opening_get_three_unlinked_sessions(tmp_path: Path) -> None:
     """End to end, as the issue's trial ran it: three AsyncAnthropic agents through one wrapped
     client, no session name, the same opening message; no link, no rewrite warning, no waste,
@@ -424,7 +452,14 @@ def test_a_timestamp_in_the_system_prompt_is_reported_in_wrap(tmp_path: Path, ca
         data = conversation_data(conversation_segments(store, sid))
         assert len(data["requests"]) == 10 and len(data["segments"]) == len(sids)
         assert data["misses"].get("prefix_churn", 0) >= 1
-    assert f"one conversation in {len(sids)} sessions" in session_report(store, root)
+    text = session_report(store, root)
+    assert f"one conversation in {len(sids)} sessions" in text
+    assert all(sid in text.split("read   write")[1] for sid in sids)  # each request names its session
+    # issue 50: another session of it reports itself, and names the conversation's first
+    last = next(s for s in sids if s != root)
+    own = session_report(store, last)
+    assert own.startswith(f"session {last}") and f"conversation {root}" in own
+    assert "one conversation in" not in own
 
 
 def test_the_proxy_lists_a_conversations_segments_under_it(rec: tuple[Recorder, Emulator], tmp_path: Path) -> None:
