@@ -354,7 +354,13 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
                      if f.cls == "ttl_expiry" and f.idle_s is not None and f.idle_s <= 3600)
         beyond = usd["ttl_expiry"] - within
         extra = sum(r.extra_1h_usd for r in done)
-        if within > 0:
+        five = sum(1 for r in done if r.extra_1h_usd > 0)  # logs that wrote with the 5-minute TTL at all
+        if within > 0 and not five:
+            # every write was already a 1-hour one (issue 50: told to "keep the 5-minute TTL"): no TTL choice helps
+            out.append(f"ttl_expiry: {n['ttl_expiry']} misses cost ${usd['ttl_expiry']:.2f}, though these logs already "
+                       "write with the 1-hour TTL: entries went before their hour was up (an eviction, or a cache on "
+                       "another replica); only compacting before the pause, or a shorter pause, avoids them")
+        elif within > 0:
             bound = extra + beyond  # 1 h at its worst: every 5-minute write dearer, gaps over an hour missed anyway
             said = (f"ttl_expiry: idle gaps over 5 min ({n['ttl_expiry']} misses) cost ${usd['ttl_expiry']:.2f}; the "
                     f"1-hour TTL would have cost at most ${bound:.2f} instead (every 5-minute write at the 1-hour "
@@ -364,8 +370,9 @@ def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:
                          "(Claude Code on an API key: ENABLE_PROMPT_CACHING_1H=1 or the promptCacheTtl setting; "
                          "cachecompact chooses per request unless ttl= is fixed)")
             else:
-                said += (f"Keep the 5-minute TTL: on these logs the 1-hour one could cost up to "
-                         f"${bound - usd['ttl_expiry']:.2f} more than the misses it avoids")
+                said += (f"Keep the 5-minute TTL{'' if five == len(done) else f' on the {five} logs that use it'}: "
+                         f"on these logs the 1-hour one could cost up to ${bound - usd['ttl_expiry']:.2f} more than "
+                         "the misses it avoids")
             out.append(said)
         else:
             out.append(f"ttl_expiry: {n['ttl_expiry']} misses after gaps over an hour cost "

@@ -277,7 +277,9 @@ def test_at_most_a_tenth_of_the_shared_logs_misses_are_unexplained(shared_sets: 
 
 
 @pytest.mark.parametrize(("extra", "says"), [(0.50, "Switch to the 1-hour TTL: it saves at least $1.50"),
-                                              (4.00, "Keep the 5-minute TTL")])
+                                              (4.00, "Keep the 5-minute TTL"),
+                                              # issue 50: a log already on the 1-hour TTL is not told to keep 5 min
+                                              (0.0, "already write with the 1-hour TTL")])
 def test_the_ttl_advice_says_whether_to_switch(extra: float, says: str) -> None:
     """Issue 37: the advice gave two prices and left the reader to decide; it now says which."""
     from cachecompact.cache.forensics import Finding
