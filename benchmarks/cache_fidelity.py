@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from cachecompact.tools.bench.bench_report import publish
 from cachecompact.tools.bench.fidelity import session_fidelity, summarize
@@ -20,20 +21,39 @@ def main() -> int:
     ap.add_argument("--write", help="update the fidelity section of this markdown file")
     args = ap.parse_args()
     tdir = default_trace_dir()
-    if tdir is None or not (tdir / "claude-code").is_dir():
-        print("no Claude Code traces found (../shared/traces/claude-code); nothing to measure")
+    sets = [d for d in ("claude-code", "claude-code-2026", "claude-code-2026-1m")
+            if tdir is not None and (tdir / d).is_dir()]
+    if tdir is None or not sets:
+        print("no Claude Code traces found (../shared/traces/claude-code*); nothing to measure")
         return 0
-    results = [r for f in discover([tdir / "claude-code"]) if (r := session_fidelity(f)) is not None]
+    lines: list[str] = []
+    for name in sets:
+        lines += _one_set(name, [r for f in discover([tdir / name]) if (r := session_fidelity(f)) is not None])
+    text = "\n".join(lines)
+    return publish(text, args.write, "fidelity")
+
+
+def _one_set(name: str, results: list[Any]) -> list[str]:
+    """One set's table, per session, and its summary: the bill priced as billed (writes at their
+    recorded TTL, output and thinking, `usage.iterations`) against the same bill with the
+    simulator's input, write and read; a session outside +-5% is named."""
     lines = [
+        f"### {name}",
+        "",
         "| session | model | calls | fitted prefix P | ratio k | total-input fit error | recorded read share "
-        "| simulated read share | abs. error | recorded cost | simulated cost |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| simulated read share | abs. error | recorded cost | simulated cost | sim / rec |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    outside = []
     for r in results:
         rec, sim = r.share("recorded"), r.share("simulated")
+        billed, simulated = r.cost("recorded"), r.cost("simulated")
+        ratio = simulated / billed if billed else 1.0
+        if abs(ratio - 1) > 0.05:
+            outside.append((r.name.removesuffix("__chat"), ratio))
         lines.append(f"| {r.name.removesuffix('__chat')} | {r.model} | {len(r.calls)} | {r.prefix_tokens:,.0f} | "
                      f"{r.ratio:.2f} | {r.total_fit_error:.1%} | {rec:.3f} | {sim:.3f} | {abs(rec - sim):.3f} | "
-                     f"${r.cost('recorded'):.2f} | ${r.cost('simulated'):.2f} |")
+                     f"${billed:.2f} | ${simulated:.2f} | {ratio:.3f} |")
     s = summarize(results)
     lines += [
         "",
@@ -45,10 +65,12 @@ def main() -> int:
         f"hit, {s['hits_rules_cannot_explain']} the other way round.",
         f"- Per session, |recorded - simulated| read share: mean **{s['session_mae']:.3f}**, "
         f"worst **{s['session_max']:.3f}**.",
-        f"- Input cost, simulated / recorded, all sessions: **{s['cost_ratio']:.3f}**.",
+        f"- Cost as billed, simulated / recorded, all sessions: **{s['cost_ratio']:.3f}**; per session from "
+        f"**{s['session_cost_min']:.3f}** to **{s['session_cost_max']:.3f}**.",
+        f"- Sessions outside +-5%: {', '.join(f'{n} ({x:.3f})' for n, x in outside) or 'none'}.",
+        "",
     ]
-    text = "\n".join(lines)
-    return publish(text, args.write, "fidelity")
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...base.pricing import get_model
+from ...base.pricing import ModelInfo, get_model
 from ...base.tokens import TokenCounter
 from ...cache.simulator import CacheSimulator
-from .._logs import rebuild_calls
+from .._logs import rebuild_calls, written_ttl
 
 __all__ = ["CallFit", "SessionFidelity", "session_fidelity"]
 
@@ -34,6 +34,8 @@ class CallFit:
     recorded: dict[str, int]
     simulated: dict[str, int]
     estimated_total: int
+    usage: dict[str, Any] = field(default_factory=dict)  # the call's usage as billed (output, thinking, iterations)
+    ttl: str = "5m"  # the TTL its writes were billed at (`_logs.written_ttl`), on both sides
 
     @property
     def recorded_total(self) -> int:
@@ -66,12 +68,25 @@ class SessionFidelity:
         return sum(getattr(c, which)["read"] for c in self.calls) / tot if tot else 0.0
 
     def cost(self, which: str) -> float:
+        """Dollars for the session's calls: ``"recorded"`` as billed (`ModelInfo.cost` of each
+        call's usage: writes at their recorded TTL, output with its thinking, and every
+        ``usage.iterations`` step); ``"simulated"`` the same bill with the call's input, write and
+        read replaced by the simulator's, written at the TTL the call wrote with (issue 50: writes
+        were priced at the 5-minute rate and only the three input kinds counted)."""
         info = get_model(self.model)
         total = 0.0
         for c in self.calls:
-            u = getattr(c, which)
-            total += (u["input"] * info.input + u["write"] * info.write_5m + u["read"] * info.read) / 1e6
+            billed = info.cost(c.usage) if c.usage else self._inputs(info, c.recorded, c.ttl)
+            if which == "recorded":
+                total += billed
+            else:  # what the call's inputs cost as recorded, taken out; the simulator's, put in
+                total += billed - self._inputs(info, c.recorded, c.ttl) + self._inputs(info, c.simulated, c.ttl)
         return total
+
+    @staticmethod
+    def _inputs(info: ModelInfo, u: dict[str, int], ttl: str) -> float:
+        p = info.at(u["input"] + u["write"] + u["read"])
+        return (u["input"] * p.input + u["write"] * p.write_price(ttl) + u["read"] * p.read) / 1e6
 
     @property
     def total_fit_error(self) -> float:
@@ -91,7 +106,7 @@ def session_fidelity(path: str | Path, counter: TokenCounter | None = None) -> S
     for c in rs.calls:
         r = sim.process(c.request)
         simulated = {"input": r.input_tokens, "write": r.cache_creation_input_tokens, "read": r.cache_read_input_tokens}
-        out.calls.append(CallFit(c.index, c.recorded, simulated, c.estimated))
+        out.calls.append(CallFit(c.index, c.recorded, simulated, c.estimated, c.usage, written_ttl(c.usage)))
     return out
 
 
@@ -100,6 +115,7 @@ def summarize(results: list[SessionFidelity]) -> dict[str, Any]:
     errs = [abs(c.recorded_share - c.simulated_share) for r in results for c in r.calls]
     agree = [(c.recorded_share >= 0.5) == (c.simulated_share >= 0.5) for r in results for c in r.calls]
     sess_err = [abs(r.share("recorded") - r.share("simulated")) for r in results]
+    ratios = [r.cost("simulated") / r.cost("recorded") for r in results if r.cost("recorded")]
     return {
         "sessions": len(results),
         "calls": len(errs),
@@ -115,4 +131,6 @@ def summarize(results: list[SessionFidelity]) -> dict[str, Any]:
         "session_mae": statistics.fmean(sess_err),
         "session_max": max(sess_err),
         "cost_ratio": sum(r.cost("simulated") for r in results) / sum(r.cost("recorded") for r in results),
+        "session_cost_min": min(ratios) if ratios else 1.0,
+        "session_cost_max": max(ratios) if ratios else 1.0,
     }
