@@ -12,5 +12,5 @@ import warnings
 from .tools.emulator import *  # noqa: F403
 from .tools.emulator import __all__ as __all__
 
-warnings.warn("cachecompact.emulator moved to cachecompact.tools.emulator; the old path goes in 0.5",
+warnings.warn("cachecompact.emulator moved to cachecompact.tools.emulator; the old path goes in 0.4",
               DeprecationWarning, stacklevel=2)

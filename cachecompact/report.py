@@ -12,5 +12,5 @@ import warnings
 from .tools.session_report import *  # noqa: F403
 from .tools.session_report import __all__ as __all__
 
-warnings.warn("cachecompact.report moved to cachecompact.tools.session_report; the old path goes in 0.5",
+warnings.warn("cachecompact.report moved to cachecompact.tools.session_report; the old path goes in 0.4",
               DeprecationWarning, stacklevel=2)

@@ -16,5 +16,5 @@ from .compaction.peers import __all__ as _peer_names
 
 __all__ = [*_catalog_names, *_peer_names, "register"]
 
-warnings.warn("cachecompact.strategies moved to cachecompact.compaction.catalog; the old path goes in 0.5",
+warnings.warn("cachecompact.strategies moved to cachecompact.compaction.catalog; the old path goes in 0.4",
               DeprecationWarning, stacklevel=2)
