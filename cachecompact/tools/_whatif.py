@@ -214,9 +214,7 @@ def table(w: WhatIf, top: int = 3) -> str:
                      "a resumed log's copies included. The replays lack the system prompt and tools a log omits, "
                      "so compare the rows with each other")
     rows = [("option", "cost", "vs own way", "saving", "re-writes", "adjusted", "recall", "re-runs", "failed")]
-    for o in w.options:
-        if o.name in w.hidden:
-            continue
+    for o in table_options(w):
         ratio = o.cost_usd / base.cost_usd if base.cost_usd else 1.0
         rows.append((o.label, f"${o.cost_usd:,.2f}", f"{ratio:.2f}x", _usd(base.cost_usd - o.cost_usd),
                      f"${o.rewrite_usd:,.2f}", f"${o.adjusted_usd:,.2f}", f"{o.recall:.3f}",
@@ -262,6 +260,12 @@ def left_out(w: WhatIf) -> list[str]:
     return out
 
 
+def table_options(w: WhatIf) -> list[Any]:
+    """The options the table and the plot show alike (issue 50: the plot drew the hidden ones
+    too, 13 bars beside an 11-row table)."""
+    return [o for o in w.options if o.name not in w.hidden]
+
+
 def _usd(x: float) -> str:
     return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
@@ -277,10 +281,11 @@ def plot(w: WhatIf, path: Path) -> Path | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    labels = [o.label for o in w.options]
+    options = table_options(w)
+    labels = [o.label for o in options]
     ys = range(len(labels))
-    ax.barh([y + 0.2 for y in ys], [o.cost_usd for o in w.options], height=0.4, label="cost")
-    ax.barh([y - 0.2 for y in ys], [o.adjusted_usd for o in w.options], height=0.4, label="adjusted cost")
+    ax.barh([y + 0.2 for y in ys], [o.cost_usd for o in options], height=0.4, label="cost")
+    ax.barh([y - 0.2 for y in ys], [o.adjusted_usd for o in options], height=0.4, label="adjusted cost")
     ax.axvline(w.option(BASELINE).cost_usd, color="grey", linestyle="--", linewidth=1,
                label="Claude Code's way, its own TTL")
     ax.set_yticks(list(ys), labels)

@@ -78,6 +78,12 @@ def test_whatif_on_two_sessions_prints_its_table_and_writes_json_and_plot(
     # the same with idle compaction: Claude Code's never fires below 200k tokens, so it costs the same
     assert got[BASELINE_IDLE]["cost_usd"] == pytest.approx(got[BASELINE]["cost_usd"])
     assert "claude-code+idle" not in text.split("-----")[1]  # run for the baseline, not a row of its own
+    # the plot draws the table's rows, not the options run only for a baseline (issue 50: 13 bars, 11 rows)
+    from cachecompact.tools._whatif import Option, WhatIf, table_options
+
+    w = WhatIf(sessions=[], window=0, paired=2, hidden=["claude-code+idle", "claude-code@5m+idle"],
+               options=[Option(**{k: v for k, v in o.items() if k != "label"}) for o in data["options"]])
+    assert [o.name for o in table_options(w)] == [BASELINE, *OPTIONS]
     # the logs wrote with 5 minutes, so the baseline is Claude Code's way at 5 minutes, session by session
     assert [s["recorded_ttl"] for s in data["sessions"]] == ["5m", "5m"]
     assert got[BASELINE]["cost_usd"] == pytest.approx(got["claude-code@5m"]["cost_usd"])
