@@ -131,6 +131,7 @@ class CompactionEngine:
         # refuse a request whose model the price table does not list (wrap(); the proxy, which
         # serves clients it does not configure, prices such a request as the default model)
         self.strict_models = opts.strict_models
+        self._unknown_models: set[str] = set()  # ids not in the price table, warned about once
         self.overhead_s = 0.0  # time spent preparing requests and recording usage
         self.registry = SessionRegistry(self.store, LiveMaker(self.store, opts, self.strategy_config, summarizer,
                                                               self.events, self.window_tokens),
@@ -174,8 +175,15 @@ class CompactionEngine:
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
         asks_hour = _check_untouched(body)
-        if self.strict_models and isinstance(body.get("model"), str):
-            get_model(body["model"], self.options.prices)  # UnknownModelError names the nearest ids and how to price it
+        if isinstance(body.get("model"), str):
+            try:
+                get_model(body["model"], self.options.prices)  # UnknownModelError names the nearest ids, how to price
+            except UnknownModelError as err:
+                if self.strict_models:
+                    raise
+                if body["model"] not in self._unknown_models:  # the proxy forwards it (the API decides), and says
+                    self._unknown_models.add(body["model"])  # once what wrap() says (issue 50)
+                    log.warning("cachecompact: %s; forwarded as sent, and priced as the default model here", err)
         if explicit is not None:
             check_session_id(explicit, "session id")
         else:

@@ -78,3 +78,33 @@ def test_a_changed_observation_record_is_reported_with_its_place(tmp_path: Path)
     events.write_text("\n".join(lines) + "\n")
     rc, text = _cli("ledger", "verify", "--store", str(store), sid)
     assert rc == 1 and "observation 1 is numbered 7" in text, text
+
+
+def test_the_compact_proxy_names_the_nearest_ids_of_an_unknown_model(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 50: wrap() refuses an unlisted id naming the nearest ones; the compact proxy forwards
+    it (the API decides) and now says the same, once per id."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="cachecompact")
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact")) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        for _ in range(2):
+            with contextlib.suppress(anthropic.APIStatusError):  # the API's answer to the id is its own
+                client.messages.create(model="claude-sonnet-4.6", max_tokens=10,
+                                       messages=[{"role": "user", "content": "hi"}])
+    said = [r.getMessage() for r in caplog.records if "nearest" in r.getMessage()]
+    assert len(said) == 1 and "claude-sonnet-4.6" in said[0] and "claude-sonnet-4-6" in said[0], said
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_a_bad_session_header_gets_the_same_400_in_both_modes(mode: str) -> None:
+    """Issue 50: compact mode refused a session header that could name a path; observe mode
+    forwarded the request unanalysed. Both now answer 400 naming the header, before upstream."""
+    from cachecompact.base.headers import SESSION_HEADER
+
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode)) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError, match=SESSION_HEADER):
+            client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}],
+                                   extra_headers={SESSION_HEADER: "../../etc"})
+        assert not [r for r in emu.requests if r.get("status") == 200]

@@ -13,9 +13,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
+from ...base.errors import InvalidSessionIdError
+from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ...base.http import clock_from, json_or_none, too_long, with_betas
 from ...base.wire import bytes_as_is
+from ...store import check_session_id
 from ..httpserver import api_error, read_body
 from ._config import ProxyConfig
 from ._state import Exchange, ProxyState
@@ -100,6 +102,13 @@ class Handlers:
         now = clock_from(lower, CLOCK_HEADER, state.clock)  # replays and tests set the clock
         if INTERNAL_HEADER in lower:
             return await self.plain(request, raw, headers)
+        if state.engine is None and SESSION_HEADER in lower:
+            # the same answer as compact mode (issue 50: observe mode forwarded it unanalysed): a header that
+            # could name a path is the caller's mistake, said before anything goes upstream
+            try:
+                check_session_id(lower[SESSION_HEADER], SESSION_HEADER)
+            except InvalidSessionIdError as err:
+                return api_error(400, str(err))
         prepared: Prepared | None = None
         data = raw
         if state.engine is not None and not request.headers.get("content-encoding"):
