@@ -355,6 +355,8 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 sync_api.expect(page.locator("#totals")).to_contain_text(f"{total}")
                 sync_api.expect(page.locator("#totals")).to_contain_text("1 conversations, 2 sessions")
                 sync_api.expect(top).to_contain_text(MODEL)
+                (conv,) = [c for c in listed if c["id"] == sid]  # the first row says the conversation's total too
+                sync_api.expect(top).to_contain_text(f"(all {conv['conversation']['requests']})")
                 # named by its project folder and first prompt, not by a UUID alone
                 sync_api.expect(top).to_contain_text("work: delegate please")
                 page.fill("#filter", "no-such-session")

@@ -90,7 +90,12 @@ function row(body, s, segment) {
   a.textContent = segment ? `\u21b3 ${name}, ${(s.link && s.link.reason) || "linked"}` : name;
   td.appendChild(a);
   cell(tr, s.model || "");
-  cell(tr, s.requests, "num"); cell(tr, usd(s.cost_usd), "num"); cell(tr, usd(s.wasted_usd), "num");
+  // a conversation's first row: its own figures and the conversation's beside them (issue 50: the root
+  // row showed $0.12 of a $1.79 conversation, read as the whole)
+  const c = !segment && s.conversation && s.conversation.sessions > 1 ? s.conversation : null;
+  cell(tr, c ? `${s.requests} (all ${c.requests})` : s.requests, "num");
+  cell(tr, c ? `${usd(s.cost_usd)} (all ${usd(c.cost_usd)})` : usd(s.cost_usd), "num");
+  cell(tr, c ? `${usd(s.wasted_usd)} (all ${usd(c.wasted_usd)})` : usd(s.wasted_usd), "num");
   cell(tr, (100 * s.hit_rate).toFixed(1) + "%", "num");
   cell(tr, when(s.first_time)); cell(tr, when(s.last_time)); cell(tr, duration(s.duration_s), "num");
   cell(tr, Object.entries(s.misses).map(([k, v]) => `${k} ${v}`).join(", "));
