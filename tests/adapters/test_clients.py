@@ -357,6 +357,9 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 sync_api.expect(top).to_contain_text(MODEL)
                 (conv,) = [c for c in listed if c["id"] == sid]  # the first row says the conversation's total too
                 sync_api.expect(top).to_contain_text(f"(all {conv['conversation']['requests']})")
+                page.goto(px.url + f"/ui#/session/{sid}")  # the session page links to its sub-agent
+                sync_api.expect(page.locator(f'#session-related a[href="#/session/{sid}.a2"]')).to_have_count(1)
+                page.goto(px.url + "/ui")
                 # named by its project folder and first prompt, not by a UUID alone
                 sync_api.expect(top).to_contain_text("work: delegate please")
                 page.fill("#filter", "no-such-session")

@@ -108,3 +108,20 @@ def test_a_bad_session_header_gets_the_same_400_in_both_modes(mode: str) -> None
             client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}],
                                    extra_headers={SESSION_HEADER: "../../etc"})
         assert not [r for r in emu.requests if r.get("status") == 200]
+
+
+def test_a_session_page_names_the_other_sessions_of_its_conversation() -> None:
+    """Issue 50: the session page did not link to its sub-agents. The session's API answer now
+    lists its conversation's sessions, the first one first, each with why it is linked."""
+    from cachecompact.base.headers import SESSION_HEADER
+
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact")) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        for system in ("You lead.", "You are a sub-agent."):  # one name, two agents (Claude Code's sub-agents)
+            client.messages.create(model=MODEL, max_tokens=10, system=system, extra_headers={SESSION_HEADER: "conv"},
+                                   messages=[{"role": "user", "content": f"{system} Start."}])
+        px.wait_idle()
+        first = httpx2.get(f"{px.url}/api/sessions/conv").json()["conversation"]
+        sub = httpx2.get(f"{px.url}/api/sessions/conv.a2").json()["conversation"]
+    assert [x["id"] for x in first] == [x["id"] for x in sub] == ["conv", "conv.a2"]
+    assert first[0]["reason"] is None and first[1]["reason"]

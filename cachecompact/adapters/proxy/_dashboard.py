@@ -86,6 +86,17 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return top
 
 
+def related(sid: str, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sessions of ``sid``'s conversation, its first one first (one entry, itself, when it
+    stands alone): what the session page links to (issue 50: it did not link to its sub-agents)."""
+    for c in conversations(summaries):
+        parts = [c, *c.get("segments", [])]
+        if any(p["id"] == sid for p in parts):
+            return [{"id": p["id"], "reason": (p.get("link") or {}).get("reason"), "requests": p["requests"]}
+                    for p in parts]
+    return [{"id": sid, "reason": None, "requests": 0}]
+
+
 def static_file(name: str) -> bytes:
     """One of the dashboard's files shipped in the package (``static/``)."""
     return resources.files(__package__ or "cachecompact.adapters.proxy").joinpath("static", name).read_bytes()
@@ -120,7 +131,8 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
         own = model_window(str(summary.get("model") or ""))
         window = min(own, state.cfg.window_tokens) if state.cfg.window_tokens else own
         return _json({"session": summary, "requests": recs, "compactions": comps, "window": window,
-                      "window_source": "--window" if state.cfg.window_tokens else "the model's context window"})
+                      "window_source": "--window" if state.cfg.window_tokens else "the model's context window",
+                      "conversation": related(summary["id"], [x.summary() for x in state.observer.sessions()])})
 
     async def one(request: web.Request) -> web.Response:
         s = state.observer.get(request.match_info["sid"])

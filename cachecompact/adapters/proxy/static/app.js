@@ -309,6 +309,19 @@ async function openSession(sid) {
       `blocks invalidated by our edits, ${tokens(s.thinking.left_out_tokens)} tokens of them left out of requests, ` +
       `${s.thinking.drop_block_requests} requests asked the API to drop a tool-loop turn's` : "");
   $("window-note").textContent = `the window: ${tokens(data.window)} tokens (${data.window_source})`;
+  const rel = $("session-related");  // the other sessions of its conversation: segments, sub-agents
+  clear(rel);
+  const others = (data.conversation || []).filter((x) => x.id !== s.id);
+  if (others.length) {
+    rel.append(`one of ${others.length + 1} sessions of a conversation: `);
+    others.forEach((x, k) => {
+      const a = document.createElement("a");
+      a.href = sessionLink(x.id);
+      a.textContent = x.reason ? `${x.id} (${x.reason})` : `${x.id} (the first)`;
+      if (k) rel.append(", ");
+      rel.append(a);
+    });
+  }
   const reqs = data.requests.filter((r) => r.status === 200 || r.status === undefined || r.status === null);
   costChart(reqs); contextChart(reqs); idleChart(reqs);
   contextView([...reqs].reverse().find((r) => r.context), data.window);
