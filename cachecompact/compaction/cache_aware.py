@@ -750,11 +750,6 @@ class CacheAwareCompactor:
                                                               "max_tokens": max_tokens or 4096}).body
         return ApiRequest(level, reason, end, body, call, tokens)
 
-    def _api_failed(self, err: BaseException) -> None:
-        """A refusal (not a 429 or 5xx, which may pass) turns API summaries off for the session."""
-        if getattr(err, "status_code", None) not in (429, 500, 502, 503, 529):
-            self._api_refused = True
-
     def _swap_api(self, req: ApiRequest, report: Plan) -> int:
         """Put the API's block in place of messages 0..req.end; the tokens after. A failure is
         counted as a failed summary, and one the API refused (not a transient 529) turns them off
@@ -767,7 +762,8 @@ class CacheAwareCompactor:
         except Exception as err:  # the SDK's errors, a refused answer (SummaryRejected)
             cost = getattr(err, "cost_usd", 0.0)
             self.summary_cost += cost
-            self._api_failed(err)
+            if getattr(err, "status_code", None) not in (429, 500, 502, 503, 529):  # a refusal, not a passing failure
+                self._api_refused = True
             self._fail(req.level, f"API-written summary: {type(err).__name__}: {str(err)[:300]}", before, cost,
                        report)
             return before

@@ -302,6 +302,7 @@ class Ledger:
     def __init__(self, entries: Sequence[LedgerEntry] = ()) -> None:
         self.entries: list[LedgerEntry] = []
         self._effective: list[LedgerEntry] = []
+        self._compaction_end: int | None = None  # `compaction_end` of every entry, kept as they are pushed
         for e in entries:
             self._push(e)
 
@@ -321,6 +322,13 @@ class Ledger:
             eff = [x for x in eff if not entry.contains(x)]
             eff.append(entry)
         return sorted(eff, key=lambda x: x.start)
+
+    def compaction_end(self, upto: int | None = None) -> int | None:
+        """`compaction_end` of the first ``upto`` entries (all by default, without a scan): where
+        the newest API-written summary in force ends, None without one."""
+        if upto is None or upto >= len(self.entries):
+            return self._compaction_end
+        return compaction_end(self.entries[:upto])
 
     def make_entry(
         self,
@@ -364,6 +372,8 @@ class Ledger:
 
     def _push(self, entry: LedgerEntry) -> None:
         self.entries.append(entry)
+        if entry.kind == "compaction":
+            self._compaction_end = max(entry.end, self._compaction_end or 0)
         self._effective = [x for x in self._effective if not entry.contains(x)]
         self._effective.append(entry)
         self._effective.sort(key=lambda x: x.start)

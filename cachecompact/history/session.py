@@ -57,7 +57,6 @@ from .ledger import (
     ReplaceWithSummary,
     SkipRange,
     check_edit,
-    compaction_end,
     entry_hash,
 )
 from .render import Renderer, RenderResult
@@ -303,7 +302,7 @@ class Session:
         pe = self.prefix_end
         if pe is None:
             return None
-        end = compaction_end(self.ledger.entries)
+        end = self.ledger.compaction_end()
         return pe if end is None else max(pe, end + 1)
 
     @property

@@ -59,10 +59,8 @@ def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
         from ..store import open_store
 
         return Session.open(open_store(args.store), args.target, readonly=readonly)
-    target = Path(args.target)
+    target = _session_dir(args)
     default = Path(DEFAULT_STORE) / args.target
-    if not target.exists() and "/" not in args.target and default.is_dir():
-        target = default  # a bare id: the session in wrap()'s default store
     if not target.exists():
         from ..base.errors import SessionNotFoundError
 
@@ -80,6 +78,13 @@ def _open(args: argparse.Namespace, *, readonly: bool = True) -> Session:
     return Session.open(target, readonly=readonly)
 
 
+def _session_dir(args: argparse.Namespace) -> Path:
+    """The folder SESSION names: the path given, or a bare id in wrap()'s default store."""
+    name = str(args.target)
+    target, default = Path(name), Path(DEFAULT_STORE) / name
+    return default if not target.exists() and "/" not in name and default.is_dir() else target
+
+
 def _observed(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """The named session's observation records when the proxy kept it in observe mode (no
     transcript or ledger: `observed_report`); None for any other session, or none found (then
@@ -91,10 +96,7 @@ def _observed(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, 
     if getattr(args, "store", None):
         root, sid = open_store(args.store), args.target
     else:
-        target = Path(args.target)
-        default = Path(DEFAULT_STORE) / args.target
-        if not target.exists() and "/" not in args.target and default.is_dir():
-            target = default
+        target = _session_dir(args)
         if not (target / "session.json").is_file():
             return None
         root, sid = open_store(target.absolute().parent), target.name

@@ -194,7 +194,7 @@ class Renderer:
         pe = self._prefix_end()
         if pe is not None and n < pe:
             pe = None  # an earlier state (``transcript_len``) from before the prefix was complete
-        compacted = pe is not None and any(e.kind == "compaction" for e in self.ledger.entries[:n_entries])
+        compacted = pe is not None and self.ledger.compaction_end(n_entries) is not None
         prefix_last = self._prefix_last_block(arr, None if compacted else pe)
         prefix_hash = None
         if compacted:
@@ -256,7 +256,7 @@ class Renderer:
                             _arr=arr, _nb=nb, _nm=nm,
                             _n_tools=self._n_tools, _n_system=self._n_system, _patched=patched,
                             _ledger=self.ledger.entries, thinking=thinking,
-                            left_out_tokens=self._left_out_tokens(thinking))
+                            left_out_tokens=self._left_out_tokens(thinking), compacted=compacted)
         if plain:
             self._plain = (state, result)
         return result

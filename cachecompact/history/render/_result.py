@@ -105,6 +105,7 @@ class RenderResult:
     thinking: ThinkingPlan = field(default_factory=lambda: ThinkingPlan({}))
 
     left_out_tokens: int = 0  # estimated tokens of the thinking blocks left out (`thinking`)
+    compacted: bool = False  # an API-written summary opens the messages (its block needs a beta)
 
     @property
     def betas(self) -> tuple[str, ...]:
@@ -113,7 +114,7 @@ class RenderResult:
         error that says `compaction` is not one of the expected content block types")."""
         th = self.body.get("thinking")
         out = (BINDING_BETA,) if isinstance(th, dict) and "block_binding" in th else ()
-        if any(e.kind == "compaction" for e in self._ledger[:self.n_entries]):
+        if self.compacted:
             out = (*out, COMPACTION_BETA)
         return out
 
