@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -416,3 +417,20 @@ def test_the_readmes_test_command_says_why_each_test_skipped(tmp_path: Path) -> 
                           "-c", str(root / "pyproject.toml"), str(probe)], capture_output=True, text=True,
                          timeout=120, cwd=root)
     assert "needs the probe part: install it" in out.stdout, out.stdout
+
+
+def test_the_changelog_cites_paths_that_exist_or_says_they_went() -> None:
+    """Issue 50: the unreleased section cited module paths that had since become private
+    (`compaction/lookback.py` for `_lookback.py`). Every package or repository path it cites
+    exists, unless its sentence says the path went (gone, split, renamed, moved, removed)."""
+    root = PKG.parent
+    text = (root / "CHANGELOG.md").read_text().split("\n## ", 2)[1]  # the newest release's section
+    gone = re.compile(r"\b(gone|split|renamed|moved|removed|deleted|never shipped|was|were|old|from)\b")
+    stale = []
+    for entry in re.split(r"\n(?=- )", text):
+        for sentence in re.split(r"(?<=[.;])\s", entry):
+            for path in re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|md|toml|mjs))`", sentence):
+                here = any((base / path).exists() for base in (root, PKG)) or any(PKG.rglob(path))
+                if not here and not gone.search(sentence):
+                    stale.append(path)
+    assert stale == [], f"CHANGELOG.md cites paths that do not exist: {stale}"

@@ -213,6 +213,9 @@ class Finding:
     agrees: bool | None = None
     idle_s: float | None = None
     prompt: str | None = None  # the start of the person's prompt this request answers (recorded logs)
+    # a recorded log's conversation the call belongs to: None for the main chain, else the
+    # sub-agent's label (each has its own cache and clock, so its times restart: issue 50)
+    thread: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # every field is a plain value: a flat copy, not `asdict`'s recursive deep copy (per request)

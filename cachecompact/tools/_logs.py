@@ -36,7 +36,7 @@ from .traces.claude_code_logs import IDLE_KIND, load_claude_code
 from .traces.trace_model import Trace
 
 __all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "billed", "fit_line", "forensics_of_log",
-           "rebuild_calls", "summarize_logs", "written_ttl"]
+           "rebuild_calls", "recorded_input", "summarize_logs", "written_ttl"]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -79,11 +79,30 @@ class RecordedSession:
 
 def written_ttl(usage: dict[str, Any]) -> TTL:
     """The TTL a recorded call wrote with: "1h" when its usage reports 1-hour writes only."""
-    cc = usage.get("cache_creation")
+    cc = _counted_step(usage).get("cache_creation")
     if isinstance(cc, dict) and int(cc.get("ephemeral_1h_input_tokens") or 0) > 0 \
             and not int(cc.get("ephemeral_5m_input_tokens") or 0):
         return "1h"
     return "5m"
+
+
+def recorded_input(usage: dict[str, Any]) -> dict[str, int]:
+    """A call's input, write and read as billed (`_counted_step`)."""
+    u = _counted_step(usage)
+    return {"input": int(u.get("input_tokens") or 0), "write": int(u.get("cache_creation_input_tokens") or 0),
+            "read": int(u.get("cache_read_input_tokens") or 0)}
+
+
+def _counted_step(usage: dict[str, Any]) -> dict[str, Any]:
+    """The part of a usage that says what the request read and wrote. The top level is the
+    answering message step's (anthropic-cache-facts.md §3.4); a usage that carries its counts
+    only in ``iterations`` (issue 50: such a call was billed but never counted) is read from its
+    last ``message`` step, the one that read the request's cache, or else its last step."""
+    keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    its = [it for it in usage.get("iterations") or () if isinstance(it, dict)]
+    if any(usage.get(k) for k in keys) or not its:
+        return usage
+    return next((it for it in reversed(its) if it.get("type") == "message"), its[-1])
 
 
 def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None) -> RecordedSession | None:
@@ -102,8 +121,7 @@ def rebuild_calls(path: str | Path | Trace, counter: TokenCounter | None = None)
         if m["role"] != "assistant" or not u or i == 0:
             continue
         s = max((c for c in starts if c <= i - 1), default=0)
-        rec = {"input": int(u.get("input_tokens") or 0), "write": int(u.get("cache_creation_input_tokens") or 0),
-               "read": int(u.get("cache_read_input_tokens") or 0)}
+        rec = recorded_input(u)
         called = trace.models[i] if i < len(trace.models) else model
         if sum(rec.values()) and i > s and called != "<synthetic>":
             raw_calls.append((i, s, rec, u))
@@ -188,6 +206,7 @@ class LogForensics:
     cost_usd: float = 0.0  # every recorded call, sub-agents included, at the prices of the log's day
     subagent_cost_usd: float = 0.0  # the sub-agents' part of it (whatif replays main chains only)
     extra_1h_usd: float = 0.0  # what its 5-minute writes would have cost more with the 1-hour TTL
+    resumes: list[str] = field(default_factory=list)  # earlier logs whose history it copies (a resumed session)
 
     @property
     def misses(self) -> dict[str, int]:
@@ -212,14 +231,14 @@ class LogForensics:
 
 
 def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
-                     seen: set[str] | None = None) -> LogForensics | None:
+                     seen: dict[str, str] | None = None) -> LogForensics | None:
     """Findings for every call of one Claude Code log; None when it has too few calls with usage.
-    ``seen`` holds the response ids earlier logs counted: a resumed session's log copies its
-    original's history, whose calls are then analysed (the ones after them are compared with
-    them) but neither counted nor billed twice; it is updated with this log's. Raises
-    `TraceFormatError` for a file that is not such a log."""
+    ``seen`` maps the response ids earlier logs counted to those logs' names: a resumed session's
+    log copies its original's history, whose calls are then analysed (the ones after them are
+    compared with them) but neither counted nor billed twice, and the log names what it resumes;
+    it is updated with this log's. Raises `TraceFormatError` for a file that is not such a log."""
     counter = counter or TokenCounter()
-    seen = set() if seen is None else seen
+    seen = {} if seen is None else seen
     trace = load_claude_code(path, keep_compaction=True, repair_times=True)
     rs = rebuild_calls(trace, counter)
     if rs is None:
@@ -232,12 +251,15 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
         return model_prices(model).as_of(out.first)
 
     mine: set[str] = set()
-    main_usd, main_extra = billed((trace,), prices, rs.model, seen, mine)
-    out.subagent_cost_usd, sub_extra = billed(trace.subagents, prices, rs.model, seen, mine)
+    main_usd, main_extra = billed((trace,), prices, rs.model, seen.keys(), mine)
+    out.subagent_cost_usd, sub_extra = billed(trace.subagents, prices, rs.model, seen.keys(), mine)
+    copied = {seen[m] for th in (trace, *trace.subagents) for m in th.message_ids if m is not None and m in seen}
+    out.resumes = sorted(copied)
     out.cost_usd, out.extra_1h_usd = main_usd + out.subagent_cost_usd, main_extra + sub_extra
-    for thread in [rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]:
+    for n, thread in enumerate([rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]):
         if thread is None:
             continue
+        label = None if n == 0 else f"sub-agent {n} ({thread.name.rsplit('.', 1)[-1]})"
         engine = Forensics(as_of=out.first)  # a thread's cache entries are its own (another system prompt)
         body = {"messages": thread.messages}
         floor = min((c.recorded["read"] for c in thread.calls if c.recorded["read"]), default=0)
@@ -248,7 +270,8 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
             snap.prompt, snap.head_floor = c.prompt, floor
             if not c.time_known:
                 snap.time = math.nan  # the log lost it: no idle gap is read
-            f = engine.observe(snap, c.usage)
+            f = engine.observe(snap, {**c.usage, **_counted_step(c.usage)})
+            f.thread = label
             if c.message_id is not None and c.message_id in seen:
                 continue  # an earlier log's call, copied into this one
             out.findings.append(f)
@@ -257,7 +280,7 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
         out.threads += 1
         if thread is not rs:
             out.subagent_calls += counted
-    seen |= mine
+    seen.update(dict.fromkeys(mine, rs.name))
     return out
 
 
@@ -310,16 +333,17 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     counter = TokenCounter()
     done: list[LogForensics] = []
     skipped: list[dict[str, str]] = []
-    seen: set[str] = set()  # response ids counted: a resumed session's copied history counts once
+    seen: dict[str, str] = {}  # response ids counted, and by which log: a resumed session's copies count once
     for p in paths:
-        before = set(seen)
+        before = dict(seen)
         try:
             r = forensics_of_log(p, counter, seen)
         except TraceFormatError as err:
             skipped.append({"file": str(p), "reason": err.reason})
             continue
         except Exception as err:  # one file's problem is never the whole run's: said, and skipped
-            seen.intersection_update(before)  # nothing of a file that failed counts
+            seen.clear()
+            seen.update(before)  # nothing of a file that failed counts
             skipped.append({"file": str(p), "reason": f"could not be analysed ({type(err).__name__}: "
                                                       f"{' '.join(str(err).split())[:160]}); a bug, please report it"})
             continue

@@ -402,7 +402,7 @@ def cmd_forensics(args: argparse.Namespace) -> int:
                          f"with usage (each is listed above with why)")
     if args.json:
         print(json.dumps({"logs": [{"name": r.name, "project": r.project, "day": r.day, "model": r.model,
-                                    "calls": r.calls, "cost_usd": r.cost_usd, "misses": r.misses,
+                                    "resumes": r.resumes, "calls": r.calls, "cost_usd": r.cost_usd, "misses": r.misses,
                                     "wasted_usd": r.wasted,
                                     "findings": [f.to_dict() for f in r.findings
                                                  if f.cls != "read_as_expected"]} for r in done],
@@ -413,16 +413,21 @@ def cmd_forensics(args: argparse.Namespace) -> int:
     for r in shown:
         waste = sum(r.wasted.values())
         share = f" ({waste / r.cost_usd:.0%})" if r.cost_usd else ""
-        print(_wrapped(f"{r.name}: {r.calls} calls, ${r.cost_usd:.2f}, wasted ${waste:.2f}{share}"
+        resumed = f" (resumes {', '.join(r.resumes)}: its copied calls are counted there)" if r.resumes else ""
+        print(_wrapped(f"{r.name}{resumed}: {r.calls} calls, ${r.cost_usd:.2f}, wasted ${waste:.2f}{share}"
                        + "".join(f"; {k} {v} (${r.wasted[k]:.2f})" for k, v in sorted(r.misses.items()))))
         if args.verbose:
-            for f in r.findings:
-                if f.cls != "read_as_expected":
-                    when = (datetime.fromtimestamp(f.time, UTC).strftime("%Y-%m-%d %H:%M")
-                            if f.time == f.time else "time unknown")
-                    said = f' after "{f.prompt}"' if f.prompt else ""
-                    print(_wrapped(f"  {when} call {f.request}: {f.cls} (${f.wasted_usd:.2f}): {f.detail}{said}",
-                                   "      "))
+            missed = [f for f in r.findings if f.cls != "read_as_expected"]
+            labelled, thread = any(f.thread for f in missed), ""
+            for f in missed:
+                if labelled and (f.thread or "main chain") != thread:
+                    thread = f.thread or "main chain"  # a sub-agent has its own cache and clock: times start again
+                    print(f"  {thread}:")
+                when = (datetime.fromtimestamp(f.time, UTC).strftime("%Y-%m-%d %H:%M")
+                        if f.time == f.time else "time unknown")
+                said = f' after "{f.prompt}"' if f.prompt else ""
+                print(_wrapped(f"    {when} call {f.request}: {f.cls} (${f.wasted_usd:.2f}): {f.detail}{said}",
+                               "        "))
     if len(shown) < len(done):
         print(f"... and {len(done) - len(shown)} more logs (the {_MOST} that wasted most are shown; -v lists all)")
     for s in skipped:

@@ -371,6 +371,15 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 page.click('#sessions th[data-key="requests"]')
                 sync_api.expect(page.locator('#sessions th[data-key="requests"]')).to_have_class(re.compile("sorted"))
                 page.screenshot(path=str(shots / "dashboard-list.png"), full_page=True)
+                # a request the API rejects, of no conversation yet: a line under the table, not an empty row
+                rows = page.locator("#sessions tbody tr").count()
+                stray = {"model": MODEL, "max_tokens": 10, "temperature": 7, "messages": [{"role": "user",
+                                                                                            "content": "stray"}]}
+                assert httpx2.post(px.url + "/v1/messages", json=stray,
+                                   headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}).status_code == 400
+                px.wait_idle()
+                sync_api.expect(page.locator("#rejected-only")).to_contain_text("1 request(s) rejected", timeout=15_000)
+                assert page.locator("#sessions tbody tr").count() == rows
 
                 # a second client, through the SDK, whose changed system prompt is a miss with hostile text
                 c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)

@@ -125,3 +125,29 @@ def test_a_session_page_names_the_other_sessions_of_its_conversation() -> None:
         sub = httpx2.get(f"{px.url}/api/sessions/conv.a2").json()["conversation"]
     assert [x["id"] for x in first] == [x["id"] for x in sub] == ["conv", "conv.a2"]
     assert first[0]["reason"] is None and first[1]["reason"]
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_rejected_requests_leave_no_empty_session_rows(mode: str, tmp_path: Path) -> None:
+    """Issue 50: each request the API rejected started a session of its own, an empty row on the
+    dashboard. A session of rejected requests alone is counted (``rejected_only``, and errors in
+    ``/metrics``) but is no row; one that continues a conversation is that row's error."""
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    bad = [{"model": MODEL, "max_tokens": 100, "temperature": 7,  # the API accepts 0..1
+            "messages": [{"role": "user", "content": f"stray request {i} " * 40}]} for i in range(4)]
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode,
+                                               store=str(tmp_path / "store"))) as px:
+        for body in bad:
+            assert httpx2.post(f"{px.url}/v1/messages", json=body, headers=headers).status_code == 400
+        px.wait_idle()
+        listed = httpx2.get(f"{px.url}/api/sessions").json()
+        assert listed["sessions"] == [] and listed["rejected_only"]["requests"] == 4, listed
+        metrics = httpx2.get(f"{px.url}/metrics").text
+        assert 'cachecompact_request_errors_total{mode="' + mode + '"} 4' in metrics, metrics
+        _conversations(px.url, 1)
+        convo = [{"role": "user", "content": "conversation 0: read the code " * 50}]
+        again = {"model": MODEL, "max_tokens": 100, "temperature": 7, "messages": convo}
+        assert httpx2.post(f"{px.url}/v1/messages", json=again, headers=headers).status_code == 400
+        px.wait_idle()
+        rows = httpx2.get(f"{px.url}/api/sessions").json()["sessions"]
+        assert len(rows) == 1 and rows[0]["requests"] >= 3, rows

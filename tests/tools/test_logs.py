@@ -293,3 +293,62 @@ def test_the_ttl_advice_says_whether_to_switch(extra: float, says: str) -> None:
                                             "lookback_miss", "below_minimum", "server_edit", "provider_suspected")})
     (line,) = [a for a in advice(done, totals) if a.startswith("ttl_expiry")]
     assert says in line, line
+
+
+def test_verbose_forensics_labels_sub_agent_threads_counts_iterations_and_names_a_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 50: ``-v`` printed a sub-agent's findings under the main chain's, so times seemed to
+    run backwards; a call whose counts were only in ``usage.iterations`` was billed but not
+    counted; and a resumed log did not say what it resumes. Each thread's findings come under a
+    label, the iterations-only call is counted and judged, and the second log names the first."""
+    def u(read: int, write: int) -> dict[str, Any]:
+        return _usage(read, write) | {"output_tokens": 40}
+
+    def only_iterations(read: int, write: int) -> dict[str, Any]:
+        return {"output_tokens": 40, "iterations": [{"type": "compaction", **_usage(0, 0, inp=9_000)},
+                                                    {"type": "message", **u(read, write)}]}
+
+    def side(kind: str, ts: str, content: Any, **extra: Any) -> dict[str, Any]:
+        return _entry(kind, ts, content, isSidechain=True, agentId="a7", **extra)
+
+    entries = [
+        _entry("user", "2026-03-01T10:00:00Z", "fix the build"),
+        _entry("assistant", "2026-03-01T10:00:05Z", _tool("t1"), mid="m1", usage=u(0, 30_000)),
+        _entry("user", "2026-03-01T10:00:06Z", _result("t1")),
+        _entry("assistant", "2026-03-01T10:00:09Z", _tool("t2"), mid="m2", usage=u(31_000, 1_500)),
+        _entry("user", "2026-03-01T10:30:00Z", _result("t2")),  # 30 minutes away: an expiry
+        _entry("assistant", "2026-03-01T10:30:04Z", _tool("t3"), mid="m3", usage=only_iterations(0, 34_000)),
+        side("user", "2026-03-01T10:01:00Z", "look for the failing test"),
+        side("assistant", "2026-03-01T10:01:02Z", _tool("s1"), mid="s1", usage=u(0, 12_000)),
+        side("user", "2026-03-01T10:01:03Z", _result("s1")),
+        side("assistant", "2026-03-01T10:01:05Z", _tool("s2"), mid="s2", usage=u(13_000, 1_500)),
+        side("user", "2026-03-01T10:20:00Z", _result("s2")),  # the sub-agent's own expiry, earlier
+        side("assistant", "2026-03-01T10:20:04Z", [{"type": "text", "text": "found"}], mid="s3",
+             usage=u(0, 16_000)),
+    ]
+    first = tmp_path / "a-first.jsonl"
+    first.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+    resumed = [
+        *entries[:6],
+        _entry("user", "2026-03-01T11:00:00Z", _result("t3")),
+        _entry("assistant", "2026-03-01T11:00:04Z", _tool("t4"), mid="m4", usage=u(35_000, 1_000)),
+        _entry("user", "2026-03-01T11:00:05Z", _result("t4")),
+        _entry("assistant", "2026-03-01T11:00:08Z", [{"type": "text", "text": "done"}], mid="m5",
+               usage=u(36_000, 800)),
+    ]
+    (tmp_path / "b-resumed.jsonl").write_text("\n".join(json.dumps(e) for e in resumed) + "\n")
+
+    done, skipped, _ = summarize_logs([first, tmp_path / "b-resumed.jsonl"])
+    assert not skipped and len(done) == 2
+    a, b = done
+    assert a.calls == 6 and a.subagent_calls == 3  # m3 counted though its usage is only in iterations
+    m3 = next(f for f in a.findings if f.thread is None and f.request == 2)
+    assert m3.cls == "ttl_expiry" and m3.read == 0
+    assert {f.thread for f in a.findings} == {None, "sub-agent 1 (agent-a7)"}
+    assert a.resumes == [] and b.resumes == [a.name] and b.calls == 2  # its copies count in the first
+
+    assert main(["forensics", str(tmp_path), "-v"]) == 0
+    out = capsys.readouterr().out
+    main_at, sub_at = out.index("  main chain:"), out.index("  sub-agent 1 (agent-a7):")
+    assert main_at < out.index("2026-03-01 10:30") < sub_at < out.index("2026-03-01 10:20")
+    assert f"{b.name} (resumes {a.name}" in out

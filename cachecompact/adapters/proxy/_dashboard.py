@@ -15,8 +15,9 @@ output in an excerpt stays text.
 API:
 
 * ``GET /api/version`` — a counter that grows with every recorded request;
-* ``GET /api/sessions`` — every session: its title (project folder and first prompt), requests,
-  cost, hit rate, wasted dollars, misses, and the re-writes our own compactions caused (not misses);
+* ``GET /api/sessions`` — every session that had an answer: its title (project folder and first
+  prompt), requests, cost, hit rate, wasted dollars, misses, and the re-writes our own compactions
+  caused (not misses); sessions of rejected requests alone are counted in ``rejected_only``;
 * ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
   read, written and uncached, cost, timing, the finding of each) and its compactions, and the
   window its context view is drawn against (``--window`` when given, else the model's);
@@ -86,6 +87,17 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return top
 
 
+def listing(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``/api/sessions``: the conversations of the sessions that had an answer. A session whose
+    every request was rejected or failed is no row (issue 50: each stray request made an empty
+    one); they are counted in ``rejected_only``, and stay in the store and in ``/metrics``."""
+    answered = [d for d in summaries if d["requests"] > d["errors"]]
+    rejected = [d for d in summaries if d["requests"] <= d["errors"]]
+    return {"sessions": conversations(answered),
+            "rejected_only": {"sessions": len(rejected), "requests": sum(d["requests"] for d in rejected),
+                              "ids": [d["id"] for d in rejected][:20]}}
+
+
 def related(sid: str, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sessions of ``sid``'s conversation, its first one first (one entry, itself, when it
     stands alone): what the session page links to (issue 50: it did not link to its sub-agents)."""
@@ -117,7 +129,7 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
                       "keep_bodies": state.cfg.keep_bodies})
 
     async def sessions(_: web.Request) -> web.Response:
-        return _json({"sessions": conversations([s.summary() for s in state.observer.sessions()])})
+        return _json(listing([s.summary() for s in state.observer.sessions()]))
 
     async def session(request: web.Request) -> web.Response:
         s = state.observer.get(request.match_info["sid"])

@@ -135,7 +135,11 @@ async function renderSessions() {
   cell(totals, usd(sum("wasted_usd")), "num");
   cell(totals, prompt ? (100 * sum("read_tokens") / prompt).toFixed(1) + "%" : "", "num");
   cell(totals, ""); cell(totals, ""); cell(totals, ""); cell(totals, "");
-  $("no-sessions").hidden = data.sessions.length > 0;
+  $("no-sessions").hidden = data.sessions.length > 0 || data.rejected_only.requests > 0;
+  const rej = $("rejected-only");  // rejected before any answer: counted, not listed (no empty rows)
+  rej.hidden = data.rejected_only.requests === 0;
+  rej.textContent = `${data.rejected_only.requests} request(s) rejected before any answer of their ` +
+    `conversation (${data.rejected_only.sessions} session id(s)) are not listed; /metrics counts them.`;
   if (data.sessions.length > 0 && shown.length === 0) emptyRow(body, 10, `no session matches "${state.filter}"`);
 }
 
