@@ -95,8 +95,10 @@ class IdleDecision(msgspec.Struct, frozen=True, kw_only=True):
     request, which appends and renders them. ``p_late`` is the chance that the agent returns only
     after the cache expired, from the session's own gaps; ``value_usd`` the expected saving that
     decided it (positive: it pays); ``summary_warm_usd`` and ``summary_cold_usd`` the summary's
-    estimated price now and on a cold return; ``early_net_usd`` what the edit is worth when the
-    agent returns before expiry (`policy.economics`). ``cost_usd`` is what the summary did cost."""
+    estimated price now and on a cold return; ``early_cost_usd`` what the edit costs at once when
+    the agent returns before expiry (the term that decides), and ``early_net_usd`` what the cache
+    model says it is worth with its later savings (`policy.economics`; shown, not counted).
+    ``cost_usd`` is what the summary did cost."""
 
     session_id: str
     at: float
@@ -108,6 +110,7 @@ class IdleDecision(msgspec.Struct, frozen=True, kw_only=True):
     summary_warm_usd: float = 0.0
     summary_cold_usd: float = 0.0
     early_net_usd: float = 0.0
+    early_cost_usd: float = 0.0
     cost_usd: float = 0.0
     tokens_before: int = 0
     tokens_after: int = 0

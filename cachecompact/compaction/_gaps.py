@@ -69,11 +69,16 @@ class GapMeter:
     def returns_after(self, quiet_s: float, ttl_s: float, *, person: bool = True) -> tuple[float, int]:
         """The chance that a session already quiet for ``quiet_s`` seconds stays quiet past
         ``ttl_s``: among its gaps of the kind (a person's, or a tool's) that outlasted ``quiet_s``,
-        the share that outlasted ``ttl_s``, as (k + 1/2) / (n + 1), with ``n`` (how many gaps it is
-        told by). Half when the session has shown no such gap: nothing is assumed either way."""
+        the share that outlasted ``ttl_s``, as (k + q) / (n + 1), with ``n`` (how many gaps it is
+        told by). The one pseudo-gap ``q`` is the share of all its gaps of the kind that outlasted
+        ``ttl_s``, (K + 1/2) / (N + 1): half when the session has shown none, nothing assumed either
+        way; small when every gap so far was shorter than the TTL, though none was as long as this
+        quiet (issue 50: at a flat 1/2 an Opus summary was made for a person who always came back
+        in time)."""
         gaps = self.person if person else self.tool
+        q = _share(sum(1 for g in gaps if g > ttl_s), len(gaps))
         longer = [g for g in gaps if g > quiet_s]
-        return _share(sum(1 for g in longer if g > ttl_s), len(longer)), len(longer)
+        return (sum(1 for g in longer if g > ttl_s) + q) / (len(longer) + 1), len(longer)
 
     def state(self) -> dict[str, Any]:
         return {"tool": list(self.tool), "person": list(self.person), "turn_ends": self.turn_ends,

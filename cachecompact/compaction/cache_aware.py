@@ -1095,14 +1095,15 @@ class CacheAwareCompactor:
         after = max(0, tokens - s.counter.calibrated(p.tokens_removed))
         priced_kw: dict[str, Any] = {"level": p.level, "p_late": round(p_late, 4), "value_usd": round(value, 6),
                                      "summary_warm_usd": round(warm, 6), "summary_cold_usd": round(cold, 6),
-                                     "early_net_usd": round(early.net, 6), "tokens_before": tokens}
-        # the early-return term as it is added: an edit's gain never counts (`compaction.idle`), so a positive
-        # net shows as what it adds, 0, with the net beside it
-        counted = min(0.0, early.net)
-        sums = (f"chance of a return after the {ttl / 60:.0f}-minute cache {p_late:.2f} x (summary cold "
-                f"${cold:.4f} - warm ${warm:.4f}) + {1 - p_late:.2f} x the edit on an early return "
-                f"${counted:+.4f}" + (f" (its net ${early.net:+.4f} is a gain, counted as 0)" if early.net > 0 else "")
-                + f" = ${value:+.4f}")
+                                     "early_net_usd": round(early.net, 6),
+                                     "early_cost_usd": round(early.cost_now, 6), "tokens_before": tokens}
+        # the early-return term as it is added: what the edit costs at once (its later savings never count,
+        # `compaction.idle`), with its parts
+        sums = (f"chance of a return after the {ttl / 60:.0f}-minute cache {p_late:.3f} x (summary cold "
+                f"${cold:.4f} - warm ${warm:.4f}) + {1 - p_late:.3f} x the edit on an early return "
+                f"${-early.cost_now:+.4f} (re-write ${early.rewrite_cost:.4f}, summary ${early.summary_cost:.4f}"
+                + (f", reasoning ${early.reasoning_cost:.4f}" if early.reasoning_cost else "")
+                + f"; its later savings uncounted) = ${value:+.4f}")
         if value <= 0:
             return no(f"does not pay: {sums}", tokens_after=tokens, **priced_kw)
         try:

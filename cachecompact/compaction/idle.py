@@ -10,19 +10,21 @@ changes is the summary call, and what it costs when the agent comes back early:
   summarizer can read the session's own cached request at the read price (prefix reuse),
   instead of at a cold return, where the same call pays the full input or write price. The
   saving is ``summary_cold - summary_warm``; the write on return is the same compacted context.
-* **Returns before the TTL** (``1 - p``): no collapse was due. The edit is then an ordinary
-  warm edit, worth what the policy's cache model says of it (`policy.economics`: the turns'
-  smaller reads, less the re-write of everything after the edit, the summary and the reasoning
-  it invalidates), but never more than nothing: the policy itself did not make that edit at the
-  last request (its thresholds keep history the agent may still need), and idle compaction
-  does not overrule them. Counting its future savings as a gain made it fire on sessions that
-  were merely big, and cost evidence recall: on the 2025 Claude Code set, 0.968 -> 0.949 for
-  5% less (docs/benchmarks.md).
+* **Returns before the TTL** (``1 - p``): no collapse was due, and the policy itself did not
+  make this edit at the last request (its thresholds keep history the agent may still need).
+  The edit then costs what it costs now: the re-write of everything after it, the summary and
+  the reasoning it invalidates (`policy.Economy`). Its later savings are not counted: the
+  policy would have made its own collapse when one paid, so what the idle edit saves by
+  coming first is small and unknown. Counting them, even capped at zero (``min(0, net)``, the
+  rule until issue 50), fired whenever the cache model called the edit a gain: with the
+  session's own model as summarizer and a person who came back after 4.5 minutes every time,
+  it fired in 3 of 4 pauses at p 0.25 to 0.12 and the run cost 3.1% more than without it.
 
-So ``value = p * (summary_cold - summary_warm) + (1 - p) * min(0, early.net)``, and idle
-compaction fires only when the value is positive. ``p`` comes from the session's own gaps: of the gaps after which
-a person spoke that outlasted the time the session has already been quiet, the share that
-outlasted the TTL (`GapMeter.returns_after`), half when there are none. An agent that knows how
+So ``value = p * (summary_cold - summary_warm) - (1 - p) * early.cost_now``, and idle
+compaction fires only when the value is positive. ``p`` comes from the session's own gaps
+(`GapMeter.returns_after`): of the gaps after which a person spoke that outlasted the time the
+session has already been quiet, the share that outlasted the TTL, with one pseudo-gap at the
+share of all the person's gaps that outlasted it (half when there are none). An agent that knows how
 long it will wait gives that instead (``away_s``), and ``p`` is 1 or 0.
 
 Against Claude Code's own idle compaction, which waits a fixed ~55 minutes and summarizes the
@@ -53,4 +55,4 @@ def late_chance(quiet_s: float, ttl_s: float, *, from_gaps: tuple[float, int], a
 def idle_value(p_late: float, *, summary_cold: float, summary_warm: float, early: Economy) -> float:
     """The expected dollars saved by summarizing now rather than leaving it to the return (the
     module docstring): positive means it pays."""
-    return p_late * (summary_cold - summary_warm) + (1.0 - p_late) * min(0.0, early.net)
+    return p_late * (summary_cold - summary_warm) - (1.0 - p_late) * early.cost_now

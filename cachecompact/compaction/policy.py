@@ -320,6 +320,12 @@ class Economy:
     def pays(self) -> bool:
         return self.net > 0
 
+    @property
+    def cost_now(self) -> float:
+        """What making the edit costs at once, its later savings apart: the re-write, the summary
+        and the reasoning it throws away (what an idle edit costs on an early return, `compaction.idle`)."""
+        return self.rewrite_cost + self.summary_cost + self.reasoning_cost
+
 
 def economics(cfg: PolicyConfig, price: ModelInfo, *, removed: int, suffix: int, steps: int, cold: bool,
               summary_cost: float = 0.0, ttl: str = "5m", reasoning_tokens: int = 0) -> Economy:
