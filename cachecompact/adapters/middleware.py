@@ -37,14 +37,14 @@ from anthropic import APIRequest, APIResponse, AsyncAPIResponse, AsyncCallNext, 
 from ..base.errors import ConfigError
 from ..base.events import Event
 from ..base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
-from ..base.http import SSEUsage, clock_from, json_or_none, too_long, with_betas
+from ..base.http import SSEUsage, clock_from, json_or_none, with_betas
 from ..base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices
-from ..base.values import Answer, ContextFull, IdleDecision, SummaryMode
+from ..base.values import Answer, IdleDecision, Refuse, SummaryMode
 from ..compaction.policy import PolicyConfig
 from ..compaction.strategy import Strategy, StrategyConfig
 from ..compaction.summarize.llm import LLMSummarizer, Summarizer
 from ..engine.options import EngineOptions
-from ..engine.request_cycle import STILL_TOO_LONG, CompactionEngine, Prepared, SummarizerFactory
+from ..engine.request_cycle import CompactionEngine, RequestExchange, SummarizerFactory
 from ..history.session import Session
 from ..store import Store
 from .idle_scheduler import IdleScheduler, clock_of
@@ -116,29 +116,19 @@ class CompactionMiddleware(Middleware):
         return (request.method.lower() == "post" and url == "/v1/messages" and isinstance(request.json, dict)
                 and INTERNAL_HEADER not in headers)
 
-    def _prepare(self, request: APIRequest) -> Prepared | None:
-        """The engine's prepared request, None to send the caller's unchanged, or `ContextFullError`."""
+    def _exchange(self, request: APIRequest) -> RequestExchange:
+        """The engine's exchange for this request (`RequestExchange`): its steps are this
+        adapter's sequence, whose I/O the two ``handle`` methods do."""
         headers = request.headers if isinstance(request.headers, dict) else {}
         explicit = headers.get(SESSION_HEADER)
         body = request.json
         assert isinstance(body, dict)
-        p = self.engine.prepare_or_fail_open(
-            body, explicit=explicit if isinstance(explicit, str) else None,
-            now=clock_from(headers, CLOCK_HEADER, self.engine.clock), retry=bool(request.retries_taken))
-        if isinstance(p, ContextFull):
-            raise ContextFullError(p.message)
-        return p
+        return self.engine.exchange(body, explicit=explicit if isinstance(explicit, str) else None,
+                                    now=clock_from(headers, CLOCK_HEADER, self.engine.clock),
+                                    retry=bool(request.retries_taken))
 
-    def _retry_body(self, p: Prepared, payload: Any, request: httpx2.Request) -> dict[str, Any] | None:
-        """The body to send again after a 400 (reactive compaction), or None if the 400 is not a
-        prompt-too-long error; `ContextFullError` when nothing more fits."""
-        retry = self.engine.after_too_long(p, payload)
-        if retry is not None and retry.body is None:
-            raise ContextFullError(retry.message, request)
-        return retry.body if retry is not None else None
-
-    def _record(self, p: Prepared, answer: Answer) -> None:
-        self.engine.record(p, answer)
+    def _record(self, ex: RequestExchange, answer: Answer) -> None:
+        ex.answered(answer)
         if self.idle is not None:
             self.idle.poke()  # the session's cache now expires later: the scheduler looks again
 
@@ -147,24 +137,27 @@ class CompactionMiddleware(Middleware):
     def handle(self, request: APIRequest, call_next: CallNext) -> APIResponse[Any]:
         if not self._applies(request):
             return call_next(request)
-        p = self._prepare(request)
-        if p is None:
+        ex = self._exchange(request)
+        step = ex.start()
+        if step is None:
             return call_next(request)
-        resp = call_next(_with_body(request, p.body, p.betas))
-        if resp.status_code == 400:
-            body = self._retry_body(p, json_or_none(resp.read()), resp.http_response.request)
-            if body is not None:
-                resp.close()
-                resp = call_next(_with_body(request, body, p.betas))
-                if resp.status_code == 400 and too_long(json_or_none(resp.read())):
-                    raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
+        sent: httpx2.Request | None = None
+        while not isinstance(step, Refuse):
+            resp = call_next(_with_body(request, step.body, step.betas))
+            sent = resp.http_response.request
+            step = ex.received(resp.status_code, json_or_none(resp.read()) if ex.reads(resp.status_code) else None)
+            if step is None:
+                break
+            resp.close()
+        if isinstance(step, Refuse):
+            raise ContextFullError(step.message, sent)
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response = _tapped(resp.http_response, _UsageTap(
-                    resp.http_response, lambda answer: self._record(p, answer)))
+                    resp.http_response, lambda answer: self._record(ex, answer)))
             else:
                 msg = resp.parse()
-                self._record(p, _answer(msg))
+                self._record(ex, _answer(msg))
         return resp
 
     # -- async client ---------------------------------------------------------------------------------
@@ -172,25 +165,28 @@ class CompactionMiddleware(Middleware):
     async def handle_async(self, request: APIRequest, call_next: AsyncCallNext) -> AsyncAPIResponse[Any]:
         if not self._applies(request):
             return await call_next(request)
-        p = await asyncio.to_thread(self._prepare, request)
-        if p is None:
+        ex = self._exchange(request)
+        step = await asyncio.to_thread(ex.start)
+        if step is None:
             return await call_next(request)
-        resp = await call_next(_with_body(request, p.body, p.betas))
-        if resp.status_code == 400:
-            payload = json_or_none(await resp.read())
-            body = await asyncio.to_thread(self._retry_body, p, payload, resp.http_response.request)
-            if body is not None:
-                await resp.close()
-                resp = await call_next(_with_body(request, body, p.betas))
-                if resp.status_code == 400 and too_long(json_or_none(await resp.read())):
-                    raise ContextFullError(STILL_TOO_LONG, resp.http_response.request)
+        sent: httpx2.Request | None = None
+        while not isinstance(step, Refuse):
+            resp = await call_next(_with_body(request, step.body, step.betas))
+            sent = resp.http_response.request
+            payload = json_or_none(await resp.read()) if ex.reads(resp.status_code) else None
+            step = await asyncio.to_thread(ex.received, resp.status_code, payload)
+            if step is None:
+                break
+            await resp.close()
+        if isinstance(step, Refuse):
+            raise ContextFullError(step.message, sent)
         if resp.status_code == 200:
             if request.stream:
                 resp.http_response = _tapped(resp.http_response, _AsyncUsageTap(
-                    resp.http_response, lambda answer: self._record(p, answer)))
+                    resp.http_response, lambda answer: self._record(ex, answer)))
             else:
                 msg = await resp.parse()
-                await asyncio.to_thread(self._record, p, _answer(msg))
+                await asyncio.to_thread(self._record, ex, _answer(msg))
         return resp
 
 

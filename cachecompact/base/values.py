@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args
 import msgspec
 
 __all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "IdleDecision", "Level", "MissClass", "ProxyMode",
-           "RequestRecord", "SummaryMode"]
+           "Refuse", "RequestRecord", "Send", "SummaryMode"]
 
 TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
 Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back
@@ -42,6 +42,23 @@ MISS_CLASSES: tuple[MissClass, ...] = get_args(MissClass)
 
 class ContextFull(msgspec.Struct, frozen=True):
     """The request cannot fit; ``message`` says what fills it and what to do."""
+
+    message: str
+
+
+class Send(msgspec.Struct, frozen=True):
+    """A step of the engine's request exchange (`engine.request_cycle.RequestExchange`): send
+    ``body`` upstream, with ``betas`` added to the request's ``anthropic-beta`` header (what the
+    strategy's body needs). Plain data here, so an adapter tells the steps apart without loading
+    the compaction runtime (the proxy's observe mode never does)."""
+
+    body: dict[str, Any]
+    betas: tuple[str, ...] = ()
+
+
+class Refuse(msgspec.Struct, frozen=True):
+    """A step of the request exchange: send nothing (more); answer the caller with ``message``,
+    the context is full (`ContextFullError` from the SDK middleware, a 400 from the proxy)."""
 
     message: str
 

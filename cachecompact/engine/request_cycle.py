@@ -4,6 +4,12 @@
 strategy and returns the body to send; after the response it records usage and runs the
 cache forensics. The SDK middleware (`middleware.py`) and the proxy (`proxy/`) are thin
 adapters around it, so sessions, ledger, policy and forensics exist once.
+
+`RequestExchange` is the one sequence of a request, without I/O (httpx's sans-IO way):
+prepare, send, on a prompt-too-long 400 compact and send once more, record. It says what to
+send (`Send`), when to answer the caller instead (`Refuse`), and takes back what came; the
+sync middleware, the async middleware and the proxy each only do its I/O (issue 49: the
+sequence was written three times, and each fix to it had to be made three times).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
-from ..base.values import TTL, Answer, ContextFull, IdleDecision, RequestRecord
+from ..base.values import TTL, Answer, ContextFull, IdleDecision, Refuse, RequestRecord, Send
 from ..cache.cache_keys import NOT_CACHEABLE, check_marker, check_marker_order
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
@@ -58,7 +64,8 @@ from .options import EngineOptions
 
 _T = TypeVar("_T")
 
-__all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Retry", "SummarizerFactory"]
+__all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Refuse", "RequestExchange", "Retry",
+           "Send", "SummarizerFactory"]
 
 log = logging.getLogger("cachecompact")
 
@@ -106,6 +113,58 @@ class Prepared:
     fingerprint: bytes
     betas: tuple[str, ...] = ()  # beta headers the strategy's body needs (added to anthropic-beta)
     ids: list[bytes] = field(default_factory=list)  # the identity of each message the caller sent
+
+
+class RequestExchange:
+    """One request through the engine, as steps and no I/O. The adapter calls `start`; while it
+    gets a `Send` it sends that body and gives `received` the status (and, where `reads` says so,
+    the response's JSON); `None` means the response it holds is the caller's (from `start`: send
+    the caller's own request unchanged); a `Refuse` ends the exchange with the message. Once the
+    caller's response is complete, `answered` records it. Each step may run in a worker thread;
+    a step is never run twice at once. The too-long retry happens at most once: a second
+    prompt-too-long answer is `Refuse(STILL_TOO_LONG)`."""
+
+    def __init__(self, engine: CompactionEngine, body: dict[str, Any], *, explicit: str | None, now: float,
+                 retry: bool = False, raw: bytes | None = None) -> None:
+        self.engine = engine
+        self.body, self.explicit, self.now, self.retry, self.raw = body, explicit, now, retry, raw
+        self.prepared: Prepared | None = None  # after `start`: what the engine made of the request
+        self._resent = False
+
+    def start(self) -> Send | Refuse | None:
+        """Prepare the request (`CompactionEngine.prepare_or_fail_open`): the body to send, a
+        refusal (the context is full before anything is sent), or None (send it unchanged)."""
+        p = self.engine.prepare_or_fail_open(self.body, explicit=self.explicit, now=self.now, retry=self.retry,
+                                             raw=self.raw)
+        if isinstance(p, ContextFull):
+            return Refuse(p.message)
+        self.prepared = p
+        return None if p is None else Send(p.body, p.betas)
+
+    @staticmethod
+    def reads(status: int) -> bool:
+        """Whether `received` needs the response's JSON for this status (a 400's, to tell a
+        prompt-too-long error); any other response is passed on unread."""
+        return status == 400
+
+    def received(self, status: int, payload: Any = None) -> Send | Refuse | None:
+        """What came back for the last `Send`: None when the response is the caller's (relay it),
+        else what to do instead of relaying it (`CompactionEngine.after_too_long`)."""
+        assert self.prepared is not None, "received() before a Send"
+        if status != 400:
+            return None
+        if self._resent:
+            return Refuse(STILL_TOO_LONG) if too_long(payload) is not None else None
+        retry = self.engine.after_too_long(self.prepared, payload)
+        if retry is None:
+            return None
+        self._resent = True
+        return Refuse(retry.message) if retry.body is None else Send(retry.body, self.prepared.betas)
+
+    def answered(self, answer: Answer) -> Finding | None:
+        """Record the caller's complete response (`CompactionEngine.record`; never raises)."""
+        assert self.prepared is not None, "answered() without a prepared request"
+        return self.engine.record(self.prepared, answer)
 
 
 class CompactionEngine:
@@ -294,6 +353,12 @@ class CompactionEngine:
         # what this process last saw of the session is not its last request any more
         live.last_body, live.last_stop_reason = None, None
         live.requests_seen = s.requests_recorded
+
+    def exchange(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
+                 raw: bytes | None = None) -> RequestExchange:
+        """The steps of one request through this engine (`RequestExchange`), for an adapter to
+        drive with its own I/O."""
+        return RequestExchange(self, body, explicit=explicit, now=now, retry=retry, raw=raw)
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
                              retry: bool = False, raw: bytes | None = None) -> Prepared | ContextFull | None:

@@ -667,3 +667,48 @@ def test_an_observe_record_in_a_family_is_no_candidate(tmp_path: Path) -> None:
         assert not isinstance(q, ContextFull) and q.live.sid.startswith(sid)
     assert sorted(store.list()) == [sid, f"{sid}.2", f"{sid}.3"]  # the fork got the next free id
     assert not [e for e in events if e.kind == "failure"]
+
+
+def test_the_exchange_is_one_sequence_without_io(tmp_path: Path) -> None:
+    """Issue 49: prepare, send, the too-long retry and record were written three times (the sync
+    middleware, the async middleware, the proxy). `RequestExchange` is the one sequence, driven
+    here with no I/O at all: a 200 is the caller's, another 400 is the caller's, a prompt-too-long
+    400 is compacted and sent once more, and a second one is refused as still too long."""
+    from cachecompact import EngineOptions
+    from cachecompact.base.values import Refuse, Send
+    from cachecompact.engine.request_cycle import STILL_TOO_LONG
+
+    from ..conftest import TOOLS, history
+
+    too_long = {"type": "error", "error": {"type": "invalid_request_error",
+                                           "message": "prompt is too long: 250000 tokens > 200000 maximum"}}
+    other = {"type": "error", "error": {"type": "invalid_request_error", "message": "temperature: range 0..1"}}
+    body = {"model": MODEL, "max_tokens": 100, "system": SHORT_SYSTEM, "tools": TOOLS, "messages": history(30, 2)}
+    eng = CompactionEngine(FileStore(tmp_path), EngineOptions(), summarizer=None)
+    ex = eng.exchange(body, explicit="conv", now=1.0)
+    first = ex.start()
+    assert isinstance(first, Send) and ex.prepared is not None and first.body == ex.prepared.body
+    assert not ex.reads(200) and ex.reads(400)
+    assert ex.received(200) is None and ex.received(400, other) is None  # relayed as they came
+    again = ex.received(400, too_long)
+    assert isinstance(again, Send) and again.body != first.body  # compacted, sent once more
+    assert ex.received(400, too_long) == Refuse(STILL_TOO_LONG)  # and only once
+    finding = ex.answered(Answer({"input_tokens": 10, "cache_creation_input_tokens": 0,
+                                  "cache_read_input_tokens": 0, "output_tokens": 5}, "msg_1"))
+    assert finding is not None and ex.prepared.live.session.requests_recorded == 1
+    # a body the engine does not edit goes out unchanged: nothing to send but the caller's
+    assert eng.exchange({"model": MODEL, "max_tokens": 1, "messages": []}, explicit=None, now=2.0).start() is None
+
+
+def test_no_adapter_drives_the_retry_itself() -> None:
+    """The too-long retry is driven from one place: no adapter calls the engine's ``prepare``,
+    ``after_too_long`` or ``record`` but through `RequestExchange`."""
+    import ast
+
+    root = Path(cachecompact.__file__).parent / "adapters"
+    calls = [f"{f.relative_to(root)}:{n.lineno} {n.func.attr}" for f in sorted(root.rglob("*.py"))
+             for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Attribute)
+             and n.func.value.attr == "engine"
+             and n.func.attr in ("prepare", "prepare_or_fail_open", "after_too_long", "record", "reactive")]
+    assert calls == []

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from ...base.errors import InvalidSessionIdError
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
-from ...base.http import clock_from, json_or_none, too_long, with_betas
+from ...base.http import clock_from, json_or_none, with_betas
+from ...base.values import Refuse
 from ...base.wire import bytes_as_is
 from ...store import check_session_id
 from ..httpserver import api_error, read_body
@@ -26,7 +27,7 @@ from ._upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResp
 
 if TYPE_CHECKING:
     from ...cache.forensics import Finding
-    from ...engine.request_cycle import Prepared
+    from ...engine.request_cycle import Prepared, RequestExchange
 
 __all__ = ["UPSTREAM", "Handlers"]
 
@@ -109,46 +110,48 @@ class Handlers:
                 check_session_id(lower[SESSION_HEADER], SESSION_HEADER)
             except InvalidSessionIdError as err:
                 return api_error(400, str(err))
+        exchange: RequestExchange | None = None  # compact mode: the engine's steps (`RequestExchange`)
         prepared: Prepared | None = None
         data = raw
         if state.engine is not None and not request.headers.get("content-encoding"):
-            got_p = await asyncio.get_running_loop().run_in_executor(state.compute, state.prepare, raw, lower, now)
-            if isinstance(got_p, web.Response):
-                return got_p
-            prepared = got_p
-            if prepared is not None:
-                data = bytes_as_is(prepared.body)  # straight to UTF-8 bytes: no str copy of a large body
-                if prepared.betas:  # the strategy's body needs these (a server-side peer)
-                    beta = with_betas(lower.get("anthropic-beta"), prepared.betas) or ""
-                    headers = [(k, v) for k, v in headers if k.lower() != "anthropic-beta"] + [("anthropic-beta", beta)]
+            got = await asyncio.get_running_loop().run_in_executor(state.compute, state.start, raw, lower, now)
+            if isinstance(got, web.Response):
+                return got
+            if got is not None:
+                exchange, step = got
+                if isinstance(step, Refuse):
+                    return api_error(400, step.message, kind="invalid_request_error")
+                if step is not None:
+                    prepared = exchange.prepared
+                    data, headers = bytes_as_is(step.body), _with_betas(headers, lower, step.betas)
         try:
             up = await self.send(request, data, headers)
         except UpstreamError as err:
             return _unavailable(self.state.cfg, err)
         head = b""
-        if prepared is not None and up.status == 400:
+        # the exchange says what a response means: relayed (None), or sent again after a too-long 400 (at most once)
+        while exchange is not None and prepared is not None and exchange.reads(up.status):
             try:  # until the response is relayed, every way out gives its connection back
                 head = await up.read()
                 payload = json_or_none(decoded(head, up.headers.get("content-encoding", "")))
-                retry = (await asyncio.get_running_loop().run_in_executor(state.compute, state.after_too_long,
-                                                                          prepared, payload, lower)
-                         if too_long(payload) is not None else None)
+                step = await asyncio.get_running_loop().run_in_executor(state.compute, state.received, exchange,
+                                                                        up.status, payload, lower)
             except UpstreamError as err:
                 up.release()
                 return _unavailable(self.state.cfg, err)
             except BaseException:
                 up.release()
                 raise
-            if retry is not None:
-                up.release()
-                if retry.body is None:
-                    return api_error(400, retry.message, kind="invalid_request_error")
-                data = bytes_as_is(retry.body)
-                head = b""
-                try:
-                    up = await self.send(request, data, headers)
-                except UpstreamError as err:
-                    return _unavailable(self.state.cfg, err)
+            if step is None:
+                break
+            up.release()
+            if isinstance(step, Refuse):
+                return api_error(400, step.message, kind="invalid_request_error")
+            data, head = bytes_as_is(step.body), b""
+            try:
+                up = await self.send(request, data, headers)
+            except UpstreamError as err:
+                return _unavailable(self.state.cfg, err)
         tap = ResponseTap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
                    live=prepared is not None)
         t_up = time.perf_counter()
@@ -159,12 +162,12 @@ class Handlers:
             """Compact mode: the session records the answer (a whole JSON body, or a stream once
             its usage is complete) before the client has all of it, so the client's next turn
             finds it, on this replica or another."""
-            if prepared is None or up.status != 200:
+            if exchange is None or prepared is None or up.status != 200:
                 return
             got = tap.finish()
             if got is not None:
                 finding = await asyncio.get_running_loop().run_in_executor(
-                    state.compute, state.record, prepared, got, lower)
+                    state.compute, state.record, exchange, got, lower)
                 recorded.append(finding)
 
         try:
@@ -174,7 +177,7 @@ class Handlers:
             timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
-            state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded))
+            state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange))
 
     async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
         try:
@@ -183,6 +186,16 @@ class Handlers:
             return _unavailable(self.state.cfg, err)
         async with up:
             return await self.relay(request, up, None)
+
+
+def _with_betas(headers: list[tuple[str, str]], lower: dict[str, str], betas: tuple[str, ...]
+                ) -> list[tuple[str, str]]:
+    """The headers with the strategy's betas added to ``anthropic-beta`` (a server-side peer's
+    body needs them)."""
+    if not betas:
+        return headers
+    beta = with_betas(lower.get("anthropic-beta"), betas) or ""
+    return [(k, v) for k, v in headers if k.lower() != "anthropic-beta"] + [("anthropic-beta", beta)]
 
 
 def _filter(headers: Any, drop: tuple[str, ...] = ()) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ from ...base.errors import ConfigError, InvalidSessionIdError
 from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
-from ...base.values import Answer, ContextFull, SummaryMode
+from ...base.values import Answer, Refuse, Send, SummaryMode
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
@@ -31,7 +31,7 @@ from ._tap import ResponseTap
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
-    from ...engine.request_cycle import CompactionEngine, Prepared, Retry
+    from ...engine.request_cycle import CompactionEngine, Prepared, RequestExchange
     from ..idle_scheduler import IdleScheduler
     from ._held_credentials import HeldCredentials
 
@@ -57,6 +57,7 @@ class Exchange:
     timing: dict[str, float]  # upstream, first-byte and total milliseconds
     stream: bool  # the response was a stream
     recorded: list[Finding | None] = field(default_factory=list)  # the engine recorded it before the client's last byte
+    exchange: RequestExchange | None = None  # compact mode: the engine's steps, which record the answer
 
 
 class ProxyState:
@@ -130,8 +131,11 @@ class ProxyState:
         finally:
             self.creds.headers = {}
 
-    def prepare(self, raw: bytes, headers: dict[str, str], now: float) -> Prepared | web.Response | None:
-        """Compact mode, in a worker thread: the engine's body, None (forward unchanged), or an error."""
+    def start(self, raw: bytes, headers: dict[str, str], now: float
+              ) -> tuple[RequestExchange, Send | Refuse | None] | web.Response | None:
+        """Compact mode, in a worker thread: the engine's exchange for this request and its first
+        step (`RequestExchange.start`), None (not a body the engine reads: forward it
+        unchanged), or an error response for the caller."""
         assert self.engine is not None
         body = json_or_none(raw)
         if not isinstance(body, dict):
@@ -140,32 +144,32 @@ class ProxyState:
             hint = session_hint(headers, body)
         except InvalidSessionIdError as err:
             return api_error(400, str(err))
+        ex = self.engine.exchange(body, explicit=hint, now=now, raw=raw)
         with self.holding(headers):
-            p = self.engine.prepare_or_fail_open(body, explicit=hint, now=now, raw=raw)
-        if isinstance(p, ContextFull):
-            return api_error(400, p.message)
-        return p
+            return ex, ex.start()
 
-    def record(self, p: Prepared, answer: Answer, headers: Mapping[str, str]) -> Finding | None:
-        """Compact mode, in a worker thread: the engine records the answer; with idle compaction,
+    def received(self, ex: RequestExchange, status: int, payload: Any, headers: dict[str, str]
+                 ) -> Send | Refuse | None:
+        """Compact mode, in a worker thread: the exchange's next step after a response
+        (`RequestExchange.received`), with the caller's credentials held for its summaries."""
+        with self.holding(headers):
+            return ex.received(status, payload)
+
+    def record(self, ex: RequestExchange, answer: Answer, headers: Mapping[str, str]) -> Finding | None:
+        """Compact mode, in a worker thread: the exchange records the answer; with idle compaction,
         the session's credential is held until its cache expires (`held_credentials`), or
         dropped when no idle decision can follow (the response called a tool)."""
-        assert self.engine is not None
-        finding = self.engine.record(p, answer)
+        assert self.engine is not None and ex.prepared is not None
+        finding = ex.answered(answer)
         if self.idle is not None and self.held is not None:
-            until = self.engine.credential_until(p.live.sid)
+            sid = ex.prepared.live.sid
+            until = self.engine.credential_until(sid)
             if until is not None:
-                self.held.hold(p.live.sid, headers, until)
+                self.held.hold(sid, headers, until)
             else:
-                self.held.forget(p.live.sid)
+                self.held.forget(sid)
             self.idle.poke()
         return finding
-
-    def after_too_long(self, p: Prepared, payload: Any, headers: dict[str, str]) -> Retry | None:
-        """The engine's reactive path, with the caller's credentials for its summaries."""
-        assert self.engine is not None
-        with self.holding(headers):
-            return self.engine.after_too_long(p, payload)
 
     @property
     def pending(self) -> int:
@@ -230,7 +234,7 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
                                    now=now, timing=timing, stream=stream)
             return
         finding = ex.recorded[0] if ex.recorded else (
-            state.engine.record(p, got) if got is not None and got.usage else None)
+            ex.exchange.answered(got) if ex.exchange is not None and got is not None and got.usage else None)
         sess = p.live.session
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
