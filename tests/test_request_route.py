@@ -162,8 +162,8 @@ def test_a_compacting_wrap_turn_calls_only_down_the_floors() -> None:
     with _api() as url:
         route = wrap_route(url)
     assert route.up == [], route.up
-    # measured 39 (2026-12-04; 40 before the one exchange); issue 39 asked for 30, not reached without merging modules (see
-    # docs/architecture.md): this ceiling keeps the route from growing unnoticed
+    # measured 39 (2026-12-04; 40 before the one exchange); issue 39 asked for 30, not reached without
+    # merging modules (see docs/architecture.md): this ceiling keeps the route from growing unnoticed
     assert len(route.files) <= 39, route.files
 
 
