@@ -90,6 +90,9 @@ class SimRequest:
     messages_salt: bytes = b""
     auto_ttl: TTL | None = None  # top-level cache_control
     has_image: bool = False  # an image anywhere in the messages (its presence is part of the messages' cache key)
+    # when the response ended, if later than ``time``: what the request read or wrote lives for its TTL from
+    # then (a recorded log's long response; tools/bench/_call_facts.py measures it). None: from ``time``
+    done: float | None = None
 
 
 @dataclass(slots=True)
@@ -180,13 +183,14 @@ class CacheSimulator:
         b_tok = max((cum[k] for k, ttl in after if ttl == "1h"), default=a)
         c_tok = max((cum[k] for k, _ in after), default=a)
 
+        since = max(now, req.done) if req.done is not None else now
         for j in hits:  # reading refreshes the entry for its own TTL
             _, ttl = self.entries[chain[j]]
-            self.entries[chain[j]] = (now + TTL_SECONDS[ttl], ttl)
+            self.entries[chain[j]] = (since + TTL_SECONDS[ttl], ttl)
         for k, ttl in writable:
             old = self.entries.get(chain[k])
             if old is None or old[0] <= now or TTL_SECONDS[ttl] >= TTL_SECONDS[old[1]]:
-                self.entries[chain[k]] = (now + TTL_SECONDS[ttl], ttl)
+                self.entries[chain[k]] = (since + TTL_SECONDS[ttl], ttl)
         return SimResult(
             input_tokens=total - c_tok,
             cache_creation_input_tokens=c_tok - a,

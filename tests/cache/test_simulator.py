@@ -297,3 +297,15 @@ def test_fit_line_recovers_a_known_line() -> None:
     xs = [float(x) for x in range(10)]
     a, b = fit_line(xs, [5000 + 1.3 * x for x in xs])
     assert a == pytest.approx(5000) and b == pytest.approx(1.3)
+
+
+def test_an_entry_lives_from_the_end_of_the_response_that_used_it() -> None:
+    """Issue 50: a recorded log's long response ends minutes after its request left; what it read
+    or wrote lives for the TTL from then (`SimRequest.done`). Both outcomes: the same second
+    request reads with the response's end given, and misses counted from the request's start."""
+    blocks = [SimBlock(b"sys", 5000, "text", "5m", True, "system[0]")]
+    for done, read in ((None, 0), (240.0, 5000)):
+        sim = CacheSimulator(lambda _: 1024)
+        sim.process(SimRequest(model="claude-sonnet-4-6", time=0.0, blocks=blocks, n_system=1, done=done))
+        r = sim.process(SimRequest(model="claude-sonnet-4-6", time=360.0, blocks=blocks, n_system=1))
+        assert r.cache_read_input_tokens == read, done

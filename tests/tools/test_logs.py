@@ -352,3 +352,55 @@ def test_verbose_forensics_labels_sub_agent_threads_counts_iterations_and_names_
     main_at, sub_at = out.index("  main chain:"), out.index("  sub-agent 1 (agent-a7):")
     assert main_at < out.index("2026-03-01 10:30") < sub_at < out.index("2026-03-01 10:20")
     assert f"{b.name} (resumes {a.name}" in out
+
+
+def test_the_fidelity_replay_runs_on_the_logs_own_clock_and_names_what_it_cannot_reproduce(tmp_path: Path) -> None:
+    """Issue 50, the fidelity study. A log written from the 2.1 schema, its usage consistent with a
+    2k-token unrecorded prefix: (1) a response logged in pieces ends 4 minutes after its request,
+    and the call 6 minutes after that request but 2 after the response's end reads (billed as a
+    hit, replayed as one); (2) a merged tool-result message whose second result came 6 minutes
+    after the response: the call misses (billed and replayed); (3) after a SessionStart:resume
+    hook, a prompt that read only the prefix is `resume`; (4) one more with nothing in the log is
+    `prefix_only_at_prompt`, the class the log cannot explain, priced as billed by "explained".
+    The prefix is small beside the messages, so a read of it alone is a miss by its share."""
+    from cachecompact.tools.bench.fidelity import LOG_CANNOT_SHOW, session_fidelity
+
+    head = 2_000  # small beside the messages: a read of it alone is a miss by share
+
+    def calls(usages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        u = iter(usages)
+        text = [{"type": "text", "text": "looking"}]
+        return [
+            _entry("user", "2026-03-01T10:00:00Z", "fix the build in src/ " * 1500),  # over the minimum to cache
+            _entry("assistant", "2026-03-01T10:00:05Z", text, mid="m1", usage=next(u)),
+            _entry("assistant", "2026-03-01T10:04:00Z", _tool("t1"), mid="m1", usage={}),  # a later piece
+            _entry("user", "2026-03-01T10:06:00Z", _result("t1")),  # the tool ran two minutes
+            _entry("assistant", "2026-03-01T10:06:03Z", _tool("t2") + _tool("t3"), mid="m2", usage=next(u)),
+            _entry("user", "2026-03-01T10:06:05Z", _result("t2")),
+            _entry("user", "2026-03-01T10:12:00Z", _result("t3")),  # the second result, 6 minutes on
+            _entry("assistant", "2026-03-01T10:12:04Z", [{"type": "text", "text": "built"}], mid="m3", usage=next(u)),
+            {"type": "progress", "timestamp": "2026-03-01T10:13:00Z",
+             "data": {"type": "hook_progress", "hookEvent": "SessionStart", "hookName": "SessionStart:resume"}},
+            _entry("user", "2026-03-01T10:13:30Z", "and the tests"),
+            _entry("assistant", "2026-03-01T10:13:35Z", [{"type": "text", "text": "ok"}], mid="m4", usage=next(u)),
+            _entry("user", "2026-03-01T10:14:30Z", "and the docs"),
+            _entry("assistant", "2026-03-01T10:14:35Z", [{"type": "text", "text": "ok"}], mid="m5", usage=next(u)),
+        ]
+
+    path = tmp_path / "clock.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in calls([_usage(0, 1)] * 5)) + "\n")
+    est = [c.estimated for c in rebuild_calls(load_claude_code(path, keep_compaction=True)).calls]  # type: ignore[union-attr]
+    total = [head + e for e in est]
+    usages = [_usage(0, total[0], 0), _usage(total[0], total[1] - total[0], 0), _usage(0, total[2], 0),
+              _usage(head, total[3] - head, 0), _usage(head, total[4] - head, 0)]
+    path.write_text("\n".join(json.dumps(e) for e in calls(usages)) + "\n")
+    r = session_fidelity(path)
+    assert r is not None and round(r.prefix_tokens) == head and [c.index for c in r.calls] == [1, 3, 5, 7, 9]
+    shares = [(c.recorded_share >= 0.5, c.simulated_share >= 0.5) for c in r.calls]
+    assert shares[:3] == [(False, False), (True, True), (False, False)]  # (1) and (2) reproduced
+    assert [c.cls for c in r.calls] == [None, None, None, "resume", "prefix_only_at_prompt"]
+    assert "prefix_only_at_prompt" in LOG_CANNOT_SHOW and "resume" not in LOG_CANNOT_SHOW
+    assert r.cost("recorded") < r.cost("simulated") + 1 and r.cost("simulated") < r.cost("explained")
+    gaps = r.gap_by_class()
+    assert set(gaps) >= {"resume", "prefix_only_at_prompt"} and math.isclose(
+        sum(gaps.values()), r.cost("simulated") - r.cost("recorded"), abs_tol=1e-9)
