@@ -12,6 +12,9 @@ keys or an exception.
 * `RequestRecord`: what the engine records of one answered request, handed to the session that
   seals it into its chain of request records (docs/ledger-format.md has the stored form, which
   this type writes key for key).
+* `StoredRequest` and `Usage`: a sealed request record as read back from a store (issue 49: it
+  was typed when written and read back as a plain dict), with the API's usage typed where
+  cachecompact reads it and every other field kept as sent, as the SDK's usage model keeps them.
 * `IdleDecision`: whether a quiet session was compacted before its cache expired, and the prices
   that decided it (`compaction.idle`), for the caller of `compact_idle`, the scheduler and the log.
 * The closed vocabularies as `Literal` types, so a misspelt value is a type error where it is
@@ -23,12 +26,13 @@ keys or an exception.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import msgspec
 
 __all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "IdleDecision", "Level", "MissClass", "ProxyMode",
-           "Refuse", "RequestRecord", "Send", "SummaryMode"]
+           "Refuse", "RequestRecord", "Send", "StoredRequest", "SummaryMode", "Usage"]
 
 TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
 Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back
@@ -103,6 +107,104 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         """The stored form: plain JSON values, the unset ones left out."""
         out: dict[str, Any] = msgspec.to_builtins(self)
         return out
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """The API's ``usage`` object, typed where cachecompact reads it. A field this version does
+    not know (or a known one the API sent as null) stays in ``extra`` as sent, and `to_dict`
+    gives the mapping back key for key, so a usage the API extends tomorrow survives the trip."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation: dict[str, int] | None = None  # the split by TTL (ephemeral_5m / ephemeral_1h)
+    iterations: list[dict[str, Any]] | None = None  # server compaction's steps
+    extra: dict[str, Any] = {}
+    present: frozenset[str] = frozenset()  # the known fields the API sent (to give back only those)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Usage:
+        """The typed usage of ``raw``; `msgspec.ValidationError` naming the field when a known one
+        has the wrong type."""
+        known = {k: v for k, v in raw.items() if k in _USAGE_FIELDS and v is not None}
+        typed = msgspec.convert(known, _UsageFields)
+        return cls(**{k: getattr(typed, k) for k in known}, extra={k: v for k, v in raw.items() if k not in known},
+                   present=frozenset(known))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The usage as the API sent it."""
+        return {**{k: getattr(self, k) for k in self.present}, **self.extra}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every input token of the request: read, written and uncached."""
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+class _UsageFields(msgspec.Struct, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation: dict[str, int] | None = None
+    iterations: list[dict[str, Any]] | None = None
+
+
+_USAGE_FIELDS = frozenset(f for f in _UsageFields.__struct_fields__)
+
+
+class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A sealed request record read back from a store (docs/ledger-format.md, *Request records*):
+    its place in the chain and what it commits to, then what the engine recorded (`RequestRecord`;
+    a tool that keeps its own records in a session may leave those out, and its other fields
+    stay in the store)."""
+
+    seq: int
+    prev_hash: str
+    hash: str
+    meta: str
+    transcript_len: int
+    transcript_head: str
+    ledger_len: int
+    ledger_head: str
+    breakpoints: list[tuple[int, str]]
+    stable_before: int | None = None
+    time: float = 0.0
+    model: str = ""
+    usage: Usage = Usage()
+    cost_usd: float = 0.0
+    est_tokens: int = 0
+    message_id: str | None = None
+    stream: bool = False
+    sent_tokens: int = 0
+    finding: dict[str, Any] = {}
+    strategy_state: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> StoredRequest:
+        """Decode one stored record; `ValueError` naming the record and the field when it does not fit."""
+        try:
+            usage = Usage.of(raw.get("usage") or {})
+            known = {k: v for k, v in raw.items() if k in _STORED_FIELDS and k != "usage"}
+            return msgspec.structs.replace(msgspec.convert(known, cls), usage=usage)
+        except (msgspec.ValidationError, TypeError) as err:
+            raise ValueError(f"request record #{raw.get('seq')!r}: {err}") from None
+
+    def fields(self) -> dict[str, Any]:
+        """The record as plain JSON values, as stored (its usage as the API sent it; the optional
+        parts it did not have left out)."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        out["usage"] = self.usage.to_dict()
+        out["breakpoints"] = [[k, h] for k, h in self.breakpoints]
+        for k in ("stable_before", "strategy_state", "thinking"):
+            if out[k] is None:
+                del out[k]
+        return out
+
+
+_STORED_FIELDS = frozenset(StoredRequest.__struct_fields__)
 
 
 class IdleDecision(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,7 +34,7 @@ from ..base.errors import (
     StoreError,
 )
 from ..base.tokens import TokenCounter
-from ..base.values import TTL, RequestRecord
+from ..base.values import TTL, RequestRecord, StoredRequest
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
 from ..store import (
     AtomicAppends,
@@ -763,8 +763,8 @@ class Session:
         where = self.store.where("requests")
         out: list[str] = []
         renders: dict[tuple[int, int], Sequence[bytes]] = {}
-        for line, rec in self.store.read_all("requests"):
-            t_len, e_len, points = rec["transcript_len"], rec["ledger_len"], rec["breakpoints"]
+        for rec in self.request_records():
+            t_len, e_len, points = rec.transcript_len, rec.ledger_len, rec.breakpoints
             if not points:
                 continue
             chain = renders.get((t_len, e_len))
@@ -775,10 +775,25 @@ class Session:
                     renders.pop(next(iter(renders)))
             for k, h in points:
                 if k >= len(chain) or chain[k].hex() != h:
-                    out.append(f"{where}:{line}: request #{rec['seq']}'s breakpoint at block {k} is not in the "
+                    out.append(f"{where}:{rec.seq + 1}: request #{rec.seq}'s breakpoint at block {k} is not in the "
                                f"request rendered from {t_len} messages and {e_len} ledger entries (a message, an "
                                "entry or the record was changed and every hash after it recomputed)")
                     break
+        return out
+
+    def request_records(self) -> list[StoredRequest]:
+        """The stored request records, decoded (`StoredRequest`: its usage typed, unknown usage
+        fields kept); empty for a session without a store. A record that does not fit its type is
+        a `LedgerCorruptError` naming its line."""
+        if self.store is None:
+            return []
+        where = self.store.where("requests")
+        out: list[StoredRequest] = []
+        for line, rec in self.store.read_all("requests"):
+            try:
+                out.append(StoredRequest.of(rec if isinstance(rec, dict) else {}))
+            except ValueError as err:
+                raise LedgerCorruptError(where, line, str(err)) from None
         return out
 
     def messages(self) -> list[dict[str, Any]]:

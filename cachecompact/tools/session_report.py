@@ -31,34 +31,33 @@ _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "bre
 def session_data(session: Session) -> dict[str, Any]:
     """Everything the report shows, as plain data (the dashboard's API serves the same)."""
     store = session.store
-    requests = _requests(session)
+    typed = session.request_records()
+    requests = [r.fields() for r in typed]  # the per-request rows, as plain data
     events = store.read_events() if store is not None else []
-    usage_cost = sum(float(r.get("cost_usd") or 0.0) for r in requests)
+    usage_cost = sum(r.cost_usd for r in typed)
     summary_cost = sum(float(e.get("cost_usd") or 0.0) for e in events
                        if e.get("kind") in ("compaction", "failure", "idle_summary")
                        and e.get("level") in ("L3", "L4", "seed", None))
-    reads = sum(int(r["usage"].get("cache_read_input_tokens") or 0) for r in requests)
-    total_in = sum(sum(int(r["usage"].get(k) or 0) for k in ("cache_read_input_tokens",
-                                                              "cache_creation_input_tokens", "input_tokens"))
-                   for r in requests)
+    reads = sum(r.usage.cache_read_input_tokens for r in typed)
+    total_in = sum(r.usage.prompt_tokens for r in typed)
     kinds = Counter(str(e.get("kind")) for e in events)
     misses: Counter[str] = Counter()
     wasted: dict[str, float] = {}
     rewrites, rewrite_usd = 0, 0.0  # re-writes our own ledger edits caused: paid on purpose, not misses
-    for r in requests:
-        f = r.get("finding") or {}
+    for r in typed:
+        f = r.finding
         if is_compaction_rewrite(f):
             rewrites += 1
             # what was paid: the written tokens x (write - read) at the request's own prices, from its
             # usage (a store written before this was priced as if the old prompt had been re-written)
-            rewrite_usd += rewrite_cost(priced(str(r.get("model") or "")), r.get("usage") or {})[1]
+            rewrite_usd += rewrite_cost(priced(r.model), r.usage.to_dict())[1]
         elif f.get("cls") and f["cls"] != "read_as_expected":
             misses[f["cls"]] += 1
             wasted[f["cls"]] = wasted.get(f["cls"], 0.0) + float(f.get("wasted_usd") or 0.0)
     turns: set[int] = set()
     left_out_tokens, asked_drop = 0, 0
-    for r in requests:
-        th = r.get("thinking") or {}
+    for r in typed:
+        th = r.thinking or {}
         turns.update(int(i) for i in th.get("left_out") or [])
         if th.get("drop_block") is not None:
             turns.add(int(th["drop_block"]))
@@ -139,12 +138,6 @@ def conversation_data(segments: list[Session]) -> dict[str, Any]:
     d["segments"] = [{"session_id": s.session_id, "link": s.link, "messages": len(s),
                       "requests": s.requests_recorded} for s in segments]
     return d
-
-
-def _requests(session: Session) -> list[dict[str, Any]]:
-    if session.store is None:
-        return []
-    return [rec for _, rec in session.store.read_all("requests") if isinstance(rec, dict)]
 
 
 def session_report(target: Session | str | os.PathLike[str] | Store, session_id: str | None = None,

@@ -137,3 +137,44 @@ def test_a_commit_whose_write_fails_leaves_the_session_stale(tmp_path: Path, mon
     with pytest.raises(StagedEditsConflictError):
         s.record_request(s.render(), {"usage": {}})
     assert Session.open(store, "s7").ledger.entries == []
+
+
+def test_request_records_read_back_typed_and_keep_what_the_api_added(tmp_path: Path) -> None:
+    """Issue 49: a request record was typed when written and read back as a plain dict. Read back,
+    it is a `StoredRequest` whose usage is typed where cachecompact reads it, with a field the
+    API added kept as sent; a record that does not fit its type names its line."""
+    import anthropic
+
+    import cachecompact
+    from cachecompact.base.errors import LedgerCorruptError
+    from cachecompact.base.values import RequestRecord, StoredRequest, Usage
+    from cachecompact.tools.emulator import Emulator
+
+    store = FileStore(tmp_path)
+    with Emulator() as emu:
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="k", max_retries=0), store=store)
+        msgs: list[dict[str, object]] = [{"role": "user", "content": "read the code " * 300}]
+        for k in range(3):
+            r = client.messages.create(model="claude-sonnet-4-6", max_tokens=50, messages=msgs)  # type: ignore[arg-type]
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": f"go on {k}"}]
+    (sid,) = store.list()
+    s = Session.open(store, sid)
+    stored = [rec for _, rec in store.open(sid).read_all("requests")]
+    typed = s.request_records()
+    assert [type(r) for r in typed] == [StoredRequest] * 3
+    for raw, rec in zip(stored, typed, strict=True):
+        assert isinstance(rec.usage, Usage) and rec.usage.to_dict() == raw["usage"]
+        assert rec.usage.prompt_tokens == sum(int(raw["usage"].get(k) or 0) for k in (
+            "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        assert rec.fields() == {k: v for k, v in raw.items() if k in rec.fields()}
+    usage = {"input_tokens": 4, "output_tokens": 2, "cache_read_input_tokens": None, "inference_geo": "eu"}
+    s.record_request(s.render(), RequestRecord(time=1.0, model="claude-sonnet-4-6", usage=usage, cost_usd=0.0,
+                                               est_tokens=4, message_id=None, stream=False, sent_tokens=4, finding={}))
+    last = s.request_records()[-1]
+    assert last.usage.input_tokens == 4 and last.usage.extra == {"cache_read_input_tokens": None,
+                                                                 "inference_geo": "eu"}
+    assert last.usage.to_dict() == usage
+    s.record_request(s.render(), {"usage": {"input_tokens": "many"}})
+    with pytest.raises(LedgerCorruptError, match=r"requests.*:5: request record #4: .*input_tokens"):
+        s.request_records()
