@@ -45,6 +45,12 @@ class Event:
     decides unseen, so the session's log says why) |
     compaction_requested (the API was asked to write an L3/L4 summary in the background; the next
     request's ``compaction`` event, with ``detail={"writer": "api", ...}``, swaps it in).
+
+    A warm ``compaction`` the policy weighed, and every ``deferred`` one, carries what weighed it
+    in ``detail`` (issue 48): ``net_usd`` = ``saving_per_turn_usd`` x ``turns`` - ``rewrite_usd`` -
+    ``summary_usd`` - ``reasoning_lost_usd`` (``reasoning_lost_tokens``: thinking the edit
+    invalidates; 0 when the API writes the summary, ``writer``), and ``recall_kept_share``, the share of
+    the agent's look-backs the history it keeps covers; the reason says the same in words.
     """
 
     kind: str

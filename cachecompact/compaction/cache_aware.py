@@ -645,6 +645,7 @@ class CacheAwareCompactor:
             order = paying or self._least_thrash(order, view, lim, model)  # the window forces it
         loop = self._mid_tool_loop_thinking()
         for p in order:
+            weighed: dict[str, Any] = {}  # what decided the edit, in its event (issue 48: which way, and why)
             api_end = self._api_end(p, model)
             if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop \
                     and api_end is None:  # an API-written summary keeps that thinking valid
@@ -661,10 +662,16 @@ class CacheAwareCompactor:
                 price = priced(model, self.ctx.prices)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
+                reasoning = 0 if api_end is not None else self._reasoning_lost(p.break_at)  # the API's keeps it
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
                                  steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m",
-                                 reasoning_tokens=0 if api_end is not None else self._reasoning_lost(p.break_at))
+                                 reasoning_tokens=reasoning)
+                weighed = {"net_usd": round(econ.net, 6), "saving_per_turn_usd": round(econ.saving_per_turn, 6),
+                           "turns": econ.remaining_turns, "rewrite_usd": round(econ.rewrite_cost, 6),
+                           "summary_usd": round(econ.summary_cost, 6), "reasoning_lost_tokens": reasoning,
+                           "reasoning_lost_usd": round(econ.reasoning_cost, 6),
+                           "recall_kept_share": self._coverage_now, "writer": "api" if api_end is not None else "ours"}
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
@@ -673,8 +680,7 @@ class CacheAwareCompactor:
                            + (f" + reasoning lost ${econ.reasoning_cost:.4f}" if econ.reasoning_cost else "")
                            + f" > saving ${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
                     report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
-                                                    tokens_before=tokens, tokens_after=tokens,
-                                                    detail={"net_usd": econ.net}))
+                                                    tokens_before=tokens, tokens_after=tokens, detail=weighed))
                     return tokens
             if api_end is not None:
                 done = self._ask_api(p, api_end, trig, cold, tokens, lim, report, model)
@@ -704,9 +710,17 @@ class CacheAwareCompactor:
             self._mark_compacted(p)
             self.last_compact_step = self.steps
             self._pending = None
-            report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}",
+            pays = (f"; pays: saving ${weighed['saving_per_turn_usd']:.5f}/turn x {weighed['turns']} > re-write "
+                    f"${weighed['rewrite_usd']:.4f} + summary ${weighed['summary_usd']:.4f}"
+                    + (f" + {weighed['reasoning_lost_tokens']} reasoning tokens lost "
+                       f"${weighed['reasoning_lost_usd']:.4f}" if weighed["reasoning_lost_tokens"]
+                       else "; no reasoning lost")
+                    + f"; keeps the newest history covering {weighed['recall_kept_share']:.0%} of the agent's "
+                      "look-backs") if weighed else ""
+            report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}{pays}",
                                             tokens_before=tokens, tokens_after=after, cost_usd=cost,
-                                            duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries]))
+                                            duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],
+                                            detail=weighed))
             return after
         return tokens
 
