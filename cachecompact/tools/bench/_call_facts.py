@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..traces._reading import read_text
-from ..traces.claude_code_logs import _entries, _once_per_uuid, _tool_times, _true_times, threads
+from ..traces.claude_code_logs import main_chain_entries
 from ..traces.trace_model import parse_time
 
 __all__ = ["CallFacts", "call_facts"]
@@ -58,15 +57,8 @@ def _hook(e: dict[str, Any]) -> tuple[str, str] | None:
 def call_facts(path: str | Path, message_ids: list[str | None]) -> list[CallFacts]:
     """The facts of each call answered by ``message_ids`` (in order), from the log's raw entries:
     the main chain in file order (sub-agents apart), copied times repaired."""
-    p = Path(path)
-    raw, _ = _once_per_uuid(_entries(p, read_text(p)))
-    hooks = _tool_times(raw)
-    chain, _agents = threads(raw)
-    # the main chain's entries with copied times repaired; hooks and other entries stay in file order
-    # beside them (``threads`` leaves hook progress out of the chain, and a SessionStart hook says a resume)
-    repaired = {id(e): r for e, r in zip(chain, _true_times(chain, hooks), strict=True)}
-    main = [repaired.get(id(e), e) for e in raw
-            if id(e) in repaired or (e.get("type") in ("progress", "attachment") and _hook(e) is not None)]
+    # hooks stay in file order beside the chain (a SessionStart hook says a resume)
+    main = main_chain_entries(path, keep=lambda e: _hook(e) is not None)
     pieces: dict[str, list[int]] = {}
     for k, e in enumerate(main):
         m = e.get("message")

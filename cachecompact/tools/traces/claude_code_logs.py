@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from ._reading import check_usage, finite, json_value, read_text
 from ._repair import repair_pairing
 from .trace_model import Trace, TraceFormatError, parse_time
 
-__all__ = ["CLEARED", "is_claude_code", "load_claude_code", "threads"]
+__all__ = ["CLEARED", "is_claude_code", "load_claude_code", "main_chain_entries", "threads"]
 
 log = logging.getLogger("cachecompact")
 
@@ -206,6 +207,18 @@ def load_claude_code(path: str | Path, text: str | None = None, *, keep_compacti
         trace.notes.append(f"{len(trace.subagents)} sub-agent conversation(s), "
                            f"{sum(s.turns for s in trace.subagents)} call(s), loaded apart from the main chain")
     return trace
+
+
+def main_chain_entries(path: str | Path, keep: Callable[[dict[str, Any]], bool] = lambda e: False
+                       ) -> list[dict[str, Any]]:
+    """The log's main-chain entries in file order, each ``uuid`` once and copied times repaired
+    as `load_claude_code(repair_times=True)` repairs them, with the other entries ``keep``
+    accepts (hooks, say: `threads` leaves progress entries out of the chain) in their places."""
+    p = Path(path)
+    raw, _ = _once_per_uuid(_entries(p, read_text(p)))
+    chain, _agents = threads(raw)
+    repaired = {id(e): r for e, r in zip(chain, _true_times(chain, _tool_times(raw)), strict=True)}
+    return [repaired.get(id(e), e) for e in raw if id(e) in repaired or keep(e)]
 
 
 def _once_per_uuid(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
