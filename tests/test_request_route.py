@@ -23,6 +23,7 @@ from typing import Any
 
 import anthropic
 import httpx2
+import pytest
 
 import cachecompact
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
@@ -158,6 +159,7 @@ def proxy_route(url: str, stream: bool = False) -> Route:
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # profiles every call of a compacting turn: 10-16 s
 def test_a_compacting_wrap_turn_calls_only_down_the_floors() -> None:
     with _api() as url:
         route = wrap_route(url)
@@ -176,6 +178,7 @@ def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
     assert len(route.files) <= 47, route.files
 
 
+@pytest.mark.slow  # profiles every call of a streamed turn: 13 s
 def test_a_streamed_turn_calls_only_down_the_floors_too() -> None:
     """A streamed answer's usage is read as it passes (`base.http.SSEUsage`); the parser returns
     the answer to the adapter that feeds it instead of calling back up into it."""

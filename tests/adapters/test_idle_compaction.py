@@ -466,6 +466,7 @@ def test_held_credentials_expire_and_are_used_once() -> None:
         assert not ok
 
 
+@pytest.mark.slow  # four simulated-time agents: 10-15 s
 @pytest.mark.parametrize("seed", range(3))
 def test_a_person_who_comes_back_in_time_costs_nothing_and_one_who_leaves_saves(seed: int) -> None:
     """Issue 50: with the session's own model as summarizer, a person who came back within the

@@ -236,6 +236,7 @@ PINNED = {"claude-code": {"misses": 40, "provider_suspected": 7, "client_compact
                                "backwards": 0}}
 
 
+@pytest.mark.slow  # replays every shared Claude Code log
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_the_shared_claude_code_logs_are_explained(shared_sets: dict[str, Any], name: str) -> None:
     """No miss from a negative gap, and every call that follows one of Claude Code's own
