@@ -760,8 +760,9 @@ class CacheAwareCompactor:
         if call is None:
             return None
         max_tokens, params = self._request
-        body = self.session.render(transcript_len=end + 1, **{**params, "model": model,
-                                                              "max_tokens": max_tokens or 4096}).body
+        # marks what earlier requests wrote too, so it reads the longest warm entry before it writes the rest
+        body = self.session.render(transcript_len=end + 1, warm=True,
+                                   **{**params, "model": model, "max_tokens": max_tokens or 4096}).body
         return ApiRequest(level, reason, end, body, call, tokens)
 
     def _swap_api(self, req: ApiRequest, report: Plan) -> int:

@@ -691,13 +691,17 @@ class Session:
         ttl: TTL | None = None,
         prefix_ttl: TTL | None = None,
         uncompacted: bool = False,
+        warm: bool = False,
         **params: Any,
     ) -> RenderResult:
         """The request body for ``POST /v1/messages``; extra ``params`` pass through unchanged.
 
         ``at_entry=K`` replays the request as it was right after ledger entry K was made;
         ``uncompacted=True`` renders the whole transcript with no ledger entry applied (what the
-        caller sent, every original back).
+        caller sent, every original back). ``warm=True`` with ``transcript_len`` (a request over
+        the start of the conversation: the API's compaction request) also marks the previous
+        request's writes and the compacted part's end that it still shares, so it reads the
+        longest of them that is warm before it writes the rest.
         """
         upto = None
         if uncompacted:
@@ -715,8 +719,8 @@ class Session:
             raise IndexError(f"transcript has {len(self.transcript)} messages; cannot render {transcript_len}")
         live = upto is None and transcript_len is None
         return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
-                                    previous=self.previous_breakpoints if live else (),
-                                    stable_before=self.stable_before if live else None, ttl=ttl,
+                                    previous=self.previous_breakpoints if live or warm else (),
+                                    stable_before=self.stable_before if live or warm else None, ttl=ttl,
                                     prefix_ttl=prefix_ttl, model=model, max_tokens=max_tokens, **params)
 
     def repair_meta(self) -> None:

@@ -83,6 +83,11 @@ def test_the_api_writes_the_summary_in_the_background_on_the_conversations_model
     internal = [k for k, r in enumerate(log) if r["internal"]]
     assert internal and all(log[k]["model"] == model for k in internal)  # the conversation's own model
     assert all(log[k]["usage"]["iterations"][0]["type"] == "compaction" for k in internal)
+    # the compaction request reads the history up to the cut where an earlier request left it warm (here the
+    # request that ended at the cut, seconds before): nothing of it is written again
+    steps = [log[k]["usage"]["iterations"][0] for k in internal]
+    assert all(int(x.get("cache_creation_input_tokens") or 0) == 0 for x in steps), steps
+    assert all(int(x.get("cache_read_input_tokens") or 0) > 0 for x in steps), steps
     # in the background: each call follows the response of the agent request that asked for it, and the
     # agent's next request carries the block
     for k in internal:

@@ -269,3 +269,27 @@ def test_render_at_entry_replays_history(tmp_path: Path) -> None:
     s.edit(ReplaceWithSummary(3, 10, "later"), level="L4")
     again = Session.open(tmp_path / "s").render(at_entry=first.seq)
     assert again.to_json() == r_then.to_json()
+
+
+def test_a_render_of_the_start_with_warm_marks_what_earlier_requests_wrote() -> None:
+    """Issue 48: the API's compaction request covers messages 0..end. Rendered as any earlier
+    state, it marked only the prefix and its last block, so it read the prefix and wrote the rest
+    unless the cut's own request was still warm. With ``warm=True`` it also marks the previous
+    request's writes it shares, and reads the longest warm one."""
+    s = Session.create(None, system=SYSTEM, tools=TOOLS, prefix_messages=3)
+    s.sync(history(3))
+    r1 = s.render()
+    s.note_sent(r1)
+    s.sync(history(3 + LOOKBACK))
+    r2 = s.render()
+    s.note_sent(r2)
+    last = r2.n_blocks - 1  # what the previous request wrote last
+    s.sync(history(6 + 3 * LOOKBACK))
+    cut = len(history(3 + 2 * LOOKBACK))  # past r2's end, more than LOOKBACK positions ahead of it
+    plain = s.render(transcript_len=cut)
+    warm = s.render(transcript_len=cut, warm=True)
+    assert warm.positions[-1] - warm.positions[last] >= LOOKBACK
+    assert last not in plain.breakpoints
+    assert last in warm.breakpoints and warm.n_blocks - 1 in warm.breakpoints  # read it, then write on
+    assert warm.block_hashes[last] == r2.block_hashes[last]
+    assert s.render(transcript_len=cut).body == plain.body  # warm changes only the markers of that render
