@@ -23,6 +23,7 @@ import anthropic
 import pytest
 
 import cachecompact
+from cachecompact.adapters.middleware import _middleware_of
 from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.pricing import PRESERVED_THINKING
 from cachecompact.compaction.policy import LevelSettings, PolicyConfig
@@ -162,3 +163,38 @@ def test_every_current_model_in_every_client_mode(mode: str, model: str) -> None
     assert (refused, dropped) == (0, 0), (model, mode, refused, dropped, asked)
     assert kept > TURNS
     assert reasoning >= 0.99, (model, mode, reasoning)
+
+
+@pytest.mark.parametrize("via", ["wrap", "proxy"])
+def test_a_too_long_retry_carries_the_betas_its_compacted_body_needs(via: str) -> None:
+    """The review of issue 49's exchange: after a prompt-too-long 400 the proxy sent the compacted
+    body with the first body's beta headers. Reactive compaction mid tool loop binds the loop's
+    thinking (``block_binding``, which needs its beta), so the retry was refused with "Extra inputs
+    are not permitted" where wrap() went on. A window the client believes larger than the API's
+    makes every compaction reactive; both adapters now finish the loop."""
+    model = "claude-sonnet-5-5"
+    with Emulator(SummarizingResponder(_model()), context_window=30_000) as emu:
+        if via == "proxy":
+            with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=2_000_000)) as px:
+                client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+                msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project, part by part."}]
+                for k in range(30):
+                    r = client.messages.create(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS,  # type: ignore[arg-type]
+                                               messages=msgs)  # type: ignore[arg-type]
+                    _next(msgs, [b.model_dump(exclude_none=True) for b in r.content], k)
+                px.wait_idle()
+                assert px.state.engine is not None
+                events = list(px.state.engine.events.history)
+        else:
+            client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
+                                       window_tokens=2_000_000)
+            msgs = [{"role": "user", "content": "Audit the project, part by part."}]
+            for k in range(30):
+                r = client.messages.create(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS,  # type: ignore[arg-type]
+                                           messages=msgs)  # type: ignore[arg-type]
+                _next(msgs, [b.model_dump(exclude_none=True) for b in r.content], k)
+            events = list(_middleware_of(client).engine.events.history)
+        refusals = list(emu.core.refusals)
+    # all 30 turns answered (before, the proxy's turn 13 raised BadRequestError), and the retry path ran
+    assert any(e.kind == "compaction" and (e.reason or "").startswith("prompt too long") for e in events)
+    assert refusals == []

@@ -147,7 +147,9 @@ class Handlers:
             up.release()
             if isinstance(step, Refuse):
                 return api_error(400, step.message, kind="invalid_request_error")
+            # the compacted body may need other betas than the first (reactive compaction can bind thinking)
             data, head = bytes_as_is(step.body), b""
+            headers = _with_betas(_filter(request.headers, _REQUEST_DROP), lower, step.betas)
             try:
                 up = await self.send(request, data, headers)
             except UpstreamError as err:
