@@ -23,6 +23,7 @@ from cachecompact.adapters.httpserver import ServerThread
 from cachecompact.adapters.proxy import Proxy, ProxyConfig, session_hint
 from cachecompact.adapters.proxy._observe import ObservedSession
 from cachecompact.base.errors import ConfigError
+from cachecompact.base.headers import INTERNAL_HEADER
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder, SummarizingResponder
 
 from ..conftest import API_VERSION
@@ -737,3 +738,43 @@ def test_memory_is_capped_by_bytes_and_a_session_let_go_comes_back(emu: Emulator
             assert c.post("/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": first}).status_code == 200
             px.wait_idle()
             assert len(list(tmp_path.iterdir())) == 12
+
+
+def test_a_second_too_long_answer_is_refused_as_still_too_long_and_counted(tmp_path: Path) -> None:
+    """The proxy's one exchange (issue 49): after a prompt-too-long 400 it compacts and sends once
+    more; an upstream that says too long again gets the caller the same refusal wrap() raises
+    (`STILL_TOO_LONG`), once, and the refusal is a request and an error in ``/metrics`` (the
+    review found it counted nowhere)."""
+    calls: list[int] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if INTERNAL_HEADER not in request.headers:  # a summary call of the compaction is the proxy's own
+            calls.append(1)
+        return web.json_response({"type": "error", "error": {
+            "type": "invalid_request_error", "message": "prompt is too long: 250000 tokens > 200000 maximum"}},
+            status=400)
+
+    def app() -> web.Application:
+        a = web.Application()
+        a.router.add_route("*", "/{tail:.*}", handle)
+        return a
+
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "fix the parser"}]
+    for k in range(12):
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{k}", "name": "read",
+                                                    "input": {"path": f"f{k}.py"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{k}",
+                                               "content": f"line {k}\n" * 800}]}]
+    body = {"model": MODEL, "max_tokens": 100, "messages": msgs,
+            "tools": [{"name": "read", "description": "Read a file.", "input_schema": {"type": "object"}}]}
+    from cachecompact.engine.request_cycle import STILL_TOO_LONG
+
+    with ServerThread(app) as up, _proxy(up.url, mode="compact", store=str(tmp_path)) as px, \
+            httpx2.Client(base_url=px.url, timeout=30, headers=API_VERSION) as http:
+        r = http.post("/v1/messages", json=body, headers={"x-api-key": "k"})
+        px.wait_idle()
+        metrics = http.get("/metrics").text
+    assert r.status_code == 400 and r.json()["error"]["message"] == STILL_TOO_LONG
+    assert len(calls) == 2  # the request, and the one retry
+    assert 'cachecompact_request_errors_total{mode="compact"} 1' in metrics, metrics

@@ -120,7 +120,7 @@ class Handlers:
             if got is not None:
                 exchange, step = got
                 if isinstance(step, Refuse):
-                    return api_error(400, step.message, kind="invalid_request_error")
+                    return self.refuse(step)
                 if step is not None:
                     prepared = exchange.prepared
                     data, headers = bytes_as_is(step.body), _with_betas(headers, lower, step.betas)
@@ -146,7 +146,7 @@ class Handlers:
                 break
             up.release()
             if isinstance(step, Refuse):
-                return api_error(400, step.message, kind="invalid_request_error")
+                return self.refuse(step)
             # the compacted body may need other betas than the first (reactive compaction can bind thinking)
             data, head = bytes_as_is(step.body), b""
             headers = _with_betas(_filter(request.headers, _REQUEST_DROP), lower, step.betas)
@@ -180,6 +180,11 @@ class Handlers:
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
             state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange))
+
+    def refuse(self, step: Refuse) -> web.Response:
+        """The proxy's own answer that the context is full, counted in ``/metrics`` as an error."""
+        self.state.observer.refused()
+        return api_error(400, step.message, kind="invalid_request_error")
 
     async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
         try:

@@ -438,6 +438,14 @@ class Observer:
                     "cost_usd": round(cost, 8), "finding": f.to_dict()})
         return self._add(s, rec)
 
+    def refused(self) -> None:
+        """A request the proxy answered itself with a 400 (compact mode: the context is full, before
+        sending or after the one retry): a request and an error in the totals and ``/metrics``."""
+        with self._lock:
+            self.version += 1
+            self.totals.requests += 1
+            self.totals.errors += 1
+
     def _add(self, s: ObservedSession, rec: dict[str, Any]) -> dict[str, Any]:
         rec["i"] = s.requests
         s.requests += 1
