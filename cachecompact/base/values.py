@@ -118,7 +118,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
-    cache_creation: dict[str, int] | None = None  # the split by TTL (ephemeral_5m / ephemeral_1h)
+    cache_creation: dict[str, Any] | None = None  # the split by TTL (ephemeral_5m / ephemeral_1h), as sent
     iterations: list[dict[str, Any]] | None = None  # server compaction's steps
     extra: dict[str, Any] = {}
     present: frozenset[str] = frozenset()  # the known fields the API sent (to give back only those)
@@ -128,7 +128,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
         """The typed usage of ``raw``; `msgspec.ValidationError` naming the field when a known one
         has the wrong type."""
         known = {k: v for k, v in raw.items() if k in _USAGE_FIELDS and v is not None}
-        typed = msgspec.convert(known, _UsageFields)
+        typed = msgspec.convert(known, _UsageFields, strict=False)  # 5.0 is 5, as JSON readers differ
         return cls(**{k: getattr(typed, k) for k in known}, extra={k: v for k, v in raw.items() if k not in known},
                    present=frozenset(known))
 
@@ -147,7 +147,7 @@ class _UsageFields(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
-    cache_creation: dict[str, int] | None = None
+    cache_creation: dict[str, Any] | None = None
     iterations: list[dict[str, Any]] | None = None
 
 
@@ -186,9 +186,12 @@ class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):
     def of(cls, raw: Mapping[str, Any]) -> StoredRequest:
         """Decode one stored record; `ValueError` naming the record and the field when it does not fit."""
         try:
-            usage = Usage.of(raw.get("usage") or {})
-            known = {k: v for k, v in raw.items() if k in _STORED_FIELDS and k != "usage"}
-            return msgspec.structs.replace(msgspec.convert(known, cls), usage=usage)
+            u = raw.get("usage") or {}
+            if not isinstance(u, Mapping):
+                raise TypeError(f"usage is {type(u).__name__}, not an object")
+            # a field written as null reads as absent (a tool's own record may leave any of them so)
+            known = {k: v for k, v in raw.items() if k in _STORED_FIELDS and k != "usage" and v is not None}
+            return msgspec.structs.replace(msgspec.convert(known, cls, strict=False), usage=Usage.of(u))
         except (msgspec.ValidationError, TypeError) as err:
             raise ValueError(f"request record #{raw.get('seq')!r}: {err}") from None
 

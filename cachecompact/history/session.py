@@ -767,7 +767,11 @@ class Session:
         where = self.store.where("requests")
         out: list[str] = []
         renders: dict[tuple[int, int], Sequence[bytes]] = {}
-        for rec in self.request_records():
+        try:
+            records = self.request_records()
+        except LedgerCorruptError as err:  # a record that does not fit its type is a finding, not a crash
+            return [str(err)]
+        for rec in records:
             t_len, e_len, points = rec.transcript_len, rec.ledger_len, rec.breakpoints
             if not points:
                 continue

@@ -178,3 +178,25 @@ def test_request_records_read_back_typed_and_keep_what_the_api_added(tmp_path: P
     s.record_request(s.render(), {"usage": {"input_tokens": "many"}})
     with pytest.raises(LedgerCorruptError, match=r"requests.*:5: request record #4: .*input_tokens"):
         s.request_records()
+
+
+def test_a_request_record_reads_as_leniently_as_the_loader_accepts_it(tmp_path: Path) -> None:
+    """Review of issue 49's typed records: what `Session.open` accepts must not break the report.
+    Nulls read as absent, a count written as 5.0 is 5, any value in ``cache_creation`` is kept;
+    a usage that is no object is a `LedgerCorruptError` naming its line, and `request_problems`
+    (``ledger verify``) reports it instead of raising."""
+    from cachecompact.base.errors import LedgerCorruptError
+
+    store = FileStore(tmp_path)
+    s = Session.create(store, session_id="lenient", system=SYSTEM, tools=TOOLS)
+    s.sync(history(2))
+    usage = {"input_tokens": 5.0, "cache_creation": {"ephemeral_5m_input_tokens": None}}
+    s.record_request(s.render(), {"model": None, "finding": None, "cost_usd": None, "usage": usage})
+    (rec,) = Session.open(store, "lenient").request_records()
+    assert rec.model == "" and rec.finding == {} and rec.cost_usd == 0.0 and rec.usage.input_tokens == 5
+    assert rec.usage.cache_creation == {"ephemeral_5m_input_tokens": None}
+    s.record_request(s.render(), {"usage": "lots"})
+    again = Session.open(store, "lenient")
+    with pytest.raises(LedgerCorruptError, match=r":2: request record #1: usage is str"):
+        again.request_records()
+    assert any("usage is str" in p for p in again.request_problems())
