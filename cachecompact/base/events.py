@@ -46,11 +46,14 @@ class Event:
     compaction_requested (the API was asked to write an L3/L4 summary in the background; the next
     request's ``compaction`` event, with ``detail={"writer": "api", ...}``, swaps it in).
 
-    A warm ``compaction`` the policy weighed, and every ``deferred`` one, carries what weighed it
-    in ``detail`` (issue 48): ``net_usd`` = ``saving_per_turn_usd`` x ``turns`` - ``rewrite_usd`` -
-    ``summary_usd`` - ``reasoning_lost_usd`` (``reasoning_lost_tokens``: thinking the edit
-    invalidates; 0 when the API writes the summary, ``writer``), and ``recall_kept_share``, the share of
-    the agent's look-backs the history it keeps covers; the reason says the same in words.
+    A warm ``compaction`` of ours that the policy weighed, and a ``deferred`` one the economics
+    declined, carries what weighed it in ``detail`` (issue 48): ``net_usd`` = ``saving_per_turn_usd``
+    x ``turns`` - ``rewrite_usd`` - ``summary_usd`` - ``reasoning_lost_usd``
+    (``reasoning_lost_tokens``: thinking the edit invalidates; 0 when the API would write the summary,
+    ``writer``), ``recent_budget_tokens``, the newest history every level keeps verbatim, and
+    ``coverage_target``, the share of the agent's look-backs that budget is sized to cover (None
+    when the budget is fixed); the reason says the same in words. An API-written summary's events
+    (``compaction_requested``, then ``compaction`` with ``writer: "api"``) do not carry it yet.
     """
 
     kind: str

@@ -671,7 +671,9 @@ class CacheAwareCompactor:
                            "turns": econ.remaining_turns, "rewrite_usd": round(econ.rewrite_cost, 6),
                            "summary_usd": round(econ.summary_cost, 6), "reasoning_lost_tokens": reasoning,
                            "reasoning_lost_usd": round(econ.reasoning_cost, 6),
-                           "recall_kept_share": self._coverage_now, "writer": "api" if api_end is not None else "ours"}
+                           "recent_budget_tokens": lim.keep_recent,
+                           "coverage_target": self._coverage_now if self.cfg.levels.lookback_coverage > 0 else None,
+                           "writer": "api" if api_end is not None else "ours"}
                 small = not cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
@@ -715,8 +717,9 @@ class CacheAwareCompactor:
                     + (f" + {weighed['reasoning_lost_tokens']} reasoning tokens lost "
                        f"${weighed['reasoning_lost_usd']:.4f}" if weighed["reasoning_lost_tokens"]
                        else "; no reasoning lost")
-                    + f"; keeps the newest history covering {weighed['recall_kept_share']:.0%} of the agent's "
-                      "look-backs") if weighed else ""
+                    + f"; keeps the newest {weighed['recent_budget_tokens']:,} tokens verbatim"
+                    + (f", sized to cover {weighed['coverage_target']:.0%} of the agent's look-backs"
+                       if weighed["coverage_target"] else "")) if weighed else ""
             report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}{pays}",
                                             tokens_before=tokens, tokens_after=after, cost_usd=cost,
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],

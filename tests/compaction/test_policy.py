@@ -720,7 +720,8 @@ def test_the_compactor_stages_its_plan_and_writes_nothing_itself(tmp_path: Path)
 def test_each_edit_says_what_weighed_it(tmp_path: Path) -> None:
     """Issue 48: the policy weighs cost, recall and reasoning together; each edit's event says
     which way it went and why. A warm edit that pays names its saving, re-write, summary,
-    reasoning lost and the look-back share its kept history covers, and those add up to its net;
+    reasoning lost and the recent budget it keeps (and the look-back share that budget is sized
+    for), and those add up to its net;
     a deferred one carries the same figures, its net below zero."""
     s = Session.create(tmp_path / "s", prefix_messages=3)
     c = CacheAwareCompactor.for_session(s, cfg(40_000, min_batch_fraction=0.0, keep_recent_tokens=4_000))
@@ -732,7 +733,7 @@ def test_each_edit_says_what_weighed_it(tmp_path: Path) -> None:
         net = d["saving_per_turn_usd"] * d["turns"] - d["rewrite_usd"] - d["summary_usd"] - d["reasoning_lost_usd"]
         assert d["net_usd"] == pytest.approx(net, abs=1e-6 * (d["turns"] + 4))  # each figure rounded to 1e-6
         assert d["writer"] in ("ours", "api")
-        assert 0 < d["recall_kept_share"] <= 1
+        assert d["recent_budget_tokens"] > 0 and (d["coverage_target"] is None or 0 < d["coverage_target"] <= 1)
         assert (d["net_usd"] > 0) == (e.kind == "compaction")
     done = [e for e in weighed if e.kind == "compaction"]
-    assert done and all("pays: saving $" in (e.reason or "") and "look-backs" in (e.reason or "") for e in done)
+    assert done and all("pays: saving $" in (e.reason or "") and "tokens verbatim" in (e.reason or "") for e in done)
