@@ -145,7 +145,11 @@ class CompactionMiddleware(Middleware):
         while not isinstance(step, Refuse):
             resp = call_next(_with_body(request, step.body, step.betas))
             sent = resp.http_response.request
-            step = ex.received(resp.status_code, json_or_none(resp.read()) if ex.reads(resp.status_code) else None)
+            try:
+                step = ex.received(resp.status_code, json_or_none(resp.read()) if ex.reads(resp.status_code) else None)
+            except BaseException:
+                resp.close()  # the caller never sees it: give its connection back
+                raise
             if step is None:
                 break
             resp.close()
@@ -173,8 +177,12 @@ class CompactionMiddleware(Middleware):
         while not isinstance(step, Refuse):
             resp = await call_next(_with_body(request, step.body, step.betas))
             sent = resp.http_response.request
-            payload = json_or_none(await resp.read()) if ex.reads(resp.status_code) else None
-            step = await asyncio.to_thread(ex.received, resp.status_code, payload)
+            try:
+                payload = json_or_none(await resp.read()) if ex.reads(resp.status_code) else None
+                step = await asyncio.to_thread(ex.received, resp.status_code, payload)
+            except BaseException:
+                await resp.close()  # the caller never sees it: give its connection back
+                raise
             if step is None:
                 break
             await resp.close()

@@ -304,9 +304,10 @@ def billed(threads: Sequence[Trace], prices: Callable[[str], ModelInfo], model: 
             except UnknownModelError:
                 continue
             cost += p.cost(usage)
-            cc = usage.get("cache_creation") if isinstance(usage.get("cache_creation"), dict) else None
+            step = _counted_step(usage)  # a usage with its counts only in iterations too
+            cc = step.get("cache_creation") if isinstance(step.get("cache_creation"), dict) else None
             w5m = int((cc or {}).get("ephemeral_5m_input_tokens") or 0) if cc else \
-                int(usage.get("cache_creation_input_tokens") or 0)
+                int(step.get("cache_creation_input_tokens") or 0)
             extra += w5m * (p.write_1h - p.write_5m) / 1e6
     return cost, extra
 

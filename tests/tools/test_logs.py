@@ -343,6 +343,9 @@ def test_verbose_forensics_labels_sub_agent_threads_counts_iterations_and_names_
     assert not skipped and len(done) == 2
     a, b = done
     assert a.calls == 6 and a.subagent_calls == 3  # m3 counted though its usage is only in iterations
+    p = model_prices(MODEL)  # and its 5-minute writes are in what the 1-hour TTL would have cost more
+    assert a.extra_1h_usd == pytest.approx((30_000 + 1_500 + 34_000 + 12_000 + 1_500 + 16_000)
+                                           * (p.write_1h - p.write_5m) / 1e6)
     m3 = next(f for f in a.findings if f.thread is None and f.request == 2)
     assert m3.cls == "ttl_expiry" and m3.read == 0
     assert {f.thread for f in a.findings} == {None, "sub-agent 1 (agent-a7)"}
