@@ -17,6 +17,7 @@ one line of advice per class (docs/cache-model.md, "Forensics on Claude Code log
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from ..base.values import TTL
 from ..cache.forensics import CLASSES, Finding, Forensics, snapshot_from_sim
 from ..cache.simulator import SimBlock, SimRequest, message_blocks
 from .traces.claude_code_logs import IDLE_KIND, load_claude_code
-from .traces.trace_model import Trace
+from .traces.trace_model import Trace, parse_time
 
 __all__ = ["LogForensics", "RecordedCall", "RecordedSession", "advice", "billed", "fit_line", "forensics_of_log",
            "rebuild_calls", "recorded_input", "summarize_logs", "written_ttl"]
@@ -334,6 +335,9 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     counter = TokenCounter()
     done: list[LogForensics] = []
     skipped: list[dict[str, str]] = []
+    # oldest log first: a resumed session's log copies its original's responses, and the one that
+    # counts them is the original (issue 50 review: by file name, a UUID, the copy could come first)
+    paths = sorted(paths, key=_first_time)
     seen: dict[str, str] = {}  # response ids counted, and by which log: a resumed session's copies count once
     for p in paths:
         before = dict(seen)
@@ -368,6 +372,27 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
     totals["by_project"] = _group(done, lambda r: r.project)
     totals["advice"] = advice(done, totals)
     return done, skipped, totals
+
+
+def _first_time(path: str | Path) -> float:
+    """The first time a log records (its first line with a timestamp); unreadable or timeless: last."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for k, line in enumerate(f):
+                if k > 200:
+                    break
+                if '"timestamp"' not in line:
+                    continue
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                t = parse_time(e.get("timestamp")) if isinstance(e, dict) else None
+                if t is not None:
+                    return t
+    except OSError:
+        pass
+    return math.inf
 
 
 def advice(done: Sequence[LogForensics], totals: dict[str, Any]) -> list[str]:

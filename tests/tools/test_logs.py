@@ -408,3 +408,29 @@ def test_the_fidelity_replay_runs_on_the_logs_own_clock_and_names_what_it_cannot
     gaps = r.gap_by_class()
     assert set(gaps) >= {"resume", "prefix_only_at_prompt"} and math.isclose(
         sum(gaps.values()), r.cost("simulated") - r.cost("recorded"), abs_tol=1e-9)
+
+
+def test_a_resumed_log_that_sorts_first_still_names_the_original(tmp_path: Path) -> None:
+    """Review of issue 50: logs were taken in the order given (by name, a UUID in Claude Code), so
+    a resumed copy whose name sorted first owned the shared responses, and the original was said
+    to resume it. The oldest log is taken first."""
+    u = _usage(0, 20_000) | {"output_tokens": 40}
+    original = [
+        _entry("user", "2026-03-01T10:00:00Z", "fix the build"),
+        _entry("assistant", "2026-03-01T10:00:05Z", _tool("t1"), mid="o1", usage=u),
+        _entry("user", "2026-03-01T10:00:06Z", _result("t1")),
+        _entry("assistant", "2026-03-01T10:00:09Z", _tool("t2"), mid="o2", usage=u),
+        _entry("user", "2026-03-01T10:00:10Z", _result("t2")),
+        _entry("assistant", "2026-03-01T10:00:14Z", [{"type": "text", "text": "done"}], mid="o3", usage=u),
+    ]
+    copy = "2026-03-02T09:00:00Z"  # a resume writes the history again, stamped with its own moment
+    resumed = [{**e, "timestamp": copy} for e in original] + [
+        _entry("user", "2026-03-02T09:00:10Z", "and the tests"),
+        _entry("assistant", "2026-03-02T09:00:15Z", [{"type": "text", "text": "ok"}], mid="r1", usage=u),
+    ]
+    (tmp_path / "a-resumed.jsonl").write_text("\n".join(json.dumps(e) for e in resumed) + "\n")
+    (tmp_path / "z-original.jsonl").write_text("\n".join(json.dumps(e) for e in original) + "\n")
+    done, skipped, _ = summarize_logs(sorted(tmp_path.glob("*.jsonl")))
+    by = {r.name.rsplit("/", 1)[-1]: r for r in done}
+    assert not skipped and by["z-original"].calls == 3 and by["z-original"].resumes == []
+    assert by["a-resumed"].resumes == [by["z-original"].name] and by["a-resumed"].calls == 1
