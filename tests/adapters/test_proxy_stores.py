@@ -151,3 +151,21 @@ def test_rejected_requests_leave_no_empty_session_rows(mode: str, tmp_path: Path
         px.wait_idle()
         rows = httpx2.get(f"{px.url}/api/sessions").json()["sessions"]
         assert len(rows) == 1 and rows[0]["requests"] >= 3, rows
+
+
+def test_a_conversation_is_hidden_only_when_none_of_its_sessions_had_an_answer() -> None:
+    """Review of issue 50's dashboard fix: sessions were filtered before conversations were formed,
+    so an answered segment of a conversation whose first session got no answer came up as a
+    conversation of its own, and its totals left the first out. Whole conversations are kept or
+    hidden now."""
+    from cachecompact.adapters.proxy._dashboard import listing
+
+    def row(sid: str, requests: int, errors: int, link: str | None = None) -> dict[str, Any]:
+        return {"id": sid, "requests": requests, "errors": errors, "cost_usd": 0.1 * (requests - errors),
+                "wasted_usd": 0.0, "last_time": 1.0, "link": {"session": link, "reason": "rewrite"} if link else None}
+
+    out = listing([row("a", 2, 2), row("a.s2", 3, 0, "a"), row("b", 1, 1), row("c", 4, 1)])
+    assert [c["id"] for c in out["sessions"]] == ["a", "c"]
+    a = out["sessions"][0]
+    assert [s["id"] for s in a["segments"]] == ["a.s2"] and a["conversation"]["requests"] == 5
+    assert out["rejected_only"] == {"sessions": 1, "requests": 1, "ids": ["b"]}

@@ -88,14 +88,22 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def listing(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """``/api/sessions``: the conversations of the sessions that had an answer. A session whose
-    every request was rejected or failed is no row (issue 50: each stray request made an empty
-    one); they are counted in ``rejected_only``, and stay in the store and in ``/metrics``."""
-    answered = [d for d in summaries if d["requests"] > d["errors"]]
-    rejected = [d for d in summaries if d["requests"] <= d["errors"]]
-    return {"sessions": conversations(answered),
-            "rejected_only": {"sessions": len(rejected), "requests": sum(d["requests"] for d in rejected),
-                              "ids": [d["id"] for d in rejected][:20]}}
+    """``/api/sessions``: the conversations that had an answer. A conversation none of whose
+    requests was answered (rejected, failed or cut off) is no row (issue 50: each stray request
+    made an empty one); its sessions are counted in ``rejected_only``, and stay in the store and
+    in ``/metrics``. Conversations are formed first, so an answered segment stays under its first
+    session whatever that one got."""
+    shown: list[dict[str, Any]] = []
+    hidden: list[dict[str, Any]] = []  # the sessions of the conversations not shown
+    for c in conversations(summaries):
+        parts = [c, *c.get("segments", [])]
+        if any(d["requests"] > d["errors"] for d in parts):
+            shown.append(c)
+        else:
+            hidden += parts
+    return {"sessions": shown,
+            "rejected_only": {"sessions": len(hidden), "requests": sum(d["requests"] for d in hidden),
+                              "ids": [d["id"] for d in hidden][:20]}}
 
 
 def related(sid: str, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:

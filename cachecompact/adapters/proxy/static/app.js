@@ -138,8 +138,8 @@ async function renderSessions() {
   $("no-sessions").hidden = data.sessions.length > 0 || data.rejected_only.requests > 0;
   const rej = $("rejected-only");  // rejected before any answer: counted, not listed (no empty rows)
   rej.hidden = data.rejected_only.requests === 0;
-  rej.textContent = `${data.rejected_only.requests} request(s) rejected before any answer of their ` +
-    `conversation (${data.rejected_only.sessions} session id(s)) are not listed; /metrics counts them.`;
+  rej.textContent = `${data.rejected_only.requests} request(s) of conversations that got no answer ` +
+    `(rejected, failed or cut off; ${data.rejected_only.sessions} session id(s)) are not listed; /metrics counts them.`;
   if (data.sessions.length > 0 && shown.length === 0) emptyRow(body, 10, `no session matches "${state.filter}"`);
 }
 
