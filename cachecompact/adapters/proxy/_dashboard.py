@@ -15,9 +15,10 @@ output in an excerpt stays text.
 API:
 
 * ``GET /api/version`` — a counter that grows with every recorded request;
-* ``GET /api/sessions`` — every session that had an answer: its title (project folder and first
-  prompt), requests, cost, hit rate, wasted dollars, misses, and the re-writes our own compactions
-  caused (not misses); sessions of rejected requests alone are counted in ``rejected_only``;
+* ``GET /api/sessions`` — every conversation that had an answer: its sessions' titles (project
+  folder and first prompt), requests, cost, hit rate, wasted dollars, misses, and the re-writes our
+  own compactions caused (not misses); the sessions of conversations with no answer are counted in
+  ``rejected_only``;
 * ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
   read, written and uncached, cost, timing, the finding of each) and its compactions, and the
   window its context view is drawn against (``--window`` when given, else the model's);
