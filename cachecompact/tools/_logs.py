@@ -257,9 +257,8 @@ def forensics_of_log(path: str | Path, counter: TokenCounter | None = None,
     copied = {seen[m] for th in (trace, *trace.subagents) for m in th.message_ids if m is not None and m in seen}
     out.resumes = sorted(copied)
     out.cost_usd, out.extra_1h_usd = main_usd + out.subagent_cost_usd, main_extra + sub_extra
-    for n, thread in enumerate([rs, *(rebuild_calls(sub, counter) for sub in trace.subagents)]):
-        if thread is None:
-            continue
+    subs = [t for t in (rebuild_calls(sub, counter) for sub in trace.subagents) if t is not None]
+    for n, thread in enumerate([rs, *subs]):  # numbered as listed: a sub-agent too short to judge is none
         label = None if n == 0 else f"sub-agent {n} ({thread.name.rsplit('.', 1)[-1]})"
         engine = Forensics(as_of=out.first)  # a thread's cache entries are its own (another system prompt)
         body = {"messages": thread.messages}
