@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Callable, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -374,9 +376,17 @@ def summarize_logs(paths: Sequence[str | Path]) -> tuple[list[LogForensics], lis
 
 
 def _first_time(path: str | Path) -> float:
-    """The first time a log records (its first line with a timestamp); unreadable or timeless: last."""
+    """The first time a log records (its first line with a timestamp); unreadable, timeless or not a
+    regular file: last. Opened without blocking and checked on the open file, so a FIFO named as a
+    log never stalls the sort (`read_text` then refuses it with its reason)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return math.inf
+    try:
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return math.inf
             for k, line in enumerate(f):
                 if k > 200:
                     break
