@@ -55,7 +55,6 @@ if TYPE_CHECKING:
         RegressionReport as RegressionReport,
         compaction_regression_suite as compaction_regression_suite,
     )
-    from .compaction.scratchpad import READ_SCRATCHPAD_TOOL as READ_SCRATCHPAD_TOOL, Scratchpad as Scratchpad
     from .compaction.strategy import Plan, Strategy, StrategyConfig, StrategyContext
     from .compaction.summarize.llm import ExtractiveSummarizer, LLMSummarizer, Summarizer
     from .engine.options import EngineOptions
@@ -66,6 +65,7 @@ if TYPE_CHECKING:
         Divergence as Divergence,
         RenderResult,
     )
+    from .history.scratchpad import READ_SCRATCHPAD_TOOL as READ_SCRATCHPAD_TOOL, Scratchpad as Scratchpad
     from .history.session import Session
     from .store import FileStore, SessionStore, Store, open_store
 
@@ -121,8 +121,8 @@ _EXPORTS = {
     "BlockLocation": "history.render",
     "Divergence": "history.render",
     "RenderResult": "history.render",
-    "READ_SCRATCHPAD_TOOL": "compaction.scratchpad",
-    "Scratchpad": "compaction.scratchpad",
+    "READ_SCRATCHPAD_TOOL": "history.scratchpad",
+    "Scratchpad": "history.scratchpad",
     "Session": "history.session",
     "FileStore": "store",
     "SessionStore": "store",

@@ -164,18 +164,20 @@ def test_a_compacting_wrap_turn_calls_only_down_the_floors() -> None:
     with _api() as url:
         route = wrap_route(url)
     assert route.up == [], route.up
-    # measured 39 (2026-12-04; 40 before the one exchange); issue 39 asked for 30, not reached without
-    # merging modules (see docs/architecture.md): this ceiling keeps the route from growing unnoticed
-    assert len(route.files) <= 39, route.files
+    # measured 40 (2026-12-04: 40 before the one exchange, 39 after it, 40 with history/draft.py, the
+    # strategy's view); issue 49's ceiling is 40. Issue 39 asked for 30, not reached without merging
+    # modules (see docs/architecture.md): this ceiling keeps the route from growing unnoticed
+    assert len(route.files) <= 40, route.files
 
 
 def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
     with _api() as url:
         route = proxy_route(url)
     assert route.up == [], route.up
-    # measured 47 (2026-12-04; 48 before); issue 39 asked for 32: the compact proxy also feeds the dashboard's
-    # analysis (observe.py, cache/simulator.py) on every request
-    assert len(route.files) <= 47, route.files
+    # measured 48 (2026-12-04: 48, then 47 with the one exchange, 48 with history/draft.py); issue 49's
+    # ceiling is 48. Issue 39 asked for 32: the compact proxy also feeds the dashboard's analysis
+    # (observe.py, cache/simulator.py) on every request
+    assert len(route.files) <= 48, route.files
 
 
 @pytest.mark.slow  # profiles every call of a streamed turn: 13 s

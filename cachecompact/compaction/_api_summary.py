@@ -27,7 +27,7 @@ from typing import Any
 
 from ..base.values import Level
 from ..history.ledger import ApiCompaction
-from ..history.transcript import Transcript
+from ..history.transcript import TranscriptReader
 from .summarize.api_compaction import OnDemandCall, OnDemandResult, OnDemandSummarizer, supports_ondemand
 
 __all__ = ["ApiRequest", "api_range_end", "usable"]
@@ -52,7 +52,7 @@ def usable(summarizer: Any, model: str, enabled: bool) -> bool:
     return enabled and isinstance(summarizer, OnDemandSummarizer) and supports_ondemand(model)
 
 
-def api_range_end(t: Transcript, end: int) -> int | None:
+def api_range_end(t: TranscriptReader, end: int) -> int | None:
     """The end of the API-written range for a summary the policy planned to end at ``end``:
     the same end when the kept turns start with an assistant message after a user one (the
     change of role the docs require), else None (the policy's own summary then)."""

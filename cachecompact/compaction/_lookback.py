@@ -38,7 +38,7 @@ from ..base.wire import ToolResultBlock, ToolUseBlock, call_key, content_blocks,
 from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, split_effective
 
 if TYPE_CHECKING:
-    from ..history.session import Session
+    from ..history.draft import Draft
 
 __all__ = ["LADDER_FLOOR", "LADDER_RATIO", "LINES_PER_IDENTIFIER", "MIN_EXPECTED", "InView",
            "LookbackMeter"]
@@ -104,7 +104,7 @@ class LookbackMeter:
         self._effective: list[LedgerEntry] = []
         self._in_view: InView | None = None
 
-    def observe(self, session: Session) -> None:
+    def observe(self, session: Draft) -> None:
         """Take in the messages appended since the last call (none until the prefix is complete)."""
         pe = session.prefix_end
         if pe is None:
@@ -122,7 +122,7 @@ class LookbackMeter:
             if uses:
                 self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses],
                            i, session)
-            plain = session.renderer.plain_message(i)
+            plain = session.plain_message(i)
             for j, blk in enumerate(blocks):
                 start = self._pos
                 tokens = plain.blocks[j].tokens
@@ -147,7 +147,7 @@ class LookbackMeter:
         before = self._calls.get(key)
         return self._pos - before if before is not None else -1
 
-    def _look(self, idents: list[str], reruns: list[int], message: int, session: Session) -> None:
+    def _look(self, idents: list[str], reruns: list[int], message: int, session: Draft) -> None:
         """A look-back for each re-run and for each identifier the calls use that output after
         the prefix showed; for those, whether compaction had hidden the newest line naming it
         from the request the call was made from, and whether it hid every line. The identifier
@@ -176,7 +176,7 @@ class LookbackMeter:
             self.exposed += 1
             self.missed += not view.any(seen)
 
-    def view_at(self, session: Session, message: int) -> InView | None:
+    def view_at(self, session: Draft, message: int) -> InView | None:
         """What the request that produced assistant ``message`` showed: the edits made before it
         (entries made while the transcript had at most ``message`` messages); None when none
         were. Advanced incrementally: the meter and `compaction.restore` only ever ask about

@@ -24,7 +24,7 @@ from ..base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks
 from ..history.ledger import GIVEN_BACK_LEVEL, ReplaceWithSummary
 
 if TYPE_CHECKING:
-    from ..history.session import Session
+    from ..history.draft import Draft
     from ._lookback import LookbackMeter
 
 __all__ = ["RESTORE_LEVEL", "RESTORE_REASON", "restore_edits"]
@@ -35,7 +35,7 @@ RESTORE_HEADER = ("[cachecompact: earlier tool output naming what this call used
                   "from the context:]")
 
 
-def restore_edits(session: Session, meter: LookbackMeter, budget_chars: int,
+def restore_edits(session: Draft, meter: LookbackMeter, budget_chars: int,
                   skip_ids: frozenset[str] = frozenset()) -> list[ReplaceWithSummary]:
     """When the newest assistant message's calls name an identifier that only hidden tool
     output showed (hidden in the request those calls were made from), an edit appending the

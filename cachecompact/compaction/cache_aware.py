@@ -45,7 +45,10 @@ from ..base.wire import (
     content_blocks,
     tool_result_ids,
 )
+from ..history.draft import Draft
 from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange
+from ..history.scratchpad import READ_SCRATCHPAD_TOOL
+from ..history.session import Session
 from ..history.thinking import latest_tool_turn
 from ._api_summary import ApiRequest, api_range_end, usable
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
@@ -79,7 +82,6 @@ from .policy import (
     evaluate,
     limits,
 )
-from .scratchpad import READ_SCRATCHPAD_TOOL
 from .strategy import Plan, StrategyContext, summarize_range, summary_request
 from .summarize.api_compaction import OnDemandSummarizer
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
@@ -99,11 +101,11 @@ class CacheAwareCompactor:
 
     def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
         self.ctx = ctx
-        self.session = ctx.session
+        self.draft = ctx.draft
         self.cfg = config or PolicyConfig()
         self.summarizer = ctx.summarizer
         self.events = ctx.events
-        self.scratchpad = ctx.scratchpad if ctx.scratchpad_tool else None
+        self.externalize = ctx.scratchpad_tool  # L2 keeps full outputs in the scratchpad, for read_scratchpad
         # L2 never shortens a write (its result says what changed) nor a scratchpad read: that output
         # is already the stored original, and shortening it again would hand the agent a new
         # reference to the same text, a loop
@@ -125,7 +127,7 @@ class CacheAwareCompactor:
         self._learnt: int | None = None  # the learnt recent budget last reported (raw tokens; None: configured)
         self._learnt_now: int | None = None  # the one this turn's limits use
         self._coverage_now = self.cfg.levels.lookback_coverage  # the share of look-backs it covers (raised on misses)
-        # the cache TTL: what this turn's request is rendered with (the engine reads both), and
+        # the cache TTL: what this turn's request is rendered with (its `Plan` carries both), and
         # the gaps it is chosen from
         fixed = self.cfg.economics.ttl
         self.ttl: TTL | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
@@ -156,22 +158,26 @@ class CacheAwareCompactor:
         return LONG_TTL_S if self.cfg.economics.ttl == "1h" else self.cfg.economics.cache_ttl_s
 
     @classmethod
-    def for_session(cls, session: Any, config: PolicyConfig | None = None, **kw: Any) -> CacheAwareCompactor:
-        """A compactor with an extractive summarizer and its own event bus (tests, scripts)."""
+    def for_session(cls, session: Session | Draft, config: PolicyConfig | None = None,
+                    **kw: Any) -> CacheAwareCompactor:
+        """A compactor with an extractive summarizer and its own event bus (tests, scripts). It
+        plans against the session's `Draft`; what it stages is stored when the session next
+        writes, or by `Session.commit`."""
         from ..base.events import EventBus
 
-        ctx = StrategyContext(session=session, summarizer=kw.pop("summarizer", None) or ExtractiveSummarizer(),
+        draft = session if isinstance(session, Draft) else Draft(session)
+        ctx = StrategyContext(draft=draft, summarizer=kw.pop("summarizer", None) or ExtractiveSummarizer(),
                               events=kw.pop("events", None) or EventBus(),
                               window_tokens=(config or PolicyConfig()).window_tokens or UNKNOWN_MODEL_WINDOW, **kw)
         return cls(ctx, config)
 
     def resume(self) -> None:
         """Pick up a reopened session: count its steps and when it was last compacted."""
-        t = self.session.transcript
+        t = self.draft.transcript
         self._seen = len(t)
         asst = [i for i in range(len(t)) if t[i].role == "assistant"]
         self.steps = len(asst)
-        done = [e for e in self.session.ledger.entries
+        done = [e for e in self.draft.ledger.entries
                 if not e.reason.startswith(ON_ENTRY) and e.level != RESTORE_LEVEL]
         if done:
             at = done[-1].transcript_len
@@ -189,7 +195,7 @@ class CacheAwareCompactor:
                 "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
                 "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
                 "learnt": self._learnt,
-                "calibration": self.session.counter.calibration, "gaps": self.gaps.state(),
+                "calibration": self.draft.counter.calibration, "gaps": self.gaps.state(),
                 "sent": list(self._sent) if self._sent is not None else None,
                 "thought": {str(k): v for k, v in self._thought.items()}, "idle_at": self._idle_at,
                 "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
@@ -201,7 +207,7 @@ class CacheAwareCompactor:
             self.steps, self.last_compact_step = int(st["steps"]), int(st["last_compact_step"])
             self.failures, self.tripped = int(st["failures"]), bool(st["tripped"])
             self.last_request_at = st["last_request_at"]
-            self._seen = min(int(st["seen"]), len(self.session.transcript))
+            self._seen = min(int(st["seen"]), len(self.draft.transcript))
             self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
             self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
             self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
@@ -216,7 +222,7 @@ class CacheAwareCompactor:
             idle_at = st.get("idle_at")
             self._idle_at = float(idle_at) if isinstance(idle_at, (int, float)) else None
             self._idle = None  # made for a session another process has moved on
-            self.session.counter.calibration = float(st["calibration"])
+            self.draft.counter.calibration = float(st["calibration"])
             self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
                            for k, v in st["calls"].items()}
         except (KeyError, TypeError, ValueError) as err:
@@ -225,11 +231,11 @@ class CacheAwareCompactor:
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _emit(self, kind: str, **kw: Any) -> Event:
-        return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
+        return self.events.emit(Event(kind=kind, session_id=self.draft.session_id, **kw))
 
     def _observe_new(self, now: float, report: Plan) -> int:
         """Count steps since the last turn and watch for repeated calls; the first new index."""
-        t = self.session.transcript
+        t = self.draft.transcript
         start, self._seen = self._seen, len(t)
         last_reply = None
         for i in range(start, len(t)):
@@ -247,7 +253,7 @@ class CacheAwareCompactor:
         """A burst of more than `REPEAT_CALLS` identical calls with identical results within
         `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
         answer again and again is not."""
-        t = self.session.transcript
+        t = self.draft.transcript
         if len(self._calls) > 64:  # forget calls older than the window: the map stays small
             self._calls = {k: v for k, v in self._calls.items() if v and now - v[-1][0] <= REPEAT_WINDOW_S}
         calls = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)}
@@ -270,7 +276,7 @@ class CacheAwareCompactor:
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
     def _limits(self, max_tokens: int, model: str) -> Limits:
-        s = self.session
+        s = self.draft
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.ctx.window_tokens  # the one window the engine resolved (EngineOptions.window), or the bench's
@@ -303,7 +309,7 @@ class CacheAwareCompactor:
             return
         self._learnt = learnt
         m = self._lookback
-        cal = max(self.session.counter.calibration, 1e-9)
+        cal = max(self.draft.counter.calibration, 1e-9)
         far, at_risk = m.beyond(learnt if learnt is not None else int(lim.configured_recent / cal))
         what = (f"learnt: {lim.keep_recent} tokens (configured {lim.configured_recent})" if learnt is not None
                 else f"back to the configured {lim.configured_recent} tokens")
@@ -323,7 +329,7 @@ class CacheAwareCompactor:
         re-run was shortened to the same placeholder every time, and the agent looped). The levels
         make room for it from older history; one too big for the window stays shortened, and its
         placeholder says so."""
-        s = self.session
+        s = self.draft
         t = s.transcript
         hidden: set[str] = set()
         for e in s.ledger.effective():
@@ -347,7 +353,7 @@ class CacheAwareCompactor:
         return frozenset(out)
 
     def _now_tokens(self) -> int:
-        return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
+        return self.draft.counter.calibrated(self.draft.render(breakpoints=False).raw_tokens)
 
     # -- levels --------------------------------------------------------------------------------
 
@@ -364,7 +370,7 @@ class CacheAwareCompactor:
                                           write_tools=lv.write_tools, exempt_tools=lv.exempt_tools,
                                           min_tokens=lv.min_clear_tokens, is_write=lv.is_write,
                                           key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars,
-                                          counter=self.session.counter)
+                                          counter=self.draft.counter)
         if not extra:
             return p
         return replace(p, edits=sorted([*p.edits, *extra], key=lambda e: e.start),
@@ -372,7 +378,7 @@ class CacheAwareCompactor:
                        reason=f"{p.reason}; and {len(extra)} superseded result(s) after it")
 
     def _plan(self, level: Level, view: View, lim: Limits) -> Proposal:
-        lv, ctr = self.cfg.levels, self.session.counter
+        lv, ctr = self.cfg.levels, self.draft.counter
         target_raw = int(lim.aim() / max(ctr.calibration, 1e-9))
         if level == "L1":
             return propose_micro(view, keep_recent=lv.keep_recent_results, write_tools=lv.write_tools,
@@ -380,7 +386,7 @@ class CacheAwareCompactor:
                                  keep_recent_tokens=lim.keep_recent,
                                  key_fraction=lv.key_fraction, key_max_chars=lv.key_max_chars, counter=ctr)
         if level == "L2":
-            return propose_tool_summary(view, self.scratchpad, ctr, old_min_tokens=lim.old_result,
+            return propose_tool_summary(view, self.externalize, ctr, old_min_tokens=lim.old_result,
                                         preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
                                         keep_recent=lv.keep_recent_results,
                                         keep_recent_tokens=lim.keep_recent,
@@ -398,7 +404,7 @@ class CacheAwareCompactor:
     def _guard(self, p: Proposal) -> Proposal:
         """The one check every proposal passes: nothing may touch the immutable prefix (nor what
         an API-written summary stands for: its block opens the request)."""
-        pe = self.session.edit_floor
+        pe = self.draft.edit_floor
         if pe is None:
             return Proposal(p.level, p.reason)
         bad = [e for e in p.edits if e.start < pe]
@@ -418,9 +424,16 @@ class CacheAwareCompactor:
         self._emit("refused", level=level, reason=f"planning bug: {why}")
 
     def _apply(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> tuple[list[LedgerEntry], float]:
-        """Append a proposal's edits (summarising first for L3/L4). Raises on failure."""
+        """Stage a proposal's edits (summarising first for L3/L4). Raises on failure."""
         edits, cost = self._edits_of(p, cold, body)
-        return [self.session.stage(x, level=p.level) for x in edits], cost
+        return self._stage(p, edits), cost
+
+    def _stage(self, p: Proposal, edits: list[SkipRange | ReplaceWithSummary]) -> list[LedgerEntry]:
+        """Stage ``edits`` of proposal ``p``, and keep the scratchpad content their placeholders
+        name (first: an edit never names content its plan does not carry)."""
+        for text in p.blobs.values():
+            self.draft.keep(text)
+        return [self.draft.stage(x, level=p.level) for x in edits]
 
     def _edits_of(self, p: Proposal, cold: bool, body: dict[str, Any] | None
                   ) -> tuple[list[SkipRange | ReplaceWithSummary], float]:
@@ -430,11 +443,11 @@ class CacheAwareCompactor:
         if p.summarize is not None:
             start, end = p.summarize
             # the verbatim lines the agent used since (`working_set_chars`, fitted: about half the summary)
-            keep = working_lines(self.session, start, end, self.cfg.levels.working_set_chars)
-            edit, res = summarize_range(self.session, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
+            keep = working_lines(self.draft, start, end, self.cfg.levels.working_set_chars)
+            edit, res = summarize_range(self.draft, start, end, self.summarizer, reason=f"{p.level}: {p.reason}",
                                         body=body, cache_warm=not cold, verbatim=keep, at=self._now)
             cost = res.cost_usd
-            before, after = self.session.edit_effect(edit)
+            before, after = self.draft.edit_effect(edit)
             if after >= before:  # checked before appending: the ledger never keeps a useless summary
                 raise SummaryRejected(f"no reduction: the summary ({after} tokens) is not smaller than the range "
                                       f"({before} tokens)", cost)
@@ -445,12 +458,18 @@ class CacheAwareCompactor:
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        """Decide and apply this turn's compaction; ``context_full`` in the report says why when
-        nothing fits (the adapters turn it into their transport's error)."""
+        """Decide and stage this turn's compaction; ``context_full`` in the plan says why when
+        nothing fits (the adapters turn it into their transport's error). The plan carries the
+        TTLs this turn's request is rendered with."""
+        plan = self._decide(now, model, max_tokens, params)
+        plan.ttl, plan.prefix_ttl = self.ttl, self.prefix_ttl
+        return plan
+
+    def _decide(self, now: float, model: str, max_tokens: int, params: dict[str, Any] | None) -> Plan:
         report = Plan(0, 0)
         since = self._observe_new(now, report)
         self._now = now
-        s = self.session
+        s = self.draft
         if not self.cfg.economics.mark_compacted:
             s.stable_before = None  # also one restored from requests recorded with the mark on
         if s.prefix_end is None or not len(s):
@@ -477,7 +496,7 @@ class CacheAwareCompactor:
             cal = max(s.counter.calibration, 1e-9)
             big = [r for r in new if s.counter.calibrated(r.tokens) > lim.big_result]
             p2 = self._guard(propose_entry_summary(
-                new, self.scratchpad, s.counter, big_tokens=int(lim.big_result / cal),
+                new, self.externalize, s.counter, big_tokens=int(lim.big_result / cal),
                 turn_tokens=int(lim.big_result / cal), preview_chars=lv.preview_chars, key_chars=lv.key_max_chars,
                 exempt_tools=self._l2_exempt,
                 whole=self._reruns_of_hidden(big, int(room / cal)) if big else frozenset(),
@@ -547,7 +566,7 @@ class CacheAwareCompactor:
     def _restore(self, report: Plan) -> None:
         """Lines of hidden output that the newest calls named, appended to their results
         (`compaction.restore`): never sent yet, so nothing cached changes."""
-        s = self.session
+        s = self.draft
         self._lookback.observe(s)
         edited = frozenset(e.tool_use_id for e in report.entries if e.tool_use_id)
         edits = restore_edits(s, self._lookback, self.cfg.levels.working_set_chars, skip_ids=edited)
@@ -568,7 +587,7 @@ class CacheAwareCompactor:
         levels = sorted({e.level for e in edits if e.level})
         spans = ", ".join(f"messages[{e.start}]" if e.start == e.end else f"messages[{e.start}..{e.end}]"
                           for e in edits[:6]) + (", ..." if len(edits) > 6 else "")
-        where = self.session.path
+        where = self.draft.path
         back = (f"`cachecompact render {where} --uncompacted` prints it whole" if where is not None else
                 "Session.render(uncompacted=True) renders it whole")
         return self._emit(
@@ -587,7 +606,7 @@ class CacheAwareCompactor:
         between the two TTLs comes from the session's own gaps (`GapMeter`)."""
         if self.cfg.economics.ttl != "auto":
             return
-        prefix = self.session.counter.calibrated(self.session.render(breakpoints=False).prefix_tokens)
+        prefix = self.draft.counter.calibrated(self.draft.render(breakpoints=False).prefix_tokens)
         if self._sent is None or cold:
             read = 0
         elif edited:
@@ -610,7 +629,7 @@ class CacheAwareCompactor:
     def _candidates(self, view: View, trig: Trigger, lim: Limits, stop_at_target: bool = True) -> list[Proposal]:
         """Guarded proposals from L1 up to the trigger's level; stop at the first that reaches the
         target (unless ``stop_at_target`` is False)."""
-        tokens = self.session.counter.calibrated(view.total_tokens)
+        tokens = self.draft.counter.calibrated(view.total_tokens)
         out: list[Proposal] = []
         top = LEVEL_ORDER.index(trig.max_level or "L1")
         for level in LEVEL_ORDER[: top + 1]:
@@ -618,13 +637,13 @@ class CacheAwareCompactor:
             if p.empty:
                 continue
             out.append(p)
-            if stop_at_target and tokens - self.session.counter.calibrated(p.tokens_removed) <= lim.aim():
+            if stop_at_target and tokens - self.draft.counter.calibrated(p.tokens_removed) <= lim.aim():
                 break
         return out
 
     def _compact(self, trig: Trigger, cold: bool, body: dict[str, Any] | None, report: Plan, model: str,
                  lim: Limits) -> int:
-        s, cfg = self.session, self.cfg
+        s, cfg = self.draft, self.cfg
         view = build_view(s)
         tokens = s.counter.calibrated(view.total_tokens)
         cands = self._candidates(view, trig, lim, stop_at_target=not trig.cold)
@@ -736,7 +755,7 @@ class CacheAwareCompactor:
         if p.summarize is None or p.level not in ("L3", "L4") or self._api_refused \
                 or not usable(self.summarizer, model, self.cfg.levels.api_summaries):
             return None
-        return api_range_end(self.session.transcript, p.summarize[1])
+        return api_range_end(self.draft.transcript, p.summarize[1])
 
     def _ask_api(self, p: Proposal, end: int, trig: Trigger, cold: bool, tokens: int, lim: Limits,
                  report: Plan, model: str) -> int | None:
@@ -764,7 +783,7 @@ class CacheAwareCompactor:
             return None
         max_tokens, params = self._request
         # marks what earlier requests wrote too, so it reads the longest warm entry before it writes the rest
-        body = self.session.render(transcript_len=end + 1, warm=True,
+        body = self.draft.render(transcript_len=end + 1, warm=True,
                                    **{**params, "model": model, "max_tokens": max_tokens or 4096}).body
         return ApiRequest(level, reason, end, body, call, tokens)
 
@@ -772,7 +791,7 @@ class CacheAwareCompactor:
         """Put the API's block in place of messages 0..req.end; the tokens after. A failure is
         counted as a failed summary, and one the API refused (not a transient 529) turns them off
         for the session: the policy's own summaries stand from then on."""
-        s = self.session
+        s = self.draft
         before = self._now_tokens()
         t0 = time.perf_counter()
         try:
@@ -809,7 +828,7 @@ class CacheAwareCompactor:
         loop that starts now is expected to add before the next person's turn: the median number of
         assistant turns of the session's own finished loops times its typical growth per turn. None
         elsewhere, or before one loop has finished (nothing to go by)."""
-        t = self.session.transcript
+        t = self.draft.transcript
         n = len(t)
         if n < 2 or t[n - 1].role != "user" or t.is_tool_result_message(n - 1) or not self._growth:
             return None
@@ -827,7 +846,7 @@ class CacheAwareCompactor:
     def _room_for(self, lim: Limits, ahead: int) -> Limits:
         """``lim`` for a compaction at a person's turn that makes room for the loop ahead: it aims under
         the hard threshold less the loop's expected growth, and keeps at most what fits beside it."""
-        s = self.session
+        s = self.draft
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         summary = self.cfg.levels.summary_tokens
         aim = max(prefix + summary, lim.hard - ahead)
@@ -837,7 +856,7 @@ class CacheAwareCompactor:
     def _mid_tool_loop_thinking(self) -> int | None:
         """The latest assistant message when this request answers its tool calls and it carries
         thinking (`history.thinking`: its thinking may not be left out), else None."""
-        t = self.session.transcript
+        t = self.draft.transcript
         a = latest_tool_turn(t, len(t))
         if a is None or not any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(t[a])):
             return None
@@ -846,7 +865,7 @@ class CacheAwareCompactor:
     def _task_start(self) -> int:
         """The latest message a person wrote (a user message that is not tool results): the task
         under way starts after it (-1 when there is none)."""
-        t = self.session.transcript
+        t = self.draft.transcript
         for i in range(len(t) - 1, -1, -1):
             if t[i].role == "user" and not t.is_tool_result_message(i):
                 return i
@@ -857,7 +876,7 @@ class CacheAwareCompactor:
         ``break_at`` invalidates (preserved thinking: `history.thinking`): the turns after both the
         edit and the person's latest message. Turns of a finished task are not counted: the agent
         has moved on from that reasoning. Zero at a person's turn, so edits go there when they can."""
-        t = self.session.transcript
+        t = self.draft.transcript
         lost = 0
         for i, n in self._thought.items():
             if i > break_at and i < len(t) and t[i].role == "assistant" and any(
@@ -875,7 +894,7 @@ class CacheAwareCompactor:
         covered it)."""
         if p.break_at is None or p.tokens_removed <= 0:
             return math.inf  # nothing sent is changed: no re-write
-        ctr = self.session.counter
+        ctr = self.draft.counter
         removed = ctr.calibrated(p.tokens_removed)
         kept = max(0, ctr.calibrated(view.suffix_tokens(self._rewrite_from(p.break_at))) - removed)
         after = ctr.calibrated(view.total_tokens) - removed
@@ -900,7 +919,7 @@ class CacheAwareCompactor:
         (issue 47: facts two to nine reads back were re-read in 34 of 40 closed-loop runs)."""
         if p.level not in ("L3", "L4") or p.break_at is None:
             return
-        lv, ctr = self.cfg.levels, self.session.counter
+        lv, ctr = self.cfg.levels, self.draft.counter
         cal = max(ctr.calibration, 1e-9)
         keep = int(lim.collapse_keep / cal)
         floor = self._lookback.reach(self._coverage_now) if lv.lookback_coverage > 0 else 0
@@ -938,7 +957,7 @@ class CacheAwareCompactor:
         one with the largest margin re-writes least per turn (the 60k async agent kept four rounds
         of 8k files at each forced collapse, removing 5-10k, and collapsed again a turn later)."""
         plans = [*order, *(q for p in order for q in self._deeper_cuts(p, view, lim))]
-        ctr = self.session.counter
+        ctr = self.draft.counter
         total = view.total_tokens
 
         def over(q: Proposal) -> bool:  # still above critical: the window would force L5 after it
@@ -952,7 +971,7 @@ class CacheAwareCompactor:
         """The first message an edit at ``break_at`` makes the next request write again: after the
         marked compacted part if the edit starts behind it (that entry is still read), else
         after the immutable prefix (the only other entry before the edit that a read reaches)."""
-        pe, mark = self.session.edit_floor or 0, self.session.stable_before
+        pe, mark = self.draft.edit_floor or 0, self.draft.stable_before
         return mark if mark is not None and pe <= mark <= break_at else pe
 
     def _mark_compacted(self, p: Proposal) -> None:
@@ -962,7 +981,7 @@ class CacheAwareCompactor:
         the next one re-writes from there anyway."""
         cleared = self.cfg.economics.mark_compacted and p.level in ("L1", "L2") and p.summarize is None
         own = [e for e in p.edits if e.reason != SUPERSEDED_REASON]  # superseded ones may sit in the recent part
-        self.session.stable_before = max(e.end for e in own) + 1 if cleared and own else None
+        self.draft.stable_before = max(e.end for e in own) + 1 if cleared and own else None
 
     def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
@@ -970,8 +989,8 @@ class CacheAwareCompactor:
         It cuts to as far below the soft threshold as the window is above it, so one cache
         re-write buys many turns instead of the next critical turn coming two turns later."""
         target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
-        p = self._guard(propose_truncate(build_view(self.session), target_tokens=int(
-            target / max(self.session.counter.calibration, 1e-9)), drop_summary=drop_summary))
+        p = self._guard(propose_truncate(build_view(self.draft), target_tokens=int(
+            target / max(self.draft.counter.calibration, 1e-9)), drop_summary=drop_summary))
         if p.empty:
             return tokens
         try:
@@ -1006,7 +1025,7 @@ class CacheAwareCompactor:
         """What is true and what to do when the request cannot fit: what is left, what fills it
         (the immutable prefix when that is most of it, with the setting that shrinks it), and
         how the window is shared between input, the reply and the estimate margin."""
-        s = self.session
+        s = self.draft
         r = s.render(breakpoints=False)  # while the prefix forms, every message so far is fixed
         prefix = s.counter.calibrated(r.prefix_tokens if s.prefix_end is not None else r.tokens)
         n_fixed = s.prefix_end if s.prefix_end is not None else len(s)
@@ -1055,7 +1074,7 @@ class CacheAwareCompactor:
              away_s: float | None = None) -> IdleDecision:
         """Summarize now, on the warm cache, what the cold rule would collapse on a late return,
         when that pays by `compaction.idle`'s prices; the edits wait for the next request."""
-        s = self.session
+        s = self.draft
 
         def no(why: str, **kw: Any) -> IdleDecision:
             return IdleDecision(session_id=s.session_id, at=now, fired=False, reason=why, **kw)
@@ -1164,7 +1183,7 @@ class CacheAwareCompactor:
         self._idle = None
         before = self._now_tokens()
         try:
-            entries = [self.session.stage(x, level=p.level) for x in edits]
+            entries = self._stage(p, edits)
         except InvalidEditError as err:  # the history the summary covered changed under it
             self._planning_bug(p.level, f"the ledger refused the idle summary's edit: {err}")
             return
@@ -1189,13 +1208,13 @@ class CacheAwareCompactor:
         if usage:
             total = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
                                                           "cache_read_input_tokens"))
-            est = self.session.render(breakpoints=False).raw_tokens
-            self.session.counter.observe(est, total)
+            est = self.draft.render(breakpoints=False).raw_tokens
+            self.draft.counter.observe(est, total)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
         """After a prompt-too-long error: L4 (unless the breaker is open), then L5, until the
         request fits with a 5% margin. Returns False when nothing more can be removed."""
-        s = self.session
+        s = self.draft
         raw = s.render(breakpoints=False).raw_tokens
         if raw > 0:
             s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)

@@ -1,19 +1,28 @@
 """The extension point: a `Strategy` decides one session's compaction, a `StrategyConfig` builds it.
 
-A strategy is called by the middleware (or the proxy) around every request of its session:
+Draft in, plan out (issue 49). A strategy is built with a `StrategyContext` whose ``draft`` is
+the session as it may see it (`history.draft.Draft`): the transcript and ledger to read, renders
+and counts, and two ways to propose, ``stage`` (a ledger edit) and ``keep`` (scratchpad content).
+It never holds the `Session` or its store. The middleware (or the proxy) calls it around every
+request of its session:
 
 * `before_request` runs with the session synced to the agent's history, before the request
-  is rendered; it plans against the session, staging ledger edits (`Session.stage`: renders
-  and counts see them at once, nothing is stored), and returns a `Plan` carrying them, its
-  events and "context full"; the request cycle stores the staged edits (`Session.commit`), so
-  a strategy never writes to the store;
+  is rendered; it plans against the draft and returns a `Plan`: the edits it staged, the
+  scratchpad content it kept, the TTLs and beta headers the request is rendered and sent with,
+  its events and "context full". The request cycle then has the session store the content
+  and the edits together (`Session.commit`); no strategy writes;
 * `after_response` gets the request time and the usage the API reported;
 * `reactive` runs after a prompt-too-long error and returns whether it freed enough (its
-  staged edits are stored the same way);
+  staged edits are stored the same way; the request keeps the TTLs and betas of its plan);
 * the request body is rendered from transcript + ledger. A strategy that edits the caller's
   body directly instead (a sliding window, server-side clearing) is a `BodyShaper`: the second
-  protocol, whose `shape` rewrites the body the caller sent. Which of the two a strategy is
-  follows from its type, once, when its session is made (`shaper_of`); no flag says it.
+  protocol, whose `shape` rewrites the body the caller sent; the beta headers its body needs
+  follow from what the body carries (`history.thinking.betas_for_body`). Which of the two a
+  strategy is follows from its type, once, when its session is made (`shaper_of`); no flag says it.
+
+Two capabilities stay optional, because they are things a strategy does, not answers the engine
+asks it for: `StatefulStrategy` (its state travels with the session's request records) and
+`CompactsIdle` (it acts while the session is quiet).
 
 Every summarizing strategy summarises a range with `summarize_range`, so the same range gets
 the same input whoever asks; only the decisions differ. Each strategy has its own frozen
@@ -34,10 +43,10 @@ from ..base.events import Event, EventBus
 from ..base.pricing import ModelInfo
 from ..base.values import TTL, IdleDecision, SummaryMode
 from ..base.wire import TextBlock, content_blocks
+from ..history.draft import Draft
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session
 from .levels.working_set import WORKING_SET_HEADER
-from .scratchpad import Scratchpad
 from .summarize.llm import (
     STORED_HEADER,
     Summarizer,
@@ -50,11 +59,8 @@ from .summarize.llm import (
 
 __all__ = [
     "BodyShaper",
-    "ChoosesPrefixTTL",
-    "ChoosesTTL",
     "CompactsIdle",
     "LedgerStrategy",
-    "NeedsBetas",
     "Plan",
     "StatefulStrategy",
     "Strategy",
@@ -72,17 +78,26 @@ log = logging.getLogger("cachecompact")
 
 @dataclass(slots=True)
 class Plan:
-    """What a strategy decided for one request, as data: the ledger edits it staged
-    (``entries``, `Session.stage`: the request cycle stores them after the strategy returns,
-    and lists them here when a strategy left the list empty), the events, the tokens before and
-    after, and, when even its last resort cannot fit the request, why (``context_full``: the
-    message the adapter gives the caller as its transport's error)."""
+    """What a strategy decided for one request, as data.
+
+    ``entries``: the ledger edits it staged (`Draft.stage`); ``blobs``: the scratchpad content it
+    kept (`Draft.keep`), by reference. The request cycle has the session store both together
+    after the strategy returns, and fills these lists in when a strategy left them empty.
+    ``ttl`` and ``prefix_ttl``: the cache TTLs its breakpoints are rendered with (None: the API's
+    default, 5 minutes; a caller's own ``ttl=`` wins); ``betas``: ``anthropic-beta`` values the
+    request needs beyond those its body shows. ``events``, the tokens before and after, and, when
+    even its last resort cannot fit the request, why (``context_full``: the message the adapter
+    gives the caller as its transport's error)."""
 
     tokens_before: int
     tokens_after: int
     events: list[Event] = field(default_factory=list)
     entries: list[LedgerEntry] = field(default_factory=list)
     context_full: str | None = None
+    ttl: TTL | None = None
+    prefix_ttl: TTL | None = None
+    betas: tuple[str, ...] = ()
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 #: The 0.2 name of `Plan`, kept until 0.4.
@@ -169,7 +184,8 @@ def shaper_of(strategy: Strategy) -> BodyShaper | None:
 
 
 # -- optional capabilities: a strategy without them still qualifies; the engine uses them where
-# a strategy has them (isinstance, so a type checker sees the contract)
+# a strategy has them (isinstance, so a type checker sees the contract). What a request is
+# rendered and sent with (TTLs, betas) is not one of them: it travels in the `Plan`.
 
 @runtime_checkable
 class StatefulStrategy(Protocol):
@@ -180,21 +196,6 @@ class StatefulStrategy(Protocol):
     def state(self) -> dict[str, Any]: ...
 
     def load_state(self, state: dict[str, Any]) -> None: ...
-
-
-@runtime_checkable
-class NeedsBetas(Protocol):
-    """A strategy whose request body needs beta features (``anthropic-beta`` values the adapters add)."""
-
-    betas: tuple[str, ...]
-
-
-@runtime_checkable
-class ChoosesTTL(Protocol):
-    """A strategy that chooses its breakpoints' cache TTL (None: the API's default, 5 minutes):
-    the policy's per-request choice, or a peer's model of its client (Claude Code's 1 hour)."""
-
-    ttl: TTL | None
 
 
 @runtime_checkable
@@ -214,24 +215,30 @@ class CompactsIdle(Protocol):
     def idle_due(self) -> float | None: ...
 
 
-@runtime_checkable
-class ChoosesPrefixTTL(Protocol):
-    """A strategy that chooses the immutable prefix's TTL apart from the rest (None: as the rest)."""
-
-    prefix_ttl: TTL | None
-
-
 @dataclass(slots=True)
 class StrategyContext:
-    """What a strategy is built with."""
+    """What a strategy is built with: the session as it may see it (``draft``), never the
+    `Session` itself, so nothing a strategy does reaches the store."""
 
-    session: Session
+    draft: Draft
     summarizer: Summarizer
     events: EventBus
     window_tokens: int  # the context window the strategy must respect
-    scratchpad: Scratchpad | None = None
     scratchpad_tool: bool = False  # the agent's requests carry the read_scratchpad tool
     prices: Mapping[str, ModelInfo] | None = None  # the client's own price entries (wrap(pricing=...))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.draft, Session):  # a 0.2 caller's StrategyContext(session, ...)
+            _tell(type(self), "StrategyContext(session, ...) is read until 0.4: pass draft=Draft(session)")
+            self.draft = Draft(self.draft)
+
+    @property
+    def session(self) -> Draft:
+        """The 0.2 name of ``draft`` (read until 0.4). It was the `Session`; it is the `Draft`
+        now, which reads alike and proposes with ``stage`` instead of writing with ``edit``."""
+        _tell(type(self), "StrategyContext.session is read until 0.4: it is the Draft now (ctx.draft); a "
+                          "strategy proposes edits with draft.stage and returns them in its Plan")
+        return self.draft
 
 
 class StrategyConfig(Protocol):
@@ -245,29 +252,29 @@ class StrategyConfig(Protocol):
     def build(self, ctx: StrategyContext) -> Strategy: ...
 
 
-def task_goal(session: Session) -> str:
+def task_goal(draft: Draft) -> str:
     """The task goal every summary must keep: the text of the first user message."""
-    if not len(session):
+    if not len(draft):
         return ""
-    blocks = content_blocks(session.transcript[0])
+    blocks = content_blocks(draft.transcript[0])
     return "\n".join(b.text for b in blocks if isinstance(b, TextBlock) and b.text).strip()
 
 
-def summary_request(session: Session, start: int, end: int, *, body: dict[str, Any] | None = None,
+def summary_request(draft: Draft, start: int, end: int, *, body: dict[str, Any] | None = None,
                     cache_warm: bool = False, at: float | None = None) -> SummaryRequest:
     """What a summary of transcript messages ``start..end`` is asked with: the rendered view of
     the range, the task goal and the open issues of a summary starting at ``start`` that the new
     one replaces (also what a summary's price is estimated from, before it is made)."""
-    r = session.render(breakpoints=False)
+    r = draft.render(breakpoints=False)
     msgs = r.messages_in(start, end)
-    prev = next((e for e in session.ledger.effective() if e.kind == "summary" and e.start == start
+    prev = next((e for e in draft.ledger.effective() if e.kind == "summary" and e.start == start
                  and e.tool_use_id is None), None)
-    return SummaryRequest(messages=msgs, goal=task_goal(session),
+    return SummaryRequest(messages=msgs, goal=task_goal(draft),
                           previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
                           range=(start, end), body=body, cache_warm=cache_warm, at=at)
 
 
-def summarize_range(session: Session, start: int, end: int, summarizer: Summarizer, *, reason: str,
+def summarize_range(draft: Draft, start: int, end: int, summarizer: Summarizer, *, reason: str,
                     body: dict[str, Any] | None = None, cache_warm: bool = False,
                     verbatim: Sequence[str] = (), at: float | None = None) -> tuple[ReplaceWithSummary, SummaryResult]:
     """Summarise transcript messages ``start..end`` as they render now.
@@ -276,7 +283,7 @@ def summarize_range(session: Session, start: int, end: int, summarizer: Summariz
     keeps beside the summary, word for word (the compactor's working set, `levels.working_set`);
     the summarizer never sees or changes them.
     """
-    req = summary_request(session, start, end, body=body, cache_warm=cache_warm, at=at)
+    req = summary_request(draft, start, end, body=body, cache_warm=cache_warm, at=at)
     res = summarizer.summarize(req)
     text = format_summary(res.summary)
     stored = stored_outputs(req.messages)
@@ -292,32 +299,39 @@ class LedgerStrategy:
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.ctx = ctx
-        self.session = ctx.session
+        self.draft = ctx.draft
         self.summarizer = ctx.summarizer
         self.events = ctx.events
         self.summary_cost = 0.0
         self.last_request_at: float | None = None
 
+    @property
+    def session(self) -> Draft:
+        """The 0.2 name of ``draft`` (read until 0.4): the `Draft` a strategy plans against."""
+        _tell(type(self), f"{type(self).__name__}.session is read until 0.4: use self.draft (a Draft, which "
+                          "proposes edits with stage)")
+        return self.draft
+
     def _emit(self, kind: str, **kw: Any) -> Event:
-        return self.events.emit(Event(kind=kind, session_id=self.session.session_id, **kw))
+        return self.events.emit(Event(kind=kind, session_id=self.draft.session_id, **kw))
 
     def _tokens(self) -> int:
-        return self.session.counter.calibrated(self.session.render(breakpoints=False).raw_tokens)
+        return self.draft.counter.calibrated(self.draft.render(breakpoints=False).raw_tokens)
 
     def _summarize(self, start: int, end: int, level: str, reason: str, *, body: dict[str, Any] | None = None,
                    cache_warm: bool = False) -> list[int]:
         """Summarise (widened to whole tool pairs) and append, or record a failure event: the
         peers' simple failure handling."""
-        span = widen_to_pairs(self.session.transcript, start, end)
-        if span is None or span[1] < span[0] or span[0] < (self.session.prefix_end or 0):
+        span = widen_to_pairs(self.draft.transcript, start, end)
+        if span is None or span[1] < span[0] or span[0] < (self.draft.prefix_end or 0):
             return []
         start, end = span
         before = self._tokens()
         t0 = time.perf_counter()
         try:
-            edit, res = summarize_range(self.session, start, end, self.summarizer, reason=reason, body=body,
+            edit, res = summarize_range(self.draft, start, end, self.summarizer, reason=reason, body=body,
                                         cache_warm=cache_warm)
-            entry = self.session.stage(edit, level=level)
+            entry = self.draft.stage(edit, level=level)
         except Exception as err:  # a peer's summarizer or edit failed: count it and go on
             self._emit("failure", level=level, reason=f"{type(err).__name__}: {err}",
                        cost_usd=getattr(err, "cost_usd", 0.0))

@@ -30,12 +30,13 @@ from ..base.errors import (
 )
 from ..base.events import EventBus
 from ..base.pricing import model_window, priced
-from ..base.values import SummaryMode
+from ..base.values import TTL, SummaryMode
 from ..cache.forensics import Forensics
 from ..cache.simulator import SimBlock
-from ..compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad
 from ..compaction.strategy import BodyShaper, Strategy, StrategyConfig, StrategyContext, shaper_of
 from ..compaction.summarize.llm import ExtractiveSummarizer, Summarizer
+from ..history.draft import Draft
+from ..history.scratchpad import READ_SCRATCHPAD_TOOL
 from ..history.session import Session
 from ..store import Store, check_session_id
 from .identity import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id, preamble_key
@@ -62,7 +63,6 @@ class Live:
     shaper: BodyShaper | None  # the strategy, when it rewrites the caller's body instead of rendering (`shaper_of`)
     preamble: bytes  # `preamble_key` of the caller's tools and system the session was made for
     forensics: Forensics  # compares each request with the one before it in this conversation
-    scratchpad: Scratchpad | None = None  # the one the levels write to (an in-memory session's folder)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_message_id: str | None = None  # the last response's id (the diagnostics' previous_message_id)
     requests_seen: int = 0  # request records this process has applied (`CompactionEngine._catch_up`)
@@ -75,6 +75,11 @@ class Live:
     last_max_tokens: int = 0
     last_stop_reason: str | None = None
     in_flight: float | None = None  # the time of a request prepared and not yet answered
+    # what the strategy's last plan rendered and sent the request with (`Plan`): a retry after a
+    # prompt-too-long error keeps them
+    ttl: TTL | None = None
+    prefix_ttl: TTL | None = None
+    betas: tuple[str, ...] = ()
 
     @property
     def sid(self) -> str:
@@ -121,12 +126,12 @@ class LiveMaker:
             _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
             log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
                         "will refuse requests before compaction starts", window, model or "the model", own)
-        ctx = StrategyContext(session=session, summarizer=self.summarizer_for(model or None), events=self.events,
-                              window_tokens=window, scratchpad=Scratchpad.for_session(session),
+        ctx = StrategyContext(draft=Draft(session), summarizer=self.summarizer_for(model or None),
+                              events=self.events, window_tokens=window,
                               scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
         strategy = self.strategy_config.build(ctx)
         return Live(session=session, strategy=strategy, shaper=shaper_of(strategy), preamble=caller_preamble,
-                    forensics=Forensics(self.options.prices), scratchpad=ctx.scratchpad)
+                    forensics=Forensics(self.options.prices))
 
     def create(self, sid: str, body: dict[str, Any], link: dict[str, Any] | None) -> Live:
         """A new session ``sid`` in the store for the request ``body`` (`SessionExistsError` if taken)."""

@@ -41,20 +41,11 @@ from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_fr
 from ..cache.simulator import request_from_body
 from ..compaction.idle import DECIDE_BEFORE_S
 from ..compaction.policy import PolicyConfig
-from ..compaction.scratchpad import REF_RE, Scratchpad
-from ..compaction.strategy import (
-    ChoosesPrefixTTL,
-    ChoosesTTL,
-    CompactsIdle,
-    NeedsBetas,
-    Plan,
-    StatefulStrategy,
-    Strategy,
-    StrategyConfig,
-)
+from ..compaction.strategy import CompactsIdle, Plan, StatefulStrategy, Strategy, StrategyConfig
 from ..compaction.summarize.llm import Summarizer
 from ..history.ledger import LedgerEntry
 from ..history.render import RenderResult
+from ..history.scratchpad import REF_RE, Scratchpad
 from ..history.session import Session
 from ..history.thinking import BINDING_BETA, DROP_BLOCK
 from ..store import BlobOwners, Store, check_session_id, open_writable_store
@@ -310,20 +301,26 @@ class CompactionEngine:
         return p
 
     def _planned(self, live: Live, decide: Callable[[], _T]) -> _T:
-        """Run a strategy's decision, then store the ledger edits it staged (`Session.commit`):
-        the strategy plans against the session, the cycle writes. Edits staged before a failure
-        are stored too, as each was when strategies wrote them; a plan that lost a race with
-        another writer lets the session go (`SessionRegistry.forget`) and raises
-        `StagedEditsConflictError`."""
+        """Run a strategy's decision, then have the session store what it staged, scratchpad
+        content and ledger edits together (`Session.commit`): the strategy plans against its
+        draft, the cycle writes. What was staged before a failure is stored too, as each edit was
+        when strategies wrote them; a plan that lost a race with another writer lets the session
+        go (`SessionRegistry.forget`) and raises `StagedEditsConflictError`. A `Plan` is taken
+        whole: its TTLs and betas are what the request is rendered and sent with."""
         try:
             out = decide()
         except BaseException:
             with contextlib.suppress(Exception):
                 self._commit(live)
             raise
+        blobs = live.session.staged_blobs
         stored = self._commit(live)
-        if isinstance(out, Plan) and not out.entries:
-            out.entries = stored  # a strategy that did not list what it staged
+        if isinstance(out, Plan):
+            if not out.entries:
+                out.entries = stored  # a strategy that did not list what it staged
+            if not out.blobs:
+                out.blobs = blobs
+            live.ttl, live.prefix_ttl, live.betas = out.ttl, out.prefix_ttl, tuple(out.betas)
         return out
 
     def _commit(self, live: Live) -> list[LedgerEntry]:
@@ -528,12 +525,11 @@ class CompactionEngine:
                 log.exception("cachecompact: could not persist an event")
 
     def _ttls(self, live: Live) -> tuple[TTL | None, TTL | None]:
-        """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else the
-        strategy's (the policy's choice, or a peer's model of its client); a 1-hour breakpoint
-        never follows a 5-minute one."""
-        st = live.strategy
-        ttl = self.ttl or (st.ttl if isinstance(st, ChoosesTTL) else None)
-        prefix = self.prefix_ttl or (st.prefix_ttl if isinstance(st, ChoosesPrefixTTL) else None)
+        """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else its
+        strategy's plan's (the policy's choice, or a peer's model of its client); a 1-hour
+        breakpoint never follows a 5-minute one."""
+        ttl = self.ttl or live.ttl
+        prefix = self.prefix_ttl or live.prefix_ttl
         if ttl == "1h" and prefix == "5m":
             prefix = "1h"
         return ttl, prefix
@@ -601,7 +597,7 @@ class CompactionEngine:
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
         loaded = self.registry.sessions()
         for live in loaded:
-            sp = live.scratchpad or Scratchpad.for_session(live.session)
+            sp = Scratchpad.for_session(live.session)
             text, is_error = sp.handle_tool_call(tool_input)
             if not is_error or not str(ref).startswith("sp_"):
                 return text, is_error
@@ -651,9 +647,10 @@ def _not_own_history(session: Session, r: RenderResult, ids: list[bytes]) -> str
 
 
 def _betas(live: Live, r: RenderResult, out: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """The ``anthropic-beta`` values a prepared body needs: the strategy's (a server-side peer's),
-    and the one ``thinking.block_binding`` needs (the render's, or a body peer's escape hatch)."""
-    betas = tuple(live.strategy.betas) if isinstance(live.strategy, NeedsBetas) else ()
+    """The ``anthropic-beta`` values a prepared body needs: its strategy's plan's (a server-side
+    peer's), and the one ``thinking.block_binding`` needs (the render's, or a body peer's escape
+    hatch)."""
+    betas = live.betas
     if live.shaper is None:
         return tuple(dict.fromkeys((*betas, *r.betas)))
     th = (out or {}).get("thinking")

@@ -35,13 +35,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
 from ..base.errors import EditOverlapError, EditSplitsToolPairError, EditTouchesPrefixError, InvalidEditError
 from ..base.wire import canonical_bytes, tool_result_ids, tool_use_ids
-from .transcript import Transcript
+from .transcript import Transcript, TranscriptReader
 
 __all__ = [
     "GENESIS_HASH",
@@ -51,6 +51,7 @@ __all__ = [
     "Edit",
     "Ledger",
     "LedgerEntry",
+    "LedgerReader",
     "ReplaceWithSummary",
     "SkipRange",
     "check_edit",
@@ -166,7 +167,7 @@ def _is_clear_in_place(edit: Edit, t: Transcript) -> bool:
     ))
 
 
-def widen_to_pairs(t: Transcript, start: int, end: int) -> tuple[int, int] | None:
+def widen_to_pairs(t: TranscriptReader, start: int, end: int) -> tuple[int, int] | None:
     """Smallest range ⊇ start..end holding whole tool pairs, or None if it runs off the end."""
     while start > 0 and t.is_tool_result_message(start):
         start -= 1
@@ -294,6 +295,19 @@ def split_effective(entries: Sequence[LedgerEntry]) -> tuple[list[LedgerEntry], 
         if e.tool_use_id is not None:
             targeted.setdefault(e.start, {})[e.tool_use_id] = e
     return whole, targeted
+
+
+class LedgerReader(Protocol):
+    """What a strategy may read of a ledger: its entries and the edits in force."""
+
+    @property
+    def entries(self) -> Sequence[LedgerEntry]: ...
+
+    def __len__(self) -> int: ...
+
+    def effective(self, upto: int | None = None) -> list[LedgerEntry]: ...
+
+    def compaction_end(self, upto: int | None = None) -> int | None: ...
 
 
 class Ledger:

@@ -46,7 +46,7 @@ from ..store import (
     Store,
     TornTail,
 )
-from ..store.contract import BODY_REF_RE, REF_PATTERN, REF_RE, blob_matches
+from ..store.contract import BODY_REF_RE, REF_PATTERN, REF_RE, blob_matches, blob_ref
 from ..store.records import GENESIS, record_hash, seal
 from .ledger import (
     GENESIS_HASH,
@@ -131,6 +131,10 @@ class Session:
         self.torn: list[TornTail] = []
         # ledger edits a strategy staged this turn: rendered and counted, stored by `commit`
         self._staged: list[LedgerEntry] = []
+        # scratchpad content a strategy kept this turn (`stage_blob`), stored with the staged edits;
+        # and an in-memory session's stored content (a persisted session's is in its store)
+        self._staged_blobs: dict[str, bytes] = {}
+        self._blobs: dict[str, bytes] = {}
         self.stale = False  # staged edits lost a race with another writer: reopen from the store
         self._chain: list[str] = [GENESIS]  # transcript chain value after 0, 1, ..., n messages
         self._requests = 0
@@ -537,25 +541,64 @@ class Session:
         """The edits staged and not yet stored, in order."""
         return list(self._staged)
 
+    def stage_blob(self, data: bytes) -> str:
+        """Keep ``data`` as scratchpad content, stored with the staged edits by `commit` (a ledger
+        entry may name it at once); its reference, the hash of the bytes (`store.contract.blob_ref`)."""
+        self._refuse_stale()
+        ref = blob_ref(data)
+        self._staged_blobs.setdefault(ref, data)
+        return ref
+
+    @property
+    def staged_blobs(self) -> dict[str, bytes]:
+        """The scratchpad content staged and not yet stored, by reference."""
+        return dict(self._staged_blobs)
+
+    def put_blob(self, data: bytes) -> str:
+        """Store scratchpad content now, outside a plan (`Scratchpad.put`); its reference."""
+        ref = blob_ref(data)
+        if self.store is not None:
+            self.store.put_blob(ref, data)
+        else:
+            self._blobs.setdefault(ref, data)
+        return ref
+
+    def blob(self, ref: str) -> bytes | None:
+        """Stored scratchpad content by reference: the store's, or an in-memory session's; None
+        when it is not held. The bytes are returned as stored (callers check their hash)."""
+        if self.store is not None:
+            return self.store.get_blob(ref)
+        return self._blobs.get(ref)
+
     def commit(self) -> list[LedgerEntry]:
-        """Store the staged edits, in order, in one compare-and-append; what was stored.
+        """Store the staged scratchpad content and edits together; the edits stored.
 
         The entries were made at the ledger's length as this process knew it. Under the store's
         lock, ledger entries another writer appended since are looked for first (a torn tail
         is repaired only then, so no other writer's entry is ever cut away). When there are any,
-        or the write fails, nothing of the plan is stored, the session is marked `stale` and
+        or a write fails, no entry of the plan is stored, the session is marked `stale` and
         `StagedEditsConflictError` (for a lost race) or the write's own error is raised: its
         memory holds entries the store does not, so it must be opened again from the store
-        (the engine does)."""
+        (the engine does). The content goes first, each blob written atomically, so a stored
+        entry never names content the store lacks; content of a plan that failed after it is
+        unnamed and harmless (content-addressed: the same bytes, the same name)."""
         staged, self._staged = self._staged, []
-        if not staged or self.store is None:
+        blobs, self._staged_blobs = self._staged_blobs, {}
+        if self.store is None:
+            self._blobs.update(blobs)
+            return staged
+        if not staged and not blobs:
             return staged
         try:
             with self.store.lock():
                 theirs, _torn = self.store.read_new("ledger")
-                if theirs:
-                    raise StoreConflictError(self.store.where("ledger"), staged[0].seq, staged[0].seq + len(theirs))
-                self._persist("ledger", [msgspec.to_builtins(e) for e in staged], staged[0].seq)
+                if theirs:  # read, not loaded: this memory is behind the store now, whatever was staged
+                    at = staged[0].seq if staged else len(self.ledger)
+                    raise StoreConflictError(self.store.where("ledger"), at, at + len(theirs))
+                for ref, data in blobs.items():
+                    self.store.put_blob(ref, data)
+                if staged:
+                    self._persist("ledger", [msgspec.to_builtins(e) for e in staged], staged[0].seq)
         except StoreConflictError as err:
             self.stale = True
             raise StagedEditsConflictError(self.session_id, f"{self.store.location}: {len(staged)} staged ledger "
@@ -569,7 +612,7 @@ class Session:
         """Before anything reads or writes the store: refuse a stale session, store staged edits
         (a strategy driven by hand, without the engine, that did not commit)."""
         self._refuse_stale()
-        if self._staged:
+        if self._staged or self._staged_blobs:
             self.commit()
 
     def _refuse_stale(self) -> None:

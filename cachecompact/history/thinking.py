@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ..base.wire import RedactedThinkingBlock, ThinkingBlock, ToolUseBlock, content_blocks
 from .ledger import LedgerEntry
-from .transcript import Transcript
+from .transcript import Transcript, TranscriptReader
 
 __all__ = ["BINDING_BETA", "COMPACTION_BETA", "DROP_BLOCK", "ThinkingPlan", "plan_thinking"]
 
@@ -71,7 +71,7 @@ def _is_thinking(b: object) -> bool:
     return isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
 
 
-def latest_tool_turn(t: Transcript, n: int, left_out: Callable[[int], bool] = lambda i: True) -> int | None:
+def latest_tool_turn(t: TranscriptReader, n: int, left_out: Callable[[int], bool] = lambda i: True) -> int | None:
     """The assistant message the API sees as the latest of a request rendered from ``n``
     messages, when it calls tools (its results follow), else None: the turn whose thinking "must
     be passed back exactly as received". An assistant message of thinking alone that the render

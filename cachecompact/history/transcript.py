@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import xxhash
@@ -24,8 +24,8 @@ from ..base.wire import (
     tool_use_ids,
 )
 
-__all__ = ["MessageRecord", "Transcript", "canonical_message", "identity_of_bytes", "immutable_prefix_end",
-           "message_hash"]
+__all__ = ["MessageRecord", "Transcript", "TranscriptReader", "canonical_message", "identity_of_bytes",
+           "immutable_prefix_end", "message_hash"]
 
 GENESIS = "0" * 64
 
@@ -134,6 +134,23 @@ class MessageRecord(msgspec.Struct, frozen=True):
     chain: str
     ident: bytes
     size: int = 0  # bytes of its canonical JSON (what `Transcript.nbytes` adds up)
+
+
+class TranscriptReader(Protocol):
+    """What a strategy may read of a transcript: its messages and their identities."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Message: ...
+
+    def hash_of(self, i: int) -> bytes: ...
+
+    @property
+    def identities(self) -> list[bytes]: ...
+
+    def has_tool_use(self, i: int) -> bool: ...
+
+    def is_tool_result_message(self, i: int) -> bool: ...
 
 
 class Transcript:

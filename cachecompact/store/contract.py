@@ -13,7 +13,6 @@ for every backend, so a session verifies with the same verdict in any store.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import xxhash
 
-from ..base.errors import InvalidSessionIdError, ScratchpadRefError, StoreError
+from ..base.errors import InvalidSessionIdError, StoreError
+from ..base.refs import REF_PATTERN, REF_RE, blob_ref, check_ref
 
 __all__ = [
     "BLOB_REF_RE",
@@ -50,16 +50,6 @@ LOGS: tuple[LogName, ...] = ("transcript", "ledger", "requests")
 SESSION_ID_RE = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
-REF_PATTERN = r"sp_[0-9a-f]{32}"  # a scratchpad reference: sp_ + 32 hex digits of a sha256 (the one spelling)
-REF_RE = re.compile(rf"^{REF_PATTERN}$")
-
-
-def blob_ref(data: bytes) -> str:
-    """The reference of scratchpad content: ``sp_`` + the first 32 hex digits of its sha256. The
-    name is the content's hash, so every reader can check what it got (docs/ledger-format.md)."""
-    return "sp_" + hashlib.sha256(data).hexdigest()[:32]
-
-
 BODY_REF_RE = re.compile(r"^body_[0-9a-f]{32}$")  # a request body the proxy kept (--keep-bodies)
 BLOB_REF_RE = re.compile(rf"\A(?:{REF_PATTERN}|body_[0-9a-f]{{32}})\Z")  # every name a stored blob may have
 
@@ -81,14 +71,6 @@ def blob_matches(ref: str, data: bytes) -> bool:
     if ref.startswith("body_"):
         return bool(BODY_REF_RE.match(ref)) and xxhash.xxh3_128_hexdigest(data) == ref[5:]
     return blob_ref(data) == ref
-
-
-def check_ref(ref: object) -> str:
-    """Return ``ref`` if it is a scratchpad reference, else raise `ScratchpadRefError` (a ref
-    names a file and a row: nothing else may reach a store)."""
-    if not isinstance(ref, str) or not REF_RE.match(ref):
-        raise ScratchpadRefError(f"invalid scratchpad reference {str(ref)[:80]!r}: expected sp_ + 32 hex digits")
-    return ref
 
 
 def check_session_id(sid: object, where: str = "session id") -> str:

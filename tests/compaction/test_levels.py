@@ -26,7 +26,6 @@ from cachecompact.compaction.levels import (
 )
 from cachecompact.compaction.levels.l1_micro import DEFAULT_WRITE_TOOLS
 from cachecompact.compaction.levels.view import ResultInfo
-from cachecompact.compaction.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
 from cachecompact.compaction.summarize.llm import (
     ExtractiveSummarizer,
     LLMSummarizer,
@@ -38,7 +37,9 @@ from cachecompact.compaction.summarize.llm import (
     open_issues_of,
     parse_summary,
 )
+from cachecompact.history.draft import Draft
 from cachecompact.history.ledger import ReplaceWithSummary
+from cachecompact.history.scratchpad import READ_SCRATCHPAD_TOOL, Scratchpad, ScratchpadRefError
 from cachecompact.tools.emulator import Emulator
 from cachecompact.tools.emulator.validation import validate_request
 
@@ -93,7 +94,7 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
     turns.insert(2, tool_turn(90, "write_file", "File written.\n" * 100, {"path": "a.py"}))
     turns.insert(3, tool_turn(91, "memory", "remember this\n" * 100))
     s = session_with(turns)
-    view = build_view(s)
+    view = build_view(Draft(s))
     p = propose_micro(view, keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset({"memory"}),
                       min_tokens=100, keep_recent_tokens=0)
     cleared = {e.start for e in p.edits}
@@ -107,10 +108,10 @@ def test_l1_keeps_recent_and_write_ops_and_exempt_tools() -> None:
     text = str(body)
     assert "File written." in text and "remember this" in text
     # a caller predicate can mark writes too
-    p2 = propose_micro(build_view(s), keep_recent=0, write_tools=frozenset(), exempt_tools=frozenset(),
+    p2 = propose_micro(build_view(Draft(s)), keep_recent=0, write_tools=frozenset(), exempt_tools=frozenset(),
                        min_tokens=100, is_write=lambda name, inp: name == "read_file")
     # and a token budget keeps the newest results verbatim too
-    p3 = propose_micro(build_view(session_with(turns)), keep_recent=0, write_tools=DEFAULT_WRITE_TOOLS,
+    p3 = propose_micro(build_view(Draft(session_with(turns))), keep_recent=0, write_tools=DEFAULT_WRITE_TOOLS,
                        exempt_tools=frozenset({"memory"}), min_tokens=100, keep_recent_tokens=10**9)
     assert not p3.edits
     assert all(view.results[0].name != "read_file" or e.tool_use_id != "toolu_0" for e in p2.edits)
@@ -128,7 +129,7 @@ def test_a_superseded_result_is_cleared_after_a_break_keeping_the_lines_its_succ
              tool_turn(5, "read_file", new, {"path": "b.py"}),
              tool_turn(6, "read_file", short, {"path": "b.py"})]
     s = session_with(turns)
-    view = build_view(s)
+    view = build_view(Draft(s))
     kw: dict[str, Any] = {"skip_ids": set(), "write_tools": DEFAULT_WRITE_TOOLS, "exempt_tools": frozenset(),
                           "min_tokens": 100, "key_fraction": 0.25, "key_max_chars": 2000}
     edits, removed = superseded_edits(view, after=0, **kw)
@@ -146,15 +147,15 @@ def test_a_superseded_result_is_cleared_after_a_break_keeping_the_lines_its_succ
     validate_request(s.render().body)
     # once the newer result is itself cleared, the older one is not superseded by anything shown
     s2 = session_with(turns)
-    v2 = build_view(s2)
+    v2 = build_view(Draft(s2))
     newer = next(r for r in v2.results if r.tool_use_id == "toolu_3")
     s2.edit(ReplaceWithSummary(newer.message, newer.message, "[cleared]", "t", tool_use_id="toolu_3"), level="L1")
-    assert superseded_edits(build_view(s2), after=0, **kw)[0] == []
+    assert superseded_edits(build_view(Draft(s2)), after=0, **kw)[0] == []
     # a result with an image: its text does not show all of it, so it is never called superseded
     img = [{"type": "text", "text": new}, {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                                          "data": "iVBORw0KGgo="}}]
     s3 = session_with([tool_turn(0, "screenshot", img, {}), tool_turn(1, "screenshot", img, {})])
-    assert superseded_edits(build_view(s3), after=0, **kw)[0] == []
+    assert superseded_edits(build_view(Draft(s3)), after=0, **kw)[0] == []
 
 
 def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:
@@ -169,7 +170,7 @@ def test_l1_clears_one_result_of_a_parallel_call_with_a_write() -> None:
         msgs += tool_turn(k, "read_file", "z\n" * 300)
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+    p = propose_micro(build_view(Draft(s)), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
                       min_tokens=100)
     assert [(e.start, e.tool_use_id) for e in p.edits][:1] == [(2, "toolu_r")]
 
@@ -179,7 +180,7 @@ def test_l1_placeholder_keeps_key_lines_verbatim() -> None:
                        "    return x", *(f"    y{k} = {k}" for k in range(200)), "class Loader:", "    pass"])
     s = session_with([tool_turn(0, "read_file", code), *(tool_turn(k, "read_file", "z\n" * 300)
                                                         for k in range(1, 5))])
-    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+    p = propose_micro(build_view(Draft(s)), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
                       min_tokens=50, key_fraction=0.25, key_max_chars=1500, counter=s.counter)
     text = p.edits[0].summary  # type: ignore[union-attr]
     assert 'TIMEOUT_S = "30"' in text.split("\n") and "def parse(path, limit=3):" in text.split("\n")
@@ -212,11 +213,11 @@ def test_focus_is_only_what_calls_after_the_result_used() -> None:
                                   *tool_turn(9, "Edit", "ok", {"file_path": "a.py", "old_string": "compute_3(state)"})]
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    focus = LaterIdentifiers(build_view(s)).after(2)
+    focus = LaterIdentifiers(build_view(Draft(s))).after(2)
     assert focus is not None
     used = {x for x, at in focus.last_use.items() if at > focus.after}
     assert "compute_3" in used and "compute_1" not in used and "compute_2" not in used
-    assert LaterIdentifiers(build_view(s)).after(4) is None  # nothing came after the last result
+    assert LaterIdentifiers(build_view(Draft(s))).after(4) is None  # nothing came after the last result
     assert key_lines(body, 1_000, focus=focus) == ["    y3 = compute_3(state)"]
 
 
@@ -237,7 +238,7 @@ def test_l1_placeholder_keeps_lines_the_agent_later_named() -> None:
                       tool_turn(1, "Read", code, {"file_path": "src/a.py"}),
                       tool_turn(2, "Edit", "ok", {"file_path": "src/a.py", "old_string": "y3 = compute_350(state)"}),
                       *(tool_turn(k, "Read", "z\n" * 300) for k in range(3, 7))])
-    p = propose_micro(build_view(s), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
+    p = propose_micro(build_view(Draft(s)), keep_recent=3, write_tools=DEFAULT_WRITE_TOOLS, exempt_tools=frozenset(),
                       min_tokens=50, key_fraction=0.25, key_max_chars=1500, counter=s.counter)
     placeholder = next(e.summary for e in p.edits if e.tool_use_id == "toolu_1")  # type: ignore[union-attr]
     kept = placeholder.split("\n")[1:]
@@ -254,22 +255,28 @@ def test_l2_on_entry_shortens_without_breaking_the_cache(tmp_path: Path) -> None
     before = s.render()
     since = len(s)
     s.append(tool_turn(1, "grep", big, {"pattern": "handler"}))
-    sp = Scratchpad(tmp_path / "sp")
-    p = propose_entry_summary(results_since(s, since), sp, s.counter, big_tokens=10_000, turn_tokens=50_000,
+    p = propose_entry_summary(results_since(Draft(s), since), True, s.counter, big_tokens=10_000, turn_tokens=50_000,
                               preview_chars=2_000, key_chars=1_500)
     assert len(p.edits) == 1 and p.break_at is None
-    e = s.edit(p.edits[0], level="L2")
+    # proposing stores nothing: the content travels with the proposal, and the session stores it
+    # with the edit that names it
+    assert not s.staged_blobs and list(p.blobs.values()) == [big]
+    draft = Draft(s)
+    for text in p.blobs.values():
+        draft.keep(text)
+    (e,) = [draft.stage(p.edits[0], level="L2")]
+    s.commit()
     after = s.render()
     assert after.first_divergence(before) is None  # only new content changed: nothing cached breaks
     shown = after.body["messages"][-1]["content"][0]["content"]
     ref = shown.split("scratchpad as ")[1].split(";")[0]
     assert "grep: 3000 matches in 7 files" in shown and len(shown) < 5000
     assert "src/mod6.py:2999: def handler_2999(): pass" not in shown  # past both budgets
-    assert (tmp_path / "sp" / f"{ref}.txt").read_text() == big and sp.read(ref, 100, 50) == big[100:150]
+    assert list(p.blobs) == [ref] and Scratchpad.for_session(s).read(ref, 100, 50) == big[100:150]
     assert e.tokens_after < e.tokens_before // 10
     # without the scratchpad tool the placeholder never names it: re-run the tool instead
-    plain = propose_entry_summary(results_since(s, since), None, s.counter, big_tokens=10_000, turn_tokens=50_000,
-                                  preview_chars=2_000)
+    plain = propose_entry_summary(results_since(Draft(s), since), False, s.counter, big_tokens=10_000,
+                                  turn_tokens=50_000, preview_chars=2_000)
     assert "read_scratchpad" not in plain.edits[0].summary and "run the tool again" in plain.edits[0].summary  # type: ignore[union-attr]
 
 
@@ -284,12 +291,11 @@ def test_l2_leaves_alone_a_result_its_placeholder_would_not_shorten(tmp_path: Pa
     since = len(s)
     s.append(tool_turn(1, "read_file", defs, {"path": "defs.py"}))
     s.append(tool_turn(2, "read_file", mixed, {"path": "mixed.py"}))
-    sp = Scratchpad(tmp_path / "sp")
-    p = propose_entry_summary(results_since(s, since), sp, s.counter, big_tokens=1_000, turn_tokens=10**9,
+    p = propose_entry_summary(results_since(Draft(s), since), True, s.counter, big_tokens=1_000, turn_tokens=10**9,
                               preview_chars=2_000, key_chars=16_000)
     assert [e.tool_use_id for e in p.edits] == ["toolu_2"]  # only the one it shortens
-    assert list((tmp_path / "sp").glob("*.txt")) == [tmp_path / "sp" / f"{Scratchpad.ref_for(mixed)}.txt"]
-    old = propose_tool_summary(build_view(s), None, s.counter, old_min_tokens=1_000, preview_chars=2_000,
+    assert list(p.blobs) == [Scratchpad.ref_for(mixed)]  # and only its content is kept
+    old = propose_tool_summary(build_view(Draft(s)), False, s.counter, old_min_tokens=1_000, preview_chars=2_000,
                                key_chars=16_000)
     assert [e.tool_use_id for e in old.edits] == ["toolu_2"] and old.tokens_removed > 0
 
@@ -302,14 +308,14 @@ def test_l2_turn_budget_takes_largest_results_first(tmp_path: Path) -> None:
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": c} for i, c in results]}]
     s = Session.create(None, prefix_messages=1)
     s.sync(msgs)
-    p = propose_entry_summary(results_since(s, 1), Scratchpad(tmp_path), s.counter, big_tokens=10**9,
+    p = propose_entry_summary(results_since(Draft(s), 1), True, s.counter, big_tokens=10**9,
                               turn_tokens=70_000, preview_chars=2_000)
     assert [e.tool_use_id for e in p.edits] == ["toolu_a"]  # 117k -> 58k tokens once the largest goes
 
 
 def test_l2_on_old_results_keeps_the_recent_ones_and_the_prefix() -> None:
     s = session_with([tool_turn(k, "bash", f"out {k} " * 2000, {"command": f"run {k}"}) for k in range(8)], prefix=3)
-    p = propose_tool_summary(build_view(s), None, s.counter, old_min_tokens=1000, preview_chars=400,
+    p = propose_tool_summary(build_view(Draft(s)), False, s.counter, old_min_tokens=1000, preview_chars=400,
                              keep_recent=2, keep_recent_tokens=0)
     assert p.edits and all(e.start >= 3 for e in p.edits)
     assert {e.tool_use_id for e in p.edits}.isdisjoint({"toolu_6", "toolu_7"})
@@ -332,7 +338,7 @@ def test_rule_summaries_per_tool_kind(name: str, inp: dict[str, Any], text: str,
 
 def test_l3_takes_just_enough_old_rounds_and_l4_keeps_the_tail() -> None:
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
-    view = build_view(s)
+    view = build_view(Draft(s))
     p3 = propose_turn_collapse(view, target_tokens=view.total_tokens - 3000, keep_rounds=4, summary_tokens=200,
                                min_batch_tokens=0)
     assert p3.summarize is not None and p3.summarize[0] == 1
@@ -347,7 +353,7 @@ def test_l3_takes_just_enough_old_rounds_and_l4_keeps_the_tail() -> None:
 
 def test_l3_with_a_keep_budget_collapses_everything_older_than_it() -> None:
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
-    view = build_view(s)
+    view = build_view(Draft(s))
     last = len(s) - 1
     round_tokens = view.tokens_between(view.round_ends[-2] + 1, view.round_ends[-1])
     just = propose_turn_collapse(view, target_tokens=view.total_tokens - 3000, keep_rounds=2, summary_tokens=200,
@@ -370,7 +376,7 @@ def test_l3_batch_size_never_eats_into_the_recent_budget() -> None:
     agent's look-backs had set. With a budget, the batch is what lies past it; a collapse
     smaller than a batch is proposed as it is, and the economics decide."""
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(12)])
-    view = build_view(s)
+    view = build_view(Draft(s))
     last = len(s) - 1
     keep = view.tokens_between(view.round_ends[-6] + 1, last)  # the newest rounds in tokens
     p = propose_turn_collapse(view, target_tokens=view.total_tokens - 1000, keep_rounds=2, summary_tokens=200,
@@ -387,7 +393,7 @@ def test_l3_batch_size_never_eats_into_the_recent_budget() -> None:
 def test_l5_drops_whole_rounds_and_keeps_prefix_and_earlier_summary() -> None:
     s = session_with([tool_turn(k, "read_file", f"data {k}\n" * 300) for k in range(10)], prefix=3)
     s.edit(__import__("cachecompact").ReplaceWithSummary(3, 6, "Goal: x\nOpen issues:\n- bug"), level="L3")
-    view = build_view(s)
+    view = build_view(Draft(s))
     p = propose_truncate(view, target_tokens=view.total_tokens // 2)
     e = p.edits[0]
     assert e.start == 7 and s.transcript[e.end].role == "user"
@@ -509,14 +515,14 @@ def test_a_summary_keeps_verbatim_the_lines_naming_what_the_agent_used_since() -
               {"role": "user", "content": "go on"}],
              tool_turn(2, "read_file", "x", {"path": "other.py"})]
     s = session_with(turns)
-    assert working_lines(s, 1, 2, 1_000) == ["config_loader.py: def load_config(path):", "MAX_RETRIES = 7"]
+    assert working_lines(Draft(s), 1, 2, 1_000) == ["config_loader.py: def load_config(path):", "MAX_RETRIES = 7"]
     # the newest use wins the budget (MAX_RETRIES was used last); no budget, nothing
-    assert working_lines(s, 1, 2, len("MAX_RETRIES = 7") + 1) == ["MAX_RETRIES = 7"]
-    assert working_lines(s, 1, 2, 0) == []
+    assert working_lines(Draft(s), 1, 2, len("MAX_RETRIES = 7") + 1) == ["MAX_RETRIES = 7"]
+    assert working_lines(Draft(s), 1, 2, 0) == []
     # the compactor's summaries carry them under their header
     from cachecompact.compaction.levels.working_set import WORKING_SET_HEADER
     from cachecompact.compaction.strategy import summarize_range
 
     edit, _ = summarize_range(s, 1, 6, ExtractiveSummarizer(), reason="test",
-                              verbatim=working_lines(s, 1, 6, 1_000))
+                              verbatim=working_lines(Draft(s), 1, 6, 1_000))
     assert f"{WORKING_SET_HEADER}\nconfig_loader.py: def load_config(path):\nMAX_RETRIES = 7" in (edit.summary or "")

@@ -13,6 +13,7 @@ from cachecompact import Session
 from cachecompact.base.shares import wilson_upper
 from cachecompact.compaction._lookback import LADDER_RATIO, MIN_EXPECTED, InView, LookbackMeter
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
+from cachecompact.history.draft import Draft
 from cachecompact.history.ledger import ReplaceWithSummary
 
 from .test_levels import GOAL, tool_turn
@@ -42,7 +43,7 @@ def _meter(msgs: list[dict[str, Any]], store: Path | None = None, prefix: int = 
     s = Session.create(store, prefix_messages=prefix)
     s.sync(msgs)
     m = LookbackMeter(300)
-    m.observe(s)
+    m.observe(Draft(s))
     return m, s
 
 
@@ -142,14 +143,14 @@ def test_the_meter_is_derived_from_the_transcript_alone(tmp_path: Path) -> None:
     msgs = _agent()
     first, s = _meter(msgs, tmp_path / "store")
     again = LookbackMeter(300)
-    again.observe(Session.open(tmp_path / "store", s.session_id))
+    again.observe(Draft(Session.open(tmp_path / "store", s.session_id)))
     assert again.lookbacks == first.lookbacks
     half = LookbackMeter(300)  # observed in two steps, the same as in one
     s2 = Session.create(None, prefix_messages=1)
     s2.sync(msgs[:31])
-    half.observe(s2)
+    half.observe(Draft(s2))
     s2.sync(msgs)
-    half.observe(s2)
+    half.observe(Draft(s2))
     assert half.lookbacks == first.lookbacks and half.budget(0.9, 10**6) == first.budget(0.9, 10**6)
 
 
@@ -167,7 +168,7 @@ def test_the_meter_counts_the_lookbacks_that_compaction_left_without_evidence() 
     msgs += tool_turn(202, "edit", "ok", {"note": "local_9_30"})  # its read is in view
     s.sync(msgs)
     m = LookbackMeter(300)
-    m.observe(s)
+    m.observe(Draft(s))
     assert len(m.lookbacks) == 3
     assert (m.exposed, m.missed) == (1, 1)
 
@@ -199,9 +200,9 @@ def test_the_compactor_learns_the_budget_and_says_so_once_per_step() -> None:
     assert lim.collapse_keep == lim.keep_recent  # L3 keeps what the agent looks back into
     assert c.state()["learnt"] == changes[0].detail["learnt"]
     # a fixed budget: no learning
-    fixed = CacheAwareCompactor.for_session(Session.create(None, prefix_messages=1),
-                                            cfg(200_000, lookback_coverage=0.0))
-    _grow(fixed.session, fixed, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
+    fixed_session = Session.create(None, prefix_messages=1)
+    fixed = CacheAwareCompactor.for_session(fixed_session, cfg(200_000, lookback_coverage=0.0))
+    _grow(fixed_session, fixed, [msgs[i:i + 2] for i in range(1, len(msgs), 2)])
     flim = fixed._limits(1000, "claude-sonnet-4-6")
     assert flim.keep_recent == flim.configured_recent
 

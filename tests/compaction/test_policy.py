@@ -32,6 +32,7 @@ from cachecompact.compaction.policy import (
 from cachecompact.compaction.quality import compaction_regression_suite
 from cachecompact.compaction.strategy import StrategyContext
 from cachecompact.compaction.summarize.llm import LLMSummarizer, Summary, SummaryRejected, SummaryRequest, SummaryResult
+from cachecompact.history.draft import Draft
 from cachecompact.tools.emulator import Emulator
 from cachecompact.tools.emulator.validation import validate_request
 from cachecompact.tools.traces import discover, load_trace, synthetic_trace
@@ -372,7 +373,7 @@ def test_no_level_proposes_an_edit_of_the_immutable_prefix(level: str) -> None:
     s.sync(msgs)
     from cachecompact.compaction.levels import build_view
 
-    p = c._propose(level, build_view(s), limits(c.cfg, 30_000, 1000))
+    p = c._propose(level, build_view(Draft(s)), limits(c.cfg, 30_000, 1000))
     assert not p.empty
     assert all(e.start >= 3 for e in p.edits) and (p.summarize is None or p.summarize[0] >= 3)
 
@@ -408,7 +409,7 @@ def test_seed_pipeline_runs_every_layer() -> None:
     from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
 
     s = Session.create(None, prefix_messages=3)
-    sp = get_strategy("seed-pipeline").build(StrategyContext(s, ExtractiveSummarizer(), EventBus(), 44_000))
+    sp = get_strategy("seed-pipeline").build(StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus(), 44_000))
     turns = [tool_turn(k, "read_file", f"line {k} " * 300) for k in range(40)]
     turns.insert(3, [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_big", "name": "bash",
                                                          "input": {"command": "cat"}}]},

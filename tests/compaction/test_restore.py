@@ -11,6 +11,7 @@ from cachecompact import Session
 from cachecompact.compaction._lookback import LookbackMeter
 from cachecompact.compaction._restore import RESTORE_HEADER, RESTORE_LEVEL, restore_edits
 from cachecompact.compaction.cache_aware import CacheAwareCompactor
+from cachecompact.history.draft import Draft
 from cachecompact.history.ledger import ReplaceWithSummary
 from cachecompact.tools.emulator import CLOCK_HEADER, Emulator, ScriptedResponder
 from cachecompact.tools.emulator.responders import Reply
@@ -40,8 +41,8 @@ def _collapsed(msgs: list[dict[str, Any]]) -> Session:
 
 def _plan(s: Session, budget: int = 3_000) -> list[ReplaceWithSummary]:
     m = LookbackMeter(300)
-    m.observe(s)
-    return restore_edits(s, m, budget)
+    m.observe(Draft(s))
+    return restore_edits(Draft(s), m, budget)
 
 
 def test_a_call_naming_hidden_output_gets_its_line_back_in_its_own_result() -> None:
@@ -111,7 +112,7 @@ def test_a_result_with_lines_given_back_can_still_be_cleared() -> None:
     s.sync(msgs)
     (edit,) = _plan(s)
     s.edit(edit, level=RESTORE_LEVEL)
-    (r,) = [x for x in build_view(s).results if x.tool_use_id == "toolu_50"]
+    (r,) = [x for x in build_view(Draft(s)).results if x.tool_use_id == "toolu_50"]
     assert not r.edited and r.visible
 
 

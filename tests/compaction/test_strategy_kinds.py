@@ -81,10 +81,11 @@ def test_a_ledger_strategy_with_its_own_shape_still_renders_as_in_0_3() -> None:
     from cachecompact.base.events import EventBus
     from cachecompact.compaction.strategy import StrategyContext
     from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+    from cachecompact.history.draft import Draft
     from cachecompact.history.session import Session
 
-    ctx = StrategyContext(session=Session.create(None, session_id="s_mine", system="sys", tools=[],
-                                                 prefix_messages=1),
+    ctx = StrategyContext(draft=Draft(Session.create(None, session_id="s_mine", system="sys", tools=[],
+                                                       prefix_messages=1)),
                           summarizer=ExtractiveSummarizer(), events=EventBus(), window_tokens=200_000)
     with pytest.warns(DeprecationWarning, match="shape is ignored"):
         assert shaper_of(Mine(ctx)) is None
@@ -96,12 +97,13 @@ def test_every_shipped_strategy_is_one_kind_or_the_other() -> None:
     from cachecompact.compaction.catalog import get_strategy, strategy_names
     from cachecompact.compaction.strategy import StrategyContext
     from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+    from cachecompact.history.draft import Draft
     from cachecompact.history.session import Session
 
     kinds = {}
     for name in strategy_names():
         session = Session.create(None, session_id=f"s_{name}", system="sys", tools=[], prefix_messages=1)
-        ctx = StrategyContext(session=session, summarizer=ExtractiveSummarizer(), events=EventBus(),
+        ctx = StrategyContext(draft=Draft(session), summarizer=ExtractiveSummarizer(), events=EventBus(),
                               window_tokens=200_000)
         s = get_strategy(name).build(ctx)
         assert not hasattr(s, "renders"), name

@@ -14,7 +14,7 @@ from cachecompact.base.errors import CacheCompactError, ConfigError, PolicyConfi
 from cachecompact.compaction.catalog import CachecompactConfig
 from cachecompact.compaction.peers.openhands import OpenHandsCondenser, OpenHandsConfig
 from cachecompact.compaction.policy import PolicyConfig
-from cachecompact.compaction.strategy import Strategy, StrategyContext
+from cachecompact.compaction.strategy import Plan, Strategy, StrategyContext
 
 BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"ttl": "2h"}, ConfigError, "ttl must be '5m', '1h' or None"),
@@ -121,9 +121,13 @@ def test_a_dict_of_engine_options_still_works_with_a_warning() -> None:
 
 
 class _OneHour(OpenHandsCondenser):
-    """A strategy of a user's own that names only its TTL (no ``prefix_ttl``)."""
+    """A strategy of a user's own whose plan names only its TTL (no ``prefix_ttl``)."""
 
-    ttl = "1h"
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> Plan:
+        plan = super().before_request(now, model, max_tokens, params)
+        plan.ttl = "1h"
+        return plan
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ class _OneHourConfig(OpenHandsConfig):
 
 
 def test_a_strategy_that_names_only_its_ttl_gets_it() -> None:
-    """`ChoosesTTL` and `ChoosesPrefixTTL` are separate: a ``ttl`` alone is honoured, for every breakpoint."""
+    """A plan's ``ttl`` and ``prefix_ttl`` are separate: a ``ttl`` alone is honoured, for every breakpoint."""
     from cachecompact.engine.request_cycle import CompactionEngine
 
     eng = CompactionEngine(None, strategy=_OneHourConfig(), summarizer=None)

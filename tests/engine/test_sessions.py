@@ -562,7 +562,7 @@ def _racing_config(store_dir: Path) -> Any:
 
     class Racing:
         def __init__(self, ctx: StrategyContext) -> None:
-            self.session, self.events = ctx.session, ctx.events
+            self.session, self.events = ctx.draft, ctx.events
 
         def _race(self, when: str, theirs: SkipRange) -> None:
             if when not in raced:

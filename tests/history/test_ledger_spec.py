@@ -82,8 +82,8 @@ def test_a_session_whose_prefix_is_empty_verifies_from_its_creation(tmp_path: Pa
 def _session_with_a_blob(d: Path) -> str:
     """A file session whose ledger names one scratchpad blob, as an L2 edit does."""
     from cachecompact import Session
-    from cachecompact.compaction.scratchpad import Scratchpad
     from cachecompact.history.ledger import ReplaceWithSummary
+    from cachecompact.history.scratchpad import Scratchpad
 
     from ..conftest import history
 
@@ -107,7 +107,7 @@ def test_a_changed_or_deleted_scratchpad_blob_is_caught_by_both_verifiers_and_ne
     """An edited ``sp_<sha256>.txt`` was served to the model as a normal result, and a deleted
     one went unnoticed: the name is the content's hash, so every side now checks it."""
     from cachecompact import Session
-    from cachecompact.compaction.scratchpad import Scratchpad
+    from cachecompact.history.scratchpad import Scratchpad
 
     d = tmp_path / "s"
     ref = _session_with_a_blob(d)

@@ -301,7 +301,7 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     import anthropic
 
     from cachecompact import scratchpad_handler, wrap
-    from cachecompact.compaction.scratchpad import Scratchpad
+    from cachecompact.history.scratchpad import Scratchpad
 
     root = tmp_path / "store"
     store = FileStore(root)

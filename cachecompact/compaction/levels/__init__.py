@@ -1,5 +1,6 @@
-"""The five compaction levels, cheapest first. Each one only plans ledger edits (and L2 may write
-the scratchpad); the policy decides which to use and the compactor appends them."""
+"""The five compaction levels, cheapest first. Each one only plans ledger edits (L2's proposals
+also carry the scratchpad content they name); the policy decides which to use and the compactor
+stages them."""
 
 from .l1_micro import DEFAULT_WRITE_TOOLS, cleared_text, is_write_op, propose_micro
 from .l2_tool_summary import externalized_text, propose_entry_summary, propose_tool_summary, rule_summary

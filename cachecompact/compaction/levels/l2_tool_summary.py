@@ -21,9 +21,9 @@ import re
 from collections.abc import Sequence
 
 from ...base.keylines import Focus, key_lines
+from ...base.refs import text_ref
 from ...base.tokens import TokenCounter
 from ...history.ledger import ReplaceWithSummary
-from ..scratchpad import Scratchpad
 from .view import LaterIdentifiers, Proposal, ResultInfo, View, older_results
 
 __all__ = ["ON_ENTRY", "externalized_text", "propose_entry_summary", "propose_tool_summary", "rule_summary"]
@@ -91,11 +91,11 @@ def externalized_text(r: ResultInfo, ref: str | None, preview_chars: int, key_ch
 ON_ENTRY = "L2 on entry"  # the ledger reason of entry-time edits (they are not compactions of old context)
 
 
-def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter,
+def _edits(chosen: Sequence[ResultInfo], externalize: bool, counter: TokenCounter,
            preview_chars: int, key_chars: int, p: Proposal, tag: str,
            later: LaterIdentifiers | None = None, why: str = "", rerun_fits: int | None = None) -> None:
     for r in sorted(chosen, key=lambda x: (x.message, x.block)):
-        ref = scratchpad.ref_for(r.text) if scratchpad is not None else None
+        ref = text_ref(r.text) if externalize else None
         text = externalized_text(r, ref, preview_chars, key_chars,
                                  later.after(r.message) if later is not None else None, why, rerun_fits)
         saved = r.tokens - counter.count_text(text)
@@ -104,19 +104,21 @@ def _edits(chosen: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter:
             # would come back whole plus a header: longer, and telling the agent to re-run for a
             # rest that is not missing. It stays as it is (an old one would break the cache for nothing).
             continue
-        if scratchpad is not None:
-            scratchpad.put(r.text)
+        if ref is not None:
+            p.blobs[ref] = r.text  # kept with the plan if the proposal is applied
         p.edits.append(ReplaceWithSummary(r.message, r.message, text, f"{tag}: {rule_summary(r)}",
                                           tool_use_id=r.tool_use_id))
         p.tokens_removed += saved
 
 
-def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | None, counter: TokenCounter, *,
+def propose_entry_summary(new: Sequence[ResultInfo], externalize: bool, counter: TokenCounter, *,
                           big_tokens: int, turn_tokens: int, preview_chars: int, key_chars: int = 0,
                           exempt_tools: frozenset[str] = frozenset(), whole: frozenset[str] = frozenset(),
                           why: str = "", rerun_fits: int | None = None) -> Proposal:
     """L2 on entry: new results over ``big_tokens``, then per message the largest ones until the
-    message's results fit ``turn_tokens``. Free: nothing of them was ever sent. ``whole`` names
+    message's results fit ``turn_tokens``. Free: nothing of them was ever sent. ``externalize``:
+    the agent has the ``read_scratchpad`` tool, so the full output goes to the scratchpad with the
+    plan (`Proposal.blobs`) and the placeholder names it. ``whole`` names
     results (tool_use ids) that come back whole whatever their size: re-runs of a call whose
     earlier result compaction hid. ``why`` and ``rerun_fits`` go into the placeholder
     (`externalized_text`)."""
@@ -133,11 +135,11 @@ def propose_entry_summary(new: Sequence[ResultInfo], scratchpad: Scratchpad | No
                 chosen.append(r)
                 total -= r.tokens - preview_tokens
     p = Proposal("L2", f"shorten {len(chosen)} large new tool result(s)")
-    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, ON_ENTRY, why=why, rerun_fits=rerun_fits)
+    _edits(chosen, externalize, counter, preview_chars, key_chars, p, ON_ENTRY, why=why, rerun_fits=rerun_fits)
     return p
 
 
-def propose_tool_summary(view: View, scratchpad: Scratchpad | None, counter: TokenCounter, *, old_min_tokens: int,
+def propose_tool_summary(view: View, externalize: bool, counter: TokenCounter, *, old_min_tokens: int,
                          preview_chars: int, key_chars: int = 0, keep_recent: int = 0, keep_recent_tokens: int = 0,
                          exempt_tools: frozenset[str] = frozenset()) -> Proposal:
     """L2 on old results: visible, unedited results after the immutable prefix of at least
@@ -147,7 +149,7 @@ def propose_tool_summary(view: View, scratchpad: Scratchpad | None, counter: Tok
     chosen = [r for r in old if not r.edited and r.tokens >= max(old_min_tokens, 2 * preview_chars // 4)
               and r.name not in exempt_tools]
     p = Proposal("L2", f"shorten {len(chosen)} large old tool result(s)")
-    _edits(chosen, scratchpad, counter, preview_chars, key_chars, p, "L2", LaterIdentifiers(view))
+    _edits(chosen, externalize, counter, preview_chars, key_chars, p, "L2", LaterIdentifiers(view))
     if p.edits:
         p.break_at = min(e.start for e in p.edits)
     return p

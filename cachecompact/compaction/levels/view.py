@@ -14,7 +14,7 @@ from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_block
 from ...history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, SkipRange, split_effective
 
 if TYPE_CHECKING:
-    from ...history.session import Session
+    from ...history.draft import Draft
 
 __all__ = ["PLACEHOLDER_TOKENS", "InputInfo", "LaterIdentifiers", "Proposal", "ResultInfo", "View",
            "build_view", "message_results", "older_results", "older_tool_blocks", "results_since"]
@@ -114,18 +114,21 @@ class Proposal:
     tokens_removed: int = 0  # estimated raw tokens the plan removes from the request
     break_at: int | None = None  # earliest transcript index whose rendered bytes change (None: nothing sent yet)
     previous_summary: LedgerEntry | None = None  # a summary the new one subsumes
+    # scratchpad content its placeholders name (reference -> text): kept with the plan only when
+    # the proposal is applied (`Draft.keep`), so a proposal weighed and dropped stores nothing
+    blobs: dict[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not self.edits and self.summarize is None
 
 
-def message_results(session: Session, i: int, *, edited_ids: Collection[str] = (), whole: bool = False,
+def message_results(session: Draft, i: int, *, edited_ids: Collection[str] = (), whole: bool = False,
                     visible: bool = True) -> list[ResultInfo]:
     """The tool results of transcript message ``i`` with the calls (in message i-1) they answer."""
     t = session.transcript
     uses = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)} if i else {}
-    plain = session.renderer.plain_message(i)
+    plain = session.plain_message(i)
     out = []
     for j, blk in enumerate(content_blocks(t[i])):
         if not isinstance(blk, ToolResultBlock):
@@ -141,7 +144,7 @@ def message_results(session: Session, i: int, *, edited_ids: Collection[str] = (
     return out
 
 
-def results_since(session: Session, since: int) -> list[ResultInfo]:
+def results_since(session: Draft, since: int) -> list[ResultInfo]:
     """Tool results of messages ``since..`` (new ones, never edited yet): no full view needed."""
     t = session.transcript
     out: list[ResultInfo] = []
@@ -199,7 +202,7 @@ def older_results(view: View, keep_recent: int, keep_recent_tokens: int) -> list
     return older_tool_blocks(view, keep_recent, keep_recent_tokens)[0]
 
 
-def build_view(session: Session) -> View:
+def build_view(session: Draft) -> View:
     """Snapshot the session's current render as a `View` (through the render's public read API)."""
     r = session.render(breakpoints=False)
     t = session.transcript
@@ -245,7 +248,7 @@ def build_view(session: Session) -> View:
             edited = {tid for tid, e in targeted.get(i, {}).items() if e.level != GIVEN_BACK_LEVEL}
             results += message_results(session, i, edited_ids=edited, whole=cov is not None, visible=visible)
         elif t.has_tool_use(i):
-            plain = session.renderer.plain_message(i)
+            plain = session.plain_message(i)
             tmap = targeted.get(i, {})
             inputs += [InputInfo(i, j, b.id, b.name, plain.blocks[j].tokens, b.id in tmap or cov is not None,
                                  cov is None)

@@ -22,14 +22,14 @@ from ...base.keylines import MAX_LINE
 from ...base.wire import TextBlock, ToolResultBlock, ToolUseBlock, content_blocks, result_text
 
 if TYPE_CHECKING:
-    from ...history.session import Session
+    from ...history.draft import Draft
 
 __all__ = ["WORKING_SET_HEADER", "working_lines"]
 
 WORKING_SET_HEADER = "Tool output the agent has used since (verbatim lines):"
 
 
-def _last_uses(session: Session, start: int) -> dict[str, int]:
+def _last_uses(session: Draft, start: int) -> dict[str, int]:
     """identifier -> the last assistant message (index >= ``start``) whose calls or text used it."""
     t = session.transcript
     last: dict[str, int] = {}
@@ -49,7 +49,7 @@ def _last_uses(session: Session, start: int) -> dict[str, int]:
     return last
 
 
-def working_lines(session: Session, start: int, end: int, budget_chars: int) -> list[str]:
+def working_lines(session: Draft, start: int, end: int, budget_chars: int) -> list[str]:
     """The lines of the tool results in transcript messages ``start..end`` (as originally sent)
     that name an identifier the agent used after the result: the most recently used first,
     each line once, whole (lines over `MAX_LINE` characters are data and never kept), at most

@@ -45,7 +45,8 @@ OMITTED = {"role": "user", "content": "[earlier messages omitted]"}
 
 class BodyStrategy:
     """Rewrites the body with a function; no ledger, nothing to do before or after. ``betas``
-    are beta headers the rewritten request needs (the adapters add them to ``anthropic-beta``)."""
+    are beta headers the rewritten request needs: each plan carries them (the adapters add them
+    to ``anthropic-beta``)."""
 
     def __init__(self, ctx: StrategyContext, fn: Any, betas: tuple[str, ...] = ()) -> None:
         self.ctx = ctx
@@ -55,7 +56,7 @@ class BodyStrategy:
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        return Plan(0, 0)
+        return Plan(0, 0, betas=self.betas)
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         return None

@@ -18,10 +18,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ...base.errors import InvalidEditError
-from ...base.values import IdleDecision, SummaryMode
+from ...base.values import TTL, IdleDecision, SummaryMode
 from ...history.ledger import ReplaceWithSummary, widen_to_pairs
 from ..levels import build_view
 from ..strategy import LedgerStrategy, Plan, Strategy, StrategyContext, summarize_range
@@ -54,17 +54,17 @@ class ClaudeCodePolicy(LedgerStrategy):
     def __init__(self, ctx: StrategyContext, cfg: ClaudeCodeConfig | None = None) -> None:
         super().__init__(ctx)
         self.cfg = cfg or ClaudeCodeConfig()
-        self.ttl: str | None = self.cfg.ttl  # the engine renders this strategy's breakpoints with it
-        self.prefix_ttl: str | None = None  # the same TTL for the prefix's breakpoint
+        # every request is rendered with this TTL, the prefix's breakpoint too (its plan says so)
+        self.ttl = cast(TTL, self.cfg.ttl)
         self.threshold = ctx.window_tokens - self.cfg.buffer_tokens
         self._idle_edit: ReplaceWithSummary | None = None  # an idle summary the next request appends
         self._idle_at: float | None = None  # the request time of the quiet period it was decided in
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        s = self.session
+        s = self.draft
         before = self._tokens()
-        report = Plan(before, before)
+        report = Plan(before, before, ttl=self.ttl)
         if s.prefix_end is None:
             return report
         if self._idle_edit is not None:
@@ -96,7 +96,7 @@ class ClaudeCodePolicy(LedgerStrategy):
     def idle(self, now: float, model: str, max_tokens: int, body: dict[str, Any] | None, *,
              away_s: float | None = None) -> IdleDecision:
         """The whole conversation summarized on Claude Code's clock (no price weighed)."""
-        s = self.session
+        s = self.draft
         sid = s.session_id
         tokens = self._tokens()
         if self.last_request_at is None or s.prefix_end is None or self._idle_at == self.last_request_at:
@@ -125,7 +125,7 @@ class ClaudeCodePolicy(LedgerStrategy):
                             cost_usd=res.cost_usd, tokens_before=tokens)
 
     def _microcompact(self) -> None:
-        s = self.session
+        s = self.draft
         view = build_view(s)
         results = [r for r in view.results if r.visible and not r.edited and r.name in CC_COMPACTABLE]
         old = results[:-self.cfg.keep_results] if self.cfg.keep_results else results
@@ -142,6 +142,6 @@ class ClaudeCodePolicy(LedgerStrategy):
                        tokens_after=self._tokens(), entries=seqs)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
-        s = self.session
+        s = self.draft
         pe = s.prefix_end or 0
         return bool(self._summarize(pe, len(s) - 2, "L4", "claude-code: reactive, prompt too long"))

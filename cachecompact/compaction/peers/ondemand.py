@@ -69,8 +69,6 @@ log = logging.getLogger("cachecompact")
 class OnDemandStrategy:
     """Summarizes through the API when the request is large; sends the signed block after that."""
 
-    betas: tuple[str, ...] = ()
-
     def __init__(self, ctx: StrategyContext, cfg: OnDemandConfig) -> None:
         self.ctx, self.cfg = ctx, cfg
         self.block: dict[str, Any] | None = None
@@ -85,7 +83,9 @@ class OnDemandStrategy:
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        return Plan(0, 0)
+        # a block in hand, or one that arrived and `shape` swaps in now, opens the messages: its
+        # type needs the beta (without it, "`compaction` is not one of the expected content block types")
+        return Plan(0, 0, betas=(BETA,) if self.block is not None or self.ready is not None else ())
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         if usage:
@@ -158,8 +158,6 @@ class OnDemandStrategy:
             client = getattr(self.ctx.summarizer, "client", None)
             if tokens >= self.last_trigger and client is not None:
                 self._compact(client, body, messages, cut)
-        if self.block is not None:
-            self.betas = (BETA,)
         return {**out, "cache_control": AUTO_CACHE}  # automatic caching, as ``none`` does
 
     def _compact(self, client: Any, body: dict[str, Any], messages: list[dict[str, Any]], cut: int) -> None:

@@ -42,7 +42,7 @@ class OpenHandsCondenser(LedgerStrategy):
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        s = self.session
+        s = self.draft
         before = self._tokens()
         report = Plan(before, before)
         if s.prefix_end is not None and s.render(breakpoints=False).n_messages > self.cfg.max_size:
@@ -52,7 +52,7 @@ class OpenHandsCondenser(LedgerStrategy):
         return report
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
-        s = self.session
+        s = self.draft
         pe = s.prefix_end or 0
         tail = self.cfg.max_size // 2 - self.cfg.keep_first - 1
         end = max(pe, min(len(s) - tail - 1, len(s) - 2))

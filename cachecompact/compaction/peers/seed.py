@@ -58,13 +58,13 @@ class SeedPipeline(LedgerStrategy):
 
     def _try(self, edit: SkipRange | ReplaceWithSummary, level: str) -> list[int]:
         try:
-            return [self.session.stage(edit, level=level).seq]
+            return [self.draft.stage(edit, level=level).seq]
         except InvalidEditError:
             return []
 
     def before_request(self, now: float, model: str, max_tokens: int = 0,
                        params: dict[str, Any] | None = None) -> Plan:
-        s, c = self.session, self.cfg
+        s, c = self.draft, self.cfg
         before = self._tokens()
         report = Plan(before, before)
         since, self._seen = self._seen, len(s)
@@ -76,7 +76,7 @@ class SeedPipeline(LedgerStrategy):
         over = [r for r in new if chars[r.message] > c.turn_chars]
         seqs: list[int] = []
         if over:
-            p = propose_entry_summary(over, None, s.counter, big_tokens=0, turn_tokens=10**12,
+            p = propose_entry_summary(over, False, s.counter, big_tokens=0, turn_tokens=10**12,
                                       preview_chars=c.preview_chars)
             seqs += [q for e in p.edits for q in self._try(e, "L2")]
         # 2. snip_compact: keep head 3 + tail 47 messages once there are more than 50
@@ -102,7 +102,7 @@ class SeedPipeline(LedgerStrategy):
         return report
 
     def _compact_history(self, keep_last: int) -> list[int]:
-        s = self.session
+        s = self.draft
         end = len(s) - keep_last - 1
         span = widen_to_pairs(s.transcript, s.prefix_end or 0, max(end, s.prefix_end or 0))
         if not span or span[1] >= len(s) - 1:

@@ -30,9 +30,9 @@ import msgspec
 from ...base.errors import SummaryRejected
 from ...base.headers import CLOCK_HEADER
 from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_prices
+from ...base.refs import REF_PATTERN
 from ...base.values import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
-from ...store.contract import REF_PATTERN
 from .api_compaction import COMPACTION_BETA, OnDemandCall, call_ondemand, opens_with_compaction, with_beta
 from .extractive import GOAL_WORDS, block_texts, summary_facts
 

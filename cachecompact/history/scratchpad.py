@@ -1,5 +1,9 @@
 """Content-addressed storage for tool output taken out of the context (L2), readable again.
 
+L2 names the content in its placeholder and keeps it with its plan (`Draft.keep`); the session
+stores it with the plan's ledger entries (`Session.commit`). This module reads it back for the
+``read_scratchpad`` tool, from a session (its store, or its memory), a store or a folder.
+
 A reference is ``sp_`` + the first 32 hex digits of the sha256 of the UTF-8 content; in a
 folder the file is ``DIR/<ref>.txt`` (mode 0600). References are checked against that exact
 pattern before anything is looked up, so ``../../etc/passwd`` or any id that would leave the
@@ -13,15 +17,13 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base.errors import ScratchpadRefError
+from ..base.refs import REF_RE, blob_ref, check_ref
 from ..base.safefs import atomic_replace, ensure_dir
 from ..store import SessionStore
-from ..store.contract import REF_RE, blob_ref, check_ref
-
-if TYPE_CHECKING:
-    from ..history.session import Session
+from .session import Session
 
 __all__ = ["READ_SCRATCHPAD_TOOL", "REF_RE", "Scratchpad", "ScratchpadRefError"]
 
@@ -48,13 +50,16 @@ READ_SCRATCHPAD_TOOL: dict[str, Any] = {
 class Scratchpad:
     """Externalized outputs, keyed by content hash (writing twice is a no-op).
 
-    Backed by a session's store (a persisted session keeps them with its records: the
-    session directory's ``scratchpad/`` folder, or the database) or by a folder; an
-    in-memory session gets a private temporary folder (mode 0700) made on first use, so
-    nothing lands in the working directory.
+    Backed by a session (a persisted one keeps the content with its records: the session
+    directory's ``scratchpad/`` folder, or the database; an in-memory one in its memory), by a
+    session's store, or by a folder; with none, a private temporary folder (mode 0700) made on
+    first use, so nothing lands in the working directory.
     """
 
-    def __init__(self, where: str | os.PathLike[str] | SessionStore | None = None) -> None:
+    def __init__(self, where: str | os.PathLike[str] | SessionStore | Session | None = None) -> None:
+        self._session = where if isinstance(where, Session) and where.store is None else None
+        if isinstance(where, Session):
+            where = where.store
         self._store = where if isinstance(where, SessionStore) else None
         self._path = Path(where) if isinstance(where, (str, os.PathLike)) else None
 
@@ -72,8 +77,8 @@ class Scratchpad:
 
     @classmethod
     def for_session(cls, session: Session | None) -> Scratchpad:
-        """The scratchpad of ``session``: its store when persisted, else a temporary folder."""
-        return cls(session.store if session is not None and session.store is not None else None)
+        """The scratchpad of ``session``: its store when persisted, else its memory."""
+        return cls(session)
 
     @staticmethod
     def ref_for(text: str) -> str:
@@ -83,6 +88,9 @@ class Scratchpad:
         """Store ``text`` (atomically, fsynced, private); return its reference."""
         ref = self.ref_for(text)
         data = text.encode("utf-8")
+        if self._session is not None:
+            self._session.put_blob(data)
+            return ref
         if self._store is not None:
             self._store.put_blob(ref, data)
             return ref
@@ -95,7 +103,9 @@ class Scratchpad:
 
     def _get(self, ref: str) -> str:
         ref = check_ref(ref)
-        if self._store is not None:
+        if self._session is not None:
+            data = self._session.blob(ref)
+        elif self._store is not None:
             data = self._store.get_blob(ref)
         else:
             p = self.path / f"{ref}.txt"

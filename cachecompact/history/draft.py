@@ -1,0 +1,128 @@
+"""Draft: one session as a strategy sees it while it plans (issue 49, "draft in, plan out").
+
+A strategy is built with a `Draft`, never with the `Session`: it can read what it needs to plan
+(the transcript, the ledger, renders, token counts, where the immutable prefix ends) and propose
+what it decided (ledger edits with `stage`, scratchpad content with `keep`), and nothing else.
+There is no store here, no ``edit``, no ``commit``, no way to append to the transcript or to
+record a request: the request cycle commits what a strategy staged, blobs and ledger entries
+together (`Session.commit`), after the strategy returns its `Plan`.
+
+The transcript and the ledger are handed out as their reading protocols (`TranscriptReader`,
+`LedgerReader`), so a type checker refuses a write through them; at run time they are the
+session's own objects (no copy per request).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..base.tokens import TokenCounter
+from .ledger import Edit, LedgerEntry, LedgerReader
+from .transcript import TranscriptReader
+
+if TYPE_CHECKING:
+    from .render import RenderedMessage, RenderResult
+    from .session import Session
+
+__all__ = ["Draft"]
+
+
+class Draft:
+    """A session, read-only, plus the edits and scratchpad content a strategy proposes for it.
+
+    `stage` and `keep` change what renders and counts see at once (in memory), so a strategy can
+    weigh one edit after another; the request cycle stores them together after the strategy
+    returns (`Session.commit`), or a strategy driven by hand has them stored before the session
+    next writes. ``stable_before`` is the one planning hint a strategy sets: the transcript
+    messages before it will not be edited next, so the breakpoint planner marks their end.
+    """
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def __repr__(self) -> str:
+        return f"Draft({self._session.session_id!r}, {len(self._session)} messages)"
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self._session.session_id
+
+    @property
+    def prefix_messages(self) -> int:
+        return self._session.prefix_messages
+
+    @property
+    def path(self) -> Path | None:
+        """The session directory of a file-backed session (what a message tells the user to
+        open), else None."""
+        return self._session.path
+
+    @property
+    def transcript(self) -> TranscriptReader:
+        return self._session.transcript
+
+    @property
+    def ledger(self) -> LedgerReader:
+        return self._session.ledger
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The session's token counter; a strategy calibrates it from the counts the API reports."""
+        return self._session.counter
+
+    @property
+    def prefix_end(self) -> int | None:
+        return self._session.prefix_end
+
+    @property
+    def edit_floor(self) -> int | None:
+        return self._session.edit_floor
+
+    def __len__(self) -> int:
+        return len(self._session)
+
+    def render(self, model: str | None = None, max_tokens: int | None = None, **kw: Any) -> RenderResult:
+        """`Session.render`, staged edits included."""
+        if model is not None:
+            kw["model"] = model
+        if max_tokens is not None:
+            kw["max_tokens"] = max_tokens
+        return self._session.render(**kw)
+
+    def plain_message(self, i: int) -> RenderedMessage:
+        """Transcript message ``i`` rendered as sent, before any edit (its blocks carry token counts)."""
+        return self._session.renderer.plain_message(i)
+
+    def edit_effect(self, edit: Edit) -> tuple[int, int]:
+        """Estimated tokens ``edit``'s range occupies now and would after it (nothing is staged)."""
+        return self._session.edit_effect(edit)
+
+    # -- proposing -----------------------------------------------------------------------------
+
+    def stage(self, edit: Edit, *, level: str = "manual", created_at: str | None = None) -> LedgerEntry:
+        """Propose one ledger edit: validated and counted now (`Session.stage`; a typed
+        `InvalidEditError` stages nothing), stored with the plan."""
+        return self._session.stage(edit, level=level, created_at=created_at)
+
+    @property
+    def staged(self) -> list[LedgerEntry]:
+        """The edits proposed and not yet stored, in order."""
+        return self._session.staged
+
+    def keep(self, text: str) -> str:
+        """Keep ``text`` in the session's scratchpad with the plan; its reference (``sp_...``),
+        which a placeholder may name at once."""
+        return self._session.stage_blob(text.encode("utf-8"))
+
+    @property
+    def stable_before(self) -> int | None:
+        return self._session.stable_before
+
+    @stable_before.setter
+    def stable_before(self, value: int | None) -> None:
+        self._session.stable_before = value

@@ -1,0 +1,170 @@
+"""Draft in, plan out (issue 49): a strategy plans against a `Draft` and returns data; the
+session stores what it proposed, scratchpad content and ledger edits together."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import random
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import cachecompact
+from cachecompact.base.errors import StagedEditsConflictError
+from cachecompact.base.events import EventBus
+from cachecompact.base.refs import text_ref
+from cachecompact.compaction.peers.openhands import OpenHandsCondenser, OpenHandsConfig
+from cachecompact.compaction.strategy import Plan, StrategyContext
+from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+from cachecompact.engine.request_cycle import CompactionEngine
+from cachecompact.history.draft import Draft
+from cachecompact.history.ledger import ReplaceWithSummary, SkipRange
+from cachecompact.history.scratchpad import Scratchpad
+from cachecompact.history.session import Session
+from cachecompact.store import FileStore
+
+PKG = Path(cachecompact.__file__).parent
+MODEL = "claude-sonnet-4-6"
+
+# what writes: the session's own mutators and its store; a draft has none of them
+WRITERS = {"store", "edit", "commit", "append", "sync", "record_request", "note_sent", "log_event", "put_blob",
+           "repair_meta", "refresh", "renderer"}
+
+
+def _history(rng: random.Random, turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test in parser.py."}]
+    for k in range(turns):
+        tid = f"toolu_{k}"
+        out = "\n".join(f"line {k}.{j} {rng.random():.6f}" for j in range(rng.randint(5, 400)))
+        msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": tid, "name": "bash",
+                                                    "input": {"command": f"step {k}"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": out}]}]
+    return msgs
+
+
+def test_a_draft_reads_and_proposes_but_cannot_write() -> None:
+    """Nothing on a `Draft` writes: no store, no edit or commit, no transcript append; and the
+    context a strategy is built with carries no `Session`."""
+    public = {n for n in dir(Draft) if not n.startswith("_")}
+    assert public.isdisjoint(WRITERS), public & WRITERS
+    assert {"stage", "keep", "render", "transcript", "ledger", "counter"} <= public
+    assert [f.name for f in dataclasses.fields(StrategyContext) if "Session" in str(f.type)] == []
+    s = Session.create(None, prefix_messages=1)
+    s.sync(_history(random.Random(1), 3))
+    d = Draft(s)
+    for name in WRITERS:
+        assert not hasattr(d, name), name
+
+
+def test_no_compaction_module_names_a_store() -> None:
+    """The other half of "no module under compaction/ reaches a store" (import-linter's ``plans``
+    contract forbids the imports): no ``store`` attribute, and none of the session's storing
+    calls, is named in compaction/."""
+    found = []
+    for path in sorted((PKG / "compaction").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("store", "put_blob", "stage_blob", "commit"):
+                found.append(f"{path.relative_to(PKG)}:{node.lineno}: .{node.attr}")
+    assert found == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_staged_content_and_edits_are_stored_together(tmp_path: Path, seed: int) -> None:
+    """A family of sessions from seeds: what a draft proposed is in memory at once (renders see
+    it) and in the store only after `commit`, content and entries both; a reopened session
+    serves the content and names no missing blob."""
+    rng = random.Random(seed)
+    store = FileStore(tmp_path / "store")
+    s = Session.create(store, session_id=f"s{seed}", prefix_messages=1)
+    s.sync(_history(rng, rng.randint(4, 9)))
+    d = Draft(s)
+    i = 2 * rng.randint(1, (len(s) - 1) // 2)  # a tool_result message
+    text = s.transcript[i].content[0].content  # type: ignore[union-attr,index]
+    full = text if isinstance(text, str) else "".join(b.text for b in text)  # type: ignore[union-attr]
+    ref = d.keep(full)
+    assert ref == text_ref(full) and d.keep(full) == ref  # the same content, the same name
+    e = d.stage(ReplaceWithSummary(i, i, f"[moved to {ref}]", "test", tool_use_id=f"toolu_{i // 2 - 1}"),
+                level="L2")
+    assert ref in d.render().to_json().decode()  # renders see the proposal at once
+    reopened = Session.open(store, f"s{seed}", readonly=True)
+    assert len(reopened.ledger) == 0 and store.open(f"s{seed}").get_blob(ref) is None  # nothing stored yet
+    assert s.commit() == [e]
+    again = Session.open(store, f"s{seed}", readonly=True)
+    assert [x.hash for x in again.ledger.entries] == [e.hash]
+    assert Scratchpad.for_session(again).read(ref, 0, 10**6)[:200] == full[:200]
+    assert again.blob_problems() == []
+
+
+def test_a_plan_that_lost_the_race_stores_no_entry(tmp_path: Path) -> None:
+    """Another writer appended first: no entry of the plan is stored, and the session refuses to
+    go on from its memory (the engine opens it again)."""
+    store = FileStore(tmp_path / "store")
+    s = Session.create(store, session_id="raced", prefix_messages=1)
+    s.sync(_history(random.Random(7), 6))
+    d = Draft(s)
+    d.keep("kept output")
+    d.stage(SkipRange(3, 4), level="L1")
+    Session.open(store, "raced").edit(SkipRange(5, 6), level="L1")  # another process, first
+    with pytest.raises(StagedEditsConflictError):
+        s.commit()
+    theirs = Session.open(store, "raced", readonly=True)
+    assert [(x.start, x.end) for x in theirs.ledger.entries] == [(5, 6)]
+    with pytest.raises(StagedEditsConflictError):
+        d.keep("more")
+
+
+def test_an_in_memory_session_keeps_its_content_in_memory() -> None:
+    """No temporary folder: the content an in-memory session's plan kept is served from memory."""
+    s = Session.create(None, prefix_messages=1)
+    s.sync(_history(random.Random(3), 2))
+    ref = Draft(s).keep("the whole output")
+    assert Scratchpad.for_session(s).handle_tool_call({"ref": ref})[1] is True  # staged, not yet stored
+    s.commit()
+    assert Scratchpad.for_session(s).handle_tool_call({"ref": ref}) == ("the whole output", False)
+
+
+class _Planned(OpenHandsCondenser):
+    """A user's strategy whose plan names a TTL for the prefix and a beta header."""
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> Plan:
+        plan = super().before_request(now, model, max_tokens, params)
+        plan.prefix_ttl, plan.betas = "1h", ("my-beta-2026-12-01",)
+        return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlannedConfig(OpenHandsConfig):
+    name: ClassVar[str] = "planned"
+
+    def build(self, ctx: StrategyContext) -> _Planned:
+        return _Planned(ctx, self)
+
+
+def test_the_request_is_rendered_and_sent_with_what_the_plan_says() -> None:
+    """TTLs and betas travel in the plan: no protocol is asked of the strategy object."""
+    eng = CompactionEngine(None, strategy=_PlannedConfig(), summarizer=None)
+    body = {"model": MODEL, "max_tokens": 50, "system": "You are careful. " * 400,
+            "messages": [{"role": "user", "content": "fix the bug " * 300}]}
+    p = eng.prepare(body, explicit=None, now=1.0)
+    assert not isinstance(p, type(None)) and hasattr(p, "betas")
+    assert "my-beta-2026-12-01" in p.betas  # type: ignore[union-attr]
+    system = p.body["system"]  # type: ignore[union-attr]
+    assert system[-1]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+
+
+def test_the_0_2_spellings_still_work_until_0_4() -> None:
+    """``StrategyContext(session, ...)`` and ``ctx.session`` are read until 0.4, with a warning;
+    both give the draft, never the session."""
+    s = Session.create(None, prefix_messages=1)
+    with pytest.warns(DeprecationWarning, match="until 0.4"):
+        ctx = StrategyContext(s, ExtractiveSummarizer(), EventBus(), 200_000)  # type: ignore[arg-type]
+    assert isinstance(ctx.draft, Draft)
+    with pytest.warns(DeprecationWarning, match="until 0.4"):
+        assert ctx.session is ctx.draft
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus(), 200_000)
