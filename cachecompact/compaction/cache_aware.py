@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -149,6 +150,13 @@ class CacheAwareCompactor:
         self._api_req: ApiRequest | None = None
         self._api_refused = False
         self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
+
+    @property
+    def session(self) -> Draft:
+        """The 0.3-development name of ``draft`` (read until 0.4)."""
+        warnings.warn("CacheAwareCompactor.session is read until 0.4: use .draft (the session's Draft)",
+                      DeprecationWarning, stacklevel=2)
+        return self.draft
 
     @property
     def _ttl_s(self) -> float:

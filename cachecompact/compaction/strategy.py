@@ -215,22 +215,37 @@ class CompactsIdle(Protocol):
     def idle_due(self) -> float | None: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StrategyContext:
     """What a strategy is built with: the session as it may see it (``draft``), never the
-    `Session` itself, so nothing a strategy does reaches the store."""
+    `Session` itself, so nothing a strategy does reaches the store.
+
+    The 0.2 spellings are read until 0.4, with a `DeprecationWarning`: a `Session` given as the
+    draft (``StrategyContext(session, ...)`` or ``session=``) is wrapped in its `Draft`, and
+    ``scratchpad=`` is ignored (kept content travels in the plan now)."""
 
     draft: Draft
     summarizer: Summarizer
     events: EventBus
     window_tokens: int  # the context window the strategy must respect
-    scratchpad_tool: bool = False  # the agent's requests carry the read_scratchpad tool
-    prices: Mapping[str, ModelInfo] | None = None  # the client's own price entries (wrap(pricing=...))
+    scratchpad_tool: bool  # the agent's requests carry the read_scratchpad tool
+    prices: Mapping[str, ModelInfo] | None  # the client's own price entries (wrap(pricing=...))
 
-    def __post_init__(self) -> None:
-        if isinstance(self.draft, Session):  # a 0.2 caller's StrategyContext(session, ...)
-            _tell(type(self), "StrategyContext(session, ...) is read until 0.4: pass draft=Draft(session)")
-            self.draft = Draft(self.draft)
+    def __init__(self, draft: Draft | None = None, summarizer: Summarizer | None = None,
+                 events: EventBus | None = None, window_tokens: int | None = None, scratchpad_tool: bool = False,
+                 prices: Mapping[str, ModelInfo] | None = None, *, session: Session | None = None,
+                 scratchpad: object = None) -> None:
+        given: Draft | Session | None = draft if draft is not None else session
+        if isinstance(given, Session):
+            _tell(type(self), "StrategyContext(session=...) is read until 0.4: pass draft=Draft(session)")
+            given = Draft(given)
+        if given is None or summarizer is None or events is None or window_tokens is None:
+            raise TypeError("StrategyContext needs draft, summarizer, events and window_tokens")
+        if scratchpad is not None:
+            _tell(type(self), "StrategyContext(scratchpad=...) is ignored until 0.4 and refused after: a "
+                              "strategy keeps content with Draft.keep, and the session stores it")
+        self.draft, self.summarizer, self.events = given, summarizer, events
+        self.window_tokens, self.scratchpad_tool, self.prices = window_tokens, scratchpad_tool, prices
 
     @property
     def session(self) -> Draft:
@@ -311,6 +326,12 @@ class LedgerStrategy:
         _tell(type(self), f"{type(self).__name__}.session is read until 0.4: use self.draft (a Draft, which "
                           "proposes edits with stage)")
         return self.draft
+
+    @session.setter
+    def session(self, value: Draft | Session) -> None:
+        """A 0.2 subclass that set ``self.session = ctx.session`` itself (read until 0.4)."""
+        _tell(type(self), f"{type(self).__name__}.session is set until 0.4: use self.draft")
+        self.draft = Draft(value) if isinstance(value, Session) else value
 
     def _emit(self, kind: str, **kw: Any) -> Event:
         return self.events.emit(Event(kind=kind, session_id=self.draft.session_id, **kw))

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -313,6 +314,11 @@ class CompactionEngine:
             with contextlib.suppress(Exception):
                 self._commit(live)
             raise
+        if isinstance(out, Plan):
+            for ref, data in out.blobs.items():  # content a plan carries without `Draft.keep`
+                if live.session.stage_blob(data) != ref:
+                    log.warning("cachecompact: session %s: the plan names scratchpad content %s, which is not the "
+                                "hash of the content it carries; stored under its own hash", live.sid, ref)
         blobs = live.session.staged_blobs
         stored = self._commit(live)
         if isinstance(out, Plan):
@@ -320,6 +326,7 @@ class CompactionEngine:
                 out.entries = stored  # a strategy that did not list what it staged
             if not out.blobs:
                 out.blobs = blobs
+            _read_old_attributes(live.strategy, out)
             live.ttl, live.prefix_ttl, live.betas = out.ttl, out.prefix_ttl, tuple(out.betas)
         return out
 
@@ -618,6 +625,35 @@ class CompactionEngine:
                 if not is_error:
                     return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+
+_TOLD_OLD: set[tuple[type, str]] = set()
+
+
+def _read_old_attributes(strategy: object, plan: Plan) -> None:
+    """Fill ``plan`` with what a 0.3-development strategy said on itself instead of in its plan: a
+    ``ttl``, ``prefix_ttl`` or ``betas`` attribute fills the plan's field when the plan leaves it
+    unset, with a `DeprecationWarning` (read until 0.4), said once per class in the log too.
+    Without it such a strategy's betas would silently go unsent (the API refuses the body) and
+    its 1-hour TTL become 5 minutes."""
+    cls = type(strategy)
+
+    def tell(name: str) -> None:
+        why = f"{cls.__name__}.{name} is read until 0.4: return it in the Plan (Plan.{name})"
+        warnings.warn(why, DeprecationWarning, stacklevel=4)
+        if (cls, name) not in _TOLD_OLD:
+            _TOLD_OLD.add((cls, name))
+            log.warning("cachecompact: %s", why)
+
+    for name in ("ttl", "prefix_ttl"):
+        value = getattr(strategy, name, None)
+        if getattr(plan, name) is None and value in ("5m", "1h"):
+            tell(name)
+            setattr(plan, name, value)
+    betas = getattr(strategy, "betas", None)
+    if not plan.betas and isinstance(betas, (tuple, list)) and betas and all(isinstance(b, str) for b in betas):
+        tell("betas")
+        plan.betas = tuple(betas)
 
 
 def _not_own_history(session: Session, r: RenderResult, ids: list[bytes]) -> str | None:

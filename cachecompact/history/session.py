@@ -591,10 +591,11 @@ class Session:
             return staged
         try:
             with self.store.lock():
-                theirs, _torn = self.store.read_new("ledger")
-                if theirs:  # read, not loaded: this memory is behind the store now, whatever was staged
-                    at = staged[0].seq if staged else len(self.ledger)
-                    raise StoreConflictError(self.store.where("ledger"), at, at + len(theirs))
+                if staged:  # content alone names nothing and cannot conflict: it is written as it is
+                    theirs, _torn = self.store.read_new("ledger")
+                    if theirs:
+                        raise StoreConflictError(self.store.where("ledger"), staged[0].seq,
+                                                 staged[0].seq + len(theirs))
                 for ref, data in blobs.items():
                     self.store.put_blob(ref, data)
                 if staged:

@@ -17,7 +17,7 @@ from cachecompact.base.errors import StagedEditsConflictError
 from cachecompact.base.events import EventBus
 from cachecompact.base.refs import text_ref
 from cachecompact.compaction.peers.openhands import OpenHandsCondenser, OpenHandsConfig
-from cachecompact.compaction.strategy import Plan, StrategyContext
+from cachecompact.compaction.strategy import LedgerStrategy, Plan, StrategyContext
 from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
 from cachecompact.engine.request_cycle import CompactionEngine
 from cachecompact.history.draft import Draft
@@ -116,6 +116,18 @@ def test_a_plan_that_lost_the_race_stores_no_entry(tmp_path: Path) -> None:
         d.keep("more")
 
 
+def test_content_alone_is_stored_whatever_another_writer_did(tmp_path: Path) -> None:
+    """Kept content names nothing, so another writer's entries are no conflict for it: it is
+    stored, and the session stays usable (review of issue 49)."""
+    store = FileStore(tmp_path / "store")
+    s = Session.create(store, session_id="alone", prefix_messages=1)
+    s.sync(_history(random.Random(11), 4))
+    ref = Draft(s).keep("only content")
+    Session.open(store, "alone").edit(SkipRange(3, 4), level="L1")  # another process
+    assert s.commit() == [] and not s.stale
+    assert store.open("alone").get_blob(ref) == b"only content"
+
+
 def test_an_in_memory_session_keeps_its_content_in_memory() -> None:
     """No temporary folder: the content an in-memory session's plan kept is served from memory."""
     s = Session.create(None, prefix_messages=1)
@@ -156,6 +168,53 @@ def test_the_request_is_rendered_and_sent_with_what_the_plan_says() -> None:
     assert system[-1]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
 
 
+class _Carries(OpenHandsCondenser):
+    """A strategy that puts content in its plan itself, not through `Draft.keep`."""
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> Plan:
+        plan = super().before_request(now, model, max_tokens, params)
+        plan.blobs = {text_ref("carried output"): b"carried output"}
+        return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _CarriesConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> _Carries:
+        return _Carries(ctx, self)
+
+
+def test_content_a_plan_carries_is_stored(tmp_path: Path) -> None:
+    eng = CompactionEngine(tmp_path / "store", strategy=_CarriesConfig(), summarizer=None, session_id="carried")
+    body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
+    eng.prepare(body, explicit=None, now=1.0)
+    assert eng.read_scratchpad({"ref": text_ref("carried output")}) == ("carried output", False)
+
+
+class _OldAttributes(OpenHandsCondenser):
+    """A 0.3-development strategy: its TTL and betas on itself, not in its plan."""
+
+    ttl = "1h"
+    betas = ("my-beta-2026-12-01",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OldAttributesConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> _OldAttributes:
+        return _OldAttributes(ctx, self)
+
+
+def test_ttl_and_betas_on_the_strategy_are_read_until_0_4() -> None:
+    """Not silently dropped: the API would refuse a body without its beta."""
+    eng = CompactionEngine(None, strategy=_OldAttributesConfig(), summarizer=None)
+    body = {"model": MODEL, "max_tokens": 50, "system": "You are careful. " * 400,
+            "messages": [{"role": "user", "content": "fix the bug " * 300}]}
+    with pytest.warns(DeprecationWarning, match="until 0.4"):
+        p = eng.prepare(body, explicit=None, now=1.0)
+    assert "my-beta-2026-12-01" in p.betas  # type: ignore[union-attr]
+    assert p.body["system"][-1]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}  # type: ignore[union-attr]
+
+
 def test_the_0_2_spellings_still_work_until_0_4() -> None:
     """``StrategyContext(session, ...)`` and ``ctx.session`` are read until 0.4, with a warning;
     both give the draft, never the session."""
@@ -165,6 +224,21 @@ def test_the_0_2_spellings_still_work_until_0_4() -> None:
     assert isinstance(ctx.draft, Draft)
     with pytest.warns(DeprecationWarning, match="until 0.4"):
         assert ctx.session is ctx.draft
+    with pytest.warns(DeprecationWarning, match="until 0.4"):
+        by_name = StrategyContext(session=s, summarizer=ExtractiveSummarizer(), events=EventBus(),
+                                  window_tokens=200_000)
+    assert isinstance(by_name.draft, Draft)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus(), 200_000)
+        ctx = StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus(), 200_000)
+    with pytest.raises(TypeError, match="window_tokens"):
+        StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus())
+
+    class Old02(LedgerStrategy):  # a 0.2 subclass that set its session itself
+        def __init__(self, ctx: StrategyContext) -> None:
+            super().__init__(ctx)
+            self.session = ctx.session  # type: ignore[assignment]
+
+    with pytest.warns(DeprecationWarning, match="until 0.4"):
+        old = Old02(ctx)
+    assert isinstance(old.draft, Draft)
