@@ -98,7 +98,8 @@ class EngineOptions:
         pw = pol.window_tokens if isinstance(pol, PolicyConfig) else None
         if w is not None and pw is not None and w != pw:
             raise ConfigError(f"window_tokens={w} and the policy's window_tokens={pw} (config=PolicyConfig(...) or "
-                              "the strategy's own policy) disagree; give the window once, as window_tokens=")
+                              "the strategy's own policy) disagree; give the window once: keep window_tokens= and drop "
+                              "window_tokens from the PolicyConfig")
 
     @classmethod
     def of(cls, options: EngineOptions | None, settings: Mapping[str, Any]) -> EngineOptions:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..base.errors import (
     CacheCompactError,
     ForeignHistoryError,
+    InvalidEditError,
     InvalidSessionIdError,
     MalformedMessageError,
     SessionNotFoundError,
@@ -36,6 +37,7 @@ from ..base.errors import (
 from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
+from ..base.refs import blob_ref
 from ..base.values import TTL, Answer, ContextFull, IdleDecision, Refuse, RequestRecord, Send
 from ..cache.cache_keys import NOT_CACHEABLE, check_marker, check_marker_order
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
@@ -314,11 +316,8 @@ class CompactionEngine:
             with contextlib.suppress(Exception):
                 self._commit(live)
             raise
-        if isinstance(out, Plan):
-            for ref, data in out.blobs.items():  # content a plan carries without `Draft.keep`
-                if live.session.stage_blob(data) != ref:
-                    log.warning("cachecompact: session %s: the plan names scratchpad content %s, which is not the "
-                                "hash of the content it carries; stored under its own hash", live.sid, ref)
+        if isinstance(out, Plan) and out.blobs:
+            self._stage_carried(live, out)
         blobs = live.session.staged_blobs
         stored = self._commit(live)
         if isinstance(out, Plan):
@@ -329,6 +328,26 @@ class CompactionEngine:
             _read_old_attributes(live.strategy, out)
             live.ttl, live.prefix_ttl, live.betas = out.ttl, out.prefix_ttl, tuple(out.betas)
         return out
+
+    def _stage_carried(self, live: Live, plan: Plan) -> None:
+        """Stage the content a plan carries itself (not through `Draft.keep`). Content filed under
+        a name that is not its hash would leave a stored entry naming content the store lacks
+        (a ledger that fails verification), so such a plan is refused whole: nothing of it is
+        stored, the session is let go (the next request opens it from the store), and the
+        request goes out unchanged, the error logged and given to the event hooks as a
+        ``failure``."""
+        bad = next((ref for ref, data in plan.blobs.items()
+                    if not isinstance(data, bytes) or blob_ref(data) != ref), None)
+        if bad is None:
+            for data in plan.blobs.values():
+                live.session.stage_blob(data)
+            return
+        live.session.stale = True  # its memory holds what the plan staged, which is not stored
+        self.registry.forget(live.sid, live)
+        self.events.drain(live.sid)
+        raise InvalidEditError(f"{type(live.strategy).__name__}'s plan: Plan.blobs[{str(bad)[:60]!r}] is not "
+                               "the reference of the bytes it carries; name kept content by the reference "
+                               "Draft.keep(text) returns (nothing of this plan was stored)")
 
     def _commit(self, live: Live) -> list[LedgerEntry]:
         """`Session.commit`; when it fails, the session's memory is not the store's any more:

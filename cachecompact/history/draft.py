@@ -28,6 +28,18 @@ if TYPE_CHECKING:
 __all__ = ["Draft"]
 
 
+_PROPOSE = "propose with draft.stage(edit, level=...) and draft.keep(text), and return them in the Plan"
+_WRITES = {
+    "edit": _PROPOSE,
+    "commit": "the request cycle stores what the plan staged, after the strategy returns",
+    "store": "a strategy never reaches the store; " + _PROPOSE,
+    "append": "the transcript is the agent's history, appended by the request cycle",
+    "sync": "the transcript is the agent's history, synced by the request cycle",
+    "record_request": "the request cycle records each request",
+    "put_blob": "keep scratchpad content with draft.keep(text), stored with the plan",
+}
+
+
 class Draft:
     """A session, read-only, plus the edits and scratchpad content a strategy proposes for it.
 
@@ -43,6 +55,15 @@ class Draft:
     def __init__(self, session: Session) -> None:
         self._session = session
 
+    if not TYPE_CHECKING:  # hidden from type checkers, which refuse these names outright
+
+        def __getattr__(self, name: str) -> Any:
+            """A write a strategy reaches for (``edit``, ``commit``, ``store``, ...) is named with
+            its replacement; a draft has none of them."""
+            if name in _WRITES:
+                raise AttributeError(f"Draft.{name}: a strategy does not write; {_WRITES[name]}")
+            raise AttributeError(f"'Draft' object has no attribute {name!r}")
+
     def __repr__(self) -> str:
         return f"Draft({self._session.session_id!r}, {len(self._session)} messages)"
 
@@ -50,10 +71,12 @@ class Draft:
 
     @property
     def session_id(self) -> str:
+        """The session's id (what events name)."""
         return self._session.session_id
 
     @property
     def prefix_messages(self) -> int:
+        """How many first messages the immutable prefix holds (the session's setting)."""
         return self._session.prefix_messages
 
     @property
@@ -64,10 +87,14 @@ class Draft:
 
     @property
     def transcript(self) -> TranscriptReader:
+        """Every message so far, as sent: ``len``, ``[i]`` (a `base.wire.Message`, whose content
+        blocks are msgspec Structs such as `base.wire.ToolResultBlock`: test them with
+        ``isinstance``), ``hash_of``, ``has_tool_use``, ``is_tool_result_message``."""
         return self._session.transcript
 
     @property
     def ledger(self) -> LedgerReader:
+        """The edits so far, staged ones included: ``entries``, ``effective()`` (those in force)."""
         return self._session.ledger
 
     @property
@@ -77,10 +104,14 @@ class Draft:
 
     @property
     def prefix_end(self) -> int | None:
+        """The first message an edit may start at; None while the immutable prefix is still
+        forming (the first requests of a session): plan nothing then."""
         return self._session.prefix_end
 
     @property
     def edit_floor(self) -> int | None:
+        """`prefix_end`, or after what an API-written summary stands for (its block opens the
+        request); None while the prefix forms."""
         return self._session.edit_floor
 
     def __len__(self) -> int:
@@ -121,6 +152,8 @@ class Draft:
 
     @property
     def stable_before(self) -> int | None:
+        """Transcript messages before this will not be edited next (a hint the breakpoint
+        planner uses: it marks their end); None: no hint."""
         return self._session.stable_before
 
     @stable_before.setter

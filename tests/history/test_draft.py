@@ -57,6 +57,8 @@ def test_a_draft_reads_and_proposes_but_cannot_write() -> None:
     d = Draft(s)
     for name in WRITERS:
         assert not hasattr(d, name), name
+    with pytest.raises(AttributeError, match=r"Draft\.edit: a strategy does not write; propose with draft\.stage"):
+        d.edit(SkipRange(1, 2))  # type: ignore[attr-defined]
 
 
 def test_no_compaction_module_names_a_store() -> None:
@@ -189,6 +191,39 @@ def test_content_a_plan_carries_is_stored(tmp_path: Path) -> None:
     body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
     eng.prepare(body, explicit=None, now=1.0)
     assert eng.read_scratchpad({"ref": text_ref("carried output")}) == ("carried output", False)
+
+
+class _Misnames(OpenHandsCondenser):
+    """A strategy that stages an edit naming content it files under a name not its hash."""
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> Plan:
+        plan = super().before_request(now, model, max_tokens, params)
+        if self.draft.prefix_end is not None and len(self.draft) > 3:
+            wrong = "sp_" + "ab" * 16
+            plan.entries.append(self.draft.stage(SkipRange(3, 4, f"moved to {wrong}"), level="L1"))
+            plan.blobs = {wrong: b"the output"}
+        return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _MisnamesConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> _Misnames:
+        return _Misnames(ctx, self)
+
+
+def test_a_plan_that_misnames_its_content_stores_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Refused whole: the ledger never names content the store lacks, and the request goes out
+    as the caller sent it (fail open), the log saying why; the session stays verifiable."""
+    eng = CompactionEngine(tmp_path / "store", strategy=_MisnamesConfig(prefix_messages=1), summarizer=None,
+                           session_id="misnamed")
+    msgs = _history(random.Random(5), 4)
+    body = {"model": MODEL, "max_tokens": 50, "messages": msgs}
+    assert eng.prepare_or_fail_open(body, explicit=None, now=1.0) is None  # sent unchanged
+    assert "is not the reference of the bytes it carries" in caplog.text
+    stored = Session.open(FileStore(tmp_path / "store"), "misnamed", readonly=True)
+    assert len(stored.ledger) == 0 and stored.blob_problems() == [] and stored.store is not None
+    assert stored.store.blob_refs() == []
 
 
 class _OldAttributes(OpenHandsCondenser):
