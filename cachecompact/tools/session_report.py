@@ -189,8 +189,9 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
                      "thinking it could not leave out")
     cr = d["compaction_rewrites"]
     if cr["requests"]:
-        lines.append(f"cache re-writes caused by our compactions (deliberate, each paid for by what it saves): "
-                     f"{cr['requests']} (${cr['usd']:.4f})")
+        lines.append(f"cache re-writes caused by the session's own compactions (deliberate; cachecompact's policy "
+                     f"edits only where the saving pays for them, another strategy may not): {cr['requests']} "
+                     f"(${cr['usd']:.4f})")
     lines += _summary(d)
     if reqs and detail:
         width = max((len(str(r.get("session", ""))) for r in reqs), default=0) if whole else 0
