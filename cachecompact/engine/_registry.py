@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.errors import (
+    ConfigError,
     HistoryRewrittenError,
     MalformedMessageError,
     SessionExistsError,
@@ -130,6 +131,13 @@ class LiveMaker:
                               events=self.events, window_tokens=window,
                               scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
         strategy = self.strategy_config.build(ctx)
+        missing = [m for m in ("before_request", "after_response", "reactive")
+                   if not callable(getattr(strategy, m, None))]
+        if missing:  # said by name, not as an AttributeError deep inside the request
+            raise ConfigError(f"strategy {type(self.strategy_config).__name__}.build returned a "
+                              f"{type(strategy).__name__} without {', '.join(missing)}: a strategy implements "
+                              "before_request, after_response and reactive (compaction/strategy.py, Strategy; "
+                              "LedgerStrategy gives after_response)")
         return Live(session=session, strategy=strategy, shaper=shaper_of(strategy), preamble=caller_preamble,
                     forensics=Forensics(self.options.prices))
 

@@ -277,3 +277,22 @@ def test_the_0_2_spellings_still_work_until_0_4() -> None:
     with pytest.warns(DeprecationWarning, match="until 0.4"):
         old = Old02(ctx)
     assert isinstance(old.draft, Draft)
+
+
+class _Incomplete:
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.draft = ctx.draft
+
+
+@dataclasses.dataclass(frozen=True)
+class _IncompleteConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> Any:
+        return _Incomplete(ctx)
+
+
+def test_a_strategy_missing_its_methods_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """Refused when its session is made, naming what it lacks; the request still goes out."""
+    eng = CompactionEngine(None, strategy=_IncompleteConfig(), summarizer=None)
+    body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
+    assert eng.prepare_or_fail_open(body, explicit=None, now=1.0) is None
+    assert "without before_request, after_response, reactive" in caplog.text
