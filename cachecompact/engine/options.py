@@ -100,6 +100,12 @@ class EngineOptions:
             raise ConfigError(f"window_tokens={w} and the policy's window_tokens={pw} (config=PolicyConfig(...) or "
                               "the strategy's own policy) disagree; give the window once: keep window_tokens= and drop "
                               "window_tokens from the PolicyConfig")
+        # the TTL too: the engine renders with ``ttl=`` while the policy prices and times the cache by
+        # its own (Economics.ttl), so two fixed values that differ would price one TTL and send the other
+        pt = pol.economics.ttl if isinstance(pol, PolicyConfig) else None
+        if self.ttl is not None and pt not in (None, "auto") and pt != self.ttl:
+            raise ConfigError(f"ttl={self.ttl!r} and the policy's Economics(ttl={pt!r}) disagree; give the TTL once: "
+                              "keep ttl= and leave the policy's at 'auto' (it then prices with yours)")
 
     @classmethod
     def of(cls, options: EngineOptions | None, settings: Mapping[str, Any]) -> EngineOptions:

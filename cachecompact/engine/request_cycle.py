@@ -251,6 +251,10 @@ class CompactionEngine:
             return again  # a retried attempt: nothing new to record
         with self.registry.held(body, explicit, req) as resolved:  # the session's lock, until rendered
             live = resolved.live
+            if live.session.stale:  # a write of it failed after its plan (while recording): open it again
+                self.registry.forget(live.sid, live)
+                raise StagedEditsConflictError(live.sid, f"session {live.sid}: its memory holds what the store "
+                                               "does not; deciding again on the stored session")
             d = resolved.decision
             if d.kind != "continue":
                 log.log(logging.INFO if d.target is not None else logging.DEBUG,
@@ -416,7 +420,9 @@ class CompactionEngine:
         try:
             live = p.live
             with live.lock:
-                live.strategy.after_response(p.now, usage)
+                # what a strategy stages after a response is stored like a plan (`_planned`), so a
+                # write that fails lets the session go instead of leaving it stale in memory
+                self._planned(live, lambda: live.strategy.after_response(p.now, usage))
                 live.last_message_id = message_id or live.last_message_id
                 cost = priced(p.model, self.options.prices).cost(usage)
                 snap = p.snapshot()

@@ -7,9 +7,9 @@ There is no store here, no ``edit``, no ``commit``, no way to append to the tran
 record a request: the request cycle commits what a strategy staged, blobs and ledger entries
 together (`Session.commit`), after the strategy returns its `Plan`.
 
-The transcript and the ledger are handed out as their reading protocols (`TranscriptReader`,
-`LedgerReader`), so a type checker refuses a write through them; at run time they are the
-session's own objects (no copy per request).
+The transcript and the ledger are handed out as read-only views (typed as their reading
+protocols, `TranscriptReader` and `LedgerReader`): nothing that appends is reachable through
+them, and the lists they return are copies.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.tokens import TokenCounter
-from .ledger import Edit, LedgerEntry, LedgerReader
-from .transcript import TranscriptReader
+from .ledger import Edit, Ledger, LedgerEntry, LedgerReader
+from .transcript import Transcript, TranscriptReader
 
 if TYPE_CHECKING:
+    from ..base.wire import Message
     from .render import RenderedMessage, RenderResult
     from .session import Session
 
@@ -40,6 +41,56 @@ _WRITES = {
 }
 
 
+class _TranscriptView:
+    """The session's transcript, to read only: no method that appends is reachable through it."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, t: Transcript) -> None:
+        self._t = t
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __getitem__(self, i: int) -> Message:
+        return self._t[i]  # the transcript's own message, not copied (each request reads many): read it only
+
+    def hash_of(self, i: int) -> bytes:
+        return self._t.hash_of(i)
+
+    @property
+    def identities(self) -> list[bytes]:
+        return list(self._t.identities)  # a copy: the transcript's own list is not handed out
+
+    def has_tool_use(self, i: int) -> bool:
+        return self._t.has_tool_use(i)
+
+    def is_tool_result_message(self, i: int) -> bool:
+        return self._t.is_tool_result_message(i)
+
+
+class _LedgerView:
+    """The session's ledger, to read only: its entries as a tuple, the edits in force."""
+
+    __slots__ = ("_l",)
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._l = ledger
+
+    @property
+    def entries(self) -> tuple[LedgerEntry, ...]:
+        return tuple(self._l.entries)
+
+    def __len__(self) -> int:
+        return len(self._l)
+
+    def effective(self, upto: int | None = None) -> list[LedgerEntry]:
+        return self._l.effective(upto)  # a new list each call
+
+    def compaction_end(self, upto: int | None = None) -> int | None:
+        return self._l.compaction_end(upto)
+
+
 class Draft:
     """A session, read-only, plus the edits and scratchpad content a strategy proposes for it.
 
@@ -50,10 +101,12 @@ class Draft:
     messages before it will not be edited next, so the breakpoint planner marks their end.
     """
 
-    __slots__ = ("_session",)
+    __slots__ = ("_ledger", "_session", "_transcript")
 
     def __init__(self, session: Session) -> None:
         self._session = session
+        self._transcript = _TranscriptView(session.transcript)
+        self._ledger = _LedgerView(session.ledger)
 
     if not TYPE_CHECKING:  # hidden from type checkers, which refuse these names outright
 
@@ -90,12 +143,12 @@ class Draft:
         """Every message so far, as sent: ``len``, ``[i]`` (a `base.wire.Message`, whose content
         blocks are msgspec Structs such as `base.wire.ToolResultBlock`: test them with
         ``isinstance``), ``hash_of``, ``has_tool_use``, ``is_tool_result_message``."""
-        return self._session.transcript
+        return self._transcript
 
     @property
     def ledger(self) -> LedgerReader:
         """The edits so far, staged ones included: ``entries``, ``effective()`` (those in force)."""
-        return self._session.ledger
+        return self._ledger
 
     @property
     def counter(self) -> TokenCounter:

@@ -186,3 +186,20 @@ def test_the_window_given_in_any_one_place_is_the_window_every_request_keeps(giv
                                                    "content": "x = compute(1)\n" * 600}]}]
         sent = [r["total_input_tokens"] for r in emu.requests if r.get("status") == 200 and not r["internal"]]
     assert len(sent) == 25 and max(sent) <= 30_000 - 1000
+
+
+@pytest.mark.parametrize(("ttl", "policy_ttl", "refused"), [("5m", "1h", True), ("1h", "5m", True),
+                                                            ("1h", "1h", False), ("1h", "auto", False)])
+def test_the_ttl_has_one_home_too(ttl: str, policy_ttl: str, refused: bool) -> None:
+    """The engine renders with ``ttl=``, the policy prices and times the cache by its own: two fixed
+    values that differ are refused naming both (a review found 5m sent while 1h was priced); the
+    policy's 'auto' takes the caller's."""
+    from cachecompact.compaction.policy import Economics
+
+    opts = {"ttl": ttl, "config": PolicyConfig(economics=Economics(ttl=policy_ttl))}
+    if refused:
+        with pytest.raises(ConfigError, match=rf"ttl='{ttl}' and the policy's Economics\(ttl='{policy_ttl}'\)"):
+            EngineOptions(**opts)
+    else:
+        pol = EngineOptions(**opts).strategy_config().policy  # type: ignore[attr-defined]
+        assert pol.economics.ttl == ttl

@@ -57,6 +57,11 @@ def test_a_draft_reads_and_proposes_but_cannot_write() -> None:
     d = Draft(s)
     for name in WRITERS:
         assert not hasattr(d, name), name
+    # nor through what it hands out: the views have no appending method, and their lists are copies
+    assert not hasattr(d.ledger, "append") and not hasattr(d.ledger, "make_entry")
+    assert not any(hasattr(d.transcript, m) for m in ("commit", "prepare", "prepare_new", "messages"))
+    d.transcript.identities.clear()
+    assert len(d.transcript.identities) == len(s)
     with pytest.raises(AttributeError, match=r"Draft\.edit: a strategy does not write; propose with draft\.stage"):
         d.edit(SkipRange(1, 2))  # type: ignore[attr-defined]
 
@@ -296,3 +301,50 @@ def test_a_strategy_missing_its_methods_is_named(caplog: pytest.LogCaptureFixtur
     body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
     assert eng.prepare_or_fail_open(body, explicit=None, now=1.0) is None
     assert "without before_request, after_response, reactive" in caplog.text
+
+
+class _Late(OpenHandsCondenser):
+    """Stages an edit after a response (a draft allows it): stored like a plan."""
+
+    def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
+        super().after_response(now, usage)
+        d = self.draft
+        if d.prefix_end is not None and len(d) >= 5 and not d.ledger.entries:
+            d.stage(SkipRange(d.prefix_end, d.prefix_end), level="manual")
+
+
+@dataclasses.dataclass(frozen=True)
+class _LateConfig(OpenHandsConfig):
+    def build(self, ctx: StrategyContext) -> _Late:
+        return _Late(ctx, self)
+
+
+def test_a_failed_write_after_a_response_lets_the_session_go(tmp_path: Path) -> None:
+    """Another writer appended while a request was out; what the strategy staged after its
+    response could not be stored. The session is let go and opened again from the store, so the
+    conversation goes on compacted and recorded (a review found it stuck: 2 of 8 recorded)."""
+    import anthropic
+
+    from cachecompact import wrap
+    from cachecompact.tools.emulator import Emulator, ScriptedResponder
+    from cachecompact.tools.emulator.responders import Reply
+
+    store = tmp_path / "store"
+    calls = [0]
+
+    def reply(body: dict[str, Any]) -> Reply:
+        calls[0] += 1
+        if calls[0] == 3:  # a replica appends while request 3 is out
+            Session.open(FileStore(store), "s1").edit(SkipRange(1, 1, "replica"), level="manual")
+        return Reply([{"type": "text", "text": "ok"}], "end_turn")
+
+    with Emulator(ScriptedResponder(reply)) as emu:
+        c = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
+                 strategy=_LateConfig(prefix_messages=1), session_id="s1")
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+        for i in range(8):
+            c.messages.create(model=MODEL, max_tokens=50, messages=msgs)
+            msgs += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+    stored = Session.open(FileStore(store), "s1", readonly=True)
+    assert stored.requests_recorded >= 7  # the one whose late write failed is the only one not recorded
+    assert len(stored) == len(msgs) - 2
