@@ -127,9 +127,13 @@ class LiveMaker:
             _LARGER_WARNED.add((model, window))  # compaction would wait for room the model does not have
             log.warning("cachecompact: window_tokens=%d is larger than %s's context window (%d tokens); the API "
                         "will refuse requests before compaction starts", window, model or "the model", own)
+        # the tool is the session's, fixed when it was made: a session stored without it, reopened by
+        # an engine that adds it to new ones, must not have placeholders name a tool its requests lack
+        carries = any(isinstance(t, dict) and t.get("name") == READ_SCRATCHPAD_TOOL["name"]
+                      for t in session.tools_param)
         ctx = StrategyContext(draft=Draft(session), summarizer=self.summarizer_for(model or None),
                               events=self.events, window_tokens=window,
-                              scratchpad_tool=self.options.scratchpad_tool, prices=self.options.prices)
+                              scratchpad_tool=self.options.scratchpad_tool and carries, prices=self.options.prices)
         strategy = self.strategy_config.build(ctx)
         missing = [m for m in ("before_request", "after_response", "reactive")
                    if not callable(getattr(strategy, m, None))]

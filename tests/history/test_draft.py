@@ -348,3 +348,28 @@ def test_a_failed_write_after_a_response_lets_the_session_go(tmp_path: Path) -> 
     stored = Session.open(FileStore(store), "s1", readonly=True)
     assert stored.requests_recorded >= 7  # the one whose late write failed is the only one not recorded
     assert len(stored) == len(msgs) - 2
+
+
+def test_a_reopened_session_keeps_the_tools_it_was_made_with(tmp_path: Path) -> None:
+    """Made without read_scratchpad, reopened by an engine that adds it to new sessions: its
+    placeholders still never name the tool, which its requests do not carry."""
+    import anthropic
+
+    from cachecompact import wrap, wrapped_sessions
+    from cachecompact.adapters.middleware import _middleware_of
+    from cachecompact.tools.emulator import Emulator
+
+    with Emulator() as emu:
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+        first = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                     scratchpad_tool=False)
+        for i in range(3):
+            first.messages.create(model=MODEL, max_tokens=50, messages=msgs)
+            msgs += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+        made = {s.session_id for s in wrapped_sessions(first)}
+        again = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=tmp_path,
+                     scratchpad_tool=True)
+        again.messages.create(model=MODEL, max_tokens=50, messages=msgs)
+        (live,) = _middleware_of(again).engine.registry.sessions()
+    assert live.sid in made and live.session.tools_param == []
+    assert live.strategy.externalize is False  # type: ignore[attr-defined]
