@@ -36,6 +36,7 @@ __all__ = [
     "economics",
     "evaluate",
     "limits",
+    "window_problem",
 ]
 
 LEVEL_ORDER: tuple[Level, ...] = ("L1", "L2", "L3", "L4", "L5")  # cheapest first
@@ -45,6 +46,14 @@ DEFAULT_WRITE_OVER_READ = 12.5  # 5-minute cache write (1.25x input) over cache 
 
 def _bad(msg: str) -> None:
     raise PolicyConfigError(f"invalid PolicyConfig: {msg}")
+
+
+def window_problem(w: object) -> str | None:
+    """What is wrong with a ``window_tokens`` setting, or None: the one check of every home it is
+    given in (wrap(), EngineOptions, PolicyConfig)."""
+    if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < MIN_WINDOW_TOKENS):
+        return f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, got {w!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -172,9 +181,9 @@ class PolicyConfig:
     safety: Safety = field(default_factory=Safety)
 
     def __post_init__(self) -> None:
-        w = self.window_tokens
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < MIN_WINDOW_TOKENS):
-            _bad(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, got {w!r}")
+        why = window_problem(self.window_tokens)
+        if why is not None:
+            _bad(why)
 
     def window_for(self, model: ModelInfo | None) -> int:
         """The window in force: the configured one, else the model's."""

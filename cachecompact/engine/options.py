@@ -14,7 +14,7 @@ from ..base.events import Event
 from ..base.pricing import ModelInfo
 from ..base.values import TTL
 from ..compaction.catalog import get_strategy, with_policy
-from ..compaction.policy import MIN_WINDOW_TOKENS, PolicyConfig
+from ..compaction.policy import PolicyConfig, window_problem
 from ..compaction.strategy import StrategyConfig
 from ..store import check_session_id
 
@@ -69,8 +69,9 @@ class EngineOptions:
             raise ConfigError("ttl='1h' with prefix_ttl='5m' puts a 1-hour breakpoint after a 5-minute one, which "
                               "the API refuses; use prefix_ttl='1h' (or leave it unset)")
         w = self.window_tokens
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < MIN_WINDOW_TOKENS):
-            raise PolicyConfigError(f"window_tokens must be an integer of at least {MIN_WINDOW_TOKENS}, got {w!r}")
+        why = window_problem(w)
+        if why is not None:
+            raise PolicyConfigError(why)
         p = self.prefix_messages
         if p is not None and (not isinstance(p, int) or p < 0):
             raise ConfigError(f"prefix_messages must be a non-negative integer, got {p!r}")

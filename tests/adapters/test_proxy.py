@@ -778,3 +778,20 @@ def test_a_second_too_long_answer_is_refused_as_still_too_long_and_counted(tmp_p
     assert r.status_code == 400 and r.json()["error"]["message"] == STILL_TOO_LONG
     assert len(calls) == 2  # the request, and the one retry
     assert 'cachecompact_request_errors_total{mode="compact"} 1' in metrics, metrics
+
+
+def test_the_dashboard_draws_the_window_the_engine_plans_with(emu: Emulator, tmp_path: Path) -> None:
+    """A window given as the policy's (engine_options) is the one compaction works to: the session
+    page draws it, not the model's 200k (an adversarial pass of issue 49 found the two apart)."""
+    from cachecompact import EngineOptions, PolicyConfig
+
+    opts = EngineOptions(config=PolicyConfig(window_tokens=50_000))
+    with _proxy(emu.url, mode="compact", store=str(tmp_path), engine_options=opts) as px, \
+            httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        c.messages.create(model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hello"}],
+                          extra_headers={"x-cachecompact-session": "win"})
+        px.wait_idle()
+        page = http.get("/api/sessions/win").json()
+    assert px.state.engine is not None and px.state.engine.window_tokens == 50_000
+    assert page["window"] == 50_000 and page["window_source"] == "the policy's window_tokens"

@@ -148,11 +148,15 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
             recs = [_brief(r) for r in s.records]
             comps = list(s.compactions)
             summary = s.summary()
-        # the context view's whole bar: the window compaction works to (--window), else the model's own
+        # the context view's whole bar: the window compaction works to, the engine's own (--window, or
+        # a policy's window_tokens in engine_options), else the model's own
         own = model_window(str(summary.get("model") or ""))
-        window = min(own, state.cfg.window_tokens) if state.cfg.window_tokens else own
+        planned = state.engine.window_tokens if state.engine is not None else None
+        window = min(own, planned) if planned else own
+        source = ("--window" if state.cfg.window_tokens else "the policy's window_tokens") if planned else \
+            "the model's context window"
         return _json({"session": summary, "requests": recs, "compactions": comps, "window": window,
-                      "window_source": "--window" if state.cfg.window_tokens else "the model's context window",
+                      "window_source": source,
                       "conversation": related(summary["id"], [x.summary() for x in state.observer.sessions()])})
 
     async def one(request: web.Request) -> web.Response:
