@@ -72,14 +72,20 @@ class _TranscriptView:
 class _LedgerView:
     """The session's ledger, to read only: its entries as a tuple, the edits in force."""
 
-    __slots__ = ("_l",)
+    __slots__ = ("_entries", "_l")
 
     def __init__(self, ledger: Ledger) -> None:
         self._l = ledger
+        self._entries: tuple[LedgerEntry, ...] = ()
 
     @property
     def entries(self) -> tuple[LedgerEntry, ...]:
-        return tuple(self._l.entries)
+        """A tuple, made again only when the ledger has changed: levels read it inside loops over
+        messages, and a copy per read made building a view quadratic in the ledger's length."""
+        live, held = self._l.entries, self._entries
+        if len(held) != len(live) or (held and held[-1] is not live[-1]):
+            self._entries = held = tuple(live)
+        return held
 
     def __len__(self) -> int:
         return len(self._l)

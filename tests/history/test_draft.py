@@ -62,6 +62,10 @@ def test_a_draft_reads_and_proposes_but_cannot_write() -> None:
     assert not any(hasattr(d.transcript, m) for m in ("commit", "prepare", "prepare_new", "messages"))
     d.transcript.identities.clear()
     assert len(d.transcript.identities) == len(s)
+    # the entries' tuple is made once per change of the ledger, not per read
+    assert d.ledger.entries is d.ledger.entries
+    e = d.stage(SkipRange(3, 4), level="L1")
+    assert d.ledger.entries[-1] is e and d.ledger.entries is d.ledger.entries
     with pytest.raises(AttributeError, match=r"Draft\.edit: a strategy does not write; propose with draft\.stage"):
         d.edit(SkipRange(1, 2))  # type: ignore[attr-defined]
 
