@@ -328,8 +328,14 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
                 page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}")
                         if m.type in ("error", "warning") else None)
-                page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
-                page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+                # a navigation cancels what the page was still fetching (its favicon, say): such a request
+                # counts only if the same address was never served; any other failure counts at once
+                aborted: set[str] = set()
+                served: set[str] = set()
+                page.on("requestfailed", lambda r: aborted.add(r.url) if r.failure == "net::ERR_ABORTED"
+                        else errors.append(f"request failed: {r.url} ({r.failure})"))
+                page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400
+                        else served.add(r.url))
                 page.goto(px.url + "/ui")
                 sync_api.expect(page.locator("#no-sessions")).to_be_visible()
                 # the Claude Code session starts with the page open: the list must follow by itself
@@ -451,7 +457,9 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 sync_api.expect(page.locator("#context-parts tbody")).to_contain_text("tools")
                 assert part("tools") > 0 and part("tool calls") > 0  # Claude Code's tools, and its Agent call
                 page.screenshot(path=str(shots / "dashboard-claude-code.png"), full_page=True)
+                errors += [f"request cancelled and never served: {u}" for u in sorted(aborted - served)]
                 assert not errors, errors
+                assert any(u.endswith("/ui/favicon.svg") for u in served), sorted(served)
             finally:
                 browser.close()
     for shot in shots.iterdir():
