@@ -143,7 +143,9 @@ class SessionStore(Protocol):
     def read_events(self) -> list[dict[str, Any]]: ...
 
     def put_blob(self, ref: str, data: bytes) -> None:
-        """Store scratchpad content under its content address (idempotent)."""
+        """Store scratchpad content under its content address (idempotent). Stored content that no
+        longer matches its name is replaced when ``data`` does (`blob_matches`), so storing the same
+        output again mends a damaged copy; content that matches is never rewritten."""
         ...
 
     def get_blob(self, ref: str) -> bytes | None: ...

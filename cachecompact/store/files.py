@@ -42,7 +42,7 @@ from ..base.errors import (
 )
 from ..base.safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
 from ..base.wire import canonical_bytes
-from .contract import LogName, TornTail, check_blob_ref, check_ref, check_session_id
+from .contract import LogName, TornTail, blob_matches, check_blob_ref, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
@@ -313,7 +313,13 @@ class FileSessionStore:
     def put_blob(self, ref: str, data: bytes) -> None:
         p = self._blob_path(ref)
         if p.is_file() and not p.is_symlink():
-            return
+            with contextlib.suppress(OSError):
+                if blob_matches(ref, _read_file(p)):
+                    return
+            if not blob_matches(ref, data):  # never trade stored bytes for others that are no better
+                return
+        # absent, or damaged since it was stored: the same name with the right bytes mends it, so
+        # the read error's advice ("run the tool again") repairs what it reports
         atomic_replace(p, data)
 
     def blob_refs(self) -> list[str]:

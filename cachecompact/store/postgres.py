@@ -42,7 +42,7 @@ from ..base.errors import (
     StoreError,
 )
 from ..base.wire import canonical_bytes
-from .contract import LOGS, LogName, TornTail, check_blob_ref, check_ref, check_session_id
+from .contract import LOGS, LogName, TornTail, blob_matches, check_blob_ref, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 
 try:
@@ -534,8 +534,13 @@ class PostgresSessionStore:
         check_blob_ref(ref, f"{self.location} (blobs)")
         try:
             with self._conn() as conn:
+                # a stored row that no longer matches its name (damaged or edited) is mended by the
+                # right bytes; bytes that do not match their name never replace a stored row
+                mend = ("DO UPDATE SET data = EXCLUDED.data "
+                        "WHERE cachecompact_blobs.data IS DISTINCT FROM EXCLUDED.data"
+                        if blob_matches(ref, data) else "DO NOTHING")
                 conn.execute("INSERT INTO cachecompact_blobs (session_id, ref, data) VALUES (%s, %s, %s) "
-                             "ON CONFLICT DO NOTHING", (self._sid, ref, data))
+                             f"ON CONFLICT (session_id, ref) {mend}", (self._sid, ref, data))
         except psycopg.Error as err:
             raise self._fail("cannot store scratchpad content", err) from None
 

@@ -85,6 +85,10 @@ def test_scratchpad_is_content_addressed_private_and_refuses_escapes(tmp_path: P
     out, err = sp.handle_tool_call({"ref": "../../etc/passwd"})
     assert err and "invalid scratchpad reference" in out
     assert READ_SCRATCHPAD_TOOL["input_schema"]["required"] == ["ref"]
+    f.write_text("edited")  # damaged: refused, and storing the same output again mends it
+    with pytest.raises(ScratchpadRefError, match="run the tool again"):
+        sp.read(ref)
+    assert sp.put("hello " * 1000) == ref and sp.read(ref, 0, 5) == "hello"
 
 
 # -- L1 ---------------------------------------------------------------------------------------------

@@ -92,6 +92,38 @@ def test_the_contract_holds_for_both_stores(store: Store) -> None:
     assert a.read_meta()["n"] == 2
 
 
+def test_storing_the_same_content_again_mends_a_damaged_copy(store: Store, request: pytest.FixtureRequest) -> None:
+    """Scratchpad content changed after it was stored is refused when read, and the error tells the
+    agent to run the tool again. Storing the same output again (as L2 does for a re-run tool) must
+    then mend the stored copy, in either store; bytes that do not match their name never replace
+    stored content, and matching content is left as it is."""
+    from cachecompact.history.scratchpad import Scratchpad
+
+    sid = _sid("mend")
+    Session.create(store, session_id=sid, system="sys")
+    pad = Scratchpad(store.open(sid))
+    text = "CONFIG_B = 2\n" + "line\n" * 50
+    ref = pad.put(text)
+
+    def damage(data: bytes) -> None:
+        if isinstance(store, FileStore):
+            (Path(store.open(sid).location) / "scratchpad" / f"{ref}.txt").write_bytes(data)
+            return
+        with psycopg.connect(request.getfixturevalue("pg_url")) as conn:
+            conn.execute("UPDATE cachecompact_blobs SET data = %s WHERE session_id = %s AND ref = %s",
+                         (data, sid, ref))
+
+    damage(b"CONFIG_B = 3 (edited)")
+    with pytest.raises(ScratchpadRefError, match=r"does not match its reference.*run the tool again"):
+        pad.read(ref)
+    store.open(sid).put_blob(ref, b"also not the content")  # no better than what is stored: refused
+    assert store.open(sid).get_blob(ref) == b"CONFIG_B = 3 (edited)"
+    assert pad.put(text) == ref  # the tool ran again: the same output under the same name
+    assert pad.read(ref) == text
+    store.open(sid).put_blob(ref, b"not the content")  # a correct copy is never replaced
+    assert pad.read(ref) == text
+
+
 def _session_with_blob(st: Store, sid: str) -> Session:
     s = Session.create(st, session_id=sid, system="sys", prefix_messages=3)
     s.sync(history(6))
