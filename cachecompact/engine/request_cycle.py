@@ -422,7 +422,12 @@ class CompactionEngine:
             with live.lock:
                 # what a strategy stages after a response is stored like a plan (`_planned`), so a
                 # write that fails lets the session go instead of leaving it stale in memory
-                self._planned(live, lambda: live.strategy.after_response(p.now, usage))
+                let_go = False
+                try:
+                    self._planned(live, lambda: live.strategy.after_response(p.now, usage))
+                except StagedEditsConflictError as err:
+                    log.info("cachecompact: %s; the request is recorded in the session as stored", err)
+                    let_go = True
                 live.last_message_id = message_id or live.last_message_id
                 cost = priced(p.model, self.options.prices).cost(usage)
                 snap = p.snapshot()
@@ -438,7 +443,12 @@ class CompactionEngine:
                 if plan.strip or plan.drop_block:  # preserved thinking that edits invalidated (history.thinking)
                     rec.thinking = {"left_out": sorted(plan.strip), "left_out_blocks": plan.blocks,
                                     "left_out_tokens": p.render.left_out_tokens, "drop_block": plan.kept_invalid}
-                if live.shaper is None:  # a body shaper's requests are not the session's renders
+                if live.shaper is None and let_go and self.store is not None:
+                    # the request was sent and billed from a render of what is stored (the late
+                    # edits came after it): it is recorded there, with the state the strategy
+                    # reached, and the next request opens the session from the store
+                    Session.open(self.store, live.sid).record_request(p.render, rec)
+                elif live.shaper is None:  # a body shaper's requests are not the session's renders
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded
                     live.last_body, live.last_model, live.last_max_tokens = p.body, p.model, p.max_tokens
