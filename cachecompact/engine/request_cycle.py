@@ -447,7 +447,9 @@ class CompactionEngine:
                     # the request was sent and billed from a render of what is stored (the late
                     # edits came after it): it is recorded there, with the state the strategy
                     # reached, and the next request opens the session from the store
-                    Session.open(self.store, live.sid).record_request(p.render, rec)
+                    stored = Session.open(self.store, live.sid)
+                    stored.stable_before = live.session.stable_before  # the mark it was rendered with
+                    stored.record_request(p.render, rec)
                 elif live.shaper is None:  # a body shaper's requests are not the session's renders
                     live.session.record_request(p.render, rec)
                     live.requests_seen = live.session.requests_recorded

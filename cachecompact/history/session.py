@@ -805,7 +805,8 @@ class Session:
         The chains alone pass a forger who rewrites a message or an entry and recomputes every
         hash after it; the breakpoints commit to the rendered bytes, so that forgery is caught
         up to the last breakpoint (issue 46: the spec verifier checked this, `ledger verify` did
-        not). Empty for a session without a store."""
+        not). A record's ``stable_before`` must lie within the transcript it commits to, as the
+        spec verifier checks too. Empty for a session without a store."""
         if self.store is None:
             return []
         where = self.store.where("requests")
@@ -817,6 +818,9 @@ class Session:
             return [str(err)]
         for rec in records:
             t_len, e_len, points = rec.transcript_len, rec.ledger_len, rec.breakpoints
+            if rec.stable_before is not None and not 0 <= rec.stable_before <= t_len:
+                out.append(f"{where}:{rec.seq + 1}: request #{rec.seq}'s stable_before {rec.stable_before} is not "
+                           f"within the {t_len} messages it was rendered from")
             if not points:
                 continue
             chain = renders.get((t_len, e_len))

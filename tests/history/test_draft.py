@@ -26,6 +26,8 @@ from cachecompact.history.scratchpad import Scratchpad
 from cachecompact.history.session import Session
 from cachecompact.store import FileStore
 
+from ..spec_verifier import verify as spec_verify
+
 PKG = Path(cachecompact.__file__).parent
 MODEL = "claude-sonnet-4-6"
 
@@ -308,7 +310,17 @@ def test_a_strategy_missing_its_methods_is_named(caplog: pytest.LogCaptureFixtur
 
 
 class _Late(OpenHandsCondenser):
-    """Stages an edit after a response (a draft allows it): stored like a plan."""
+    """Stages an edit after a response (a draft allows it): stored like a plan. It marks the
+    part it will not edit next (``stable_before``), which each request record keeps."""
+
+    marks: ClassVar[list[int | None]] = []
+
+    def before_request(self, now: float, model: str, max_tokens: int = 0,
+                       params: dict[str, Any] | None = None) -> Plan:
+        plan = super().before_request(now, model, max_tokens, params=params)
+        self.draft.stable_before = len(self.draft) - 1
+        self.marks.append(self.draft.stable_before)
+        return plan
 
     def after_response(self, now: float, usage: dict[str, Any] | None = None) -> None:
         super().after_response(now, usage)
@@ -336,6 +348,7 @@ def test_a_failed_write_after_a_response_lets_the_session_go(tmp_path: Path) -> 
 
     store = tmp_path / "store"
     calls = [0]
+    _Late.marks.clear()
 
     def reply(body: dict[str, Any]) -> Reply:
         calls[0] += 1
@@ -353,6 +366,9 @@ def test_a_failed_write_after_a_response_lets_the_session_go(tmp_path: Path) -> 
     stored = Session.open(FileStore(store), "s1", readonly=True)
     assert stored.requests_recorded == 8  # the one whose late write failed too, in the session as stored
     assert stored.request_problems() == [] and stored.blob_problems() == []
+    assert spec_verify(store / "s1") == []
+    # each record keeps the mark its request was rendered with, the one after the lost race too
+    assert [r.stable_before for r in stored.request_records()] == _Late.marks[-8:]
     assert len(stored) == len(msgs) - 2
 
 

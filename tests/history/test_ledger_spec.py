@@ -347,6 +347,27 @@ def test_both_verifiers_catch_a_forgery_that_recomputes_every_chain(built: tuple
     assert missed == []
 
 
+def test_both_verifiers_refuse_a_mark_past_the_transcript_a_request_was_rendered_from(
+        built: tuple[ModuleType, Path], tmp_path: Path) -> None:
+    """A record's ``stable_before`` lies within the ``transcript_len`` it commits to. Only the spec
+    verifier checked it; a request recorded after a lost race wrote another writer's larger mark."""
+    import hashlib
+
+    from cachecompact.base.wire import canonical_bytes
+
+    _, base = built
+    d = tmp_path / "s"
+    shutil.copytree(base, d)
+    recs = [json.loads(line) for line in (d / "requests.jsonl").read_bytes().split(b"\n")[:-1]]
+    last = recs[-1]
+    last["stable_before"] = last["transcript_len"] + 1
+    last.pop("hash")
+    last["hash"] = hashlib.sha256(canonical_bytes(last)).hexdigest()
+    (d / "requests.jsonl").write_bytes(b"".join(canonical_bytes(r) + b"\n" for r in recs))
+    ours, theirs, said = _verdicts(d)
+    assert ours == 1 and "stable_before" in said and any("stable_before" in t for t in theirs), (said, theirs)
+
+
 def test_requests_sent_before_the_prefix_was_complete_verify(tmp_path: Path) -> None:
     """A request rendered from fewer messages than the immutable prefix holds (an agent's first
     turn) is re-rendered from that state to check its breakpoints; the renderer compared such a
