@@ -97,8 +97,12 @@ class Scratchpad:
         folder = self.path
         ensure_dir(folder)
         final = folder / f"{ref}.txt"
-        if not (final.is_file() and not final.is_symlink() and final.read_bytes() == data):
-            atomic_replace(final, data)  # absent or damaged: the right bytes mend it
+        try:
+            held = final.is_file() and not final.is_symlink() and final.read_bytes() == data
+        except OSError:
+            held = False
+        if not held:
+            atomic_replace(final, data)  # absent, damaged or unreadable: the right bytes mend it
         return ref
 
     def _get(self, ref: str) -> str:

@@ -313,11 +313,11 @@ class FileSessionStore:
     def put_blob(self, ref: str, data: bytes) -> None:
         p = self._blob_path(ref)
         if p.is_file() and not p.is_symlink():
-            with contextlib.suppress(OSError):
-                if blob_matches(ref, _read_file(p)):
-                    return
             if not blob_matches(ref, data):  # never trade stored bytes for others that are no better
                 return
+            with contextlib.suppress(OSError, StoreError):  # unreadable: written again below
+                if p.stat().st_size == len(data) and _read_file(p) == data:
+                    return
         # absent, or damaged since it was stored: the same name with the right bytes mends it, so
         # the read error's advice ("run the tool again") repairs what it reports
         atomic_replace(p, data)

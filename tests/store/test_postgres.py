@@ -113,6 +113,16 @@ def test_storing_the_same_content_again_mends_a_damaged_copy(store: Store, reque
             conn.execute("UPDATE cachecompact_blobs SET data = %s WHERE session_id = %s AND ref = %s",
                          (data, sid, ref))
 
+    def version() -> object:  # changes whenever the stored copy is written
+        if isinstance(store, FileStore):
+            st = (Path(store.open(sid).location) / "scratchpad" / f"{ref}.txt").stat()
+            return st.st_ino, st.st_mtime_ns
+        with psycopg.connect(request.getfixturevalue("pg_url")) as conn:
+            row = conn.execute("SELECT xmin::text FROM cachecompact_blobs WHERE session_id = %s AND ref = %s",
+                               (sid, ref)).fetchone()
+            assert row is not None
+            return row[0]
+
     damage(b"CONFIG_B = 3 (edited)")
     with pytest.raises(ScratchpadRefError, match=r"does not match its reference.*run the tool again"):
         pad.read(ref)
@@ -122,6 +132,9 @@ def test_storing_the_same_content_again_mends_a_damaged_copy(store: Store, reque
     assert pad.read(ref) == text
     store.open(sid).put_blob(ref, b"not the content")  # a correct copy is never replaced
     assert pad.read(ref) == text
+    before = version()
+    pad.put(text)  # nor written again
+    assert version() == before
 
 
 def _session_with_blob(st: Store, sid: str) -> Session:
