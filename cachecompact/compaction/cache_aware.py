@@ -84,7 +84,7 @@ from .policy import (
     limits,
 )
 from .strategy import Plan, StrategyContext, summarize_range, summary_request
-from .summarize.api_compaction import OnDemandSummarizer
+from .summarize.api_compaction import OnDemandSummarizer, compaction_max_tokens
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -769,13 +769,14 @@ class CacheAwareCompactor:
                  report: Plan, model: str) -> int | None:
         """Ask the API to summarize messages 0..end: in the background (swapped in on the next
         request) unless the window forces it now or the cache is cold; the tokens after, or None
-        when no call could be bound (no client, no credential)."""
-        req = self._api_request(p.level, f"{trig.reason}: {p.reason}", end, model, tokens)
+        when no call could be bound (no client, no credential) or no block came back in the
+        foreground: the caller then makes its own summary."""
+        req = self._api_request(p.level, f"{trig.reason}: {p.reason}", end, model, tokens, lim)
         if req is None:
             return None
         self._pending = None
         if trig.forced or cold or tokens >= lim.hard:
-            return self._swap_api(req, report)
+            return self._swap_api(req, report)  # None when it failed: our own summary, now
         self._api_req = req
         report.events.append(self._emit(
             "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
@@ -783,22 +784,29 @@ class CacheAwareCompactor:
                    "on the next request (this one goes whole)", detail={"writer": "api", "covers": [0, end]}))
         return tokens
 
-    def _api_request(self, level: Level, reason: str, end: int, model: str, tokens: int) -> ApiRequest | None:
+    def _api_request(self, level: Level, reason: str, end: int, model: str, tokens: int,
+                     lim: Limits) -> ApiRequest | None:
         """The compaction request for messages 0..end, its call bound in this thread (the proxy's
-        caller key is here); None when the summarizer cannot make one (no client, no key)."""
+        caller key is here); None when the summarizer cannot make one (no client, no key). Its
+        ``max_tokens`` is the caller's, lowered to what the window leaves beside this request's
+        tokens and the estimate margin (`compaction_max_tokens` cites the rule)."""
         call = self.summarizer.ondemand() if isinstance(self.summarizer, OnDemandSummarizer) else None
         if call is None:
             return None
         max_tokens, params = self._request
+        out = compaction_max_tokens(max_tokens, lim.window, tokens + int(lim.estimate_error * lim.window),
+                                    params.get("thinking"))
         # marks what earlier requests wrote too, so it reads the longest warm entry before it writes the rest
         body = self.draft.render(transcript_len=end + 1, warm=True,
-                                   **{**params, "model": model, "max_tokens": max_tokens or 4096}).body
+                                   **{**params, "model": model, "max_tokens": out}).body
         return ApiRequest(level, reason, end, body, call, tokens)
 
-    def _swap_api(self, req: ApiRequest, report: Plan) -> int:
-        """Put the API's block in place of messages 0..req.end; the tokens after. A failure is
-        counted as a failed summary, and one the API refused (not a transient 529) turns them off
-        for the session: the policy's own summaries stand from then on."""
+    def _swap_api(self, req: ApiRequest, report: Plan) -> int | None:
+        """Put the API's block in place of messages 0..req.end; the tokens after, or None when no
+        block came (the caller then makes its own summary where one fits, never dropping rounds
+        for want of the API's). A failure is counted as a failed summary, and one the API refused
+        (not a transient 529) turns them off for the session: the policy's own summaries stand
+        from then on."""
         s = self.draft
         before = self._now_tokens()
         t0 = time.perf_counter()
@@ -811,13 +819,13 @@ class CacheAwareCompactor:
                 self._api_refused = True
             self._fail(req.level, f"API-written summary: {type(err).__name__}: {str(err)[:300]}", before, cost,
                        report)
-            return before
+            return None
         self.summary_cost += res.cost_usd
         try:
             entry = s.stage(req.edit(res), level=req.level)
         except InvalidEditError as err:  # the history changed under it (an L5 cut since): dropped, not retried
             self._planning_bug(req.level, f"the ledger refused the API-written summary: {err}")
-            return before
+            return None
         after = self._now_tokens()
         report.entries.append(entry)
         self.failures = 0

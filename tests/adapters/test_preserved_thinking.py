@@ -65,10 +65,16 @@ def _next(msgs: list[dict[str, Any]], content: list[dict[str, Any]], k: int) -> 
         msgs.append({"role": "user", "content": f"Now part {k}."})
 
 
-def _sync(client: Any, model: str, stream: bool) -> None:
+def _timeout(max_tokens: int) -> dict[str, Any]:
+    """What a user of the SDK passes to call without streaming at a large ``max_tokens``: a timeout
+    of its own (else the SDK refuses the call, cli-sdks-libraries/sdks/python, *Long requests*)."""
+    return {"timeout": 600.0} if max_tokens > 21_000 else {}
+
+
+def _sync(client: Any, model: str, stream: bool, max_tokens: int = 4000) -> None:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project, part by part."}]
     for k in range(TURNS):
-        kw = dict(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS, messages=msgs)
+        kw = dict(model=model, max_tokens=max_tokens, system=SYSTEM, tools=TOOLS, messages=msgs, **_timeout(max_tokens))
         if stream:
             with client.messages.stream(**kw) as s:
                 r = s.get_final_message()
@@ -77,10 +83,10 @@ def _sync(client: Any, model: str, stream: bool) -> None:
         _next(msgs, [b.model_dump(exclude_none=True) for b in r.content], k)
 
 
-async def _async(client: Any, model: str, stream: bool) -> None:
+async def _async(client: Any, model: str, stream: bool, max_tokens: int = 4000) -> None:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project, part by part."}]
     for k in range(TURNS):
-        kw = dict(model=model, max_tokens=4000, system=SYSTEM, tools=TOOLS, messages=msgs)
+        kw = dict(model=model, max_tokens=max_tokens, system=SYSTEM, tools=TOOLS, messages=msgs, **_timeout(max_tokens))
         if stream:
             async with client.messages.stream(**kw) as s:
                 r = await s.get_final_message()
@@ -104,10 +110,13 @@ def _reasoning_kept(emu: Emulator) -> float:
     return sum(r["thinking"]["kept_of_issued"] for r in agent) / issued if issued else 1.0
 
 
-def _run(mode: str, model: str, store: Path | None = None, api: bool = True
-         ) -> tuple[tuple[int, int, int, int], int, float]:
+def _run(mode: str, model: str, store: Path | None = None, api: bool = True, max_tokens: int = 4000,
+         window: int = WINDOW, events: list[Any] | None = None) -> tuple[tuple[int, int, int, int], int, float]:
+    """One agent through ``mode``; at a ``window`` other than the default, the emulator's is the same
+    (its requests must fit input + ``max_tokens`` as the API's do)."""
     config = PolicyConfig(levels=LevelSettings(api_summaries=api))
-    with Emulator(SummarizingResponder(_model())) as emu:
+    hooks: dict[str, Any] = {"on_event": events.append} if events is not None else {}
+    with Emulator(SummarizingResponder(_model()), **({} if window == WINDOW else {"context_window": window})) as emu:
         if mode == "proxy":
             with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW)) as px:
                 _sync(anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0), model, stream=False)
@@ -119,13 +128,13 @@ def _run(mode: str, model: str, store: Path | None = None, api: bool = True
                 assert seen.summary()["thinking"]["turns"] == 0  # the API wrote the summaries: none
         elif mode.startswith("async"):
             client = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="t", max_retries=0),
-                                       store=None, window_tokens=WINDOW, config=config)
-            asyncio.run(_async(client, model, stream=mode == "async-stream"))
+                                       store=None, window_tokens=window, config=config, **hooks)
+            asyncio.run(_async(client, model, stream=mode == "async-stream", max_tokens=max_tokens))
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
         else:
             client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
-                                       store=store, window_tokens=WINDOW, config=config)
-            _sync(client, model, stream=mode == "sync-stream")
+                                       store=store, window_tokens=window, config=config, **hooks)
+            _sync(client, model, stream=mode == "sync-stream", max_tokens=max_tokens)
             edits = sum(len(s.ledger) for s in cachecompact.wrapped_sessions(client))
             if store is not None:
                 (session,) = cachecompact.wrapped_sessions(client)
@@ -135,6 +144,26 @@ def _run(mode: str, model: str, store: Path | None = None, api: bool = True
                 assert all(e.kind == ("compaction" if api else "summary") for e in session.ledger.entries
                            if e.level in ("L3", "L4")), [e.kind for e in session.ledger.entries]
         return _verdict(emu), edits, _reasoning_kept(emu)
+
+
+@pytest.mark.parametrize(("mode", "max_tokens"), [("sync", 128_000), ("sync-stream", 64_000), ("async", 32_000),
+                                                  ("async-stream", 128_000)])
+def test_api_written_summaries_work_at_a_clients_max_tokens(mode: str, max_tokens: int) -> None:
+    """Issue 62: Claude Code sends ``max_tokens`` 128,000 and opencode 32,000. The compaction call
+    used to reuse it without streaming, which the SDK refuses ("Streaming is required"), so every
+    summary fell to L5 and then to ours, invalidating the thinking after it. Now it streams: the API
+    writes every L3/L4 summary, no rounds are dropped, and every turn's thinking goes back valid.
+    The window is ``max_tokens`` more than the other tests' (the emulator's too), so the same agent
+    compacts as often there, and input + ``max_tokens`` must fit as the API asks."""
+    events: list[Any] = []
+    (refused, dropped, _kept, asked), _edits, reasoning = _run(mode, "claude-opus-5-5", max_tokens=max_tokens,
+                                                             window=WINDOW + max_tokens, events=events)
+    summaries = [e for e in events if e.kind == "compaction" and e.level in ("L3", "L4", "L5")]
+    failures = [e.reason for e in events if e.kind == "failure"]
+    assert failures == [] and not any("Streaming is required" in r for r in failures)
+    assert summaries and all(e.level != "L5" for e in summaries), [(e.level, e.reason) for e in summaries]
+    assert all("written by the API" in e.reason for e in summaries if e.level in ("L3", "L4"))
+    assert (refused, dropped, asked) == (0, 0, 0) and reasoning >= 0.99, (refused, dropped, asked, reasoning)
 
 
 def test_a_wrapped_agent_on_opus_5_5_compacts_without_a_refused_or_dropped_block(tmp_path: Path) -> None:

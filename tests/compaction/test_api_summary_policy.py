@@ -124,3 +124,30 @@ def test_a_refusal_turns_api_summaries_off_for_the_session(monkeypatch: pytest.M
     (s,) = cachecompact.wrapped_sessions(client)
     assert len(refused) == 1, [e.reason for e in events]  # asked once, then never again for this session
     assert {e.kind for e in s.ledger.entries if e.level in ("L3", "L4")} == {"summary"}
+
+
+def test_a_failed_api_summary_is_followed_by_ours_never_by_dropped_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 62: a failed API-written summary falls back to our own summary, never to L5 while a
+    summary fits. Here every compaction request is refused (a model the API does not list)."""
+    monkeypatch.setattr(api_compaction, "ONDEMAND_COMPACTION_MODELS",
+                        api_compaction.ONDEMAND_COMPACTION_MODELS | {"claude-haiku-4-5"})
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(_reader())) as emu:
+        _agent(40, "claude-haiku-4-5", emu, on_event=events.append)
+    assert any(e.kind == "failure" and "API-written summary" in e.reason for e in events)
+    done = [e for e in events if e.kind == "compaction"]
+    assert done and not any(e.level == "L5" for e in done), [(e.level, e.reason[:80]) for e in done]
+
+
+@pytest.mark.parametrize(("caller", "window", "tokens", "thinking", "expected"), [
+    (128_000, 1_000_000, 150_000, None, 128_000),  # fits: the caller's own, as the docs say the call uses
+    (128_000, 200_000, 150_000, None, 50_000),  # lowered to what the window leaves beside the input
+    (128_000, 200_000, 195_000, None, api_compaction.COMPACTION_MIN_OUTPUT),  # never below several thousand
+    (2_000, 200_000, 195_000, None, 2_000),  # the caller asked for less: theirs
+    (128_000, 200_000, 195_000, {"type": "enabled", "budget_tokens": 10_000},
+     10_000 + api_compaction.COMPACTION_MIN_OUTPUT),  # max_tokens must exceed a thinking budget
+    (0, None, 10, None, api_compaction.COMPACTION_MIN_OUTPUT),  # nothing given: several thousand
+])
+def test_the_compaction_requests_max_tokens(caller: int, window: int | None, tokens: int, thinking: Any,
+                                            expected: int) -> None:
+    assert api_compaction.compaction_max_tokens(caller, window, tokens, thinking) == expected

@@ -53,11 +53,12 @@ from typing import Any, ClassVar
 
 import anthropic
 
-from ...base.headers import INTERNAL_HEADER
+from ...base.errors import SummaryRejected
 from ...base.pricing import priced
 from ...base.values import SummaryMode
 from ...base.wire import canonical_bytes
 from ..strategy import Plan, Strategy, StrategyContext
+from ..summarize.api_compaction import call_ondemand, compaction_max_tokens
 from .body import AUTO_CACHE
 
 __all__ = ["BETA", "OnDemandConfig", "OnDemandStrategy"]
@@ -165,20 +166,20 @@ class OnDemandStrategy:
         before ``cut`` (the old block and what follows it, once there is one); it is swapped in on
         the next request."""
         head = self._messages(messages[:cut])
-        kw = {k: body[k] for k in ("system", "tools", "thinking") if k in body}
-        try:
-            r = client.messages.create(model=body["model"], max_tokens=body.get("max_tokens") or 4096,
-                                       messages=head, extra_body={"compaction": {"type": "summarize"}},
-                                       extra_headers={"anthropic-beta": BETA, INTERNAL_HEADER: "1"}, **kw)
-        except anthropic.APIError as err:  # failed: the conversation goes on whole, and may try again
+        kw: dict[str, Any] = {k: body[k] for k in ("system", "tools", "thinking") if k in body}
+        caller = int(body.get("max_tokens") or 0)
+        size = len(canonical_bytes([body.get("system"), body.get("tools"), head])) // 4  # 4 bytes a token
+        req = {"model": body["model"], "messages": head, **kw,
+               "max_tokens": compaction_max_tokens(caller, self.ctx.window_tokens, size, body.get("thinking"))}
+        try:  # streamed, so the caller's max_tokens (Claude Code's 128,000) is never refused by the SDK
+            r = call_ondemand(client, req)
+        except (anthropic.APIError, SummaryRejected) as err:  # failed: the conversation goes on whole, may try again
             log.warning("anthropic-ondemand: the compaction request failed (%s); the conversation goes on "
                         "uncompacted", str(err)[:300])
             return
-        blocks = [b.model_dump(exclude_none=True) for b in r.content]
-        found = next((b for b in blocks if b.get("type") == "compaction" and b.get("content")), None)
-        if found is not None:
-            self.ready = (found, cut)
-            self.summary_tokens = int(getattr(r.usage, "output_tokens", 0) or 0) or self.summary_tokens
+        self.ready = ({"type": "compaction", "content": r.content, "signature": r.signature}, cut)
+        steps = [it for it in r.usage.get("iterations") or [] if isinstance(it, dict)]
+        self.summary_tokens = sum(int(it.get("output_tokens") or 0) for it in steps) or self.summary_tokens
 
 
 @dataclass(frozen=True)

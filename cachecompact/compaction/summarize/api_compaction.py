@@ -36,8 +36,13 @@ from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
 from ...base.pricing import ONDEMAND_COMPACTION_MODELS, OwnPrices, canonical_id, model_prices
 from ...history.thinking import COMPACTION_BETA
 
-__all__ = ["COMPACTION_BETA", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer", "call_ondemand",
-           "compaction_body", "opens_with_compaction", "supports_ondemand", "with_beta"]
+__all__ = ["COMPACTION_BETA", "COMPACTION_MIN_OUTPUT", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer",
+           "call_ondemand", "compaction_body", "compaction_max_tokens", "opens_with_compaction", "supports_ondemand",
+           "with_beta"]
+
+# what a compaction request's output may be lowered to at the least: "allow several thousand tokens"
+# (build-with-claude/compaction-on-demand), for the model's thinking and the summary it writes
+COMPACTION_MIN_OUTPUT = 8_192
 
 # what the compaction parameter may not be sent with (§3.5 Restrictions), dropped from the body
 _REFUSED_WITH = ("context_management", "stop_sequences", "stream", "cache_control")
@@ -98,21 +103,50 @@ def compaction_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def compaction_max_tokens(caller: int, window: int | None, input_tokens: int, thinking: Any = None) -> int:
+    """The ``max_tokens`` of a compaction request made for a request that reserved ``caller``.
+
+    The docs (build-with-claude/compaction-on-demand, *Request a summary*): "The summarization call
+    uses the request's model, `system`, `tools`, thinking settings, and `max_tokens`", which "caps
+    the whole call, including any thinking the model does before it writes the summary, so allow
+    several thousand tokens"; and "The conversation must still fit the model's context window".
+    So the caller's own value is kept, and lowered only as far as the window needs: the compaction
+    request carries fewer messages than the caller's, but the caller's may itself not fit (Claude
+    Code sends 128,000 and lowers it only after the API's 400). It never goes below
+    `COMPACTION_MIN_OUTPUT` (several thousand, as the docs ask), nor to or below a thinking
+    ``budget_tokens`` (which ``max_tokens`` must exceed), unless the caller asked for less."""
+    out = caller if caller > 0 else COMPACTION_MIN_OUTPUT
+    if window is not None and window > 0:
+        out = min(out, window - max(0, input_tokens))
+    floor = COMPACTION_MIN_OUTPUT
+    if isinstance(thinking, Mapping) and isinstance(thinking.get("budget_tokens"), int):
+        floor = max(floor, int(thinking["budget_tokens"]) + COMPACTION_MIN_OUTPUT)
+    return max(out, min(floor, caller if caller > 0 else floor))
+
+
 def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, str] | None = None,
                   at: float | None = None, prices: OwnPrices | None = None) -> OnDemandResult:
     """Ask the API for a signed block standing for ``body``'s messages. Raises `SummaryRejected`
     (with what it cost) when the answer is not one block with content; the SDK's own errors
-    pass through (the caller counts both as a failed summary)."""
+    pass through (the caller counts both as a failed summary).
+
+    The call streams, whatever ``max_tokens`` is: the SDK refuses a non-streaming call whose
+    ``max_tokens`` could take over 10 minutes (above about 21,333; cli-sdks-libraries/sdks/python,
+    *Long requests*), and the clients' defaults are above it (Claude Code 128,000, opencode
+    32,000). Streamed, "the block arrives whole" in one ``content_block_start``
+    (build-with-claude/compaction-on-demand), and the SDK's accumulated message carries it and
+    the usage with its ``iterations``."""
     t0 = time.perf_counter()
     extra = {INTERNAL_HEADER: "1", **(headers or {})}
     extra["anthropic-beta"] = with_beta(extra.get("anthropic-beta"), COMPACTION_BETA)
     if at is not None:
         extra[CLOCK_HEADER] = repr(at)
     req = compaction_body(body)
-    resp = client.messages.create(**{k: v for k, v in req.items() if k in _SDK_ARGS},
-                                  extra_body={"compaction": {"type": "summarize"},
-                                              **{k: v for k, v in req.items() if k not in _SDK_ARGS}},
-                                  extra_headers=extra)
+    with client.messages.stream(**{k: v for k, v in req.items() if k in _SDK_ARGS},
+                                extra_body={"compaction": {"type": "summarize"},
+                                            **{k: v for k, v in req.items() if k not in _SDK_ARGS}},
+                                extra_headers=extra) as stream:
+        resp = stream.get_final_message()
     usage = resp.usage.model_dump(exclude_none=True) if hasattr(resp.usage, "model_dump") else dict(resp.usage)
     cost = model_prices(str(req["model"]), own=prices).cost(usage)
     blocks = [b.model_dump(exclude_none=True) if hasattr(b, "model_dump") else dict(b) for b in resp.content]
