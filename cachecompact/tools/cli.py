@@ -356,6 +356,8 @@ def _auth_token(args: argparse.Namespace, say: bool = True) -> str | None:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """Run the proxy until interrupted."""
+    from urllib.parse import urlsplit
+
     from ..adapters.proxy import Proxy, ProxyConfig
 
     token = _auth_token(args)
@@ -369,7 +371,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     def ready(url: str) -> None:
         shown = url.replace("0.0.0.0", "<this machine's address>").replace("[::]", "<this machine's address>")
-        print(f"cachecompact proxy ({cfg.mode}) listening on {url} -> {cfg.upstream}\n"
+        dropped = " (the trailing /v1 of --upstream dropped: clients send /v1/...)" \
+            if urlsplit(args.upstream).path.rstrip("/").endswith("/v1") else ""
+        print(f"cachecompact proxy ({cfg.mode}) listening on {url} -> {cfg.upstream}{dropped}\n"
               f"  clients: ANTHROPIC_BASE_URL={shown}\n  dashboard: {shown}/ui"
               + ("?token=..." if token else "")
               + ("" if cfg.store else "\n  (no --store: sessions are kept in memory only)"), flush=True)
@@ -781,7 +785,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     px = sub.add_parser("proxy", help="an Anthropic-compatible proxy with cache forensics, compaction and a dashboard",
                         parents=[common, priced])
-    px.add_argument("--upstream", default="https://api.anthropic.com", help="where requests go (default: the API)")
+    px.add_argument("--upstream", default="https://api.anthropic.com", metavar="URL",
+                    help="where requests go: an http:// or https:// base URL (default: the API); a trailing /v1 "
+                         "(an SDK-style base URL, e.g. http://localhost:8080/v1) is dropped, as clients send "
+                         "/v1/messages themselves")
     px.add_argument("--host", default="127.0.0.1", help="beyond loopback needs --auth-token")
     px.add_argument("--port", type=_int_in("--port", 0, 65535), default=8787)
     px.add_argument("--mode", choices=["observe", "compact"], default="observe",

@@ -612,6 +612,19 @@ def test_absolute_form_targets_go_to_the_configured_upstream_and_userinfo_is_ref
         ProxyConfig(upstream="http://svc:secret@127.0.0.1:1").check()
 
 
+def test_an_upstream_ending_in_v1_reaches_the_api_once(emu: Emulator) -> None:
+    """An SDK-style base URL (``.../v1``) as the upstream: requests went to /v1/v1/messages (a 404,
+    issue 62). The pool takes the base URL even when `check` was not called; `check` shows it."""
+    cfg = ProxyConfig(upstream=emu.url + "/v1", port=0, mode="compact")
+    with Proxy(cfg) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        out = client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert out.content[0].type == "text"
+    assert [r["status"] for r in emu.requests] == [200]
+    cfg.check()
+    assert cfg.upstream == emu.url
+
+
 def test_keep_bodies_keeps_what_the_client_sent_in_compact_mode(tmp_path: Path) -> None:
     """--keep-bodies was accepted in compact mode and kept nothing."""
     from cachecompact.store import open_store

@@ -10,11 +10,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from cachecompact.adapters.httpserver import HEADER_TIMEOUT_S
-from cachecompact.adapters.proxy._upstream import HIGH_WATER, IDLE_KEEPALIVE_S, UpstreamError, UpstreamPool
+from cachecompact.adapters.proxy._upstream import (
+    HIGH_WATER,
+    IDLE_KEEPALIVE_S,
+    UpstreamError,
+    UpstreamPool,
+    upstream_base,
+)
+from cachecompact.base.errors import ConfigError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
 
@@ -434,3 +442,48 @@ def test_idle_connections_are_given_up_before_an_upstream_closes_them() -> None:
     pool's idle limit stays under this package's own server idle timeout and Node's 5 s."""
     assert min(HEADER_TIMEOUT_S, 5.0) > IDLE_KEEPALIVE_S
     assert UpstreamPool("http://127.0.0.1:1").keepalive_s == IDLE_KEEPALIVE_S
+
+
+@pytest.mark.parametrize(("given", "base"), [
+    ("https://api.anthropic.com", "https://api.anthropic.com"),
+    ("https://api.anthropic.com/", "https://api.anthropic.com"),
+    ("http://localhost:8080/v1", "http://localhost:8080"),
+    ("http://localhost:8080/v1/", "http://localhost:8080"),
+    ("HTTP://localhost:8080/v1", "http://localhost:8080"),
+    ("https://gw.example/anthropic/v1", "https://gw.example/anthropic"),
+    ("https://gw.example/anthropic/", "https://gw.example/anthropic"),
+    ("http://[::1]:8080/v1", "http://[::1]:8080"),
+    ("http://v1.example", "http://v1.example"),
+    ("http://h/api/v10", "http://h/api/v10"),
+])
+def test_an_upstream_is_its_base_url_without_a_trailing_v1(given: str, base: str) -> None:
+    """Clients send /v1/messages themselves, so an SDK-style base URL ending in /v1 would double
+    it (issue 62); once checked, a base URL stays as it is."""
+    assert upstream_base(given) == base == upstream_base(base)
+    assert UpstreamPool(given).prefix == urlsplit(base).path  # what goes before each request's own path
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("http://", "names no host"),
+    ("http://:8080", "names no host"),
+    ("localhost:8080", "must be an http:// or https:// URL"),
+    ("ftp://h", "must be an http:// or https:// URL"),
+    ("", "must be an http:// or https:// URL"),
+    ("http://localhost:abc", "has port 'abc'"),
+    ("http://localhost:0", "has port '0'"),
+    ("http://localhost:70000", "has port '70000'"),
+    ("http://[::1]:x", "has port 'x'"),
+    ("http://localhost:8080 ", "contains a space"),
+    (" http://localhost:8080", "contains a space"),
+    ("http://local\thost", "contains a space"),
+    ("http://[::1", "an IPv6 address goes in brackets"),
+    ("http://h/v1/messages", "give the base URL (http://h)"),
+    ("http://h?key=1", "carries a query or fragment"),
+    ("http://h#x", "carries a query or fragment"),
+    ("http://svc:secret@h", "user name or password"),
+])
+def test_a_bad_upstream_is_a_config_error_naming_the_flag(given: str, says: str) -> None:
+    for check in (upstream_base, UpstreamPool):
+        with pytest.raises(ConfigError, match=r"^--upstream ") as err:
+            check(given)
+        assert says in str(err.value) and "\n" not in str(err.value)

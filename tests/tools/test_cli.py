@@ -103,6 +103,50 @@ def test_every_error_is_one_line_before_any_work(argv: list[str], says: str,
     assert "Traceback" not in cap.err and not cap.out
 
 
+@pytest.mark.parametrize(("upstream", "says"), [
+    ("http://", "names no host"),
+    ("http://localhost:abc", "has port 'abc', not a number from 1 to 65535"),
+    ("http://localhost:8080 ", "contains a space or control character; remove it"),
+    ("http://[::1", "an IPv6 address goes in brackets: http://[::1]:8080"),
+])
+def test_a_mistyped_upstream_is_one_line_naming_the_flag(upstream: str, says: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 62: each of these was "internal error ValueError" from deep in urllib or the pool."""
+    from cachecompact.base.errors import ConfigError
+
+    assert main(["proxy", "--upstream", upstream, "--port", "0"]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cachecompact: error: --upstream {upstream!r} "), cap.err
+    assert says in lines[0] and "internal error" not in cap.err and "Traceback" not in cap.err and not cap.out
+    with pytest.raises(ConfigError, match=r"^--upstream "):  # typed: --debug shows the same error
+        main(["proxy", "--upstream", upstream, "--port", "0", "--debug"])
+
+
+def test_an_upstream_ending_in_v1_is_not_doubled(capsys: pytest.CaptureFixture[str]) -> None:
+    """opencode's ``baseURL`` ends in /v1; given as ``--upstream`` it sent every request to
+    /v1/v1/messages (a 404). The trailing /v1 is dropped, and --help says so."""
+    import anthropic
+
+    from cachecompact.adapters.httpserver import spawn_cli_server
+    from cachecompact.tools.emulator import Emulator
+
+    with pytest.raises(SystemExit):
+        main(["proxy", "--help"])
+    assert "trailing /v1" in " ".join(capsys.readouterr().out.split())
+    with Emulator() as emu:
+        proc, url = spawn_cli_server(["proxy", "--upstream", emu.url + "/v1/", "--port", "0"], quiet=True)
+        try:
+            client = anthropic.Anthropic(base_url=url, api_key="test", max_retries=0)
+            out = client.messages.create(model="claude-haiku-4-5", max_tokens=5,
+                                         messages=[{"role": "user", "content": "hi"}])
+            assert out.content[0].type == "text"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        assert [r["status"] for r in emu.requests] == [200]
+
+
 def test_store_list_takes_the_store_as_the_other_commands_do(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from cachecompact import Session

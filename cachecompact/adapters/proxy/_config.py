@@ -8,12 +8,12 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from ...base.errors import ConfigError
 from ...base.pricing import get_model
 from ...base.values import ProxyMode
 from ...store import Store
+from ._upstream import upstream_base
 
 if TYPE_CHECKING:  # type-only: observe mode never loads the compaction runtime (the `observe` contract)
     from ...engine.options import EngineOptions
@@ -48,15 +48,11 @@ class ProxyConfig:
     clock: Callable[[], float] | None = None
 
     def check(self) -> None:
-        """Refuse a configuration that would run unsafely or not at all."""
+        """Refuse a configuration that would run unsafely or not at all; ``upstream`` becomes the
+        base URL it names (`upstream_base`: a trailing ``/`` or ``/v1`` dropped)."""
         if self.mode not in ("observe", "compact"):
             raise ConfigError(f"--mode must be 'observe' or 'compact', got {self.mode!r}")
-        if not self.upstream.startswith(("http://", "https://")):
-            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
-        u = urlsplit(self.upstream)
-        if u.username is not None or u.password is not None:
-            raise ConfigError("--upstream must not carry a user name or password (it would be logged and shown in "
-                              "errors); the proxy forwards each caller's own credentials")
+        self.upstream = upstream_base(self.upstream)  # checked, and a trailing /v1 dropped
         mm = self.max_memory_mb
         if not isinstance(mm, int) or isinstance(mm, bool) or mm < 2:
             raise ConfigError(f"--max-memory must be a whole number of megabytes, at least 2, got {mm!r}")

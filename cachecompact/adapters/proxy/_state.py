@@ -28,6 +28,7 @@ from ..httpserver import api_error
 from ._config import ProxyConfig
 from ._observe import Observer
 from ._tap import ResponseTap
+from ._upstream import upstream_base
 
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
@@ -81,7 +82,8 @@ class ProxyState:
             from ...engine.request_cycle import CompactionEngine
 
             creds = self.creds
-            upstream, chosen, simulated = cfg.upstream, cfg.summary_model, cfg.clock
+            # the pool's base URL: a trailing /v1 is not doubled by the SDK's own /v1/messages
+            upstream, chosen, simulated = upstream_base(cfg.upstream), cfg.summary_model, cfg.clock
 
             def summarizer(model: str | None, mode: SummaryMode) -> Any:
                 return CallerKeySummarizer(upstream, chosen or model or DEFAULT_SUMMARY_MODEL, mode, creds,

@@ -43,7 +43,9 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict
 
-__all__ = ["HIGH_WATER", "RequestRefused", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+from ...base.errors import ConfigError
+
+__all__ = ["HIGH_WATER", "RequestRefused", "UpstreamError", "UpstreamPool", "UpstreamResponse", "upstream_base"]
 
 HIGH_WATER = 1 << 20  # bytes buffered for a slow client before reading from the upstream pauses
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -306,6 +308,54 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_EXAMPLE = "for example https://api.anthropic.com or http://localhost:8080"
+
+
+def upstream_base(url: str) -> str:
+    """The upstream base URL ``url`` names, checked once for every place that takes one (the
+    proxy's ``--upstream``, `ProxyConfig.check`, the pool, compact mode's summaries): ``http://``
+    or ``https://``, a host, a port that is a number, no user name or password, no query or
+    fragment, no space or control character. A trailing ``/`` and then one trailing ``/v1`` are
+    dropped: clients send their own ``/v1/messages`` and the proxy keeps that path, so an SDK-style
+    base URL (opencode's ``baseURL``, ``http://host:8080/v1``) does not become ``/v1/v1/messages``.
+    A path before it stays (a gateway at ``https://gw.example/anthropic``). Anything else is a
+    `ConfigError` of one line naming ``--upstream`` and the fix."""
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"--upstream {url!r} {why}")
+
+    if not isinstance(url, str):
+        raise ConfigError(f"--upstream must be a URL, got {type(url).__name__}; {_EXAMPLE}")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise bad("contains a space or control character; remove it (quote the URL in the shell)")
+    try:
+        u = urlsplit(url)
+    except ValueError as err:  # an unclosed "[" of an IPv6 address
+        raise bad(f"is not a URL ({err}); an IPv6 address goes in brackets: http://[::1]:8080") from None
+    if u.scheme not in ("http", "https") or not url.lower().startswith(("http://", "https://")):
+        raise bad(f"must be an http:// or https:// URL; {_EXAMPLE}")
+    if not u.hostname:
+        raise bad(f"names no host; {_EXAMPLE}")
+    try:
+        port = u.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        given = u.netloc.rpartition("]")[2].rpartition(":")[2]
+        raise bad(f"has port {given!r}, not a number from 1 to 65535; {_EXAMPLE}")
+    if u.username is not None or u.password is not None:
+        raise ConfigError("--upstream must not carry a user name or password (it would be logged and shown in "
+                          "errors); the proxy forwards each caller's own credentials")
+    if u.query or u.fragment or "?" in url or "#" in url:
+        raise bad("carries a query or fragment, which the proxy would drop; give the base URL alone")
+    path = u.path.rstrip("/")
+    if path.endswith("/v1/messages"):
+        raise bad(f"ends in /v1/messages; give the base URL ({url[:url.rindex('/v1/messages')]}): clients send "
+                  "their own /v1/messages")
+    path = path.removesuffix("/v1").rstrip("/")
+    return f"{u.scheme}://{u.netloc}{path}"
+
+
 IDLE_KEEPALIVE_S = 4.0
 """How long an idle pooled connection may be reused: shorter than servers' own idle timeouts
 (this package's servers close idle connections after 15 s, Node's after 5 s), so a connection
@@ -318,12 +368,8 @@ class UpstreamPool:
 
     def __init__(self, base_url: str, *, limit: int = 200, keepalive_s: float = IDLE_KEEPALIVE_S,
                  connect_timeout: float = 30.0, read_timeout: float = 600.0) -> None:
-        u = urlsplit(base_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"upstream must be an http:// or https:// URL, got {base_url!r}")
-        if u.username is not None or u.password is not None:
-            raise ValueError("the upstream URL must not carry a user name or password: the proxy forwards each "
-                             "caller's own credentials")
+        u = urlsplit(upstream_base(base_url))
+        assert u.hostname is not None  # upstream_base refuses a URL without one
         self.host = u.hostname
         self.tls = u.scheme == "https"
         self.port = u.port or (443 if self.tls else 80)
