@@ -34,7 +34,9 @@ class Event:
     """One thing that happened to a session's context.
 
     ``kind``: compaction | externalized | deferred | failure | refused | breaker_open |
-    context_full | repeated_tool_calls | cache_miss | compaction_rewrite (the request after one of
+    context_full | max_tokens_over (the prompt fits the window but not beside the request's
+    ``max_tokens``: sent as it is, so the API's own 400, which clients recover from, decides) |
+    repeated_tool_calls | cache_miss | compaction_rewrite (the request after one of
     our own compactions re-wrote the cache from the edit on: paid on purpose, priced as the written
     tokens times write minus read; never a ``cache_miss``) | skipped | recent_budget | restored (lines of
     hidden output a call named, given back beside its result) | first_compaction (the first

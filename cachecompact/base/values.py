@@ -31,8 +31,12 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-__all__ = ["MISS_CLASSES", "TTL", "Answer", "ContextFull", "IdleDecision", "Level", "MissClass", "ProxyMode",
-           "Refuse", "RequestRecord", "Send", "StoredRequest", "SummaryMode", "Usage"]
+__all__ = ["MISS_CLASSES", "PREFIX_SETTING", "TTL", "Answer", "ContextFull", "IdleDecision", "Level", "MissClass",
+           "ProxyMode", "Refuse", "RequestRecord", "Send", "StoredRequest", "SummaryMode", "Usage"]
+
+# how a refusal names the setting that shrinks the immutable prefix; an adapter whose settings have
+# other names (the proxy's flags) puts its own in place of this text (`adapters.proxy`)
+PREFIX_SETTING = "wrap(..., prefix_messages=1)"
 
 TTL = Literal["5m", "1h"]  # a cache entry's lifetime, as `cache_control.ttl` spells it
 Level = Literal["L1", "L2", "L3", "L4", "L5", "restore"]  # micro .. truncate; restore: hidden lines given back

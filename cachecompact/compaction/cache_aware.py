@@ -35,7 +35,7 @@ import xxhash
 from ..base.errors import InvalidEditError, SummaryRejected, UnknownModelError
 from ..base.events import Event
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
-from ..base.values import TTL, IdleDecision, Level
+from ..base.values import PREFIX_SETTING, TTL, IdleDecision, Level
 from ..base.wire import (
     RedactedThinkingBlock,
     ThinkingBlock,
@@ -1032,6 +1032,17 @@ class CacheAwareCompactor:
             tokens = self._truncate(tokens, lim, report, "still over the window: the leading summary dropped too "
                                     "(the task stays in the immutable prefix)", drop_summary=True)
         if tokens > lim.limit:
+            margin = int(lim.estimate_error * lim.window)
+            if lim.max_tokens > 0 and tokens + margin <= lim.window:
+                # the prompt fits the window; only its output reserve does not. Sent as it is: the
+                # API decides, and its own 400 ("input length and `max_tokens` exceed context
+                # limit") is what a client recovers from by lowering max_tokens (Claude Code does);
+                # a refusal of ours would turn a request the upstream may take into an error
+                report.events.append(self._emit(
+                    "max_tokens_over", tokens_before=tokens, tokens_after=tokens,
+                    reason=f"the prompt (~{tokens:,} tokens) fits the {lim.window:,}-token window but not beside "
+                           f"max_tokens={lim.max_tokens:,}; sent as it is, for the API (and the client) to decide"))
+                return tokens
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
             report.context_full = self._full_message(tokens, lim)
@@ -1056,7 +1067,7 @@ class CacheAwareCompactor:
         what = f"context is full: {tokens:,} input tokens (estimated) remain after every compaction level"
         if prefix * 2 >= tokens and n_fixed > 1:
             what += (f"; {prefix:,} of them are the immutable prefix (tools, system and the first {n_fixed} messages), "
-                     f"which no compaction edits: wrap(..., prefix_messages=1) fixes only the first message, so the "
+                     f"which no compaction edits: {PREFIX_SETTING} fixes only the first message, so the "
                      f"rest can be compacted")
         elif prefix * 2 >= tokens:
             what += (f"; {prefix:,} of them are the tools, system prompt and first message, which no compaction edits "

@@ -38,7 +38,7 @@ from ..base.events import Event, EventBus
 from ..base.http import too_long
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
 from ..base.refs import blob_ref
-from ..base.values import TTL, Answer, ContextFull, IdleDecision, Refuse, RequestRecord, Send
+from ..base.values import PREFIX_SETTING, TTL, Answer, ContextFull, IdleDecision, Refuse, RequestRecord, Send
 from ..cache.cache_keys import NOT_CACHEABLE, check_marker, check_marker_order
 from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_from_sim
 from ..cache.simulator import request_from_body
@@ -596,20 +596,26 @@ class CompactionEngine:
         if body is not None:
             return Retry(body, "")
         n, limit, out = info
+        if out and n < limit:
+            # the prompt fits; only max_tokens does not: the API's own 400 goes back as it is, so a
+            # client that lowers max_tokens on it (Claude Code) recovers, as it does without us
+            return None
         reserved = out or p.max_tokens
         s = p.live.session
         fixed = s.prefix_end if s.prefix_end is not None else len(s)
         r = s.render(breakpoints=False)  # while the prefix forms, every message so far is fixed
-        prefix = s.counter.calibrated(r.prefix_tokens if s.prefix_end is not None else r.tokens)
+        # one counter for both sides: the prefix's share of our estimate, of the API's count
+        share = (r.prefix_tokens if s.prefix_end is not None else r.tokens) / max(1, r.tokens)
+        prefix = min(n, round(share * n))
         why = "compaction cannot remove enough"
         if prefix * 2 >= n:
-            why = (f"{prefix:,} of them (estimated) are the immutable prefix (tools, system and the first {fixed} "
-                   f"message{'s' if fixed != 1 else ''}), which no compaction edits"
-                   + (": wrap(..., prefix_messages=1) fixes only the first message, so the rest can be compacted"
+            why = (f"{prefix:,} of them (by the same count) are the immutable prefix (tools, system and the first "
+                   f"{fixed} message{'s' if fixed != 1 else ''}), which no compaction edits"
+                   + (f": {PREFIX_SETTING} fixes only the first message, so the rest can be compacted"
                       if fixed > 1 else ": the task itself is over the limit; shorten it"))
         return Retry(None, f"context is full: the prompt has {n:,} tokens and the request reserves {reserved:,} output "
                            f"tokens (its max_tokens) within the API's {limit:,}-token limit, so it would take a window "
-                           f"of at least {n + reserved:,}; {why}. Lower max_tokens or start a new session")
+                           f"of at least {n + reserved:,}; {why}. Start a new session")
 
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""

@@ -318,11 +318,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _proxy_engine_options(args: argparse.Namespace) -> EngineOptions | None:
     """The engine settings among the proxy's flags, or None: without them nothing loads the
     compaction runtime, so observe mode stays light."""
-    if args.recent_tokens is None and args.lookback_coverage is None:
+    if args.recent_tokens is None and args.lookback_coverage is None and args.prefix_messages is None:
         return None
     from ..engine.options import EngineOptions
 
-    return EngineOptions(recent_tokens=args.recent_tokens, lookback_coverage=args.lookback_coverage)
+    return EngineOptions(recent_tokens=args.recent_tokens, lookback_coverage=args.lookback_coverage,
+                         prefix_messages=args.prefix_messages)
 
 
 def _auth_token(args: argparse.Namespace, say: bool = True) -> str | None:
@@ -812,6 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compact mode: fix the recent budget at N tokens instead of learning it")
     px.add_argument("--window", type=_int_in("--window", 8_000), default=None, metavar="N",
                     help="compact mode: the context window (default: the model's)")
+    px.add_argument("--prefix-messages", type=_int_in("--prefix-messages", 0), default=None, metavar="N",
+                    help="compact mode: the first N messages of a conversation are never compacted (default 3); "
+                         "1 when a client's first tool output would otherwise fill a small window")
     px.add_argument("--idle-compaction", action="store_true",
                     help="compact mode: summarize a quiet session a minute before its cache expires when that pays; "
                          "holds each session's last credential in memory (never on disk or in logs) until then")

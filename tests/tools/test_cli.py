@@ -340,3 +340,16 @@ def test_the_dashboard_token_comes_from_a_file_or_the_environment(tmp_path: Path
     with pytest.raises(UsageError, match="one way"):
         token("--auth-token", "x", "--auth-token-file", str(f))
     assert main(["proxy", "--host", "0.0.0.0", "--auth-token-file", str(tmp_path / "missing")]) == 2
+
+
+def test_proxy_prefix_messages_is_a_compact_mode_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 62: the refusal advised ``prefix_messages=1``, which a proxy user could not set.
+    ``--prefix-messages`` sets it in compact mode; observe mode refuses it in one line."""
+    from cachecompact.tools.cli import _proxy_engine_options, build_parser
+
+    args = build_parser().parse_args(["proxy", "--mode", "compact", "--prefix-messages", "1"])
+    opts = _proxy_engine_options(args)
+    assert opts is not None and opts.prefix_messages == 1
+    assert main(["proxy", "--upstream", "http://127.0.0.1:9", "--port", "0", "--prefix-messages", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--prefix-messages applies only with --mode compact" in err and len(err.strip().splitlines()) == 1, err

@@ -16,7 +16,7 @@ from aiohttp import web
 from ...base.errors import InvalidSessionIdError
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ...base.http import clock_from, json_or_none, with_betas
-from ...base.values import Refuse
+from ...base.values import PREFIX_SETTING, Refuse
 from ...base.wire import bytes_as_is
 from ...store import check_session_id
 from ..httpserver import api_error, read_body
@@ -182,9 +182,11 @@ class Handlers:
             state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange))
 
     def refuse(self, step: Refuse) -> web.Response:
-        """The proxy's own answer that the context is full, counted in ``/metrics`` as an error."""
+        """The proxy's own answer that the context is full, counted in ``/metrics`` as an error;
+        the setting it names is the proxy's flag, not ``wrap()``'s keyword."""
         self.state.observer.refused()
-        return api_error(400, step.message, kind="invalid_request_error")
+        return api_error(400, step.message.replace(PREFIX_SETTING, "--prefix-messages 1"),
+                         kind="invalid_request_error")
 
     async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
         try:
