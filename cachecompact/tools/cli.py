@@ -510,9 +510,12 @@ def cmd_store_list(args: argparse.Namespace) -> int:
     if "://" not in url and not Path(url).is_dir():
         raise UsageError(f"{url}: no such store folder (or give a postgresql:// URL)")
     store = open_store(url)
-    for sid in store.list(args.prefix):
+    found = store.list(args.prefix)
+    for sid in found:
         print(sid)
     store.close()
+    if not found:  # one line on stderr: stdout stays a list of ids for scripts (empty here)
+        print(f"no sessions{f' with prefix {args.prefix!r}' if args.prefix else ''} in {url}", file=sys.stderr)
     return 0
 
 

@@ -158,6 +158,21 @@ def test_store_list_takes_the_store_as_the_other_commands_do(tmp_path: Path,
     assert capsys.readouterr().out == "job-1\njob-1\n"
 
 
+def test_store_list_says_when_a_store_has_no_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 62: an empty store printed nothing. One line on stderr says so, stdout stays a list of ids."""
+    from cachecompact import Session
+    from cachecompact.store import FileStore
+
+    (tmp_path / "empty").mkdir()
+    assert main(["store", "list", str(tmp_path / "empty")]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == f"no sessions in {tmp_path / 'empty'}\n"
+    Session.create(FileStore(tmp_path / "st"), session_id="job-1", system="s")
+    assert main(["store", "list", str(tmp_path / "st"), "--prefix", "run-"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == f"no sessions with prefix 'run-' in {tmp_path / 'st'}\n"
+
+
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     from cachecompact.base.errors import SessionNotFoundError
 
