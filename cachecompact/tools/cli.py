@@ -697,7 +697,10 @@ class _Parser(argparse.ArgumentParser):
 
         # "argument --port: --port must be ..." -> "--port must be ..."
         m = re.match(r"argument (\S+): (\1 .*)$", message)
-        raise UsageError(m.group(2) if m else message)
+        message = m.group(2) if m else message
+        if re.match(r"the following arguments are required: .*\bSESSION\b", message):  # where to find one
+            message += " (a session folder or id; `cachecompact store list [--store URL]` lists a store's sessions)"
+        raise UsageError(message)
 
 
 def _session_args(p: argparse.ArgumentParser) -> None:

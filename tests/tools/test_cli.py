@@ -91,6 +91,9 @@ def test_report_of_an_unknown_id_says_where_it_looked(tmp_path: Path, capsys: py
     (["store", "list", "/nonexistent/store"], "no such store folder"),
     (["store", "list", "--store", "/nonexistent/store"], "no such store folder"),
     (["store", "list", "/a", "--store", "/b"], "two stores given"),
+    # issue 62: a command without its SESSION says how to list a store's sessions
+    (["report", "--store", "/nonexistent/store"], "`cachecompact store list [--store URL]` lists a store's sessions"),
+    (["ledger", "verify"], "required: SESSION (a session folder or id; `cachecompact store list"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])
