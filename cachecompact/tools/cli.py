@@ -626,6 +626,15 @@ def _say_skipped(skipped: list[dict[str, str]]) -> None:
         print(f"cachecompact: skipped {s['file']}: {_one_line_text(s['reason'])}", file=sys.stderr, flush=True)
 
 
+def _existing_store(url: str) -> None:
+    """A session command's ``--store`` folder exists (a missing one read as "no such session")."""
+    if "://" not in url and not Path(url).is_dir():
+        from ..base.errors import StoreError
+
+        raise StoreError(f"--store {url}: no such store folder ({Path(url).absolute()} does not exist; "
+                         "give a folder of sessions or a postgresql:// URL)")
+
+
 def _must_exist(paths: list[str]) -> None:
     missing = [p for p in paths if not Path(p).exists()]
     if missing:
@@ -666,6 +675,8 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError("--tasks and --no-tasks exclude each other")
         _must_exist(args.paths)
         _writable_dir(Path(args.out), "--out")
+    if getattr(args, "target", None) is not None and getattr(args, "store", None):
+        _existing_store(args.store)
     if getattr(args, "plot", None):
         _writable_file(Path(args.plot), "--plot")
     if getattr(args, "log", None):

@@ -94,6 +94,9 @@ def test_report_of_an_unknown_id_says_where_it_looked(tmp_path: Path, capsys: py
     # issue 62: a command without its SESSION says how to list a store's sessions
     (["report", "--store", "/nonexistent/store"], "`cachecompact store list [--store URL]` lists a store's sessions"),
     (["ledger", "verify"], "required: SESSION (a session folder or id; `cachecompact store list"),
+    # issue 62: a missing --store folder is named, not read as a missing session
+    (["ledger", "verify", "S", "--store", "/nonexistent/store"], "--store /nonexistent/store: no such store folder"),
+    (["report", "S", "--store", "/nonexistent/store"], "--store /nonexistent/store: no such store folder"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])
