@@ -760,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="share of requests answered 429/529/500")
     srv.add_argument("--slow-rate", type=_fraction("--slow-rate"), default=0.0, help="share of requests delayed")
     srv.add_argument("--seed", type=int, default=0)
-    srv.add_argument("--log", help="append one JSON line per request here (created 0600)")
+    srv.add_argument("--log", help="append one JSON line per request here, refused ones included (created 0600)")
     srv.add_argument("--gzip", action="store_true", help="gzip responses for clients that accept it, as the API does")
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="replay traces and run tasks under each strategy; compare cost and recall",

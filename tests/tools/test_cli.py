@@ -283,10 +283,12 @@ def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
         out = client.messages.create(model="claude-haiku-4-5", max_tokens=5,
                                      messages=[{"role": "user", "content": "hi"}])
         assert out.content[0].type == "text"
+        with pytest.raises(anthropic.BadRequestError):  # issue 62: a refused request is logged too
+            client.messages.create(model="claude-haiku-4-5", max_tokens=5, messages=[])
     finally:
         proc.terminate()
         proc.wait(10)
-    assert json.loads(log.read_text().splitlines()[0])["status"] == 200
+    assert [json.loads(line)["status"] for line in log.read_text().splitlines()] == [200, 400]
 
 
 def test_repair_says_what_it_cannot_mend(session_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -233,8 +233,18 @@ def test_request_log_is_jsonl(tmp_path: Path) -> None:
     with Emulator(log=log) as emu:
         c = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
         c.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": blocks(8, {8: CC})}])
-    rec = json.loads(log.read_text().splitlines()[0])
+        # issue 62: a refused request has its line too (the docs: every request appends one)
+        with pytest.raises(anthropic.BadRequestError):
+            c.messages.create(model=MODEL, max_tokens=5, messages=[])
+        with pytest.raises(anthropic.NotFoundError):
+            c.messages.create(model="claude-nonesuch-9", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        billed = len(emu.requests)
+    rec, bad, unknown = (json.loads(line) for line in log.read_text().splitlines())
     assert rec["usage"]["cache_creation_input_tokens"] > 0 and rec["cost_usd"] > 0 and len(rec["prefix_hashes"]) == 1
+    assert bad["status"] == 400 and bad["error"]["type"] == "invalid_request_error" and bad["path"] == "/v1/messages"
+    assert "at least one message" in bad["error"]["message"] and bad["request_id"].startswith("req_")
+    assert unknown["status"] == 404 and "claude-nonesuch-9" in unknown["error"]["message"]
+    assert billed == 1  # `emu.requests` keeps what was billed
 
 
 def test_scripted_responder_tool_use_and_pre_warm(client: anthropic.Anthropic) -> None:

@@ -203,35 +203,57 @@ class EmulatorCore:
         method = method.upper()
         with self._lock:
             request_id, msg_id = self._next_ids()
-            route = _ROUTES.get(path) or ("model" if path.startswith("/v1/models/") else None)
-            if route is None:
-                return self._error(404, f"Not Found: {path[:200]}", request_id)
-            allowed = "GET" if route in ("models", "model") else "POST"
-            if method != allowed:
-                return self._error(405, f"Method {method[:20]} not allowed on {path[:200]}; use {allowed}", request_id,
-                                   {"allow": allowed})
-            try:
-                version_of(headers)  # every request names an API version, before anything else is read
-            except MalformedMessageError as err:
-                return self._error(400, str(err), request_id)
-            if allowed == "GET":
-                return self._models(path, request_id)
-            fault = self._fault(path, request_id)
-            if fault is not None:
-                self._record({"request_id": request_id, "path": path, "status": fault.status, "fault": True})
-                return fault
-            try:
-                now = self._clock(headers)
-                body, keys = self._decode(raw)
-                if route == "count_tokens":
-                    return self._count_tokens(body, keys, headers, request_id)
-                return self._messages(body, keys, headers, now, request_id, msg_id, xxhash.xxh3_64_hexdigest(raw))
-            except MalformedMessageError as err:
-                if "thinking" in err.problem and ("signature" in err.problem or "latest assistant" in err.problem):
-                    self.refusals.append({"request_id": request_id, "where": err.where, "message": err.problem})
-                return self._error(400, str(err), request_id, code=getattr(err, "code", None))
-            except UnknownModelError:
-                return self._error(404, f"model: {str(body.get('model'))[:100]}", request_id)
+            logged = len(self.log)
+            reply = self._answer(method, path, headers, raw, request_id, msg_id)
+            if reply.status >= 400 and len(self.log) == logged and self.log_path is not None:
+                self._log_refusal(method, path, reply, request_id)
+            return reply
+
+    def _log_refusal(self, method: str, path: str, reply: HttpReply, request_id: str) -> None:
+        """A line in the log file for a request refused with an error (a 400, 404, 405): its
+        status and the error's type and message. `log` (`Emulator.requests`) keeps what was
+        billed and the injected faults, as before."""
+        try:
+            err = json.loads(reply.body)["error"]
+        except (ValueError, KeyError, TypeError):
+            err = {}
+        append_bytes(self.log_path, canonical_bytes({  # type: ignore[arg-type]
+            "request_id": request_id, "time": time.time(), "method": method, "path": path[:200],
+            "status": reply.status, "error": {"type": err.get("type"), "message": str(err.get("message"))[:500]}})
+            + b"\n")
+
+    def _answer(self, method: str, path: str, headers: Mapping[str, str], raw: bytes, request_id: str,
+                msg_id: str) -> HttpReply:
+        """`handle` without its log line for a refusal; the lock is held."""
+        route = _ROUTES.get(path) or ("model" if path.startswith("/v1/models/") else None)
+        if route is None:
+            return self._error(404, f"Not Found: {path[:200]}", request_id)
+        allowed = "GET" if route in ("models", "model") else "POST"
+        if method != allowed:
+            return self._error(405, f"Method {method[:20]} not allowed on {path[:200]}; use {allowed}", request_id,
+                               {"allow": allowed})
+        try:
+            version_of(headers)  # every request names an API version, before anything else is read
+        except MalformedMessageError as err:
+            return self._error(400, str(err), request_id)
+        if allowed == "GET":
+            return self._models(path, request_id)
+        fault = self._fault(path, request_id)
+        if fault is not None:
+            self._record({"request_id": request_id, "path": path, "status": fault.status, "fault": True})
+            return fault
+        try:
+            now = self._clock(headers)
+            body, keys = self._decode(raw)
+            if route == "count_tokens":
+                return self._count_tokens(body, keys, headers, request_id)
+            return self._messages(body, keys, headers, now, request_id, msg_id, xxhash.xxh3_64_hexdigest(raw))
+        except MalformedMessageError as err:
+            if "thinking" in err.problem and ("signature" in err.problem or "latest assistant" in err.problem):
+                self.refusals.append({"request_id": request_id, "where": err.where, "message": err.problem})
+            return self._error(400, str(err), request_id, code=getattr(err, "code", None))
+        except UnknownModelError:
+            return self._error(404, f"model: {str(body.get('model'))[:100]}", request_id)
 
     @staticmethod
     def _clock(headers: Mapping[str, str]) -> float:
