@@ -34,6 +34,7 @@ __all__ = [
     "UNKNOWN_MODEL_WINDOW",
     "ModelInfo",
     "OwnPrices",
+    "billed_tokens",
     "get_model",
     "known_models",
     "model_prices",
@@ -135,6 +136,22 @@ class ModelInfo:
         p = self.at(inp + read + max(total_w, w5m + w1h))
         return (inp * p.input + w5m * p.write_5m + w1h * p.write_1h + read * p.read
                 + int(usage.get("output_tokens") or 0) * p.output) / 1e6
+
+
+_BILLED = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+
+
+def billed_tokens(usage: Mapping[str, Any]) -> dict[str, int]:
+    """The tokens a response's usage was billed for, input, cache writes and reads, output: its top level, or, when
+    the top level counts none and ``iterations`` does, the iterations summed. An on-demand
+    compaction call (and a server compaction that paused) answers with a top level of zeros and
+    its cost in a ``compaction`` entry of ``usage.iterations`` (anthropic-cache-facts.md §3.5):
+    a report row shows these beside the cost, not the zeros."""
+    top = {k: int(usage.get(k) or 0) for k in _BILLED}
+    its = [it for it in usage.get("iterations") or () if isinstance(it, Mapping)]
+    if any(top.values()) or not its:
+        return top
+    return {k: sum(int(it.get(k) or 0) for it in its) for k in _BILLED}
 
 
 M, K = 1_000_000, 1000

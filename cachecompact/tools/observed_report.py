@@ -14,6 +14,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+from ..base.pricing import billed_tokens
 from ..store.contract import SessionStore
 
 __all__ = ["observed_problems", "observed_report", "observed_session"]
@@ -78,12 +79,11 @@ def observed_report(meta: dict[str, Any], records: list[dict[str, Any]], *, deta
         lines += ["", "   #  time (UTC)           model                      prompt     read  written  cost $    "
                       "finding"]
         for r in records:
-            u = r.get("usage") or {}
-            p = sum(int(u.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens",
-                                                  "cache_creation_input_tokens"))
+            u = billed_tokens(r.get("usage") or {})  # a compaction call's are in usage.iterations
+            p = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
             lines.append(f"{r.get('i', '?'):>4}  {_when(r.get('time'))}  {str(r.get('model'))[:25]:<25} {p:>8,} "
-                         f"{int(u.get('cache_read_input_tokens') or 0):>8,} "
-                         f"{int(u.get('cache_creation_input_tokens') or 0):>8,}  {float(r.get('cost_usd') or 0):.4f}  "
+                         f"{u['cache_read_input_tokens']:>8,} "
+                         f"{u['cache_creation_input_tokens']:>8,}  {float(r.get('cost_usd') or 0):.4f}  "
                          f"{(r.get('finding') or {}).get('cls') or ''}"
                          + ("" if r.get("status") == 200 else f" (status {r.get('status')})"))
     return "\n".join(lines)

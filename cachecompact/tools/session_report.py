@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import CacheCompactError
-from ..base.pricing import priced
+from ..base.pricing import billed_tokens, priced
 from ..cache.forensics import is_compaction_rewrite, rewrite_cost
 from ..history.ledger import GIVEN_BACK_LEVEL
 from ..history.session import Session
@@ -208,9 +208,9 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
                     f"{f['cls']} at {f.get('location') or '-'} (${float(f.get('wasted_usd') or 0):.4f})"
                     + (f" [API: {f['api_reason']}]" if f.get("api_reason") else ""))
             who = f" {str(r.get('session', '')).ljust(width)} " if width else ""
-            lines.append(f"{i:4d}{who} {int(u.get('cache_read_input_tokens') or 0):6d} "
-                         f"{int(u.get('cache_creation_input_tokens') or 0):6d} {int(u.get('input_tokens') or 0):6d} "
-                         f"${float(r.get('cost_usd') or 0):.5f}  {note}")
+            b = billed_tokens(u)  # a compaction call's are in usage.iterations, its top level zeros
+            lines.append(f"{i:4d}{who} {b['cache_read_input_tokens']:6d} {b['cache_creation_input_tokens']:6d} "
+                         f"{b['input_tokens']:6d} ${float(r.get('cost_usd') or 0):.5f}  {note}")
     trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",
                                                            "deferred", "recent_budget")]
     if trouble:

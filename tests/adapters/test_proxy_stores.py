@@ -169,3 +169,36 @@ def test_a_conversation_is_hidden_only_when_none_of_its_sessions_had_an_answer()
     a = out["sessions"][0]
     assert [s["id"] for s in a["segments"]] == ["a.s2"] and a["conversation"]["requests"] == 5
     assert out["rejected_only"] == {"sessions": 1, "requests": 1, "ids": ["b"]}
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_a_compaction_calls_row_shows_the_tokens_it_was_billed_for(mode: str, tmp_path: Path) -> None:
+    """Issue 62: an on-demand compaction call answers with a top-level usage of zeros and its cost
+    in a ``compaction`` entry of ``usage.iterations``; its row in `report` and on the dashboard
+    showed no tokens beside a nonzero cost. It shows the entry's tokens."""
+    store = tmp_path / "store"
+    with Emulator() as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, store=str(store))) as px:
+        c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "read this " * 3000},
+                                      {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        c.messages.create(model="claude-opus-5-5", max_tokens=100, messages=msgs,
+                          extra_headers={"x-cachecompact-session": "od"})
+        r = c.messages.create(model="claude-opus-5-5", max_tokens=100, messages=msgs, extra_body={
+            "compaction": {"type": "summarize"}}, extra_headers={"x-cachecompact-session": "od",
+                                                                 "anthropic-beta": "compact-2026-09-04"})
+        px.wait_idle()
+        rows = httpx2.get(f"{px.url}/api/sessions/od").json()["requests"]
+    assert r.stop_reason == "compaction" and r.usage.input_tokens == 0 and r.usage.cache_read_input_tokens == 0
+    (step,) = r.usage.iterations  # type: ignore[attr-defined]
+    billed = (int(step["cache_read_input_tokens"]), int(step["cache_creation_input_tokens"]),
+              int(step["input_tokens"]))
+    assert sum(billed) > 7_000
+    assert (rows[1]["read"], rows[1]["write"], rows[1]["input"]) == billed  # the dashboard's row
+    rc, text = _cli("report", "--store", str(store), "od")
+    assert rc == 0, text
+    (row,) = [ln.split() for ln in text.splitlines() if ln.lstrip().startswith("1 ")]
+    if mode == "compact":  # #  read  write  input  cost
+        assert tuple(int(x) for x in row[1:4]) == billed, text
+    else:  # #  date time  model  prompt  read  written  cost
+        assert (int(row[5].replace(",", "")), int(row[6].replace(",", ""))) == billed[:2], text
+        assert int(row[4].replace(",", "")) == sum(billed), text

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ...base.pricing import model_window
+from ...base.pricing import billed_tokens, model_window
 from ...cache.forensics import is_compaction_rewrite
 from ...store.contract import blob_matches
 from ..httpserver import api_error
@@ -203,11 +203,11 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
 
 def _brief(r: dict[str, Any]) -> dict[str, Any]:
     """A request for the timeline: usage split, cost, timing and the finding without excerpts."""
-    u = r.get("usage") or {}
+    u = billed_tokens(r.get("usage") or {})  # a compaction call's are in usage.iterations, its top level zeros
     f = r.get("finding") or {}
     return {"i": r.get("i"), "time": r.get("time"), "status": r.get("status"), "stream": r.get("stream"),
-            "model": r.get("model"), "read": u.get("cache_read_input_tokens") or 0,
-            "write": u.get("cache_creation_input_tokens") or 0, "input": u.get("input_tokens") or 0,
+            "model": r.get("model"), "read": u["cache_read_input_tokens"],
+            "write": u["cache_creation_input_tokens"], "input": u["input_tokens"],
             "cost_usd": r.get("cost_usd"), "ttfb_ms": r.get("ttfb_ms"), "total_ms": r.get("total_ms"),
             "cls": f.get("cls"), "location": f.get("location"), "wasted_usd": f.get("wasted_usd"),
             "ours": is_compaction_rewrite(f), "explained_by": f.get("explained_by"),

@@ -433,9 +433,11 @@ class Observer:
             elif f.cls != "read_as_expected":
                 t.misses[f.cls] = t.misses.get(f.cls, 0) + 1
                 t.wasted_usd += f.wasted_usd
-        rec.update({"usage": {k: usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
-                                                         "cache_creation_input_tokens", "output_tokens")},
-                    "cost_usd": round(cost, 8), "finding": f.to_dict()})
+        kept = {k: usage.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                                          "output_tokens")}
+        if isinstance(usage.get("iterations"), list):  # a compaction call's tokens are there alone (`billed_tokens`)
+            kept["iterations"] = usage["iterations"]
+        rec.update({"usage": kept, "cost_usd": round(cost, 8), "finding": f.to_dict()})
         return self._add(s, rec)
 
     def refused(self) -> None:
