@@ -391,7 +391,7 @@ def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 assert httpx2.post(px.url + "/v1/messages", json=stray,
                                    headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}).status_code == 400
                 px.wait_idle()
-                said = "1 request(s) of conversations that got no answer"
+                said = "1 request of conversations that got no answer"
                 sync_api.expect(page.locator("#rejected-only")).to_contain_text(said, timeout=15_000)
                 assert page.locator("#sessions tbody tr").count() == rows
 

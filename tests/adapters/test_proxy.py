@@ -444,6 +444,14 @@ def test_compact_mode_records_streams_its_window_and_its_compactions_apart_from_
     assert one["session"]["compaction_rewrites"] == len(ours)
     assert f'cachecompact_compaction_rewrites_total{{mode="compact"}} {len(ours)}' in metrics
     assert 'class="prefix_churn"' not in metrics and 'class="compaction_rewrite"' not in metrics
+    # issue 62: a long reason is cut at a word boundary with " ...", never mid-word
+    whole = {e.seq: " ".join(e.reason.split()) for e in sess.ledger.entries}
+    long = [c for c in one["compactions"] if len(whole[c["seq"]]) > 200]
+    assert long, [len(r) for r in whole.values()]
+    for c in long:
+        kept = c["reason"].removesuffix(" ...")
+        assert c["reason"].endswith(" ...") and len(c["reason"]) <= 200, c["reason"]
+        assert whole[c["seq"]].startswith(kept + " "), (kept, whole[c["seq"]])  # ends where a word ends
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])

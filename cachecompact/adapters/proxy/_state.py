@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import queue
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -222,6 +223,12 @@ class ProxyState:
 STATE: web.AppKey[ProxyState] = web.AppKey("state")
 
 
+def _clip(reason: str, width: int = 200) -> str:
+    """A compaction's reason as the dashboard lists it: whole up to ``width`` characters, else cut
+    at a word boundary with `` ...`` (it was cut mid-word)."""
+    return reason if len(reason) <= width else textwrap.shorten(reason, width, placeholder=" ...")
+
+
 def analyse(state: ProxyState, ex: Exchange) -> None:
     """After the response, in the analysis thread: forensics and the session record (compact
     mode: unless the engine recorded it already, see `Handlers.messages`)."""
@@ -239,7 +246,7 @@ def analyse(state: ProxyState, ex: Exchange) -> None:
             ex.exchange.answered(got) if ex.exchange is not None and got is not None and got.usage else None)
         sess = p.live.session
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
-                  "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": (e.reason or "")[:200]}
+                  "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": _clip(e.reason or "")}
                  for e in sess.ledger.entries]
         plan = p.render.thinking
         thinking = {"left_out": sorted(plan.strip), "left_out_tokens": p.render.left_out_tokens,

@@ -28,6 +28,8 @@ function cell(row, text, cls) {
 }
 
 function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
+// "1 request", "2 requests": a count and its noun, in the number it takes
+function plural(n, one, many = one + "s") { return `${n} ${Number(n) === 1 ? one : many}`; }
 const usd = (x) => "$" + Number(x || 0).toFixed(4);
 const tokens = (n) => Number(n || 0).toLocaleString("en-US");
 const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "");
@@ -138,8 +140,10 @@ async function renderSessions() {
   $("no-sessions").hidden = data.sessions.length > 0 || data.rejected_only.requests > 0;
   const rej = $("rejected-only");  // rejected before any answer: counted, not listed (no empty rows)
   rej.hidden = data.rejected_only.requests === 0;
-  rej.textContent = `${data.rejected_only.requests} request(s) of conversations that got no answer ` +
-    `(rejected, failed or cut off; ${data.rejected_only.sessions} session id(s)) are not listed; /metrics counts them.`;
+  const n = data.rejected_only.requests;
+  rej.textContent = `${plural(n, "request")} of conversations that got no answer (rejected, failed or cut off; ` +
+    `${plural(data.rejected_only.sessions, "session id")}) ${n === 1 ? "is" : "are"} not listed; /metrics counts ` +
+    `${n === 1 ? "it" : "them"}.`;
   if (data.sessions.length > 0 && shown.length === 0) emptyRow(body, 10, `no session matches "${state.filter}"`);
 }
 
@@ -298,20 +302,27 @@ function contextView(latest, window) {
   }
 }
 
+// The sentence over a session's page: its figures, each count with its noun in the right number.
+function sessionSummary(s) {
+  const th = s.thinking || {};
+  return `${s.model || "model unknown"}: ${plural(s.requests, "request")} over ` +
+    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
+    `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
+    `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${plural(s.compaction_rewrites, "re-write")} ` +
+    `after our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "") +
+    (th.turns || th.drop_block_requests ? `; thinking: the blocks of ${plural(th.turns, "turn")} invalidated by our ` +
+      `edits, ${tokens(th.left_out_tokens)} tokens of them left out of requests; ` +
+      `${plural(th.drop_block_requests, "request")} asked the API to drop a tool-loop turn's thinking it could ` +
+      "not leave out" : "");
+}
+
 async function openSession(sid) {
   state.session = sid; state.miss = null;
   const data = await api(`/api/sessions/${encodeURIComponent(sid)}`);
   if (state.session !== sid || state.miss !== null) return;  // the reader moved on while this was fetched
   const s = data.session;
   $("session-title").textContent = s.title ? `${s.title} (session ${s.id})` : `session ${s.id}`;
-  $("session-summary").textContent = `${s.model || "model unknown"}: ${s.requests} requests over ` +
-    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
-    `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
-    `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${s.compaction_rewrites} re-writes after ` +
-    `our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "") +
-    (s.thinking && (s.thinking.turns || s.thinking.drop_block_requests) ? `; thinking: ${s.thinking.turns} turns' ` +
-      `blocks invalidated by our edits, ${tokens(s.thinking.left_out_tokens)} tokens of them left out of requests, ` +
-      `${s.thinking.drop_block_requests} requests asked the API to drop a tool-loop turn's` : "");
+  $("session-summary").textContent = sessionSummary(s);
   $("window-note").textContent = `the window: ${tokens(data.window)} tokens (${data.window_source})`;
   const rel = $("session-related");  // the other sessions of its conversation: segments, sub-agents
   clear(rel);
@@ -390,7 +401,8 @@ async function poll() {
       state.version = v.version;
       if (state.miss === null && state.session !== null && !$("session-view").hidden) await openSession(state.session);
       if (!$("sessions-view").hidden) await renderSessions();
-      $("updated").textContent = `updated ${new Date().toLocaleTimeString()} (${v.version} requests recorded)`;
+      $("updated").textContent = `updated ${new Date().toLocaleTimeString()} (${plural(v.version, "request")} ` +
+        "recorded)";
     }
   } catch (e) {
     $("status").textContent = `disconnected (${e.message})`;
