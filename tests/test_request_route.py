@@ -166,8 +166,10 @@ def test_a_compacting_wrap_turn_calls_only_down_the_floors() -> None:
     assert route.up == [], route.up
     # measured 40 (2026-12-04: 40 before the one exchange, 39 after it, 40 with history/draft.py, the
     # strategy's view); issue 49's ceiling is 40. Issue 39 asked for 30, not reached without merging
-    # modules (see docs/architecture.md): this ceiling keeps the route from growing unnoticed
-    assert len(route.files) <= 40, route.files
+    # modules (see docs/architecture.md): this ceiling keeps the route from growing unnoticed. 42 on
+    # 2026-12-07 (issue 62): the person's newest request (base/person.py) and the API-written
+    # summary's max_tokens (summarize/api_compaction.py)
+    assert len(route.files) <= 42, route.files
 
 
 def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
@@ -176,8 +178,10 @@ def test_a_compacting_proxy_request_calls_only_down_the_floors() -> None:
     assert route.up == [], route.up
     # measured 48 (2026-12-04: 48, then 47 with the one exchange, 48 with history/draft.py); issue 49's
     # ceiling is 48. Issue 39 asked for 32: the compact proxy also feeds the dashboard's analysis
-    # (observe.py, cache/simulator.py) on every request
-    assert len(route.files) <= 48, route.files
+    # (observe.py, cache/simulator.py) on every request. 50 on 2026-12-07 (issue 62): the API-written
+    # summary's request sizes its max_tokens (summarize/api_compaction.py) and carries the person's
+    # newest request, read by base/person.py
+    assert len(route.files) <= 50, route.files
 
 
 @pytest.mark.slow  # profiles every call of a streamed turn: 13 s

@@ -75,16 +75,17 @@ class ApiRequest:
     call: OnDemandCall
     tokens: int  # the request's tokens when it was decided
     future: Future[OnDemandResult] | None = None
+    keep: str = ""  # the person's newest request, when the range covers it: the summary must quote it
 
     def send(self, at: float | None) -> None:
         """Start the call in the background (once)."""
         if self.future is None:
-            self.future = _pool().submit(self.call, self.body, at)
+            self.future = _pool().submit(self.call, self.body, at, self.keep)
 
     def result(self, at: float | None) -> OnDemandResult:
         """The block; waits for a call still running, and makes one never started."""
         if self.future is None:
-            return self.call(self.body, at)
+            return self.call(self.body, at, self.keep)
         return self.future.result()
 
     def edit(self, res: OnDemandResult) -> ApiCompaction:

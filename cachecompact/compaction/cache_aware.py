@@ -83,8 +83,9 @@ from .policy import (
     evaluate,
     limits,
 )
-from .strategy import Plan, StrategyContext, summarize_range, summary_request
+from .strategy import Plan, StrategyContext, latest_request, summarize_range, summary_request
 from .summarize.api_compaction import OnDemandSummarizer, compaction_max_tokens
+from .summarize.extractive import request_head
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -407,7 +408,7 @@ class CacheAwareCompactor:
             keep = int(lim.collapse_keep / max(ctr.calibration, 1e-9))
             return propose_full(view, keep_rounds=max(lv.keep_rounds_l4, view.rounds_within(keep)),
                                 summary_tokens=lv.summary_tokens)
-        return propose_truncate(view, target_tokens=target_raw)
+        return propose_truncate(view, target_tokens=target_raw, keep=self._latest_request())
 
     def _guard(self, p: Proposal) -> Proposal:
         """The one check every proposal passes: nothing may touch the immutable prefix (nor what
@@ -799,7 +800,9 @@ class CacheAwareCompactor:
         # marks what earlier requests wrote too, so it reads the longest warm entry before it writes the rest
         body = self.draft.render(transcript_len=end + 1, warm=True,
                                    **{**params, "model": model, "max_tokens": out}).body
-        return ApiRequest(level, reason, end, body, call, tokens)
+        latest = latest_request(self.draft)  # covered by the range: the API's summary must quote it (checked)
+        keep = request_head(latest[1]) if latest is not None and latest[0] <= end else ""
+        return ApiRequest(level, reason, end, body, call, tokens, keep=keep)
 
     def _swap_api(self, req: ApiRequest, report: Plan) -> int | None:
         """Put the API's block in place of messages 0..req.end; the tokens after, or None when no
@@ -877,6 +880,12 @@ class CacheAwareCompactor:
         if a is None or not any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(t[a])):
             return None
         return a
+
+    def _latest_request(self) -> int | None:
+        """The message of the person's newest request (`strategy.latest_request`), which no drop
+        removes and every summary that covers it carries word for word."""
+        found = latest_request(self.draft)
+        return found[0] if found is not None else None
 
     def _task_start(self) -> int:
         """The latest message a person wrote (a user message that is not tool results): the task
@@ -1006,7 +1015,8 @@ class CacheAwareCompactor:
         re-write buys many turns instead of the next critical turn coming two turns later."""
         target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
         p = self._guard(propose_truncate(build_view(self.draft), target_tokens=int(
-            target / max(self.draft.counter.calibration, 1e-9)), drop_summary=drop_summary))
+            target / max(self.draft.counter.calibration, 1e-9)), drop_summary=drop_summary,
+            keep=self._latest_request()))
         if p.empty:
             return tokens
         try:
@@ -1258,7 +1268,8 @@ class CacheAwareCompactor:
                     continue
                 p = self._guard(self._propose("L4", view, lim))
             else:
-                p = self._guard(propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9))))
+                p = self._guard(propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9)),
+                                                 keep=self._latest_request()))
             if p.empty:
                 continue
             try:

@@ -39,14 +39,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+import msgspec
+
 from ..base.events import Event, EventBus
+from ..base.person import person_text
 from ..base.pricing import ModelInfo
 from ..base.values import TTL, IdleDecision, SummaryMode
-from ..base.wire import TextBlock, content_blocks
+from ..base.wire import TextBlock, content_blocks, message_to_dict
 from ..history.draft import Draft
 from ..history.ledger import LedgerEntry, ReplaceWithSummary, widen_to_pairs
 from ..history.session import Session
 from .levels.working_set import WORKING_SET_HEADER
+from .summarize.extractive import request_head
 from .summarize.llm import (
     STORED_HEADER,
     Summarizer,
@@ -67,6 +71,7 @@ __all__ = [
     "StrategyConfig",
     "StrategyContext",
     "TurnReport",
+    "latest_request",
     "shaper_of",
     "summarize_range",
     "summary_request",
@@ -267,26 +272,57 @@ class StrategyConfig(Protocol):
     def build(self, ctx: StrategyContext) -> Strategy: ...
 
 
+def _person(draft: Draft, i: int) -> str:
+    t = draft.transcript
+    if t[i].role != "user" or t.is_tool_result_message(i):
+        return ""
+    return person_text(message_to_dict(t[i]))
+
+
 def task_goal(draft: Draft) -> str:
-    """The task goal every summary must keep: the text of the first user message."""
+    """The task goal every summary must keep: what a person wrote in the first message that holds
+    their words (`base.person`: not a client's ``<system-reminder>``); else the text of the first
+    user message, as a client without a person sends it."""
     if not len(draft):
         return ""
+    for i in range(len(draft)):
+        text = _person(draft, i)
+        if text:
+            return text
     blocks = content_blocks(draft.transcript[0])
     return "\n".join(b.text for b in blocks if isinstance(b, TextBlock) and b.text).strip()
+
+
+def latest_request(draft: Draft) -> tuple[int, str] | None:
+    """The newest message a person wrote in, and its words (`base.person.person_text`), when it
+    is not the one the task goal comes from: the request the agent works on now, which every
+    edit that covers it must carry word for word (issue 62). None before a second request."""
+    first = next((i for i in range(len(draft)) if _person(draft, i)), None)
+    for i in range(len(draft) - 1, -1, -1):
+        if first is not None and i <= first:
+            return None
+        text = _person(draft, i)
+        if text:
+            return i, text
+    return None
 
 
 def summary_request(draft: Draft, start: int, end: int, *, body: dict[str, Any] | None = None,
                     cache_warm: bool = False, at: float | None = None) -> SummaryRequest:
     """What a summary of transcript messages ``start..end`` is asked with: the rendered view of
-    the range, the task goal and the open issues of a summary starting at ``start`` that the new
-    one replaces (also what a summary's price is estimated from, before it is made)."""
+    the range, the task goal, the person's latest request when the range covers it, and the open
+    issues of a summary starting at ``start`` that the new one replaces (also what a summary's
+    price is estimated from, before it is made)."""
     r = draft.render(breakpoints=False)
     msgs = r.messages_in(start, end)
     prev = next((e for e in draft.ledger.effective() if e.kind == "summary" and e.start == start
                  and e.tool_use_id is None), None)
+    latest = latest_request(draft)
     return SummaryRequest(messages=msgs, goal=task_goal(draft),
                           previous_open_issues=open_issues_of(prev.summary or "") if prev else [],
-                          range=(start, end), body=body, cache_warm=cache_warm, at=at)
+                          range=(start, end), body=body, cache_warm=cache_warm, at=at,
+                          latest_request=request_head(latest[1]) if latest is not None and start <= latest[0] <= end
+                          else "")
 
 
 def summarize_range(draft: Draft, start: int, end: int, summarizer: Summarizer, *, reason: str,
@@ -300,6 +336,9 @@ def summarize_range(draft: Draft, start: int, end: int, summarizer: Summarizer, 
     """
     req = summary_request(draft, start, end, body=body, cache_warm=cache_warm, at=at)
     res = summarizer.summarize(req)
+    if req.latest_request and res.summary.latest_request != req.latest_request:
+        # the person's newest request goes on word for word, whatever the summarizer made of it
+        res.summary = msgspec.structs.replace(res.summary, latest_request=req.latest_request)
     text = format_summary(res.summary)
     stored = stored_outputs(req.messages)
     if stored:

@@ -615,7 +615,7 @@ class CompactionEngine:
                       if fixed > 1 else ": the task itself is over the limit; shorten it"))
         return Retry(None, f"context is full: the prompt has {n:,} tokens and the request reserves {reserved:,} output "
                            f"tokens (its max_tokens) within the API's {limit:,}-token limit, so it would take a window "
-                           f"of at least {n + reserved:,}; {why}. Start a new session")
+                           f"of at least {n + reserved:,}; {why}. Shorten the conversation or start a new session")
 
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""

@@ -353,7 +353,10 @@ def test_runs_that_do_not_finish_are_listed_with_their_whole_reason(tmp_path: Pa
     data = json.loads((out / "results.json").read_text())
     (failed,) = [r for r in data["results"] if not r["completed"]]
     assert failed["strategy"] == "none" and failed["failure"].startswith("request ")
-    assert "context full" in failed["failure"] and failed["failure"].rstrip().endswith("start a new session")
+    why = failed["failure"].rstrip()
+    # whole: our refusal, or (the prompt fits, its max_tokens does not: issue 62) the API's own 400 as it came
+    assert ("context full" in why and why.endswith("start a new session")) or \
+        ("exceed context limit" in why and why.endswith("try again")), why
     flat = " ".join(printed.split())
     line = f"none at 8,000 tokens on {failed['trace']}: {failed['failure']}"
     assert "runs that did not finish" in flat and line in flat

@@ -27,7 +27,7 @@ lives in a thread-local there) and may run later in another: "compaction in the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,12 +37,20 @@ from ...base.pricing import ONDEMAND_COMPACTION_MODELS, OwnPrices, canonical_id,
 from ...history.thinking import COMPACTION_BETA
 
 __all__ = ["COMPACTION_BETA", "COMPACTION_MIN_OUTPUT", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer",
-           "call_ondemand", "compaction_body", "compaction_max_tokens", "opens_with_compaction", "supports_ondemand",
-           "with_beta"]
+           "call_ondemand", "compaction_body", "compaction_max_tokens", "instructions_keeping", "kept_verbatim",
+           "opens_with_compaction", "supports_ondemand", "with_beta"]
 
 # what a compaction request's output may be lowered to at the least: "allow several thousand tokens"
 # (build-with-claude/compaction-on-demand), for the model's thinking and the summary it writes
 COMPACTION_MIN_OUTPUT = 8_192
+
+MAX_INSTRUCTIONS = 16_384  # characters of `compaction.instructions` (build-with-claude/compaction-on-demand)
+_KEEP_PROMPT = ("Write a summary of the conversation so far that lets the work go on from the summary alone, in "
+                "place of the messages it stands for. Keep the person's original goal; what was done, with its "
+                "results; what was found, with exact file paths, identifiers, numbers and commands; and what is still "
+                "open. Repeat the person's latest request word for word under the heading \"Latest request:\". It "
+                "is:\n<latest_request>\n{keep}\n</latest_request>\nDo not call any tool. Write the summary inside "
+                "<summary></summary> tags.")
 
 # what the compaction parameter may not be sent with (§3.5 Restrictions), dropped from the body
 _REFUSED_WITH = ("context_management", "stop_sequences", "stream", "cache_control")
@@ -59,7 +67,11 @@ class OnDemandResult:
     duration_s: float = 0.0
 
 
-OnDemandCall = Callable[[dict[str, Any], "float | None"], OnDemandResult]
+class OnDemandCall(Protocol):
+    """A bound on-demand compaction call: the compaction request's body, the time it runs at
+    (a replay's clock), and the person's words the summary must carry verbatim (`call_ondemand`)."""
+
+    def __call__(self, body: dict[str, Any], at: float | None, keep: str = "") -> OnDemandResult: ...
 
 
 @runtime_checkable
@@ -124,11 +136,32 @@ def compaction_max_tokens(caller: int, window: int | None, input_tokens: int, th
     return max(out, min(floor, caller if caller > 0 else floor))
 
 
+def instructions_keeping(keep: str) -> str:
+    """The ``instructions`` of a compaction request whose summary must carry the person's newest
+    request, ``keep``, word for word. "A non-blank `instructions` string (up to 16,384 characters)
+    replaces that prompt entirely"; "In your `instructions`, say what the summary must retain and
+    tell the model not to call tools" (build-with-claude/compaction-on-demand, *Write your own
+    summarization prompt*). A request too long to quote whole is quoted as far as it fits (the
+    check then reads that part)."""
+    room = MAX_INSTRUCTIONS - len(_KEEP_PROMPT.format(keep=""))
+    return _KEEP_PROMPT.format(keep=keep[:room])
+
+
+def kept_verbatim(keep: str, content: str) -> bool:
+    """Whether a summary's ``content`` quotes ``keep`` (as far as `instructions_keeping` quoted
+    it) word for word, whitespace aside."""
+    room = MAX_INSTRUCTIONS - len(_KEEP_PROMPT.format(keep=""))
+    return " ".join(keep[:room].split()) in " ".join(content.split())
+
+
 def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, str] | None = None,
-                  at: float | None = None, prices: OwnPrices | None = None) -> OnDemandResult:
+                  at: float | None = None, prices: OwnPrices | None = None, keep: str = "") -> OnDemandResult:
     """Ask the API for a signed block standing for ``body``'s messages. Raises `SummaryRejected`
-    (with what it cost) when the answer is not one block with content; the SDK's own errors
-    pass through (the caller counts both as a failed summary).
+    (with what it cost) when the answer is not one block with content, or, with ``keep`` (the
+    person's newest request, which the messages cover), when the block does not quote it word for
+    word: the summary is asked for it in its instructions (`instructions_keeping`), and checked
+    when it comes back. The SDK's own errors pass through (the caller counts both as a failed
+    summary, and makes its own, which carries the request verbatim).
 
     The call streams, whatever ``max_tokens`` is: the SDK refuses a non-streaming call whose
     ``max_tokens`` could take over 10 minutes (above about 21,333; cli-sdks-libraries/sdks/python,
@@ -142,8 +175,11 @@ def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, st
     if at is not None:
         extra[CLOCK_HEADER] = repr(at)
     req = compaction_body(body)
+    ask: dict[str, Any] = {"type": "summarize"}
+    if keep:
+        ask["instructions"] = instructions_keeping(keep)
     with client.messages.stream(**{k: v for k, v in req.items() if k in _SDK_ARGS},
-                                extra_body={"compaction": {"type": "summarize"},
+                                extra_body={"compaction": ask,
                                             **{k: v for k, v in req.items() if k not in _SDK_ARGS}},
                                 extra_headers=extra) as stream:
         resp = stream.get_final_message()
@@ -155,6 +191,9 @@ def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, st
             or not found.get("signature"):
         raise SummaryRejected(f"on-demand compaction answered with stop_reason {resp.stop_reason!r} and no signed "
                               "block with content", cost)
+    if keep and not kept_verbatim(keep, str(found["content"])):
+        raise SummaryRejected("the API-written summary does not quote the person's newest request word for word, "
+                              "as its instructions asked", cost)
     return OnDemandResult(str(found["content"]), str(found["signature"]), cost, usage, time.perf_counter() - t0)
 
 

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...base.keylines import key_lines
+from ...base.person import person_text
 
-__all__ = ["FINDINGS_BUDGET", "block_texts", "summary_facts"]
+__all__ = ["FINDINGS_BUDGET", "block_texts", "request_head", "summary_facts"]
 
 FINDINGS_BUDGET = 6000  # characters of key lines (a 2,000-token summary has room for them)
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|toml|yaml|"
@@ -72,6 +73,18 @@ def goal_head(goal: str) -> str:
     return goal
 
 
+def request_head(text: str) -> str:
+    """The person's newest request as a summary quotes it: whole, or its first `GOAL_WORDS`
+    words and how much was left out. A request that long is a paste (a log, a spec): quoting it
+    whole would make the summary as big as what it replaces, and L5, which keeps no summary,
+    keeps the message itself whole."""
+    words = list(_WORD.finditer(text))
+    if len(words) <= GOAL_WORDS:
+        return text
+    cut = words[GOAL_WORDS - 1].end()
+    return text[:cut] + f" [... {len(words) - GOAL_WORDS} more words of this request, left out of the summary]"
+
+
 def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issues: Sequence[str] = (),
                   skip_prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fields of a structured summary of ``messages``. ``goal``: the task goal (else the first
@@ -81,6 +94,11 @@ def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issue
     results: list[str] = []
     issues: list[str] = []
     files: dict[str, str] = {}
+    # what people wrote (`base.person`: not tool output, not a client's injected reminders): the
+    # goal is the first of it, and the newest, when it is another, is the request under way
+    people = [t for m in messages if (t := person_text(m))]
+    goal = goal or (people[0] if people else "")
+    latest = request_head(people[-1]) if people and people[-1].strip() != goal.strip() else ""
     for m in messages:
         for kind, t in block_texts(m):
             if skip_prefixes and t.startswith(skip_prefixes):
@@ -108,4 +126,5 @@ def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issue
             break
     return {"task_goal": goal_head(goal), "completed_steps": steps[-12:], "key_findings": findings,
             "open_issues": list(dict.fromkeys([*keep_issues, *issues[-6:]])),
-            "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]]}
+            "file_refs": [{"path": p, "relevance": r} for p, r in list(files.items())[-20:]],
+            "latest_request": latest}

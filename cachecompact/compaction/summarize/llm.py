@@ -33,11 +33,19 @@ from ...base.pricing import DEFAULT_SUMMARY_MODEL, OwnPrices, get_model, model_p
 from ...base.refs import REF_PATTERN
 from ...base.values import SummaryMode
 from ...base.wire import ToolResultBlock, block_from_dict, canonical_bytes, result_text
-from .api_compaction import COMPACTION_BETA, OnDemandCall, call_ondemand, opens_with_compaction, with_beta
+from .api_compaction import (
+    COMPACTION_BETA,
+    OnDemandCall,
+    OnDemandResult,
+    call_ondemand,
+    opens_with_compaction,
+    with_beta,
+)
 from .extractive import GOAL_WORDS, block_texts, summary_facts
 
 __all__ = [
     "EMIT_SUMMARY_TOOL",
+    "LATEST_REQUEST_HEADER",
     "STORED_HEADER",
     "SUMMARY_MARKER",
     "ExtractiveSummarizer",
@@ -57,12 +65,16 @@ __all__ = [
 ]
 
 SUMMARY_MARKER = "<cachecompact:summarize>"
+# the heading of the person's newest request in a summary's text, word for word after it
+LATEST_REQUEST_HEADER = "Latest request (the person's words, verbatim):"
 
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "task_goal": {"type": "string", "description": "The user's original goal, repeated verbatim (its first "
                                                        f"{GOAL_WORDS} words when it is longer)."},
+        "latest_request": {"type": "string", "description": "The person's newest request, when the conversation "
+                                                            "holds one after the goal, repeated verbatim."},
         "completed_steps": {"type": "array", "items": {"type": "string"}},
         "key_findings": {"type": "array", "items": {"type": "string"}},
         "open_issues": {"type": "array", "items": {"type": "string"},
@@ -92,11 +104,15 @@ class Summary(msgspec.Struct, frozen=True):
     open_issues: list[str]
     file_refs: list[FileRef] = []
     discarded: str | list[str] = ""
+    # the person's newest request after the goal, word for word: what the agent works on now
+    # (`summarize_range` puts the transcript's own words here, whatever the summarizer wrote)
+    latest_request: str = ""
 
 
 @dataclass(slots=True)
 class SummaryRequest:
-    """What to summarise. ``messages`` is the rendered view of the range (plain dicts)."""
+    """What to summarise. ``messages`` is the rendered view of the range (plain dicts);
+    ``latest_request``: the person's newest request when the range covers it (kept verbatim)."""
 
     messages: list[dict[str, Any]]
     goal: str
@@ -105,6 +121,7 @@ class SummaryRequest:
     body: dict[str, Any] | None = None  # the session's current request, for prefix reuse
     cache_warm: bool = False
     at: float | None = None  # when the compaction runs (the session's clock; simulated in replays and tests)
+    latest_request: str = ""
 
 
 @dataclass(slots=True)
@@ -184,6 +201,8 @@ def format_summary(s: Summary) -> str:
     discarded = "; ".join(s.discarded) if isinstance(s.discarded, list) else s.discarded
     if discarded:
         parts.append(f"Discarded: {discarded}")
+    if s.latest_request:  # last, as it came last: the request the work goes on with
+        parts.append(f"{LATEST_REQUEST_HEADER}\n{s.latest_request}")
     return "\n".join(parts)
 
 
@@ -351,8 +370,11 @@ class LLMSummarizer:
             return None
         client, headers, prices = self.client, dict(self.extra_headers or {}), self.prices
         headers.pop(CLOCK_HEADER, None)
-        return lambda body, at: call_ondemand(client, body, headers=headers,
-                                              at=at if self.clock is not None else None, prices=prices)
+        clocked = self.clock is not None
+
+        def call(body: dict[str, Any], at: float | None, keep: str = "") -> OnDemandResult:
+            return call_ondemand(client, body, headers=headers, at=at if clocked else None, prices=prices, keep=keep)
+        return call
 
     def _usage_cost(self, model: str, usage: Any) -> tuple[dict[str, Any], float]:
         u = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)

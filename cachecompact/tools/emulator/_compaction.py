@@ -130,6 +130,8 @@ def summary_block(messages: list[dict[str, Any]], edit: CompactEdit) -> dict[str
             lines += [f"- {x}" for x in facts[name]]
     if facts["file_refs"]:
         lines.append("Files: " + ", ".join(f["path"] for f in facts["file_refs"]))
+    if facts["latest_request"]:  # a summary made to continue the work ends with what was asked last
+        lines.append(f"Latest request: {facts['latest_request']}")
     if edit.instructions is not None:  # an instruction-following model would say what it followed
         lines.append("(summarized as instructed: " + json.dumps(edit.instructions[:200]) + ")")
     return {"type": "compaction", "content": "<summary>\n" + "\n".join(lines) + "\n</summary>"}
