@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["WARNING_KINDS", "Event", "EventBus"]
+__all__ = ["WARNING_KINDS", "Event", "EventBus", "summary_cost"]
 
 # what a user must hear about: failures, a full context, a planning bug, a burst of repeated calls;
 # compactions are INFO, a cache miss is logged at the level its class deserves (see middleware)
@@ -21,6 +21,28 @@ WARNING_KINDS = frozenset({"failure", "breaker_open", "context_full", "refused",
                            "first_compaction"})
 
 log = logging.getLogger("cachecompact")
+
+# the events that carry what cachecompact's own calls cost (`summary_cost`)
+_SPENDING_KINDS = frozenset({"compaction", "failure", "idle_summary"})
+_SPENDING_LEVELS = frozenset({"L3", "L4", "seed", None})
+
+
+def summary_cost(event: Event | Mapping[str, Any]) -> float:
+    """What cachecompact's own calls cost, as ``event`` (an `Event` or its stored dict) records
+    them: the summaries it made and the API wrote for it (on-demand compaction), failed ones
+    included, at the level they were made for. The one rule `report`, the proxy's dashboard and
+    ``/metrics`` add a session's summary calls by, so their totals agree; 0 for any other event
+    (a ``cache_miss``'s ``cost_usd`` is what the miss wasted, not a call)."""
+    kind: Any
+    level: Any
+    cost: Any
+    if isinstance(event, Event):
+        kind, level, cost = event.kind, event.level, event.cost_usd
+    else:
+        kind, level, cost = event.get("kind"), event.get("level"), event.get("cost_usd")
+    if kind not in _SPENDING_KINDS or level not in _SPENDING_LEVELS:
+        return 0.0
+    return float(cost or 0.0)
 
 _otel_trace: Any
 try:  # the optional [otel] extra: events also become span events (Langfuse, LangSmith, ...)

@@ -191,6 +191,9 @@ class CompactionEngine:
                                         max_bytes=opts.max_memory_mb << 20 if opts.max_memory_mb else None)
         self._last_prepared: dict[bytes, Prepared] = {}
         self._lock = threading.Lock()
+        # called with a session's id, its link and the events of each step as they are kept (`_save_events`):
+        # what the proxy's dashboard and /metrics count its summary calls' cost from, as `report` reads them
+        self.on_events: Callable[[str, dict[str, Any] | None, list[Event]], None] | None = None
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -560,6 +563,11 @@ class CompactionEngine:
         """Persist what ``live``'s step emitted (the event log is informational: a store that
         fails here is logged, and the request goes on)."""
         events = self.events.drain(live.sid)
+        if events and self.on_events is not None:
+            try:
+                self.on_events(live.sid, live.session.link, events)
+            except Exception:  # an observer's failure never stops the request
+                log.exception("cachecompact: an events observer failed")
         if live.session.store is None:
             return
         for ev in events:

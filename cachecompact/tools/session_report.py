@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import CacheCompactError
+from ..base.events import summary_cost as summary_cost_of
 from ..base.pricing import billed_tokens, priced
 from ..cache.forensics import is_compaction_rewrite, rewrite_cost
 from ..history.ledger import GIVEN_BACK_LEVEL
@@ -35,9 +36,7 @@ def session_data(session: Session) -> dict[str, Any]:
     requests = [r.fields() for r in typed]  # the per-request rows, as plain data
     events = store.read_events() if store is not None else []
     usage_cost = sum(r.cost_usd for r in typed)
-    summary_cost = sum(float(e.get("cost_usd") or 0.0) for e in events
-                       if e.get("kind") in ("compaction", "failure", "idle_summary")
-                       and e.get("level") in ("L3", "L4", "seed", None))
+    summary_cost = sum(summary_cost_of(e) for e in events)  # the proxy's dashboard and /metrics add the same
     reads = sum(r.usage.cache_read_input_tokens for r in typed)
     total_in = sum(r.usage.prompt_tokens for r in typed)
     kinds = Counter(str(e.get("kind")) for e in events)

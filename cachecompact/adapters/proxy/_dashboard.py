@@ -14,11 +14,13 @@ output in an excerpt stays text.
 
 API:
 
-* ``GET /api/version`` — a counter that grows with every recorded request;
+* ``GET /api/version`` — a counter that grows with every change (a recorded request, a summary's
+  cost), and the requests recorded (``requests``, as ``/metrics`` counts them);
 * ``GET /api/sessions`` — every conversation that had an answer: its sessions' titles (project
-  folder and first prompt), requests, cost, hit rate, wasted dollars, misses, and the re-writes our
-  own compactions caused (not misses); the sessions of conversations with no answer are counted in
-  ``rejected_only``;
+  folder and first prompt), requests, cost (the requests and cachecompact's own summary calls,
+  ``summaries_usd``, as ``report`` and ``/metrics`` count them), hit rate, wasted dollars, misses,
+  and the re-writes our own compactions caused (not misses); the sessions of conversations with no
+  answer are counted in ``rejected_only``;
 * ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
   read, written and uncached, cost, timing, the finding of each) and its compactions, and the
   window its context view is drawn against (``--window`` when given, else the model's);
@@ -82,6 +84,7 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         parts = [d, *d.get("segments", [])]
         d["conversation"] = {"sessions": len(parts), "requests": sum(p["requests"] for p in parts),
                              "cost_usd": round(sum(p["cost_usd"] for p in parts), 6),
+                             "summaries_usd": round(sum(float(p.get("summaries_usd") or 0.0) for p in parts), 6),
                              "wasted_usd": round(sum(p["wasted_usd"] for p in parts), 6),
                              "last_time": max(float(p["last_time"]) for p in parts)}
     top.sort(key=lambda d: -float(d["conversation"]["last_time"]))
@@ -133,7 +136,8 @@ def add_routes(app: web.Application, state: ProxyState) -> None:
         return web.Response(body=files[name], content_type=_STATIC[name], headers=_SECURE)
 
     async def version(_: web.Request) -> web.Response:
-        return _json({"version": state.observer.version, "mode": state.cfg.mode, "upstream": state.cfg.upstream,
+        return _json({"version": state.observer.version, "requests": state.observer.totals_now().requests,
+                      "mode": state.cfg.mode, "upstream": state.cfg.upstream,
                       "unanalysed": state.dropped,
                       "keep_bodies": state.cfg.keep_bodies})
 

@@ -37,8 +37,12 @@ def render(totals: Totals, *, mode: str, sessions: int, unanalysed: int, pending
                      [(f"{{{m}}}", totals.errors)])
     lines += _family("cachecompact_tokens_total", "counter", "Tokens by kind, as the API reported them.",
                      [(f'{{{m},kind="{_label(k)}"}}', v) for k, v in sorted(totals.tokens.items())])
-    lines += _family("cachecompact_cost_usd_total", "counter", "What the recorded requests cost, in US dollars.",
+    lines += _family("cachecompact_cost_usd_total", "counter",
+                     "What was billed, in US dollars: the recorded requests and cachecompact's own summary calls.",
                      [(f"{{{m}}}", float(round(totals.cost_usd, 8)))])
+    lines += _family("cachecompact_summary_cost_usd_total", "counter",
+                     "Of the cost, cachecompact's own summary calls (compact mode), in US dollars.",
+                     [(f"{{{m}}}", float(round(totals.summary_usd, 8)))])
     lines += _family("cachecompact_cache_wasted_usd_total", "counter",
                      "What cache misses cost beyond a warm cache, in US dollars (forensics).",
                      [(f"{{{m}}}", float(round(totals.wasted_usd, 8)))])

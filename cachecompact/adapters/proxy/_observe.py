@@ -30,7 +30,8 @@ import msgspec
 import xxhash
 
 from ...base.errors import CacheCompactError, InvalidSessionIdError, MalformedMessageError, UnknownModelError
-from ...base.pricing import priced
+from ...base.events import summary_cost
+from ...base.pricing import OwnPrices, priced
 from ...base.tokens import TokenCounter
 from ...cache.forensics import Finding, Forensics, snapshot_from_sim
 from ...cache.simulator import SimRequest, request_from_body
@@ -55,7 +56,8 @@ class ObservedSession:
     records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=2000))
     compactions: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # everything billed: its requests and cachecompact's own summary calls for it
+    summaries_usd: float = 0.0  # of which the summary calls (compact mode: `base.events.summary_cost`)
     wasted_usd: float = 0.0
     read: int = 0
     total_in: int = 0
@@ -81,7 +83,8 @@ class ObservedSession:
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
-                "cost_usd": round(self.cost_usd, 6), "wasted_usd": round(self.wasted_usd, 6),
+                "cost_usd": round(self.cost_usd, 6), "summaries_usd": round(self.summaries_usd, 6),
+                "wasted_usd": round(self.wasted_usd, 6),
                 "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
                 "first_time": self.first_time, "duration_s": round(self.last_time - self.first_time, 3),
@@ -169,7 +172,8 @@ class Totals:
     requests: int = 0
     errors: int = 0  # answered with a status other than 200
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS.values(), 0))
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # the requests and cachecompact's own summary calls (`summary_usd`)
+    summary_usd: float = 0.0  # what the summary calls cost (compact mode), as `report` counts them
     wasted_usd: float = 0.0  # the misses' cost (forensics), compaction's deliberate re-writes apart
     rewrites: int = 0  # requests that re-wrote the cache after our own compaction (compact mode): not misses
     rewrite_usd: float = 0.0  # what those re-writes cost over reading: written tokens x (write - read)
@@ -196,6 +200,7 @@ class Observer:
         self._issued: OrderedDict[str, set[str]] = OrderedDict()
         self.version = 0  # bumped on every record: the dashboard polls it
         self.totals = Totals()  # under _lock
+        self.prices: OwnPrices | None = None  # compact mode: the engine's, so a request costs what `report` says
         if store is not None:
             self._restore(store)
 
@@ -210,14 +215,18 @@ class Observer:
             try:
                 st = store.open(sid)
                 meta = st.read_meta()
-                recs = [e for e in st.read_events() if e.get("kind") == "observation"]
+                events = st.read_events()
+                recs = [e for e in events if e.get("kind") == "observation"]
             except (OSError, CacheCompactError, ValueError) as err:
                 log.warning("cachecompact proxy: session %s not listed again: %s", sid, str(err)[:200])
                 continue
             if not recs:
                 continue
             mode = str(meta.get("mode") or ("observe" if meta.get("observed") else "compact"))
-            x = ObservedSession(sid, str(meta.get("name") or sid.split(".")[0]), mode, stored=st)
+            x = ObservedSession(sid, str(meta.get("name") or sid.split(".")[0]), mode, stored=st,
+                                link=meta.get("link") if isinstance(meta.get("link"), dict) else None)
+            x.summaries_usd = sum(summary_cost(e) for e in events)  # the engine's own events, as `report` adds them
+            x.cost_usd = x.summaries_usd
             for rec in recs:
                 x.records.append({k: v for k, v in rec.items() if k != "kind"})
                 x.requests += 1
@@ -320,8 +329,28 @@ class Observer:
         """The record of a session the compaction engine named (compact mode)."""
         with self._lock:
             s = self._sessions.get(sid)
-            return s if s is not None else self._remember(ObservedSession(sid, sid.split(".")[0], "compact",
-                                                                          link=link))
+            if s is None:
+                return self._remember(ObservedSession(sid, sid.split(".")[0], "compact", link=link))
+            if s.link is None and link is not None:  # made by a summary's cost before its first request's record
+                s.link = link
+            return s
+
+    def spent(self, sid: str, events: list[Any], link: dict[str, Any] | None = None) -> None:
+        """The engine kept these events of session ``sid`` (compact mode): what its own summary
+        calls in them cost (`base.events.summary_cost`, the rule `report` adds them by) is added
+        to the session's cost and to the totals, so the dashboard, ``/metrics`` and `report`
+        agree (issue 62: they left the summaries out)."""
+        cost = sum(summary_cost(e) for e in events)
+        if not cost:
+            return
+        s = self.session_for_engine(sid, link)
+        with s.lock:
+            s.summaries_usd += cost
+            s.cost_usd += cost
+        with self._lock:
+            self.totals.cost_usd += cost
+            self.totals.summary_usd += cost
+            self.version += 1
 
     # -- recording ----------------------------------------------------------------------------------
 
@@ -407,7 +436,7 @@ class Observer:
             return self._finish(s, rec, usage, finding)
 
     def _finish(self, s: ObservedSession, rec: dict[str, Any], usage: dict[str, Any], f: Finding) -> dict[str, Any]:
-        cost = priced(str(rec.get("model") or "")).cost(usage)
+        cost = priced(str(rec.get("model") or ""), self.prices).cost(usage)
         read = int(usage.get("cache_read_input_tokens") or 0)
         total = read + int(usage.get("cache_creation_input_tokens") or 0) + int(usage.get("input_tokens") or 0)
         s.cost_usd += cost

@@ -103,6 +103,10 @@ class ProxyState:
                 options = EngineOptions.of(None, {"strategy": cfg.strategy, "window_tokens": cfg.window_tokens,
                                                   "clock": self.clock, "max_memory_mb": share, **(given or {})})
             self.engine = CompactionEngine(self.store, options, summarizer=summarizer)
+            # what its summary calls cost reaches the dashboard and /metrics as `report` reads it from the store
+            observer = self.observer
+            observer.prices = options.prices
+            self.engine.on_events = lambda sid, link, events: observer.spent(sid, events, link)
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
                 from ._held_credentials import HeldCredentials

@@ -306,7 +306,7 @@ function contextView(latest, window) {
 function sessionSummary(s) {
   const th = s.thinking || {};
   return `${s.model || "model unknown"}: ${plural(s.requests, "request")} over ` +
-    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}, hit rate ` +
+    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}` + (s.summaries_usd ? ` (summaries ${usd(s.summaries_usd)})` : "") + ", hit rate " +
     `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
     `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${plural(s.compaction_rewrites, "re-write")} ` +
     `after our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "") +
@@ -401,7 +401,7 @@ async function poll() {
       state.version = v.version;
       if (state.miss === null && state.session !== null && !$("session-view").hidden) await openSession(state.session);
       if (!$("sessions-view").hidden) await renderSessions();
-      $("updated").textContent = `updated ${new Date().toLocaleTimeString()} (${plural(v.version, "request")} ` +
+      $("updated").textContent = `updated ${new Date().toLocaleTimeString()} (${plural(v.requests, "request")} ` +
         "recorded)";
     }
   } catch (e) {
