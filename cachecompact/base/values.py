@@ -49,9 +49,11 @@ MISS_CLASSES: tuple[MissClass, ...] = get_args(MissClass)
 
 
 class ContextFull(msgspec.Struct, frozen=True):
-    """The request cannot fit; ``message`` says what fills it and what to do."""
+    """The request cannot fit; ``message`` says what fills it and what to do; ``session_id`` is
+    the session the request was resolved to (its refusal is counted there)."""
 
     message: str
+    session_id: str | None = None
 
 
 class Send(msgspec.Struct, frozen=True):
@@ -66,9 +68,12 @@ class Send(msgspec.Struct, frozen=True):
 
 class Refuse(msgspec.Struct, frozen=True):
     """A step of the request exchange: send nothing (more); answer the caller with ``message``,
-    the context is full (`ContextFullError` from the SDK middleware, a 400 from the proxy)."""
+    the context is full (`ContextFullError` from the SDK middleware, a 400 from the proxy).
+    ``session_id``: the session the engine resolved the request to, where the proxy counts the
+    refusal (None when there is none)."""
 
     message: str
+    session_id: str | None = None
 
 
 class Answer(msgspec.Struct, frozen=True):

@@ -131,7 +131,7 @@ class RequestExchange:
         p = self.engine.prepare_or_fail_open(self.body, explicit=self.explicit, now=self.now, retry=self.retry,
                                              raw=self.raw)
         if isinstance(p, ContextFull):
-            return Refuse(p.message)
+            return Refuse(p.message, p.session_id)
         self.prepared = p
         return None if p is None else Send(p.body, p.betas)
 
@@ -148,12 +148,14 @@ class RequestExchange:
         if status != 400:
             return None
         if self._resent:
-            return Refuse(STILL_TOO_LONG) if too_long(payload) is not None else None
+            return Refuse(STILL_TOO_LONG, self.prepared.live.sid) if too_long(payload) is not None else None
         retry = self.engine.after_too_long(self.prepared, payload)
         if retry is None:
             return None
         self._resent = True
-        return Refuse(retry.message) if retry.body is None else Send(retry.body, self.prepared.betas)
+        if retry.body is None:
+            return Refuse(retry.message, self.prepared.live.sid)
+        return Send(retry.body, self.prepared.betas)
 
     def answered(self, answer: Answer) -> Finding | None:
         """Record the caller's complete response (`CompactionEngine.record`; never raises)."""
@@ -271,7 +273,7 @@ class CompactionEngine:
             plan = self._planned(live, lambda: live.strategy.before_request(now, model, max_tokens, params=params))
             self._save_events(live)
             if plan.context_full is not None:
-                return ContextFull(plan.context_full)
+                return ContextFull(plan.context_full, live.sid)
             ttl, prefix_ttl = self._ttls(live)
             if asks_hour and live.shaper is None and "1h" not in (ttl, prefix_ttl) and not live.told_ttl:
                 live.told_ttl = True  # once per session: every request of a client like Claude Code asks it

@@ -40,6 +40,10 @@ def session_data(session: Session) -> dict[str, Any]:
     reads = sum(r.usage.cache_read_input_tokens for r in typed)
     total_in = sum(r.usage.prompt_tokens for r in typed)
     kinds = Counter(str(e.get("kind")) for e in events)
+    # the requests the proxy recorded that were not answered 200 (its `observation` records): the ones it
+    # refused itself (the context was full) and the upstream's errors; the request records hold the answered
+    unanswered = [e for e in events if e.get("kind") == "observation" and e.get("status") not in (None, 200)]
+    refused = sum(1 for e in unanswered if e.get("refused"))
     misses: Counter[str] = Counter()
     wasted: dict[str, float] = {}
     rewrites, rewrite_usd = 0, 0.0  # re-writes our own ledger edits caused: paid on purpose, not misses
@@ -76,6 +80,7 @@ def session_data(session: Session) -> dict[str, Any]:
         "head": session.head, "requests": requests, "events": events,
         "cost": {"requests_usd": usage_cost, "summaries_usd": summary_cost, "total_usd": usage_cost + summary_cost},
         "hit_rate": reads / total_in if total_in else 0.0,
+        "not_answered": {"refused": refused, "upstream": len(unanswered) - refused},
         "counts": {k: kinds.get(k, 0) for k in _COUNTED},
         "misses": dict(misses), "wasted_usd": wasted,
         "compaction_rewrites": {"requests": rewrites, "usd": rewrite_usd},
@@ -130,12 +135,14 @@ def conversation_data(segments: list[Session]) -> dict[str, Any]:
                                                           "input_tokens")) for r in d["requests"])
     d["hit_rate"] = reads / total if total else 0.0
     d["counts"] = {k: sum(p["counts"][k] for p in parts) for k in _COUNTED}
+    d["not_answered"] = {k: sum(p["not_answered"][k] for p in parts) for k in ("refused", "upstream")}
     d["misses"] = dict(sum((Counter(p["misses"]) for p in parts), Counter()))
     d["wasted_usd"] = {k: sum(p["wasted_usd"].get(k, 0.0) for p in parts) for k in d["misses"]}
     d["compaction_rewrites"] = {k: sum(p["compaction_rewrites"][k] for p in parts) for k in ("requests", "usd")}
     d["thinking"] = {k: sum(p["thinking"][k] for p in parts) for k in parts[0]["thinking"]}
     d["segments"] = [{"session_id": s.session_id, "link": s.link, "messages": len(s),
-                      "requests": s.requests_recorded} for s in segments]
+                      "requests": s.requests_recorded, "not_answered": p["not_answered"]}
+                     for s, p in zip(segments, parts, strict=True)]
     return d
 
 
@@ -163,17 +170,18 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
              f"head: {d['head']}"]
     if whole:  # one line each: a list of 15 in one sentence folded into a 20-line header (issue 50)
         lines.append(f"one conversation in {len(segments)} sessions (requests below name theirs):")
-        lines += [f"  {s.session_id}  {s.requests_recorded} requests"
+        lines += [f"  {s.session_id}  {s.requests_recorded} requests" + _unanswered(seg["not_answered"])
                   + (f"  ({s.link['reason']}, from {s.link['session']} at messages[{s.link.get('at', 0)}])"
-                     if s.link else "  (the first)") for s in segments]
+                     if s.link else "  (the first)") for s, seg in zip(segments, d["segments"], strict=True)]
     elif len(segments) > 1:
         link = f" ({sess.link['reason']}, from {sess.link['session']})" if sess.link else ""
         lines.append(f"one of the {len(segments)} sessions of conversation {segments[0].session_id}{link}: this "
                      f"report is this session's alone; `cachecompact report {segments[0].session_id}` has them all")
     reqs = d["requests"]
     c = d["cost"]
-    lines.append(f"requests: {len(reqs)}; cost ${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries "
-                 f"${c['summaries_usd']:.4f}); overall hit rate {d['hit_rate']:.3f}")
+    lines.append(f"requests: {len(reqs)} answered{_unanswered(d['not_answered'], ', {} not')}; cost "
+                 f"${c['total_usd']:.4f} (requests ${c['requests_usd']:.4f} + summaries ${c['summaries_usd']:.4f}); "
+                 f"overall hit rate {d['hit_rate']:.3f}")
     counts = {k: v for k, v in d["counts"].items() if v}
     if counts:
         lines.append("events: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
@@ -227,6 +235,14 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
         plot_session(d, Path(plot))
         text += f"\n\nplot written to {plot}"
     return text
+
+
+def _unanswered(n: dict[str, int], head: str = " + {} not answered") -> str:
+    """The requests the proxy recorded that got no answer, in words ("" when none): those it
+    refused itself (the context was full) and those the upstream answered with an error."""
+    parts = ([f"{n['refused']} refused by the proxy: the context was full"] if n["refused"] else []) + \
+        ([f"{n['upstream']} answered by the upstream with an error"] if n["upstream"] else [])
+    return head.format(n["refused"] + n["upstream"]) + f" ({'; '.join(parts)})" if parts else ""
 
 
 def _summary(d: dict[str, Any]) -> list[str]:

@@ -692,7 +692,8 @@ def test_the_exchange_is_one_sequence_without_io(tmp_path: Path) -> None:
     assert ex.received(200) is None and ex.received(400, other) is None  # relayed as they came
     again = ex.received(400, too_long)
     assert isinstance(again, Send) and again.body != first.body  # compacted, sent once more
-    assert ex.received(400, too_long) == Refuse(STILL_TOO_LONG)  # and only once
+    # and only once; the refusal names the session it is counted in (the proxy records it there)
+    assert ex.received(400, too_long) == Refuse(STILL_TOO_LONG, "conv")
     finding = ex.answered(Answer({"input_tokens": 10, "cache_creation_input_tokens": 0,
                                   "cache_read_input_tokens": 0, "output_tokens": 5}, "msg_1"))
     assert finding is not None and ex.prepared.live.session.requests_recorded == 1

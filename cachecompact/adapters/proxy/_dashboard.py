@@ -16,11 +16,13 @@ API:
 
 * ``GET /api/version`` — a counter that grows with every change (a recorded request, a summary's
   cost), and the requests recorded (``requests``, as ``/metrics`` counts them);
-* ``GET /api/sessions`` — every conversation that had an answer: its sessions' titles (project
-  folder and first prompt), requests, cost (the requests and cachecompact's own summary calls,
-  ``summaries_usd``, as ``report`` and ``/metrics`` count them), hit rate, wasted dollars, misses,
-  and the re-writes our own compactions caused (not misses); the sessions of conversations with no
-  answer are counted in ``rejected_only``;
+* ``GET /api/sessions`` — every conversation that had an answer or that the proxy refused: its
+  sessions' titles (project folder and first prompt), requests, those not answered 200
+  (``errors``) and of them the proxy's own refusals (``refused``), cost (the requests and
+  cachecompact's own summary calls, ``summaries_usd``, as ``report`` and ``/metrics`` count them),
+  hit rate, wasted dollars, misses, and the re-writes our own compactions caused (not misses); the
+  sessions of conversations the upstream answered only with errors are counted in
+  ``rejected_only``;
 * ``GET /api/sessions/{id}`` — one session: its summary, its requests (usage split into
   read, written and uncached, cost, timing, the finding of each) and its compactions, and the
   window its context view is drawn against (``--window`` when given, else the model's);
@@ -83,6 +85,8 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for d in top:
         parts = [d, *d.get("segments", [])]
         d["conversation"] = {"sessions": len(parts), "requests": sum(p["requests"] for p in parts),
+                             "errors": sum(int(p.get("errors") or 0) for p in parts),
+                             "refused": sum(int(p.get("refused") or 0) for p in parts),
                              "cost_usd": round(sum(p["cost_usd"] for p in parts), 6),
                              "summaries_usd": round(sum(float(p.get("summaries_usd") or 0.0) for p in parts), 6),
                              "wasted_usd": round(sum(p["wasted_usd"] for p in parts), 6),
@@ -92,16 +96,18 @@ def conversations(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def listing(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """``/api/sessions``: the conversations that had an answer. A conversation none of whose
-    requests was answered (rejected, failed or cut off) is no row (issue 50: each stray request
-    made an empty one); its sessions are counted in ``rejected_only``, and stay in the store and
-    in ``/metrics``. Conversations are formed first, so an answered segment stays under its first
-    session whatever that one got."""
+    """``/api/sessions``: the conversations that had an answer, or that the proxy itself refused
+    (compact mode: the context is full; issue 62: a conversation whose every request it refused
+    was listed nowhere). A conversation none of whose requests was answered by the upstream
+    (rejected, failed or cut off) is no row (issue 50: each stray request made an empty one); its
+    sessions are counted in ``rejected_only``, and stay in the store and in ``/metrics``.
+    Conversations are formed first, so an answered segment stays under its first session whatever
+    that one got."""
     shown: list[dict[str, Any]] = []
     hidden: list[dict[str, Any]] = []  # the sessions of the conversations not shown
     for c in conversations(summaries):
         parts = [c, *c.get("segments", [])]
-        if any(d["requests"] > d["errors"] for d in parts):
+        if any(d["requests"] > d["errors"] or d.get("refused") for d in parts):
             shown.append(c)
         else:
             hidden += parts

@@ -120,7 +120,7 @@ class Handlers:
             if got is not None:
                 exchange, step = got
                 if isinstance(step, Refuse):
-                    return self.refuse(step)
+                    return await self.refuse(step, exchange, now)
                 if step is not None:
                     prepared = exchange.prepared
                     data, headers = bytes_as_is(step.body), _with_betas(headers, lower, step.betas)
@@ -146,7 +146,7 @@ class Handlers:
                 break
             up.release()
             if isinstance(step, Refuse):
-                return self.refuse(step)
+                return await self.refuse(step, exchange, now)
             # the compacted body may need other betas than the first (reactive compaction can bind thinking)
             data, head = bytes_as_is(step.body), b""
             headers = _with_betas(_filter(request.headers, _REQUEST_DROP), lower, step.betas)
@@ -181,12 +181,21 @@ class Handlers:
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
             state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange))
 
-    def refuse(self, step: Refuse) -> web.Response:
-        """The proxy's own answer that the context is full, counted in ``/metrics`` as an error;
-        the setting it names is the proxy's flag, not ``wrap()``'s keyword."""
-        self.state.observer.refused()
-        return api_error(400, step.message.replace(PREFIX_SETTING, "--prefix-messages 1"),
-                         kind="invalid_request_error")
+    async def refuse(self, step: Refuse, exchange: RequestExchange, now: float) -> web.Response:
+        """The proxy's own answer that the context is full, counted in ``/metrics`` as an error and
+        recorded in the session the engine resolved the request to (the dashboard's conversation,
+        `report`), before the client has it; the setting it names is the proxy's flag, not
+        ``wrap()``'s keyword."""
+        message = step.message.replace(PREFIX_SETTING, "--prefix-messages 1")
+        state = self.state
+        sid = step.session_id
+        live = state.engine.registry.get(sid) if state.engine is not None and sid is not None else None
+        model = exchange.body.get("model")
+        await asyncio.get_running_loop().run_in_executor(
+            state.compute, lambda: state.observer.refused(sid, message=message, now=now,
+                                                          model=model if isinstance(model, str) else "",
+                                                          link=live.session.link if live is not None else None))
+        return api_error(400, message, kind="invalid_request_error")
 
     async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:
         try:

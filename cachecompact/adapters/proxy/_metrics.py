@@ -35,6 +35,9 @@ def render(totals: Totals, *, mode: str, sessions: int, unanalysed: int, pending
                      [(f"{{{m}}}", totals.requests)])
     lines += _family("cachecompact_request_errors_total", "counter", "Requests answered with a status other than 200.",
                      [(f"{{{m}}}", totals.errors)])
+    lines += _family("cachecompact_requests_refused_total", "counter",
+                     "Of the errors, the requests the proxy answered itself (compact mode: the context is full).",
+                     [(f"{{{m}}}", totals.refused)])
     lines += _family("cachecompact_tokens_total", "counter", "Tokens by kind, as the API reported them.",
                      [(f'{{{m},kind="{_label(k)}"}}', v) for k, v in sorted(totals.tokens.items())])
     lines += _family("cachecompact_cost_usd_total", "counter",

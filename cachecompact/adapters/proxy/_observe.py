@@ -64,7 +64,8 @@ class ObservedSession:
     misses: dict[str, int] = field(default_factory=dict)
     api_agree: int = 0
     api_conclusive: int = 0
-    errors: int = 0
+    errors: int = 0  # requests not answered 200: the upstream's errors and the proxy's own refusals
+    refused: int = 0  # of which the proxy answered itself (compact mode: the context is full)
     rewrites: int = 0
     rewrite_usd: float = 0.0
     last_time: float = 0.0
@@ -84,7 +85,7 @@ class ObservedSession:
     def summary(self) -> dict[str, Any]:
         return {"id": self.sid, "name": self.name, "mode": self.mode, "requests": self.requests,
                 "cost_usd": round(self.cost_usd, 6), "summaries_usd": round(self.summaries_usd, 6),
-                "wasted_usd": round(self.wasted_usd, 6),
+                "wasted_usd": round(self.wasted_usd, 6), "refused": self.refused,
                 "hit_rate": round(self.read / self.total_in, 4) if self.total_in else 0.0,
                 "misses": dict(self.misses), "errors": self.errors, "last_time": self.last_time,
                 "first_time": self.first_time, "duration_s": round(self.last_time - self.first_time, 3),
@@ -171,6 +172,7 @@ class Totals:
 
     requests: int = 0
     errors: int = 0  # answered with a status other than 200
+    refused: int = 0  # of which the proxy answered itself (compact mode: the context is full)
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS.values(), 0))
     cost_usd: float = 0.0  # the requests and cachecompact's own summary calls (`summary_usd`)
     summary_usd: float = 0.0  # what the summary calls cost (compact mode), as `report` counts them
@@ -235,6 +237,7 @@ class Observer:
                 x.model = str(rec.get("model") or x.model)
                 if rec.get("status") not in (None, 200):
                     x.errors += 1
+                    x.refused += int(bool(rec.get("refused")))
                 usage, f = rec.get("usage") or {}, rec.get("finding") or {}
                 x.cost_usd += float(rec.get("cost_usd") or 0.0)
                 x.read += int(usage.get("cache_read_input_tokens") or 0)
@@ -469,13 +472,29 @@ class Observer:
         rec.update({"usage": kept, "cost_usd": round(cost, 8), "finding": f.to_dict()})
         return self._add(s, rec)
 
-    def refused(self) -> None:
-        """A request the proxy answered itself with a 400 (compact mode: the context is full, before
-        sending or after the one retry): a request and an error in the totals and ``/metrics``."""
-        with self._lock:
-            self.version += 1
-            self.totals.requests += 1
-            self.totals.errors += 1
+    def refused(self, sid: str | None = None, *, status: int = 400, message: str = "", now: float | None = None,
+                model: str = "", link: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """A request the proxy answered itself (compact mode: the context is full, before sending
+        or after the one retry): a request and an error in the totals and ``/metrics``, and, when
+        the engine named its session ``sid``, a record of that session (``refused``: the message),
+        so the dashboard counts it in its conversation (issue 62: it was in ``/metrics`` alone,
+        and a conversation whose every request was refused was not listed)."""
+        if sid is None:
+            with self._lock:
+                self.version += 1
+                self.totals.requests += 1
+                self.totals.errors += 1
+                self.totals.refused += 1
+            return None
+        s = self.session_for_engine(sid, link)
+        with s.lock:
+            s.errors += 1
+            s.refused += 1
+            with self._lock:
+                self.totals.refused += 1
+            rec = {"time": time.time() if now is None else now, "status": status, "model": model or s.model,
+                   "refused": message[:300]}
+            return self._add(s, rec)
 
     def _add(self, s: ObservedSession, rec: dict[str, Any]) -> dict[str, Any]:
         rec["i"] = s.requests

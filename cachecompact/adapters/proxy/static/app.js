@@ -95,7 +95,10 @@ function row(body, s, segment) {
   // a conversation's first row: its own figures and the conversation's beside them (issue 50: the root
   // row showed $0.12 of a $1.79 conversation, read as the whole)
   const c = !segment && s.conversation && s.conversation.sessions > 1 ? s.conversation : null;
-  cell(tr, c ? `${s.requests} (all ${c.requests})` : s.requests, "num");
+  // requests not answered 200 (the proxy's refusals, the upstream's errors) are the session's too (issue 62)
+  const unanswered = (x) => (x.errors ? `, ${x.errors} not answered` : "");
+  cell(tr, c ? `${s.requests}${unanswered(s)} (all ${c.requests}${unanswered(c)})`
+    : `${s.requests}${unanswered(s)}`, "num");
   cell(tr, c ? `${usd(s.cost_usd)} (all ${usd(c.cost_usd)})` : usd(s.cost_usd), "num");
   cell(tr, c ? `${usd(s.wasted_usd)} (all ${usd(c.wasted_usd)})` : usd(s.wasted_usd), "num");
   cell(tr, (100 * s.hit_rate).toFixed(1) + "%", "num");
@@ -133,7 +136,9 @@ async function renderSessions() {
   const sum = (k) => all.reduce((a, s) => a + Number(s[k] || 0), 0);
   const prompt = sum("prompt_tokens");  // the hit rate of them all: tokens read over prompt tokens
   cell(totals, `total: ${shown.length} conversations, ${all.length} sessions`); cell(totals, "");
-  cell(totals, sum("requests"), "num"); cell(totals, usd(sum("cost_usd")), "num");
+  const errors = sum("errors");
+  cell(totals, errors ? `${sum("requests")}, ${errors} not answered` : sum("requests"), "num");
+  cell(totals, usd(sum("cost_usd")), "num");
   cell(totals, usd(sum("wasted_usd")), "num");
   cell(totals, prompt ? (100 * sum("read_tokens") / prompt).toFixed(1) + "%" : "", "num");
   cell(totals, ""); cell(totals, ""); cell(totals, ""); cell(totals, "");
@@ -306,7 +311,11 @@ function contextView(latest, window) {
 function sessionSummary(s) {
   const th = s.thinking || {};
   return `${s.model || "model unknown"}: ${plural(s.requests, "request")} over ` +
-    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)}), cost ${usd(s.cost_usd)}` + (s.summaries_usd ? ` (summaries ${usd(s.summaries_usd)})` : "") + ", hit rate " +
+    `${duration(s.duration_s)} (${when(s.first_time)} to ${when(s.last_time)})` +
+    (s.errors ? ` (${s.errors} not answered 200` + (s.refused ? `, ${s.refused} of them refused by the proxy: the ` +
+      "context was full" : "") + ")" : "") +
+    `, cost ${usd(s.cost_usd)}` + (s.summaries_usd ? ` (summaries ${usd(s.summaries_usd)})` : "") +
+    ", hit rate " +
     `${(100 * s.hit_rate).toFixed(1)}%, wasted ${usd(s.wasted_usd)}; API diagnostics agreed ` +
     `${s.api_agree} of ${s.api_conclusive}` + (s.compaction_rewrites ? `; ${plural(s.compaction_rewrites, "re-write")} ` +
     `after our compactions (${usd(s.compaction_rewrite_usd)}, paid on purpose, not misses)` : "") +
