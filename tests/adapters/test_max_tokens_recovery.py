@@ -10,7 +10,9 @@ runs through both proxy modes against the emulator, which bills and refuses as t
 from __future__ import annotations
 
 import itertools
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -118,3 +120,39 @@ def test_prefix_messages_is_a_compact_mode_setting_of_the_proxy() -> None:
         engine = px.state.engine
         assert engine is not None
         assert [s.prefix_messages for s in engine.sessions()] == [1]
+
+
+def test_a_retry_of_the_same_turn_stays_in_its_session(tmp_path: Path) -> None:
+    """Issue 62 item 5: a client's retry of a turn with the same history and other parameters
+    (Claude Code's lower ``max_tokens`` after the API's 400, other ``stop_sequences``) continues the
+    session it names; it is never a segment (``.sN``) or another agent (``.aN``). What does make
+    one is a retry whose history or system prompt differs from the attempt that went unanswered
+    (docs/architecture.md, *A turn that went unanswered*)."""
+    meta = {"user_id": json.dumps({"session_id": "0c5e-retry"})}  # how Claude Code names its session
+    store = tmp_path / "store"
+    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
+                              store=str(store))) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "Run the steps. " + "Context line.\n" * 1_500}]
+        refused = 0
+        for _ in range(6):
+            for max_tokens, extra in ((128_000, {}), (12_000, {"stop_sequences": ["END"]})):
+                try:
+                    with client.messages.stream(model=MODEL, max_tokens=max_tokens, tools=TOOLS, messages=msgs,
+                                                metadata=meta, extra_body=extra) as s:
+                        r = s.get_final_message()
+                    break
+                except anthropic.BadRequestError as err:
+                    assert _LIMIT.search(str(err.message)), err.message
+                    refused += 1
+            use = next(b for b in r.content if b.type == "tool_use")
+            msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                   "content": "ok\n" * 600}]}]
+        px.wait_idle()
+        sessions = {s.sid: s for s in px.state.observer.sessions()}
+    assert refused >= 6  # every turn was retried
+    assert list(sessions) == ["cc-0c5e-retry"] and sessions["cc-0c5e-retry"].link is None
+    assert sessions["cc-0c5e-retry"].requests == 6 + refused
+    assert [p.name for p in store.iterdir()] == ["cc-0c5e-retry"]

@@ -108,9 +108,9 @@ def test_refused_requests_are_their_conversations_and_an_all_refused_one_is_list
                               window_tokens=30_000)) as px, \
             httpx2.Client(base_url=px.url, headers=API) as http:
         client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
-        for _ in range(3):  # a client that tries again, as Claude Code does
+        for k in range(3):  # a client that tries again, at another max_tokens: the same session
             with pytest.raises(anthropic.BadRequestError, match="context is full"):
-                client.messages.create(model=MODEL, max_tokens=100, tools=TOOLS, messages=_too_big(),
+                client.messages.create(model=MODEL, max_tokens=100 * (k + 1), tools=TOOLS, messages=_too_big(),
                                        extra_headers={SESSION_HEADER: "full"})
         # another conversation: answered, then an upstream error (temperature out of range), then refused
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]
@@ -129,6 +129,7 @@ def test_refused_requests_are_their_conversations_and_an_all_refused_one_is_list
     assert set(listed) == {"full", "mixed"}, listed
     full, mixed = listed["full"], listed["mixed"]
     assert (full["requests"], full["errors"], full["refused"], full["cost_usd"]) == (3, 3, 3, 0.0)
+    assert "segments" not in full and full["link"] is None
     assert (mixed["requests"], mixed["errors"], mixed["refused"]) == (2, 1, 0)
     assert _metric(metrics, "cachecompact_requests_total") == 5
     assert _metric(metrics, "cachecompact_request_errors_total") == 4
