@@ -151,3 +151,19 @@ def test_a_failed_api_summary_is_followed_by_ours_never_by_dropped_rounds(monkey
 def test_the_compaction_requests_max_tokens(caller: int, window: int | None, tokens: int, thinking: Any,
                                             expected: int) -> None:
     assert api_compaction.compaction_max_tokens(caller, window, tokens, thinking) == expected
+
+
+def test_a_compaction_request_that_binds_thinking_carries_its_beta() -> None:
+    """Issue 56: the render asks ``thinking.block_binding`` (drop_block) for thinking an edit
+    invalidated; the compaction request carried it with only the compaction beta, and the API
+    refused it ("Extra inputs are not permitted"), so the summary fell to dropped rounds."""
+    body = {"model": "claude-opus-5-5", "max_tokens": 8000,
+            "thinking": {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop_block"}},
+            "messages": [{"role": "user", "content": "Audit the project. " * 50},
+                         {"role": "assistant", "content": "Reading it."},
+                         {"role": "user", "content": "Go on. " * 50}]}
+    with Emulator(SummarizingResponder(_reader())) as emu:
+        client = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
+        res = api_compaction.call_ondemand(client, body)
+        refusals = list(emu.core.refusals)
+    assert res.content and res.signature and refusals == []

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 from ...base.errors import SummaryRejected
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
 from ...base.pricing import ONDEMAND_COMPACTION_MODELS, OwnPrices, canonical_id, model_prices
-from ...history.thinking import COMPACTION_BETA
+from ...history.thinking import BINDING_BETA, COMPACTION_BETA
 
 __all__ = ["COMPACTION_BETA", "COMPACTION_MIN_OUTPUT", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer",
            "call_ondemand", "compaction_body", "compaction_max_tokens", "instructions_keeping", "kept_verbatim",
@@ -175,6 +175,12 @@ def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, st
     if at is not None:
         extra[CLOCK_HEADER] = repr(at)
     req = compaction_body(body)
+    th = req.get("thinking")
+    if isinstance(th, Mapping) and "block_binding" in th:
+        # the body's own beta goes with it: the render asks `drop_block` for thinking an edit
+        # invalidated, and without its beta the API refuses the field ("thinking.block_binding:
+        # Extra inputs are not permitted"), which turned the summary into dropped rounds (issue 56)
+        extra["anthropic-beta"] = with_beta(extra["anthropic-beta"], BINDING_BETA)
     ask: dict[str, Any] = {"type": "summarize"}
     if keep:
         ask["instructions"] = instructions_keeping(keep)
