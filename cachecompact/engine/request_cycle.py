@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -193,9 +194,11 @@ class CompactionEngine:
                                         max_bytes=opts.max_memory_mb << 20 if opts.max_memory_mb else None)
         self._last_prepared: dict[bytes, Prepared] = {}
         self._lock = threading.Lock()
-        # called with a session's id, its link and the events of each step as they are kept (`_save_events`):
-        # what the proxy's dashboard and /metrics count its summary calls' cost from, as `report` reads them
-        self.on_events: Callable[[str, dict[str, Any] | None, list[Event]], None] | None = None
+        # each step's events (a session's id, its link, the events) as they are kept (`_save_events`), for an
+        # adapter that reads them: the proxy's dashboard and /metrics count its summary calls' cost from them,
+        # as `report` reads them from the store. Data the adapter drains (`drain_step_events`), never a call
+        # back up into it; None (the default): not kept
+        self.step_events: deque[tuple[str, dict[str, Any] | None, list[Event]]] | None = None
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -565,11 +568,8 @@ class CompactionEngine:
         """Persist what ``live``'s step emitted (the event log is informational: a store that
         fails here is logged, and the request goes on)."""
         events = self.events.drain(live.sid)
-        if events and self.on_events is not None:
-            try:
-                self.on_events(live.sid, live.session.link, events)
-            except Exception:  # an observer's failure never stops the request
-                log.exception("cachecompact: an events observer failed")
+        if events and self.step_events is not None:
+            self.step_events.append((live.sid, live.session.link, events))
         if live.session.store is None:
             return
         for ev in events:
@@ -577,6 +577,17 @@ class CompactionEngine:
                 live.session.log_event(ev.to_dict())
             except (OSError, CacheCompactError):
                 log.exception("cachecompact: could not persist an event")
+
+    def drain_step_events(self) -> list[tuple[str, dict[str, Any] | None, list[Event]]]:
+        """The steps' events kept since the last call (`step_events`), oldest first."""
+        out = []
+        q = self.step_events
+        while q:
+            try:
+                out.append(q.popleft())
+            except IndexError:  # another thread drained it first
+                break
+        return out
 
     def _ttls(self, live: Live) -> tuple[TTL | None, TTL | None]:
         """The TTLs a request is rendered with: the caller's (``ttl=``, ``prefix_ttl=``), else its

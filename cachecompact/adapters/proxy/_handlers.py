@@ -21,7 +21,7 @@ from ...base.wire import bytes_as_is
 from ...store import check_session_id
 from ..httpserver import api_error, read_body
 from ._config import ProxyConfig
-from ._state import Exchange, ProxyState
+from ._state import Exchange, ProxyState, spent
 from ._tap import ResponseTap, decoded
 from ._upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -191,10 +191,13 @@ class Handlers:
         sid = step.session_id
         live = state.engine.registry.get(sid) if state.engine is not None and sid is not None else None
         model = exchange.body.get("model")
-        await asyncio.get_running_loop().run_in_executor(
-            state.compute, lambda: state.observer.refused(sid, message=message, now=now,
-                                                          model=model if isinstance(model, str) else "",
-                                                          link=live.session.link if live is not None else None))
+
+        def record() -> None:
+            state.observer.refused(sid, message=message, now=now, model=model if isinstance(model, str) else "",
+                                   link=live.session.link if live is not None else None)
+            spent(state)  # what the refused request's step spent on summaries before it gave up
+
+        await asyncio.get_running_loop().run_in_executor(state.compute, record)
         return api_error(400, message, kind="invalid_request_error")
 
     async def plain(self, request: web.Request, raw: bytes, headers: list[tuple[str, str]]) -> web.StreamResponse:

@@ -11,6 +11,7 @@ import queue
 import textwrap
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mo
     from ..idle_scheduler import IdleScheduler
     from ._held_credentials import HeldCredentials
 
-__all__ = ["STATE", "Exchange", "ProxyState", "analyse"]
+__all__ = ["STATE", "Exchange", "ProxyState", "analyse", "spent"]
 
 log = logging.getLogger("cachecompact")
 
@@ -106,7 +107,7 @@ class ProxyState:
             # what its summary calls cost reaches the dashboard and /metrics as `report` reads it from the store
             observer = self.observer
             observer.prices = options.prices
-            self.engine.on_events = lambda sid, link, events: observer.spent(sid, events, link)
+            self.engine.step_events = deque(maxlen=100_000)  # drained by `spent` after each exchange
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
                 from ._held_credentials import HeldCredentials
@@ -233,9 +234,29 @@ def _clip(reason: str, width: int = 200) -> str:
     return reason if len(reason) <= width else textwrap.shorten(reason, width, placeholder=" ...")
 
 
+def spent(state: ProxyState) -> None:
+    """What the engine's steps spent on summaries since the last call, into the dashboard and
+    /metrics (`Observer.spent`): read from the engine as data (`CompactionEngine.step_events`)."""
+    if state.engine is None:
+        return
+    for sid, link, events in state.engine.drain_step_events():
+        try:
+            state.observer.spent(sid, events, link)
+        except Exception:  # never let analysis take the proxy down
+            log.exception("cachecompact proxy: could not count a summary's cost")
+
+
 def analyse(state: ProxyState, ex: Exchange) -> None:
     """After the response, in the analysis thread: forensics and the session record (compact
-    mode: unless the engine recorded it already, see `Handlers.messages`)."""
+    mode: unless the engine recorded it already, see `Handlers.messages`), then what the steps
+    spent on summaries (`spent`)."""
+    try:
+        _analyse_one(state, ex)
+    finally:
+        spent(state)
+
+
+def _analyse_one(state: ProxyState, ex: Exchange) -> None:
     raw, headers, p, status, now, timing, stream = ex.raw, ex.headers, ex.prepared, ex.status, ex.now, ex.timing, \
         ex.stream
     try:
