@@ -106,8 +106,9 @@ class CompactionMiddleware(Middleware):
     def strategies(self) -> list[Strategy]:
         return self.engine.strategies()
 
-    def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
-        return self.engine.read_scratchpad(tool_input)
+    def read_scratchpad(self, tool_input: dict[str, Any], messages: list[Any] | None = None) -> tuple[str, bool]:
+        """`CompactionEngine.read_scratchpad`: from the caller's own conversation only."""
+        return self.engine.read_scratchpad(tool_input, messages)
 
     @staticmethod
     def _applies(request: APIRequest) -> bool:
@@ -394,6 +395,10 @@ def compact_idle(client: anthropic.Anthropic | anthropic.AsyncAnthropic, session
 
 
 def scratchpad_handler(client: anthropic.Anthropic | anthropic.AsyncAnthropic
-                       ) -> Callable[[dict[str, Any]], tuple[str, bool]]:
-    """For the agent loop: answers ``read_scratchpad`` tool calls of a wrapped client's sessions."""
+                       ) -> Callable[..., tuple[str, bool]]:
+    """For the agent loop: answers ``read_scratchpad`` tool calls, ``handler(call.input, messages)``,
+    from the caller's own conversation only: the session whose whole history ``messages`` (the
+    agent's, as it sends them) starts with, its segments and sub-agents. Without ``messages``,
+    the sessions the wrapped client has served in this process (and its ``session_id``'s, if it
+    names one); a reference of any other session answers as a missing one."""
     return _middleware_of(client).read_scratchpad

@@ -40,7 +40,17 @@ from ..history.draft import Draft
 from ..history.scratchpad import READ_SCRATCHPAD_TOOL
 from ..history.session import Session
 from ..store import Store, check_session_id
-from .identity import Decision, RequestHistory, decide, family_key, family_order, in_family, new_id, preamble_key
+from .identity import (
+    Decision,
+    RequestHistory,
+    decide,
+    family_base,
+    family_key,
+    family_order,
+    in_family,
+    new_id,
+    preamble_key,
+)
 from .options import EngineOptions
 
 __all__ = ["Live", "LiveMaker", "Resolved", "SessionRegistry", "SummarizerFactory"]
@@ -268,6 +278,58 @@ class SessionRegistry:
         if stored and self.store is not None:
             ids |= {k for k in self.store.list(base) if in_family(k, base)}
         return sorted(ids, key=family_order)
+
+    # -- a caller's conversation (read_scratchpad's scope) -------------------------------------------
+
+    def holding(self, req: RequestHistory, base: str) -> str | None:
+        """The session whose whole transcript ``req``'s history starts with (the longest), in
+        ``base``'s family, in memory or stored; None when there is none. The caller proves the
+        session is its own by sending all of it, so no other caller's session is found this way."""
+        best: tuple[int, str] | None = None
+        with self._lock:
+            for sid in self._family(base, stored=True):
+                if sid in self._not_ours:
+                    continue
+                try:
+                    live = self._load(sid)
+                except (StoreError, OSError):  # damaged or just deleted: not the caller's to read
+                    continue
+                ids = live.identities if live is not None else ()
+                if ids and len(ids) <= len(req.ids) and list(ids) == req.ids[:len(ids)] \
+                        and (best is None or len(ids) > best[0]):
+                    best = (len(ids), sid)
+        return best[1] if best is not None else None
+
+    def _link_of(self, sid: str) -> str | None:
+        live = self.get(sid)
+        if live is not None:
+            link = live.session.link
+        elif self.store is not None:
+            try:
+                link = self.store.open(sid).read_meta().get("link")
+            except (StoreError, OSError):
+                return None
+        else:
+            return None
+        target = link.get("session") if isinstance(link, dict) else None
+        return target if isinstance(target, str) else None
+
+    def conversation(self, sid: str) -> list[str]:
+        """Ids of ``sid``'s conversation: the session its links lead back to, and every session of
+        its family linked to that one (segments, sub-agents under the same name), ``sid`` first."""
+        base = family_base(sid)
+
+        def root_of(k: str) -> str:
+            seen = {k}
+            while (up := self._link_of(k)) is not None and up not in seen and in_family(up, base):
+                seen.add(up)
+                k = up
+            return k
+
+        root = root_of(sid)
+        with self._lock:
+            members = self._family(base, stored=True)
+        return [sid, *(k for k in members if k != sid and k not in self._not_ours and root_of(k) == root)]
 
     # -- resolution ----------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ __all__ = [
     "Kind",
     "RequestHistory",
     "decide",
+    "family_base",
     "family_key",
     "family_order",
     "in_family",
@@ -253,6 +254,12 @@ def in_family(sid: str, base: str) -> bool:
         return False
     tail = sid[len(base) + 1:]
     return tail.isdigit() or (tail[:1] in ("s", "a") and tail[1:].isdigit())
+
+
+def family_base(sid: str) -> str:
+    """The family ``sid`` belongs to: ``sid`` without its number (``job.s2`` -> ``job``)."""
+    head = sid.rpartition(".")[0]
+    return head if head and in_family(sid, head) else sid
 
 
 def new_id(base: str, kind: Kind, named: bool, taken: set[str]) -> str:

@@ -52,9 +52,9 @@ from ..history.render import RenderResult
 from ..history.scratchpad import REF_RE, Scratchpad
 from ..history.session import Session
 from ..history.thinking import BINDING_BETA, DROP_BLOCK
-from ..store import BlobOwners, Store, check_session_id, open_writable_store
+from ..store import Store, check_session_id, open_writable_store
 from ._registry import Live, LiveMaker, SessionRegistry, SummarizerFactory
-from .identity import RequestHistory
+from .identity import RequestHistory, family_key, in_family
 from .options import EngineOptions
 
 _T = TypeVar("_T")
@@ -660,35 +660,55 @@ class CompactionEngine:
 
     # -- the read_scratchpad tool ---------------------------------------------------------------------
 
-    def read_scratchpad(self, tool_input: dict[str, Any]) -> tuple[str, bool]:
-        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error). The sessions
-        this process has loaded first, then the stored sessions that hold the reference
-        (`store.BlobOwners`), skipping broken ones: after a restart the agent's
-        pending call must still find what an earlier process kept."""
+    def read_scratchpad(self, tool_input: dict[str, Any], messages: list[Any] | None = None) -> tuple[str, bool]:
+        """Answer a ``read_scratchpad`` tool call: (tool_result content, is_error), from the
+        caller's own conversation only (issue 56: one tenant never reads another's output).
+
+        With ``messages`` (the agent's history, as it sends it), the conversation is that of the
+        session whose whole transcript the history starts with, in memory or stored: after a
+        restart the agent's pending call still finds what an earlier process kept for it.
+        Without them, the sessions this engine has served (in memory) and, for a named engine
+        (``session_id=``), that name's stored sessions. A conversation is its session, its
+        segments and its sub-agents (linked, docs/architecture.md). A reference of any other
+        session answers exactly as a missing one, so its existence does not leak."""
         ref = tool_input.get("ref") if isinstance(tool_input, dict) else None
-        loaded = self.registry.sessions()
-        for live in loaded:
-            sp = Scratchpad.for_session(live.session)
-            text, is_error = sp.handle_tool_call(tool_input)
-            if not is_error or not str(ref).startswith("sp_"):
-                return text, is_error
-        if self.store is not None and isinstance(ref, str) and REF_RE.match(ref):
-            seen = {live.session.session_id for live in loaded}
+        if not isinstance(ref, str) or not REF_RE.match(ref):
+            return Scratchpad(None).handle_tool_call(tool_input)  # the malformed reference's own error
+        try:
+            scope = self._own_sessions(messages)
+        except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
+            return f"read_scratchpad error: the session store cannot be read: {err}", True
+        for sid in scope:
+            live = self.registry.get(sid)
             try:
-                owners = (self.store.blob_owners(ref) if isinstance(self.store, BlobOwners)
-                          else self.store.list())  # a store without the fast path: every session is asked
-            except (CacheCompactError, OSError) as err:  # the store is unreadable: an error result, not a crash
-                return f"read_scratchpad error: the session store cannot be read: {err}", True
-            for sid in owners:
-                if sid in seen:
+                sp = Scratchpad.for_session(live.session) if live is not None else \
+                    Scratchpad(self.store.open(sid)) if self.store is not None else None
+                if sp is None:
                     continue
-                try:
-                    text, is_error = Scratchpad(self.store.open(sid)).handle_tool_call(tool_input)
-                except (CacheCompactError, OSError):  # a broken or just-deleted session: the next copy may serve
-                    continue
-                if not is_error:
-                    return text, is_error
+                text, is_error = sp.handle_tool_call(tool_input)
+            except (CacheCompactError, OSError):  # a broken or just-deleted session: the next may serve
+                continue
+            if not is_error:
+                return text, is_error
         return Scratchpad(None).handle_tool_call(tool_input)
+
+    def _own_sessions(self, messages: list[Any] | None) -> list[str]:
+        """The ids `read_scratchpad` may read from, the caller's own first."""
+        if messages is not None:
+            req = RequestHistory.of({"messages": messages})
+            if not req.ids:
+                return []
+            named = self.options.session_id
+            sid = self.registry.holding(req, check_session_id(named) if named else family_key(req.ids[0]))
+            return self.registry.conversation(sid) if sid is not None else []
+        starts = [live.sid for live in self.registry.sessions()]
+        if self.options.session_id and self.store is not None:
+            starts += [k for k in self.store.list(self.options.session_id) if in_family(k, self.options.session_id)]
+        out: dict[str, None] = {}
+        for sid in starts:
+            if sid not in out:
+                out.update(dict.fromkeys(self.registry.conversation(sid)))
+        return list(out)
 
 
 _TOLD_OLD: set[tuple[type, str]] = set()

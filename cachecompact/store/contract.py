@@ -188,8 +188,8 @@ class AtomicAppends(Protocol):
 @runtime_checkable
 class BlobOwners(Protocol):
     """A store that finds the sessions holding scratchpad content ``ref`` (content-addressed, so
-    any copy serves): a restarted process answers a pending ``read_scratchpad`` call with it
-    instead of asking every session in turn."""
+    any copy serves), for tools that inspect a store. ``read_scratchpad`` does not use it: it
+    reads the caller's own conversation only, never whichever session holds a reference (issue 56)."""
 
     def blob_owners(self, ref: str) -> list[str]: ...
 

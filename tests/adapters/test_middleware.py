@@ -300,16 +300,17 @@ def test_placeholders_name_only_tools_the_request_carries(tmp_path: Path) -> Non
                 client.messages.create(model=MODEL, max_tokens=512, system=SYSTEM, tools=TOOLS, messages=reread)
                 sent = mw.sessions()[0].render().body["messages"][-1]["content"][0]["content"]
                 assert sent == out and len(out) > 4 * mw.sessions()[0].counter.calibration * 1000
-                if store is not None:  # a restarted agent answers its pending call before any request
+                if store is not None:  # a restarted agent answers its pending call before any request,
+                    # from its own conversation, which its history names (issue 56)
                     again = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                  window_tokens=20_000, scratchpad_tool=True, summarizer=None)
-                    assert scratchpad_handler(again)({"ref": ref.group(0)}) == (out, False)
+                    assert scratchpad_handler(again)({"ref": ref.group(0)}, reread) == (out, False)
                     half_made = store / "000-crashed-while-created"  # listed first, holds no session
                     half_made.mkdir()
                     (half_made / "session.json").write_text("{}")
                     third = wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                  window_tokens=20_000, scratchpad_tool=True, summarizer=None)
-                    assert scratchpad_handler(third)({"ref": ref.group(0)}) == (out, False)
+                    assert scratchpad_handler(third)({"ref": ref.group(0)}, reread) == (out, False)
             else:
                 assert "read_scratchpad" not in text  # never a tool the request does not carry
                 # and never advice that cannot work: a result too big for the window's room is not offered

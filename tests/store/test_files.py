@@ -293,9 +293,10 @@ def test_head_anchors_a_rollback(tmp_path: Path) -> None:
 
 def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a restart `read_scratchpad` asks the store which sessions hold a reference. A copied
-    folder whose name is no session id, and a session whose scratchpad folder is a planted link
-    to content outside the store, are both passed over; the genuine copy answers."""
+    """After a restart `read_scratchpad` reads the caller's own conversation from the store (here
+    named by ``session_id=``). A copied folder whose name is no session id, and a session whose
+    scratchpad folder is a planted link to content outside the store, are both passed over; the
+    genuine copy answers."""
     import shutil
 
     import anthropic
@@ -312,11 +313,13 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / f"{ref}.txt").write_text("FORGED")
-    Session.create(store, session_id="a-link", system=SYSTEM)
-    (root / "a-link" / "scratchpad").symlink_to(outside, target_is_directory=True)
+    Session.create(store, session_id="b-good.a2", system=SYSTEM,  # its sub-agent
+                   link={"session": "b-good", "reason": "agent", "at": 0})
+    (root / "b-good.a2" / "scratchpad").symlink_to(outside, target_is_directory=True)
     assert store.blob_owners(ref) == ["b-good"]
-    assert store.open("a-link").get_blob(ref) is None  # the link is not followed either way
-    client = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=root)
+    assert store.open("b-good.a2").get_blob(ref) is None  # the link is not followed either way
+    client = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=root,
+                  session_id="b-good")
     out, is_error = scratchpad_handler(client)({"ref": ref, "limit": 50})
     assert not is_error and out.startswith("CONFIG_A = 1") and "FORGED" not in out
     class WithoutBlobOwners:  # a store written without the optional fast path: every session is asked
@@ -330,14 +333,15 @@ def test_a_restarted_process_reads_scratchpad_content_past_broken_copies(tmp_pat
 
     plain = WithoutBlobOwners(FileStore(root))
     assert isinstance(plain, Store) and not isinstance(plain, BlobOwners)
-    other = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=plain)
+    other = wrap(anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key="t", max_retries=0), store=plain,
+                 session_id="b-good")
     assert scratchpad_handler(other)({"ref": ref, "limit": 50}) == (out, False)
     with monkeypatch.context() as m:  # a store that cannot be read: an error result for the agent, not a crash
 
-        def unreadable(self: FileStore, ref: str) -> list[str]:
+        def unreadable(self: FileStore, prefix: str = "") -> list[str]:
             raise StoreError("the database is down")
 
-        m.setattr(FileStore, "blob_owners", unreadable)
+        m.setattr(FileStore, "list", unreadable)
         out2, is_error = scratchpad_handler(client)({"ref": ref})
         assert is_error and "the session store cannot be read" in out2 and "database is down" in out2
     shutil.rmtree(root / "b-good")
