@@ -26,6 +26,7 @@ __all__ = [
     "PolicyConfigError",
     "ScratchpadRefError",
     "SessionExistsError",
+    "SessionIdMismatchError",
     "SessionLockedError",
     "SessionNotFoundError",
     "StagedEditsConflictError",
@@ -160,6 +161,20 @@ class SessionNotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "session not found"
+
+
+class SessionIdMismatchError(StoreError):
+    """A stored session's own id (its ``session.json`` ``session_id``) is not the id it is stored
+    under: a copied or renamed session folder. Not this id's session: the engine passes it over
+    with one warning. ``stored_as`` is the id (folder) it was opened by, ``own`` its own."""
+
+    def __init__(self, where: str, stored_as: str, own: str) -> None:
+        self.where, self.stored_as, self.own = where, stored_as, own
+        super().__init__(f"{where}: holds session {own!r}, not {stored_as!r} (a copied or renamed session folder); "
+                         f"rename it back to {own!r}, or move it out of the store")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return type(self), (self.where, self.stored_as, self.own)
 
 
 class SessionExistsError(StoreError):

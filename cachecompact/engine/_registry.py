@@ -26,6 +26,7 @@ from ..base.errors import (
     HistoryRewrittenError,
     MalformedMessageError,
     SessionExistsError,
+    SessionIdMismatchError,
     SessionNotFoundError,
     StoreError,
 )
@@ -258,6 +259,10 @@ class SessionRegistry:
             return self._remember(sid, self.maker.open(sid, model))
         except SessionNotFoundError:
             return None
+        except SessionIdMismatchError as err:  # a copied or renamed folder: not this id's session
+            self._not_ours.add(sid)
+            log.warning("cachecompact: session %s is passed over: %s", sid, err)
+            return None
         except StoreError:
             if not self._observed(sid):
                 raise  # a damaged session of ours: the request fails open and says why (a `failure` event)
@@ -393,7 +398,7 @@ class SessionRegistry:
         members = [self._live[k] for k in self._family(base, stored=False)]
         d = decide(req, members, named=named)
         if d.kind != "continue" and self.store is not None:
-            unloaded = [k for k in self._family(base, stored=True) if k not in self._live]
+            unloaded = [k for k in self._family(base, stored=True) if k not in self._live and k not in self._not_ours]
             if unloaded:
                 for sid in unloaded:
                     self._load(sid, model)

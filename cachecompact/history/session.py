@@ -29,6 +29,7 @@ from ..base.errors import (
     InvalidEditError,
     LedgerCorruptError,
     MalformedMessageError,
+    SessionIdMismatchError,
     StagedEditsConflictError,
     StoreConflictError,
     StoreError,
@@ -221,6 +222,8 @@ class Session:
             )
         except (KeyError, TypeError, ValueError, MalformedMessageError) as err:
             raise StoreError(f"{where}: invalid field: {err}") from None
+        if isinstance(target, Store) and session_id is not None and sess.session_id != session_id:
+            raise SessionIdMismatchError(store.location, session_id, sess.session_id)
         # a read-only open writes nothing, not even a lock file: stores that can lock for reading
         # alone (the file store) offer `read_lock`, an optional extra to the contract
         lock = store.read_lock if readonly and isinstance(store, SharedReadLock) else store.lock

@@ -716,3 +716,34 @@ def test_no_adapter_drives_the_retry_itself() -> None:
              and (n.func.attr in only_exchange or (n.func.attr in ("prepare", "record") and "eng" in ast.unparse(
                  n.func.value).rsplit(".", 1)[-1]))]
     assert calls == []
+
+
+def test_a_renamed_session_folder_is_passed_over_with_one_warning(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 56: a session folder whose name is not its session.json's ``session_id`` (a copied or
+    renamed folder) made every request of its family raise `KeyError` in the registry: a logged
+    traceback, and the request went out uncompacted. It is passed over, with one warning naming
+    the folder and the fix; the requests are the engine's as usual."""
+    import shutil
+
+    store = tmp_path / "s"
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Count the modules."}]
+    with Emulator() as emu:
+        first = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="k", max_retries=0), store=store,
+                                  session_id="job", summarizer=None)
+        first.messages.create(model="claude-sonnet-4-6", max_tokens=64, system=SHORT_SYSTEM,
+                              messages=msgs)  # type: ignore[arg-type]
+        shutil.move(store / "job", store / "job.s7")  # renamed: its session.json still says "job"
+        events: list[Event] = []
+        again = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="k", max_retries=0), store=store,
+                                  session_id="job", summarizer=None, on_event=events.append)
+        with caplog.at_level(logging.WARNING, logger="cachecompact"):
+            for _ in range(3):
+                again.messages.create(model="claude-sonnet-4-6", max_tokens=64, system=SHORT_SYSTEM,
+                                      messages=msgs)  # type: ignore[arg-type]
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "job.s7" in r.getMessage()]
+    assert len(said) == 1 and "holds session 'job'" in said[0] and "rename it back" in said[0]
+    assert not [e for e in events if e.type == "failure"]
+    stored = FileStore(store).open("job")  # the requests went through the engine, recorded
+    assert len(stored.read_all("requests")) == 3
