@@ -483,3 +483,15 @@ def test_the_verdict_quotes_strategy_names_so_none_is_not_no_peer() -> None:
     assert _quoted(["none (3 traces)", "claude-code (5 traces)"]) == "'none' (3 traces), 'claude-code' (5 traces)"
     assert _quoted(["openhands"]) == "'openhands'"
     assert _quoted([]) == "no peer"
+
+
+def test_bench_refuses_an_unknown_as_model_before_any_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """Issue 56: ``bench --as-model`` with an id the price table does not list ran every replay
+    and exited 0, where `wrap()` refuses the same id. It is refused up front, exit 2, with the
+    one-line nearest-id hint, and nothing is written."""
+    out = tmp_path / "out"
+    assert main(["bench", "--as-model", "claude-opus-9", "--out", str(out), "--no-tasks"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown model 'claude-opus-9'" in err and "nearest: claude-opus-5" in err
+    assert "Traceback" not in err and not (out.exists() and any(out.iterdir()))
