@@ -24,12 +24,13 @@ import re
 import subprocess
 import sys
 import threading
+import zlib
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 __all__ = [
@@ -45,6 +46,30 @@ __all__ = [
 ]
 
 log = logging.getLogger("cachecompact")
+
+
+class _UndecodableBodies(logging.Filter):
+    """aiohttp logs a traceback ("Error handling request", "Unhandled exception") when a request
+    body cannot be decoded as its Content-Encoding says, although `read_body` answers it with the
+    right 400 (issue 56: 17 tracebacks in 882 x 3 hostile bodies). Such a record becomes one line,
+    naming the error's type, with no traceback; every other record passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        seen = 0
+        while err is not None and seen < 8:
+            if isinstance(err, (RequestPayloadError, ContentEncodingError, zlib.error)):
+                why = str(err).replace("\n", " ").strip()[:160]
+                record.msg, record.args = "cachecompact: a request body could not be decoded (%s: %s); answered 400", (
+                    type(err).__name__, why)
+                record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.WARNING, \
+                    "WARNING"
+                return True
+            err, seen = err.__cause__ or err.__context__, seen + 1
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_UndecodableBodies())
 
 MAX_BODY = 32 * 1024 * 1024  # the API's documented request size limit
 BODY_TIMEOUT_S = 30.0  # a body must arrive within this

@@ -107,9 +107,13 @@ _TAGGED = re.compile(r"<(system-reminder|command-[a-z-]+|local-command-[a-z-]+)>
 
 
 def _texts(content: Any) -> list[str]:
+    """The text of a message's content (or a system prompt): a string, or the text blocks of a
+    list; nothing for any other value (a number or a boolean a client sent, issue 56)."""
     if isinstance(content, str):
         return [content]
-    return [str(b.get("text") or "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+    if not isinstance(content, list):
+        return []
+    return [str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text"]
 
 
 def conversation_title(body: dict[str, Any]) -> str:
