@@ -244,7 +244,7 @@ class CompactionEngine:
                     raise
                 if body["model"] not in self._unknown_models:  # the proxy forwards it (the API decides), and says
                     self._unknown_models.add(body["model"])  # once what wrap() says (issue 50)
-                    log.warning("cachecompact: %s; forwarded as sent, and priced as the default model here", err)
+                    log.warning("cachecompact: %s; forwarded as sent (the upstream decides whether it exists)", err)
         if explicit is not None:
             check_session_id(explicit, "session id")
         else:
@@ -577,6 +577,18 @@ class CompactionEngine:
                 live.session.log_event(ev.to_dict())
             except (OSError, CacheCompactError):
                 log.exception("cachecompact: could not persist an event")
+
+    def unknown_model(self, model: Any) -> str | None:
+        """What the price table says of a model id it does not list (the nearest ids, how to price
+        it), else None: an adapter adds it to the upstream's own "not found" answer, so the person
+        who mistyped the id reads the hint, not only the log."""
+        if not isinstance(model, str):
+            return None
+        try:
+            get_model(model, self.options.prices)
+        except UnknownModelError as err:
+            return str(err)
+        return None
 
     def drain_step_events(self) -> list[tuple[str, dict[str, Any] | None, list[Event]]]:
         """The steps' events kept since the last call (`step_events`), oldest first."""

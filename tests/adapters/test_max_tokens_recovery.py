@@ -156,3 +156,20 @@ def test_a_retry_of_the_same_turn_stays_in_its_session(tmp_path: Path) -> None:
     assert list(sessions) == ["cc-0c5e-retry"] and sessions["cc-0c5e-retry"].link is None
     assert sessions["cc-0c5e-retry"].requests == 6 + refused
     assert [p.name for p in store.iterdir()] == ["cc-0c5e-retry"]
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_a_mistyped_model_gets_the_nearest_ids_from_the_compact_proxy(mode: str) -> None:
+    """Issue 56: for a model id the price table does not list, the compact proxy relayed the
+    upstream's bare 404 and said the nearest ids only in its own log. Compact mode adds them to
+    the API's message (status and type kept); observe mode changes nothing."""
+    with Emulator(ScriptedResponder(_bash)) as emu, Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode)) as px:
+        client = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
+        with pytest.raises(anthropic.NotFoundError) as err:
+            client.messages.create(model="claude-opus-9", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
+        px.wait_idle()
+        errors = px.state.observer.totals.errors
+    msg = str(err.value.message)
+    assert err.value.status_code == 404 and "claude-opus-9" in msg
+    assert ("nearest: claude-opus-5" in msg) == (mode == "compact"), msg
+    assert errors == 1  # still counted as the error it is

@@ -154,6 +154,23 @@ class Handlers:
                 up = await self.send(request, data, headers)
             except UpstreamError as err:
                 return _unavailable(self.state.cfg, err)
+        if exchange is not None and up.status == 404 and state.engine is not None:
+            hint = state.engine.unknown_model(exchange.body.get("model"))
+            if hint is not None:  # the upstream's "not found", with the price table's nearest ids (issue 56)
+                try:
+                    body = head or await up.read()
+                except UpstreamError as err:
+                    up.release()
+                    return _unavailable(self.state.cfg, err)
+                up.release()
+                answer = _with_hint(body, up.headers.get("content-encoding", ""), hint)
+                tap = ResponseTap("application/json", "", live=False)  # recorded as the error it is
+                tap.feed(answer.body if isinstance(answer.body, bytes) else b"")
+                state.begin()
+                t_end = round(1000 * (time.perf_counter() - t0), 3)
+                state.submit(Exchange(raw, lower, prepared, 404, tap, now, {"upstream_ms": t_end, "ttfb_ms": t_end,
+                                                                            "total_ms": t_end}, False, [], exchange))
+                return answer
         tap = ResponseTap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
                    live=prepared is not None)
         t_up = time.perf_counter()
@@ -207,6 +224,18 @@ class Handlers:
             return _unavailable(self.state.cfg, err)
         async with up:
             return await self.relay(request, up, None)
+
+
+def _with_hint(body: bytes, encoding: str, hint: str) -> web.Response:
+    """The upstream's 404 for a model id the price table does not list, its message followed by
+    the table's nearest ids; a body that is not the API's error JSON goes back as it came."""
+    payload = json_or_none(decoded(body, encoding))
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(err, dict) or err.get("type") != "not_found_error":
+        return web.Response(status=404, body=body, headers={"content-encoding": encoding} if encoding else None,
+                            content_type="application/json")
+    err["message"] = f"{err.get('message') or 'not found'} (cachecompact: {hint})"
+    return web.json_response(payload, status=404)
 
 
 def _with_betas(headers: list[tuple[str, str]], lower: dict[str, str], betas: tuple[str, ...]
