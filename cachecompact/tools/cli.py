@@ -248,7 +248,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     inner = ReplayResponder(load_trace(args.trace).messages) if args.trace else ScriptedResponder()
     faults = FaultConfig(rate=args.fault_rate, seed=args.seed, slow_rate=args.slow_rate)
     emu = Emulator(SummarizingResponder(inner), faults=faults, log=args.log, host=args.host, port=args.port,
-                   gzip=args.gzip)
+                   gzip=args.gzip, foreign_signatures=args.foreign_signatures)
 
     def ready(url: str) -> None:
         print(f"cachecompact emulator listening on {url}  (anthropic.Anthropic(base_url={url!r}, "
@@ -762,6 +762,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--log", help="append one JSON line per request here, refused ones included (created 0600)")
     srv.add_argument("--gzip", action="store_true", help="gzip responses for clients that accept it, as the API does")
+    srv.add_argument("--foreign-signatures", choices=["api_format", "refuse", "bind"], default="api_format",
+                     help="thinking signatures the emulator did not issue: api_format (default) takes those in the "
+                          "API's format, as the API takes its own (a recorded session resumed), and refuses made-up "
+                          "ones; refuse refuses them all; bind takes them all")
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="replay traces and run tasks under each strategy; compare cost and recall",
                            parents=[common, priced])

@@ -1,5 +1,6 @@
 """A local emulator of the Anthropic Messages API that bills by the documented cache rules."""
 
+from ._binding import ThinkingRules
 from ._emulator_http import Emulator
 from ._request_handling import CLOCK_HEADER, EmulatorCore, FaultConfig, HttpReply
 from .responders import ReplayResponder, Reply, Responder, ScriptedResponder, SummarizingResponder, fill_schema
@@ -15,5 +16,6 @@ __all__ = [
     "Responder",
     "ScriptedResponder",
     "SummarizingResponder",
+    "ThinkingRules",
     "fill_schema",
 ]

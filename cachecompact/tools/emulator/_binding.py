@@ -48,11 +48,29 @@ thinking*):
 * **Signatures it did not issue.** A signature is the API's own sealed record; one it cannot
   decrypt (made up, or issued to another key) fails as "Invalid `signature` in `thinking` block"
   on every model (the troubleshooting docs list a tampered or undecryptable signature apart from
-  the prefix check). The emulator refuses a signature it did not issue the same way
-  (`ThinkingRules.foreign_signatures`, "refuse"). With "bind", for a replay that sends a recorded
-  session's real signatures, such a block is bound to the prefix and predecessor it is first
-  sent with and checked against them afterwards; its tokens are what it was first sent as, or
-  the hint a replaying responder gave.
+  the prefix check). The emulator holds no key of the API's, so it cannot tell a real signature
+  from a forged one of the same shape; what it does is `ThinkingRules.foreign_signatures`:
+
+  - ``"api_format"`` (the default, issue 56): a signature in the API's format (`api_shaped`:
+    standard base64, padded, of at least `MIN_API_SIGNATURE_BYTES` bytes; every one in the
+    shared 2025 and 2026 Claude Code logs decodes to 190 bytes or more) is accepted as the API
+    accepts the signatures it issued, and bound to the prefix and predecessor it is first sent
+    with; a made-up one (``"AAAA"``, ``"sig"``) is refused. A real client resuming a session
+    recorded against the API (Claude Code's log, a replay) sends such signatures, and the API
+    takes them;
+  - ``"refuse"``: every signature the emulator did not issue is refused (tests that want the
+    strict reading);
+  - ``"bind"``: every one is bound, made-up ones included (corpora whose blocks carry
+    placeholder signatures).
+
+  What a foreign signature can be checked for, once bound: that its block's text is the text
+  it was first sent with, and (on a model with preserved thinking) that the prefix before it
+  and the block before it are what they were when it was first sent (an edit or a gap after
+  that fails as for the emulator's own). What it cannot be checked for: the prefix it was
+  produced after (before its first sight), the model that produced it (any model reads it),
+  the account it is bound to, and the tokens thought (those of its text, or the hint a
+  replaying responder gave). A signature in the emulator's own format (``emu2.``) that fails
+  its HMAC is always refused.
 """
 
 from __future__ import annotations
@@ -74,6 +92,7 @@ from ...base.wire import canonical_bytes
 __all__ = [
     "BETA",
     "DEFAULT_UNSET",
+    "MIN_API_SIGNATURE_BYTES",
     "PRESERVED",
     "READS",
     "Outcome",
@@ -81,6 +100,7 @@ __all__ = [
     "ThinkingCheck",
     "ThinkingRules",
     "Verdict",
+    "api_shaped",
     "can_read",
     "message_key",
     "preserved",
@@ -144,6 +164,25 @@ def can_read(reader: str, producer: str) -> bool:
     return earlier and (fable or not producer.startswith(("claude-fable", "claude-mythos")))
 
 
+ForeignSignatures = Literal["api_format", "refuse", "bind"]
+FOREIGN_SIGNATURES: tuple[str, ...] = ("api_format", "refuse", "bind")
+# the shortest signature (decoded) the emulator takes for the API's: the shortest in the shared Claude Code
+# logs of 2025 and 2026 (2,096 signatures and redacted blocks) decodes to 190 bytes
+MIN_API_SIGNATURE_BYTES = 64
+
+
+def api_shaped(sig: str) -> bool:
+    """Whether ``sig`` has the format of the API's signatures (and ``redacted_thinking`` data):
+    standard base64 with its padding, decoding to at least `MIN_API_SIGNATURE_BYTES` bytes. Its
+    shape only: nothing without the API's key can tell whether the API issued it."""
+    if len(sig) % 4 or len(sig) < 4 * -(-MIN_API_SIGNATURE_BYTES // 3):
+        return False
+    try:
+        return len(base64.b64decode(sig, validate=True)) >= MIN_API_SIGNATURE_BYTES
+    except ValueError:  # binascii.Error
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ThinkingRules:
     """The emulator's settings for what the docs leave open (each documented in the module docstring)."""
@@ -151,10 +190,15 @@ class ThinkingRules:
     unset: Mapping[str, Outcome] = field(default_factory=lambda: dict(DEFAULT_UNSET))
     account_before_2026_08_31: bool = False  # an older account: Fable 5.1 and Opus 5.5 let failing blocks through
     latest_tool_turn: Literal["strict", "lenient"] = "strict"
-    # a signature this emulator never issued: "refuse" it as the API refuses one it cannot decrypt (a
-    # made-up or another key's signature: "Invalid `signature` in `thinking` block"), or "bind" it to
-    # where it is first sent, for replays that send a recorded session's real signatures
-    foreign_signatures: Literal["refuse", "bind"] = "refuse"
+    # a signature this emulator never issued (see the module docstring): "api_format" binds one in the
+    # API's format where it is first sent and refuses a made-up one; "refuse" refuses every one (as the
+    # API refuses one it cannot decrypt: "Invalid `signature` in `thinking` block"); "bind" binds every one
+    foreign_signatures: ForeignSignatures = "api_format"
+
+    def __post_init__(self) -> None:
+        if self.foreign_signatures not in FOREIGN_SIGNATURES:
+            raise ValueError(f"foreign_signatures must be one of {', '.join(FOREIGN_SIGNATURES)}, got "
+                             f"{self.foreign_signatures!r}")
 
     def outcome(self, model: str, asked: str | None) -> Outcome:
         """What a failing block gets on ``model`` when the request asked ``asked`` (None: unset)."""
@@ -400,16 +444,16 @@ class ThinkingCheck:
                 bound = self.signer.read(sig)
                 if bound is None and sig.startswith(Signer.PREFIX):
                     raise _bad(where, TAMPERED)  # ours, changed: a different failure, always a 400
-                if bound is None and self.rules.foreign_signatures == "refuse":
-                    raise _bad(where, TAMPERED)  # not one we issued: the API cannot decrypt it either
+                if bound is None and not self._takes_foreign(sig):
+                    raise _bad(where, TAMPERED)  # not one we issued, nor of the API's shape: made up
                 if bound is None:
                     bound = self.signer.foreign(sig)
                     if bound is None:  # a block we cannot verify: bound to where it is first sent
                         n = (hints or {}).get(sig, 0)
                         bound = Binding("*", here, prev, text_id(text), n)
                         self.signer.bind_foreign(sig, bound)
-                elif b.get("type") == "thinking" and text and text_id(text) != bound.text:
-                    raise _bad(where, TAMPERED)
+                if b.get("type") == "thinking" and text and text_id(text) != bound.text:
+                    raise _bad(where, TAMPERED)  # the text a signature was issued (or first sent) with, changed
                 tokens = bound.tokens
                 if not can_read(model, bound.model):
                     v.dropped.append((i, j, "model_binding_mismatch"))
@@ -432,6 +476,11 @@ class ThinkingCheck:
                 self._account(c, i, v)
         v.last_sig = prev
         return v
+
+    def _takes_foreign(self, sig: str) -> bool:
+        """Whether a signature the emulator did not issue is taken (`ThinkingRules.foreign_signatures`)."""
+        mode = self.rules.foreign_signatures
+        return mode == "bind" or (mode == "api_format" and api_shaped(sig))
 
     def _account(self, content: list[Any], i: int, v: Verdict) -> None:
         """For a turn the emulator answered: the thinking it issued, what the request left out of

@@ -10,6 +10,7 @@ that sends ``Accept-Encoding: gzip``: whole JSON bodies, and SSE streams frame b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from ...adapters.httpserver import ServerThread, api_errors, read_body, serve_forever
-from ._binding import ThinkingRules
+from ._binding import ForeignSignatures, ThinkingRules
 from ._request_handling import EmulatorCore, FaultConfig, HttpReply
 from .responders import Responder, ResponderFn
 
@@ -78,6 +79,13 @@ class Emulator:
 
     >>> with Emulator() as emu:
     ...     client = anthropic.Anthropic(base_url=emu.url, api_key="test")
+
+    ``thinking`` sets what the docs leave open about preserved thinking (`ThinkingRules`);
+    ``foreign_signatures`` overrides its setting of that name: what the emulator does with a
+    thinking signature it did not issue. ``"api_format"`` (the default) takes one in the API's
+    format, as the API takes those it issued (a session recorded against the API, resumed), and
+    refuses a made-up one; ``"refuse"`` refuses every one; ``"bind"`` takes every one
+    (docs/cache-model.md, *Signatures the emulator did not issue*).
     """
 
     def __init__(
@@ -91,7 +99,10 @@ class Emulator:
         context_window: int | None = None,
         gzip: bool = False,
         thinking: ThinkingRules | None = None,
+        foreign_signatures: ForeignSignatures | None = None,
     ) -> None:
+        if foreign_signatures is not None:
+            thinking = dataclasses.replace(thinking or ThinkingRules(), foreign_signatures=foreign_signatures)
         self.core = EmulatorCore(responder, faults=faults, log_path=log, context_window=context_window,
                                  thinking=thinking)
         self._gzip = gzip
