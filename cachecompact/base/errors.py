@@ -212,6 +212,22 @@ class LedgerCorruptError(StoreError):
         return type(self), (self.path, self.line, self.problem)
 
 
+class SessionDamagedError(StoreError):
+    """A stored session whose chains hold but which fails a check `ledger verify` makes on top of
+    them (`Session.problems`: a recorded request's breakpoints that its state no longer renders, a
+    scratchpad blob that does not hash to its name or is gone, an entry that renders an invalid
+    request). `session_id` names it; `problems` lists each finding, as `ledger verify` prints it."""
+
+    def __init__(self, session_id: str, problems: list[str]) -> None:
+        self.session_id = session_id
+        self.problems = list(problems)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"session {session_id} fails verification: {problems[0] if problems else '?'}{more}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, list[str]]]:
+        return type(self), (self.session_id, self.problems)
+
+
 class ScratchpadRefError(CacheCompactError, ValueError):
     """A scratchpad reference is malformed, would escape its folder, or is unknown."""
 

@@ -7,7 +7,10 @@ updates memory only, and ``commit`` stores them later, under the lock, after che
 other writer appended ledger entries since; a commit that fails leaves the session ``stale``
 (its memory holds what the store does not), and every later mutation refuses it.
 Loading verifies every chain (transcript content, ledger entries, request records) and the
-immutable prefix, and raises `LedgerCorruptError` naming the record.
+immutable prefix, and raises `LedgerCorruptError` naming the record; then it runs every other
+check `ledger verify` makes (`Session.problems`: the recorded breakpoints, the scratchpad, each
+entry's rendering) and raises `SessionDamagedError` on a finding, so nothing that fails the
+verifier is ever rendered and sent (issue 56).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..base.errors import (
     InvalidEditError,
     LedgerCorruptError,
     MalformedMessageError,
+    SessionDamagedError,
     SessionIdMismatchError,
     StagedEditsConflictError,
     StoreConflictError,
@@ -37,6 +41,7 @@ from ..base.errors import (
 from ..base.tokens import TokenCounter
 from ..base.values import TTL, RequestRecord, StoredRequest
 from ..base.wire import ToolDef, canonical_bytes, message_to_dict, plain, system_from_param, tool_from_dict
+from ..cache.request_validation import validate_request
 from ..store import (
     AtomicAppends,
     BatchReads,
@@ -192,11 +197,14 @@ class Session:
 
     @classmethod
     def open(cls, target: str | os.PathLike[str] | SessionStore | Store, session_id: str | None = None, *,
-             readonly: bool = False, lock_timeout: float = 10.0) -> Session:
-        """Load a persisted session, verifying every chain and the immutable prefix.
+             readonly: bool = False, lock_timeout: float = 10.0, verify: bool = True) -> Session:
+        """Load a persisted session, verifying every chain and the immutable prefix, then every
+        other check `ledger verify` makes (`problems`): `SessionDamagedError` lists what fails.
 
         ``readonly`` never writes (not even the prefix hash of a session whose prefix just
-        completed); a missing prefix hash is then an error.
+        completed); a missing prefix hash is then an error. ``verify=False`` skips `problems`
+        (for `ledger verify` itself, which reports them one by one, and tools that show a damaged
+        session without rendering it).
         """
         if isinstance(target, Store):
             if session_id is None:
@@ -232,6 +240,10 @@ class Session:
             sess._check_meta(meta, readonly)
         for torn in sess.torn:
             log.warning("%s", torn)
+        if verify:
+            found = sess.problems()
+            if found:
+                raise SessionDamagedError(sess.session_id, found)
         return sess
 
     def _meta(self) -> dict[str, Any]:
@@ -775,6 +787,27 @@ class Session:
         if self.meta_torn is not None and self.store is not None:
             self.store.write_meta(self._meta())
             self.meta_torn = None
+
+    def problems(self) -> list[str]:
+        """Every finding of the checks `cachecompact ledger verify` makes beyond the chains, the
+        commitments and the immutable prefix (which loading checks): the scratchpad
+        (`blob_problems`), each request record's breakpoints against the request its state renders
+        (`request_problems`), and each ledger entry's rendering validated as the API would
+        (`entry_problems`). Empty when all is well. `Session.open` runs it, and `ledger verify`
+        prints it: one function, so a session a process renders is one the verifier passes."""
+        return self.blob_problems() + self.request_problems() + self.entry_problems()
+
+    def entry_problems(self) -> list[str]:
+        """The first ledger entry whose request, rendered right after it (`render(at_entry=K)`),
+        is not one the API accepts (`cache.request_validation.validate_request`); empty when
+        every one is."""
+        where = self.store.where("ledger") if self.store is not None else "ledger"
+        for e in self.ledger.entries:
+            try:
+                validate_request(self.render(at_entry=e.seq).body)
+            except MalformedMessageError as err:
+                return [f"{where}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}"]
+        return []
 
     def blob_problems(self) -> list[str]:
         """What is wrong with the session's scratchpad content (docs/ledger-format.md, *scratchpad*):
