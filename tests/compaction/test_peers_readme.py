@@ -53,7 +53,9 @@ def test_the_readme_strategy_runs_as_written(tmp_path: Path, monkeypatch: pytest
         again = cachecompact.wrap(anthropic.Anthropic(), strategy="move-old-output", scratchpad_tool=True)
         first = re.search(r'ref="(sp_[0-9a-f]{32})"', moved[0].summary or "")
         assert first is not None
-        assert cachecompact.scratchpad_handler(again)({"ref": first.group(1)}) == (outputs[moved[0].tool_use_id or ""],
-                                                                                   False)
+        # with the agent's history, which names its own session (issue 56: a reference is read from the
+        # caller's own conversation only, never from whichever stored session holds it)
+        assert cachecompact.scratchpad_handler(again)({"ref": first.group(1)}, msgs) == (
+            outputs[moved[0].tool_use_id or ""], False)
     assert session.path is not None
     assert cli_main(["ledger", "verify", str(session.path)]) == 0
