@@ -28,7 +28,7 @@ from typing import Any
 from ..base.values import Level
 from ..history.ledger import ApiCompaction
 from ..history.transcript import TranscriptReader
-from .summarize.api_compaction import OnDemandCall, OnDemandResult, OnDemandSummarizer, supports_ondemand
+from .summarize.api_compaction import OnDemandCall, OnDemandResult, OnDemandSummarizer, Verbatim, supports_ondemand
 
 __all__ = ["ApiRequest", "api_range_end", "usable"]
 
@@ -75,7 +75,7 @@ class ApiRequest:
     call: OnDemandCall
     tokens: int  # the request's tokens when it was decided
     future: Future[OnDemandResult] | None = None
-    keep: str = ""  # the person's newest request, when the range covers it: the summary must quote it
+    keep: Verbatim | None = None  # what the summary must quote: the person's first request, and the newest
 
     def send(self, at: float | None) -> None:
         """Start the call in the background (once)."""

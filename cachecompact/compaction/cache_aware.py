@@ -83,9 +83,9 @@ from .policy import (
     evaluate,
     limits,
 )
-from .strategy import Plan, StrategyContext, latest_request, summarize_range, summary_request
-from .summarize.api_compaction import OnDemandSummarizer, compaction_max_tokens
-from .summarize.extractive import request_head
+from .strategy import Plan, StrategyContext, latest_request, summarize_range, summary_request, task_goal
+from .summarize.api_compaction import OnDemandSummarizer, Verbatim, compaction_max_tokens
+from .summarize.extractive import first_words
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -800,8 +800,11 @@ class CacheAwareCompactor:
         # marks what earlier requests wrote too, so it reads the longest warm entry before it writes the rest
         body = self.draft.render(transcript_len=end + 1, warm=True,
                                    **{**params, "model": model, "max_tokens": out}).body
-        latest = latest_request(self.draft)  # covered by the range: the API's summary must quote it (checked)
-        keep = request_head(latest[1]) if latest is not None and latest[0] <= end else ""
+        # what the API's summary must quote (checked on return): the task, whose first messages the block
+        # stands in for from now on, and the person's newest request when the range covers it
+        latest = latest_request(self.draft)
+        keep = Verbatim(goal=first_words(task_goal(self.draft)),
+                        latest=first_words(latest[1]) if latest is not None and latest[0] <= end else "")
         return ApiRequest(level, reason, end, body, call, tokens, keep=keep)
 
     def _swap_api(self, req: ApiRequest, report: Plan) -> int | None:

@@ -109,14 +109,24 @@ def test_our_summary_that_covers_the_newest_request_quotes_it() -> None:
     assert "Goal: prompt 0: run 6 steps of 100 lines" in (edit.summary or "")
 
 
-def test_an_api_summary_that_does_not_quote_the_request_is_refused() -> None:
-    keep = "prompt 4: run 3 steps of 9 lines"
+def test_an_api_summary_that_does_not_quote_the_requests_is_refused() -> None:
+    """The API-written summary stands in for the first messages too (it must come first): its
+    instructions ask for the person's first request and their newest word for word, and a block
+    that leaves either out is refused (issues 56 and 62)."""
+    V = api_compaction.Verbatim
+    keep = V(goal="prompt 0: run 8 steps", latest="prompt 4: run 3 steps of 9 lines")
     ask = api_compaction.instructions_keeping(keep)
-    assert keep in ask and len(ask) <= api_compaction.MAX_INSTRUCTIONS and "Do not call any tool" in ask
-    assert api_compaction.kept_verbatim(keep, "<summary>Latest request:\n  prompt 4: run 3\nsteps of 9 lines</summary>")
-    assert not api_compaction.kept_verbatim(keep, "<summary>Task: prompt 0</summary>")
-    huge = "x " * 20_000
+    assert "prompt 0: run 8 steps" in ask and "prompt 4: run 3 steps of 9 lines" in ask
+    assert len(ask) <= api_compaction.MAX_INSTRUCTIONS and "Do not call any tool" in ask
+    both = ("<summary>Original request:\nprompt 0: run 8  steps\nLatest request:\n prompt 4: run 3\n"
+            "steps of 9 lines</summary>")
+    assert api_compaction.kept_verbatim(keep, both)
+    assert not api_compaction.kept_verbatim(keep, "<summary>Task: prompt 0: run 8 steps</summary>")
+    assert not api_compaction.kept_verbatim(keep, "<summary>Latest: prompt 4: run 3 steps of 9 lines</summary>")
+    assert api_compaction.kept_verbatim(V(goal="the task"), "<summary>Task: the task</summary>")
+    huge = V(goal="g " * 20_000, latest="x " * 20_000)
     assert len(api_compaction.instructions_keeping(huge)) <= api_compaction.MAX_INSTRUCTIONS
+    assert not V()  # nothing to quote: the API's own prompt
 
 
 def _model() -> Any:
@@ -175,6 +185,11 @@ def test_every_prompt_is_answered_as_its_own_through_compaction(model: str, api:
     compactions = [e for e in events if e.kind == "compaction"]
     assert len(compactions) >= 3, [(e.level, e.reason[:60]) for e in compactions]
     assert answers == [f"done {k}" for k in range(6)], answers
+    (session,) = cachecompact.wrapped_sessions(client)
+    blocks = [e for e in session.ledger.entries if e.kind == "compaction"]
+    assert bool(blocks) == api  # the API wrote them where it may, else ours
+    # each API-written block stands in for the first messages, and quotes the task word for word (issue 56)
+    assert all("prompt 0: run 8 steps of 250 lines" in (e.summary or "") for e in blocks)
 
 
 def test_a_pasted_request_is_quoted_as_far_as_a_summary_should() -> None:

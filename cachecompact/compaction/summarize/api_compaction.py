@@ -31,14 +31,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
+
 from ...base.errors import SummaryRejected
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER
 from ...base.pricing import ONDEMAND_COMPACTION_MODELS, OwnPrices, canonical_id, model_prices
 from ...history.thinking import BINDING_BETA, COMPACTION_BETA
 
 __all__ = ["COMPACTION_BETA", "COMPACTION_MIN_OUTPUT", "OnDemandCall", "OnDemandResult", "OnDemandSummarizer",
-           "call_ondemand", "compaction_body", "compaction_max_tokens", "instructions_keeping", "kept_verbatim",
-           "opens_with_compaction", "supports_ondemand", "with_beta"]
+           "Verbatim", "call_ondemand", "compaction_body", "compaction_max_tokens", "instructions_keeping",
+           "kept_verbatim", "opens_with_compaction", "supports_ondemand", "with_beta"]
 
 # what a compaction request's output may be lowered to at the least: "allow several thousand tokens"
 # (build-with-claude/compaction-on-demand), for the model's thinking and the summary it writes
@@ -48,9 +50,11 @@ MAX_INSTRUCTIONS = 16_384  # characters of `compaction.instructions` (build-with
 _KEEP_PROMPT = ("Write a summary of the conversation so far that lets the work go on from the summary alone, in "
                 "place of the messages it stands for. Keep the person's original goal; what was done, with its "
                 "results; what was found, with exact file paths, identifiers, numbers and commands; and what is still "
-                "open. Repeat the person's latest request word for word under the heading \"Latest request:\". It "
-                "is:\n<latest_request>\n{keep}\n</latest_request>\nDo not call any tool. Write the summary inside "
-                "<summary></summary> tags.")
+                "open. Do not call any tool. Write the summary inside <summary></summary> tags.")
+_KEEP_GOAL = ("\nStart the summary with the person's original request, word for word, under the heading \"Original "
+              "request:\". It is:\n<original_request>\n{text}\n</original_request>")
+_KEEP_LATEST = ("\nEnd the summary with the person's latest request, word for word, under the heading \"Latest "
+                "request:\". It is:\n<latest_request>\n{text}\n</latest_request>")
 
 # what the compaction parameter may not be sent with (§3.5 Restrictions), dropped from the body
 _REFUSED_WITH = ("context_management", "stop_sequences", "stream", "cache_control")
@@ -71,7 +75,7 @@ class OnDemandCall(Protocol):
     """A bound on-demand compaction call: the compaction request's body, the time it runs at
     (a replay's clock), and the person's words the summary must carry verbatim (`call_ondemand`)."""
 
-    def __call__(self, body: dict[str, Any], at: float | None, keep: str = "") -> OnDemandResult: ...
+    def __call__(self, body: dict[str, Any], at: float | None, keep: Verbatim | None = None) -> OnDemandResult: ...
 
 
 @runtime_checkable
@@ -136,32 +140,54 @@ def compaction_max_tokens(caller: int, window: int | None, input_tokens: int, th
     return max(out, min(floor, caller if caller > 0 else floor))
 
 
-def instructions_keeping(keep: str) -> str:
-    """The ``instructions`` of a compaction request whose summary must carry the person's newest
-    request, ``keep``, word for word. "A non-blank `instructions` string (up to 16,384 characters)
-    replaces that prompt entirely"; "In your `instructions`, say what the summary must retain and
-    tell the model not to call tools" (build-with-claude/compaction-on-demand, *Write your own
-    summarization prompt*). A request too long to quote whole is quoted as far as it fits (the
-    check then reads that part)."""
-    room = MAX_INSTRUCTIONS - len(_KEEP_PROMPT.format(keep=""))
-    return _KEEP_PROMPT.format(keep=keep[:room])
+class Verbatim(msgspec.Struct, frozen=True):
+    """What an API-written summary must quote word for word, checked when it comes back: the
+    person's first request (the task: the block stands in for the immutable prefix's messages, so
+    the summary is where the task reaches the model from then on) and their newest one, when the
+    summarized messages cover it. Each as far as a summary quotes it (`extractive.first_words`)."""
+
+    goal: str = ""
+    latest: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.goal or self.latest)
+
+    def quoted(self) -> tuple[str, str]:
+        """The goal and the latest request as the instructions quote them: together within the
+        16,384 characters `instructions` may have, the latest request first served."""
+        room = MAX_INSTRUCTIONS - len(_KEEP_PROMPT) - len(_KEEP_GOAL.format(text="")) \
+            - len(_KEEP_LATEST.format(text=""))
+        latest = self.latest[:room]
+        return self.goal[:max(0, room - len(latest))], latest
 
 
-def kept_verbatim(keep: str, content: str) -> bool:
-    """Whether a summary's ``content`` quotes ``keep`` (as far as `instructions_keeping` quoted
-    it) word for word, whitespace aside."""
-    room = MAX_INSTRUCTIONS - len(_KEEP_PROMPT.format(keep=""))
-    return " ".join(keep[:room].split()) in " ".join(content.split())
+def instructions_keeping(keep: Verbatim) -> str:
+    """The ``instructions`` of a compaction request whose summary must quote ``keep`` word for
+    word. "A non-blank `instructions` string (up to 16,384 characters) replaces that prompt
+    entirely"; "In your `instructions`, say what the summary must retain and tell the model not to
+    call tools" (build-with-claude/compaction-on-demand, *Write your own summarization prompt*)."""
+    goal, latest = keep.quoted()
+    return (_KEEP_PROMPT + (_KEEP_GOAL.format(text=goal) if goal else "")
+            + (_KEEP_LATEST.format(text=latest) if latest else ""))
+
+
+def kept_verbatim(keep: Verbatim, content: str) -> bool:
+    """Whether a summary's ``content`` quotes what ``keep`` asked (as far as its instructions
+    quoted it) word for word, whitespace aside."""
+    have = " ".join(content.split())
+    return all(" ".join(t.split()) in have for t in keep.quoted() if t.strip())
 
 
 def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, str] | None = None,
-                  at: float | None = None, prices: OwnPrices | None = None, keep: str = "") -> OnDemandResult:
+                  at: float | None = None, prices: OwnPrices | None = None,
+                  keep: Verbatim | None = None) -> OnDemandResult:
     """Ask the API for a signed block standing for ``body``'s messages. Raises `SummaryRejected`
     (with what it cost) when the answer is not one block with content, or, with ``keep`` (the
-    person's newest request, which the messages cover), when the block does not quote it word for
-    word: the summary is asked for it in its instructions (`instructions_keeping`), and checked
-    when it comes back. The SDK's own errors pass through (the caller counts both as a failed
-    summary, and makes its own, which carries the request verbatim).
+    person's first request, and their newest when the messages cover it), when the block does not
+    quote them word for word: the summary is asked for them in its instructions
+    (`instructions_keeping`), and checked when it comes back. The SDK's own errors pass through
+    (the caller counts both as a failed summary, and makes its own, which carries the requests
+    verbatim).
 
     The call streams, whatever ``max_tokens`` is: the SDK refuses a non-streaming call whose
     ``max_tokens`` could take over 10 minutes (above about 21,333; cli-sdks-libraries/sdks/python,
@@ -198,8 +224,8 @@ def call_ondemand(client: Any, body: dict[str, Any], *, headers: Mapping[str, st
         raise SummaryRejected(f"on-demand compaction answered with stop_reason {resp.stop_reason!r} and no signed "
                               "block with content", cost)
     if keep and not kept_verbatim(keep, str(found["content"])):
-        raise SummaryRejected("the API-written summary does not quote the person's newest request word for word, "
-                              "as its instructions asked", cost)
+        raise SummaryRejected("the API-written summary does not quote the person's requests word for word, as its "
+                              "instructions asked", cost)
     return OnDemandResult(str(found["content"]), str(found["signature"]), cost, usage, time.perf_counter() - t0)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from ...base.keylines import key_lines
 from ...base.person import person_text
 
-__all__ = ["FINDINGS_BUDGET", "block_texts", "request_head", "summary_facts"]
+__all__ = ["FINDINGS_BUDGET", "block_texts", "first_words", "request_head", "summary_facts"]
 
 FINDINGS_BUDGET = 6000  # characters of key lines (a 2,000-token summary has room for them)
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}|[\w-]+\.(?:py|ts|js|go|rs|md|json|toml|yaml|"
@@ -62,15 +62,20 @@ GOAL_WORDS = 300  # of the task goal a summary must keep (summarize.check_summar
 _WORD = re.compile(r"\w+")
 
 
+def first_words(text: str, n: int = GOAL_WORDS) -> str:
+    """``text`` up to the end of its ``n``-th word (whole when it has no more)."""
+    for k, m in enumerate(_WORD.finditer(text), 1):
+        if k == n:
+            return text[:m.end()] if _WORD.search(text[m.end():]) else text
+    return text
+
+
 def goal_head(goal: str) -> str:
     """The goal as a summary repeats it: whole, or its first `GOAL_WORDS` words and a pointer.
     A task longer than that (a pasted spec) stays whole in the first message, which the
     immutable prefix keeps; repeating it would make every summary bigger than what it replaces."""
-    for k, m in enumerate(_WORD.finditer(goal), 1):
-        if k == GOAL_WORDS:
-            rest = goal[m.end():]
-            return goal if not _WORD.search(rest) else goal[:m.end()] + " [... the task continues in the first message]"
-    return goal
+    head = first_words(goal)
+    return goal if head == goal else head + " [... the task continues in the first message]"
 
 
 def request_head(text: str) -> str:
@@ -78,11 +83,11 @@ def request_head(text: str) -> str:
     words and how much was left out. A request that long is a paste (a log, a spec): quoting it
     whole would make the summary as big as what it replaces, and L5, which keeps no summary,
     keeps the message itself whole."""
-    words = list(_WORD.finditer(text))
-    if len(words) <= GOAL_WORDS:
+    head = first_words(text)
+    if head == text:
         return text
-    cut = words[GOAL_WORDS - 1].end()
-    return text[:cut] + f" [... {len(words) - GOAL_WORDS} more words of this request, left out of the summary]"
+    more = len(_WORD.findall(text)) - GOAL_WORDS
+    return head + f" [... {more} more words of this request, left out of the summary]"
 
 
 def summary_facts(messages: Sequence[dict[str, Any]], goal: str = "", keep_issues: Sequence[str] = (),

@@ -37,6 +37,7 @@ from .api_compaction import (
     COMPACTION_BETA,
     OnDemandCall,
     OnDemandResult,
+    Verbatim,
     call_ondemand,
     opens_with_compaction,
     with_beta,
@@ -372,7 +373,7 @@ class LLMSummarizer:
         headers.pop(CLOCK_HEADER, None)
         clocked = self.clock is not None
 
-        def call(body: dict[str, Any], at: float | None, keep: str = "") -> OnDemandResult:
+        def call(body: dict[str, Any], at: float | None, keep: Verbatim | None = None) -> OnDemandResult:
             return call_ondemand(client, body, headers=headers, at=at if clocked else None, prices=prices, keep=keep)
         return call
 

@@ -120,18 +120,44 @@ def summary_prompt(edit: CompactEdit) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": edit.prompt}]}
 
 
+_HEADS = ("Done:", "Found:", "Open:", "Files: ", "Latest request: ", "(summarized as instructed")
+
+
+def _earlier(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """The task and the latest request an earlier block of this emulator's carried, when the
+    messages start with one: a new block "summarizes the old summary and everything after it"
+    (build-with-claude/compaction-on-demand), so what the old one said of the task goes on."""
+    first = messages[0].get("content") if messages and isinstance(messages[0], dict) else None
+    block = first[0] if isinstance(first, list) and first and isinstance(first[0], dict) else {}
+    if block.get("type") != "compaction" or not isinstance(block.get("content"), str):
+        return "", ""
+    text = str(block["content"]).removeprefix("<summary>\n").removesuffix("\n</summary>")
+
+    def field(head: str) -> str:
+        at = text.find(head)
+        if at < 0:
+            return ""
+        rest = text[at + len(head):]
+        stops = [i for h in _HEADS if (i := rest.find("\n" + h)) >= 0]
+        return rest[:min(stops)] if stops else rest
+
+    return field("Task: "), field("Latest request: ")
+
+
 def summary_block(messages: list[dict[str, Any]], edit: CompactEdit) -> dict[str, Any]:
     """The ``compaction`` block: an extractive summary of ``messages`` in ``<summary>`` tags."""
-    facts = summary_facts(messages)
-    lines = [f"Task: {facts['task_goal']}"[:2000]]
+    task, latest = _earlier(messages)
+    facts = summary_facts(messages, goal=task)
+    lines = [f"Task: {facts['task_goal']}"[:8000]]  # the goal as a summary repeats it (its first 300 words)
     for name, label in (("completed_steps", "Done"), ("key_findings", "Found"), ("open_issues", "Open")):
         if facts[name]:
             lines.append(f"{label}:")
             lines += [f"- {x}" for x in facts[name]]
     if facts["file_refs"]:
         lines.append("Files: " + ", ".join(f["path"] for f in facts["file_refs"]))
-    if facts["latest_request"]:  # a summary made to continue the work ends with what was asked last
-        lines.append(f"Latest request: {facts['latest_request']}")
+    latest = facts["latest_request"] or latest  # a summary made to continue the work ends with what was asked last
+    if latest:
+        lines.append(f"Latest request: {latest}")
     if edit.instructions is not None:  # an instruction-following model would say what it followed
         lines.append("(summarized as instructed: " + json.dumps(edit.instructions[:200]) + ")")
     return {"type": "compaction", "content": "<summary>\n" + "\n".join(lines) + "\n</summary>"}
