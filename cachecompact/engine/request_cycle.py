@@ -406,6 +406,11 @@ class CompactionEngine:
         except (MalformedMessageError, InvalidSessionIdError) as err:
             log.warning("cachecompact: request passed through unchanged: %s", err)
             return None
+        except UnicodeEncodeError as err:  # text no UTF-8 can hold (a lone surrogate escape): not valid JSON
+            # for the API either ("JSON is malformed"); the client's mistake, which the upstream answers
+            log.warning("cachecompact: request passed through unchanged: its text is not valid Unicode (%s at "
+                        "character %d)", err.reason, err.start)
+            return None
         except Exception as err:  # fail open: the user's request still goes out
             log.exception("cachecompact: compaction failed; sending the original request")
             sid = getattr(err, "session_id", None) or self.session_id or "-"
