@@ -1070,7 +1070,10 @@ class CacheAwareCompactor:
         prefix = s.counter.calibrated(r.prefix_tokens if s.prefix_end is not None else r.tokens)
         n_fixed = s.prefix_end if s.prefix_end is not None else len(s)
         margin = int(lim.estimate_error * lim.window)
-        if lim.window - margin - max(0, lim.max_tokens) < lim.window // 4:  # `policy.limits`' floor
+        if lim.max_tokens >= lim.window:  # the request's own output reserve cannot fit: say so first
+            budget = (f"max_tokens={lim.max_tokens:,} is larger than the {lim.window:,}-token window itself (lower it; "
+                      f"the input is planned for a quarter of the window, {lim.limit:,} tokens)")
+        elif lim.window - margin - max(0, lim.max_tokens) < lim.window // 4:  # `policy.limits`' floor
             budget = (f"max_tokens={lim.max_tokens:,} is most of the {lim.window:,}-token window, which leaves a "
                       f"quarter, {lim.limit:,} tokens, for input")
         else:

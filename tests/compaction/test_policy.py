@@ -319,6 +319,16 @@ def test_context_full_only_when_even_l5_cannot_fit() -> None:
     assert m is not None and int(m.group(1).replace(",", "")) > 30_000
 
 
+def test_context_full_says_when_max_tokens_is_larger_than_the_window() -> None:
+    """Issue 62: the refusal never said that max_tokens (Claude Code's 128,000) was larger than
+    the window."""
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(30_000))
+    s.sync([{"role": "user", "content": GOAL}, *tool_turn(0, "write_file", "w " * 40_000)])
+    msg = c.before_request(10.0, MODEL, 128_000).context_full
+    assert msg is not None and "max_tokens=128,000 is larger than the 30,000-token window itself" in msg, msg
+
+
 def test_no_reduction_counts_as_a_failure() -> None:
     s = Session.create(None, prefix_messages=1)
     c = CacheAwareCompactor.for_session(s, cfg(30_000, keep_recent_results=50, cache_aware=False), summarizer=Bloat())
