@@ -92,6 +92,9 @@ __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompact
 
 log = logging.getLogger("cachecompact")
 
+# the most of the window an output reserve (max_tokens) makes L5 drop rounds for: a client that
+# reserves more lowers it on the API's own 400 (`CacheAwareCompactor._forced_limits`)
+OWN_RESERVE_SHARE = 0.25
 GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
@@ -560,7 +563,7 @@ class CacheAwareCompactor:
                 # deferred, or nothing worth clearing: look again once a quarter batch more old output
                 # has accrued, not every turn (each look builds a view of the whole session)
                 self._deferred_old = old if (self._pending or tokens >= before) else None
-        report.tokens_after = self._ensure_fits(tokens, lim, report)
+        report.tokens_after = self._ensure_fits(tokens, lim, report, model)
         if report.context_full is not None:
             return report
         self._last_tokens = report.tokens_after
@@ -1034,32 +1037,56 @@ class CacheAwareCompactor:
                                         entries=[e.seq for e in entries]))
         return after
 
-    def _ensure_fits(self, tokens: int, lim: Limits, report: Plan) -> int:
+    def _forced_limits(self, lim: Limits, model: str) -> Limits:
+        """The limits L5 works to: ``lim``, with the output reserve at most `OWN_RESERVE_SHARE` of
+        the window. L5 drops rounds, so it runs only where the window forces it. A client that
+        reserves more (Claude Code's 128,000 at 200k, its 32,000 at 40k) lowers it on the API's
+        own 400 ("input length and `max_tokens` exceed context limit"), which compact mode passes
+        through (issue 62): dropping the conversation's rounds for that reserve lost work the
+        client never asked to lose (at 40k, Claude Code's turns each dropped every round they
+        could). The summaries still aim under ``lim``."""
+        cap = int(OWN_RESERVE_SHARE * lim.window)
+        if lim.max_tokens <= cap:
+            return lim
+        s = self.draft
+        prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
+        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
+        ratio = priced(model, self.ctx.prices).write_over_read(self.ttl or "5m")
+        return limits(self.cfg, lim.window, cap, prefix, growth, write_over_read=ratio)
+
+    def _ensure_fits(self, tokens: int, lim: Limits, report: Plan, model: str = "") -> int:
         """Past the critical threshold, L5 until the request fits, and if the newest round beside a
         leading summary still does not (the prefix fills most of the window), L5 again with the
-        summary dropped; ``report.context_full`` says why if even that cannot fit."""
-        if tokens < lim.critical:
+        summary dropped; ``report.context_full`` says why if even that cannot fit. The thresholds
+        are ``lim``'s with the output reserve capped (`_forced_limits`)."""
+        drop = self._forced_limits(lim, model)
+        if tokens < drop.critical:
+            if tokens > lim.limit and lim.max_tokens > 0:
+                self._over_reserve(tokens, lim, report)
             return tokens
-        tokens = self._truncate(tokens, lim, report, "over the critical threshold after the other levels")
-        if tokens > lim.limit:
-            tokens = self._truncate(tokens, lim, report, "still over the window: the leading summary dropped too "
+        tokens = self._truncate(tokens, drop, report, "over the critical threshold after the other levels")
+        if tokens > drop.limit:
+            tokens = self._truncate(tokens, drop, report, "still over the window: the leading summary dropped too "
                                     "(the task stays in the immutable prefix)", drop_summary=True)
-        if tokens > lim.limit:
+        if tokens > drop.limit or (tokens > lim.limit and lim.max_tokens > 0):
             margin = int(lim.estimate_error * lim.window)
             if lim.max_tokens > 0 and tokens + margin <= lim.window:
                 # the prompt fits the window; only its output reserve does not. Sent as it is: the
                 # API decides, and its own 400 ("input length and `max_tokens` exceed context
                 # limit") is what a client recovers from by lowering max_tokens (Claude Code does);
                 # a refusal of ours would turn a request the upstream may take into an error
-                report.events.append(self._emit(
-                    "max_tokens_over", tokens_before=tokens, tokens_after=tokens,
-                    reason=f"the prompt (~{tokens:,} tokens) fits the {lim.window:,}-token window but not beside "
-                           f"max_tokens={lim.max_tokens:,}; sent as it is, for the API (and the client) to decide"))
+                self._over_reserve(tokens, lim, report)
                 return tokens
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
             report.context_full = self._full_message(tokens, lim)
         return tokens
+
+    def _over_reserve(self, tokens: int, lim: Limits, report: Plan) -> None:
+        report.events.append(self._emit(
+            "max_tokens_over", tokens_before=tokens, tokens_after=tokens,
+            reason=f"the prompt (~{tokens:,} tokens) fits the {lim.window:,}-token window but not beside "
+                   f"max_tokens={lim.max_tokens:,}; sent as it is, for the API (and the client) to decide"))
 
     def _full_message(self, tokens: int, lim: Limits) -> str:
         """What is true and what to do when the request cannot fit: what is left, what fills it
@@ -1256,11 +1283,15 @@ class CacheAwareCompactor:
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
         """After a prompt-too-long error: L4 (unless the breaker is open), then L5, until the
-        request fits with a 5% margin. Returns False when nothing more can be removed."""
+        request fits with a 5% margin. Returns False when nothing more can be removed, and at once
+        when the prompt fits and the output reserve is more than `OWN_RESERVE_SHARE` of the window:
+        the client's to lower on the API's own 400, which then goes back (`_forced_limits`)."""
         s = self.draft
         raw = s.render(breakpoints=False).raw_tokens
         if raw > 0:
             s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)
+        if reported_tokens < limit and max_tokens > OWN_RESERVE_SHARE * limit:
+            return False
         goal = int((limit - max_tokens) * 0.95)
         lim = self._limits(max_tokens, model)
         changed = False

@@ -173,3 +173,21 @@ def test_a_mistyped_model_gets_the_nearest_ids_from_the_compact_proxy(mode: str)
     assert err.value.status_code == 404 and "claude-opus-9" in msg
     assert ("nearest: claude-opus-5" in msg) == (mode == "compact"), msg
     assert errors == 1  # still counted as the error it is
+
+
+def test_a_large_output_reserve_does_not_make_the_proxy_drop_rounds() -> None:
+    """Issue 62: at a 40k window a client reserving 32,000 of output left the policy 10,000 tokens
+    of input, and every turn dropped every round it could (L5), on the first try and again on the
+    API's 400, though the client lowers max_tokens on that 400 and the prompt fit. L5 now drops
+    rounds only for the window itself (with at most a quarter of it kept for the reply), and the
+    reactive path leaves such a 400 to the client."""
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
+                              engine_options=EngineOptions(on_event=events.append))) as px:
+        recovered, others = _recovering_client(px.url, 12, "Run the steps. " + "Context line.\n" * 1_500)
+        px.wait_idle()
+    assert others == [] and recovered >= 12
+    dropped = [e for e in events if e.kind == "compaction" and e.level == "L5"]
+    assert dropped == [], [(e.tokens_before, e.tokens_after, e.reason[:80]) for e in dropped]
+    assert any(e.kind == "max_tokens_over" for e in events)
