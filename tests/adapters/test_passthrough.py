@@ -76,10 +76,19 @@ def test_the_corpus_is_hostile_enough(answers: list[dict[str, Any]]) -> None:
     assert all(a["direct"][0] == 200 for a in answers[:4])
 
 
+def _same(direct: tuple[int, str], got: tuple[int, str], mode: str) -> bool:
+    """The API's own answer; in compact mode, a 404 for a model id the price table does not list
+    may add the table's hint after the API's own words (issue 56: the client reads it too)."""
+    if got == direct:
+        return True
+    return mode.startswith("compact") and direct[0] == got[0] == 404 \
+        and got[1].startswith(direct[1] + " (cachecompact: unknown model ")
+
+
 @pytest.mark.parametrize("mode", ["observe", "compact", "compact, own session"])
 def test_every_mode_gives_the_apis_own_answer(answers: list[dict[str, Any]], mode: str) -> None:
     differ = [(a["name"], a["direct"], a[mode]) for a in answers
-              if (a[mode] != a["direct"] if a["direct"][0] >= 400 else a[mode][0] != 200)]
+              if (not _same(a["direct"], a[mode], mode) if a["direct"][0] >= 400 else a[mode][0] != 200)]
     assert differ == [], f"{len(differ)} differ, e.g. {differ[:5]}"
 
 

@@ -137,6 +137,9 @@ def test_generated_sessions_are_never_refused_by_any_strategy(model: str | None)
                     model=model)
     for r in res.results:
         assert r.refused == 0, (r.trace, r.strategy, r.failure)
-        assert r.failure is None or "400" not in r.failure, (r.trace, r.strategy, r.failure)
+        # no body refused; a capacity 400 (the prompt beside max_tokens over the window) goes to the client as the
+        # API's own words since issue 62, where a peer's strategy cannot make room (anthropic-ondemand at 30k)
+        capacity = r.failure is not None and ("exceed context limit" in r.failure or "prompt is too long" in r.failure)
+        assert r.failure is None or "400" not in r.failure or capacity, (r.trace, r.strategy, r.failure)
     ours = [r for r in res.results if r.strategy == "cachecompact"]
     assert all(r.completed for r in ours) and sum(sum(r.compactions.values()) for r in ours) > 0
