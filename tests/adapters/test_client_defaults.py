@@ -78,10 +78,12 @@ class PromptModel:
     _issued: dict[int, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: int = 0
+    max_tokens: int = 0  # the largest max_tokens a request it answered asked for
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         msgs = body["messages"]
         with self._lock:
+            self.max_tokens = max(self.max_tokens, int(body.get("max_tokens") or 0))
             seen = person_prompts(msgs)
             if _asks_for_a_summary(body):  # the client's own compaction, or opencode's title
                 said = "; ".join(f"prompt {k} please" for k in dict.fromkeys(seen)) or "none"
@@ -217,6 +219,7 @@ class Outcome:
     lost: int  # the model's "LOST" answers (some a client may have retried past)
     compactions: int  # the proxy's compactions
     max_input: int  # the largest prompt the emulator answered
+    max_tokens: int  # the largest max_tokens the client asked for: answered, or in the API's 400 ("N + K > M")
 
     def __str__(self) -> str:
         return (f"answers={self.answers} errors={[e[:160] for e in self.errors]} refused={self.refused} "
@@ -235,13 +238,6 @@ def _converse(client: str, mode: ProxyMode, window: str, tmp: Path) -> Outcome:
     with Emulator(SummarizingResponder(ScriptedResponder(model)), context_window=tokens, log=emu_log) as emu, \
             Proxy(ProxyConfig(upstream=emu.url, port=0, mode=mode, window_tokens=tokens if mode == "compact" else None,
                               store=str(tmp / "store"))) as px:
-        refused = [0]
-        count = px.state.observer.refused
-
-        def counted() -> None:
-            refused[0] += 1
-            count()
-        px.state.observer.refused = counted  # type: ignore[method-assign]
         answers, errors = [], []
         for k in range(prompts):
             a, e = RUN[client](px.url, tmp, k)
@@ -252,11 +248,13 @@ def _converse(client: str, mode: ProxyMode, window: str, tmp: Path) -> Outcome:
         px.wait_idle()
         served = [r for r in emu.requests if r.get("status") == 200 and not r.get("internal")]
         sessions = px.state.observer.sessions()
+        refused = px.state.observer.totals.refused  # the proxy's own answers (compact mode: context full)
     logged = [json.loads(x) for x in emu_log.read_text().splitlines()] if emu_log.exists() else []
-    return Outcome(answers, errors, refused[0],
-                   [str((r.get("error") or {}).get("message")) for r in logged if r.get("status", 200) >= 400],
+    api_400s = [str((r.get("error") or {}).get("message")) for r in logged if r.get("status", 200) >= 400]
+    return Outcome(answers, errors, refused, api_400s,
                    model.answers.count("LOST"), sum(len(s.compactions) for s in sessions),
-                   max((r.get("total_input_tokens") or 0 for r in served), default=0))
+                   max((r.get("total_input_tokens") or 0 for r in served), default=0),
+                   max([model.max_tokens, *(int(k) for m in api_400s for k in re.findall(r" \+ (\d+) > ", m))]))
 
 
 CASES = [pytest.param(c, m, w, id=f"{c}-{m}-{w}") for c in BIN for m in ("observe", "compact") for w in WINDOWS]
@@ -272,6 +270,9 @@ def test_a_client_at_its_defaults_gets_every_prompt_answered(tmp_path: Path, cli
     out = _converse(client, mode, window, tmp_path)
     print(f"{client} {mode} {window}: {out}")
     assert out.refused == 0, str(out)  # never "context is full" of the proxy's own
+    # the client's own default output reserve is in force, as users run it (Claude Code: 32,000 on
+    # Sonnet 4.6, 128,000 on Opus 5.5; opencode: 32,000), never an override such as test_clients.py's 4096
+    assert out.max_tokens >= 32_000, str(out)
     if (client, mode, window) in API_REFUSES:
         assert out.errors[-1] and API_MAX_TOKENS_400 in out.errors[-1], str(out)  # the API's own words
         assert out.api_400s and all(API_MAX_TOKENS_400 in m for m in out.api_400s), str(out)
