@@ -287,14 +287,21 @@ class CacheAwareCompactor:
                                                   f"{REPEAT_WINDOW_S:.0f}s: the model may have lost what it needed",
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
-    def _limits(self, max_tokens: int, model: str) -> Limits:
+    def _plain_limits(self, max_tokens: int, model: str) -> tuple[Limits, int, int, float]:
+        """`policy.limits` for this session now, before any learnt recent budget; with the
+        prefix, the typical turn's growth and the write-over-read ratio it was made from."""
         s = self.draft
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.ctx.window_tokens  # the one window the engine resolved (EngineOptions.window), or the bench's
         price = priced(model, self.ctx.prices)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
-        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
+        return limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio), prefix, growth, ratio
+
+    def _limits(self, max_tokens: int, model: str) -> Limits:
+        s = self.draft
+        lim, prefix, growth, ratio = self._plain_limits(max_tokens, model)
+        window = lim.window
         coverage = self.cfg.levels.lookback_coverage
         if coverage <= 0:
             return lim
@@ -1046,15 +1053,9 @@ class CacheAwareCompactor:
         client never asked to lose (at 40k, Claude Code's turns each dropped every round they
         could). The summaries still aim under ``lim``."""
         cap = int(OWN_RESERVE_SHARE * lim.window)
-        if lim.max_tokens <= cap:
-            return lim
-        s = self.draft
-        prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
-        growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0
-        ratio = priced(model, self.ctx.prices).write_over_read(self.ttl or "5m")
-        return limits(self.cfg, lim.window, cap, prefix, growth, write_over_read=ratio)
+        return lim if lim.max_tokens <= cap else self._plain_limits(cap, model)[0]
 
-    def _ensure_fits(self, tokens: int, lim: Limits, report: Plan, model: str = "") -> int:
+    def _ensure_fits(self, tokens: int, lim: Limits, report: Plan, model: str) -> int:
         """Past the critical threshold, L5 until the request fits, and if the newest round beside a
         leading summary still does not (the prefix fills most of the window), L5 again with the
         summary dropped; ``report.context_full`` says why if even that cannot fit. The thresholds
