@@ -48,6 +48,9 @@ SIZES = [500, 2_000, 5_000, 10_000, 20_000]
 MODES = ["sync", "stream", "async"]
 WORKING_SET_MAX = 0.70  # cells whose working set is above this share of the window are not run
 MAX_TURNS = 150
+MAX_TOKENS = 4096  # each request's max_tokens
+PREFIX_TOKENS = 600  # the system prompt, tools and task, cl100k tokens (about); the prefix also holds the first read
+SUMMARY_TOKENS = 1_500  # the planning size of one summary
 
 TOOLS = [{"name": "read_file", "description": "Read a file.",
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
@@ -80,6 +83,25 @@ class Cell:
     @property
     def model(self) -> str:
         return "claude-opus-5-5" if self.thinking else "claude-sonnet-4-6"
+
+    @property
+    def need(self) -> int:
+        """What the window must hold for the agent to never re-read, in the model's own tokens
+        (Opus 5.5 counts about 1.3x the tokens of the files' cl100k size): the prefix, the reach
+        (the needed result and the ``N`` reads after it, at their largest, 1.3x the mean size), a
+        summary, and one more turn (a parallel read of two), beside the reply and the 5% margin.
+        The immutable prefix holds the first read too (``prefix_messages=3``)."""
+        ratio = get_model(self.model).token_ratio
+        reach = (self.lookback + 1) * self.size * 1.3 * ratio
+        turn = 2 * self.size * 1.3 * ratio
+        prefix = (PREFIX_TOKENS + self.size * 1.3) * ratio
+        return int(prefix + reach + SUMMARY_TOKENS + turn + MAX_TOKENS + 0.05 * self.window)
+
+    @property
+    def fits(self) -> bool:
+        """Whether issue 63's re-read bar applies: prefix + reach + a summary + one turn fit the
+        window. Elsewhere the engine must say the window is too small, and not loop."""
+        return self.need <= self.window
 
 
 def cells() -> list[Cell]:
@@ -243,7 +265,8 @@ def run(cell: Cell, config: str, seed: int = 0) -> Result:
         loop = asyncio.new_event_loop() if cell.mode == "async" else None
         for _ in range(turns):
             clock += 15.0
-            args: dict[str, Any] = dict(model=cell.model, max_tokens=4096, system=SYSTEM, tools=TOOLS, messages=hist,
+            args: dict[str, Any] = dict(model=cell.model, max_tokens=MAX_TOKENS, system=SYSTEM, tools=TOOLS,
+                                        messages=hist,
                                         extra_headers={CLOCK_HEADER: repr(clock)}, **thinking)
             if cell.mode == "sync":
                 r = client.messages.create(**args)
@@ -314,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             if a.json:  # each run as it ends (JSON lines): a long grid stopped part way keeps what it ran
                 with open(a.json, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({**asdict(r), "cell": asdict(r.cell), "half": r.cell.half}) + "\n")
+                    f.write(json.dumps({**asdict(r), "cell": asdict(r.cell), "half": r.cell.half, "fits": r.cell.fits,
+                                        "need": r.cell.need}) + "\n")
             print(f"[{i + 1}/{len(todo)}] {c.window // 1000}k N={c.lookback} size={c.size} {c.mode} "
-                  f"think={int(c.thinking)} ws={c.working_set:.0%} {cfg}: re-reads {r.rereads}/{r.uses} "
+                  f"think={int(c.thinking)} ws={c.working_set:.0%} fits={int(c.fits)} {cfg}: "
+                  f"re-reads {r.rereads}/{r.uses} "
                   f"(all {r.all_rereads}) compactions {r.compactions} {r.levels} "
                   f"${r.cost:.2f} small={r.too_small} {r.seconds:.1f}s", file=sys.stderr, flush=True)
     return 0

@@ -67,6 +67,9 @@ class Event:
     come with the next request's ``compaction`` event, which carries ``detail={"idle": True}``) |
     idle_declined (an idle decision that did not fire, with its reason: the proxy's scheduler
     decides unseen, so the session's log says why) |
+    window_too_small (the reach the agent's look-backs ask for does not fit the window beside the
+    prefix, a summary and one turn: ``detail`` names the numbers; said once, and again whenever
+    the reach grows by half) |
     compaction_requested (the API was asked to write an L3/L4 summary in the background; the next
     request's ``compaction`` event, with ``detail={"writer": "api", ...}``, swaps it in).
 

@@ -9,7 +9,9 @@ setting it read a hundred turns back. A budget that serves the second wastes mon
 first, and one that suits the first loses the second's evidence.
 
 `LookbackMeter` follows the transcript after the immutable prefix (never cleared, so never at
-risk) and answers: how much recent history covers a share ``coverage`` of this agent's
+risk; a call that names what a result in the prefix showed is still a look-back, as far back as
+the history after the prefix: issue 63, where the first read sat in the prefix and the meter's
+first evidence came a submission late) and answers: how much recent history covers a share ``coverage`` of this agent's
 look-backs? For a budget K, only the look-backs made when more than K tokens of history lay
 behind the call could have reached past it (the others are *censored*: early in a session
 every look-back is short). The share that did reach past K is taken at the upper end of its
@@ -83,6 +85,7 @@ class LookbackMeter:
         self._seen = 0
         self.turns = 0  # the agent's turns after the prefix (assistant messages)
         self._pos = 0  # raw tokens of history after the immutable prefix so far
+        self._round_start = 0  # where the newest assistant message after the prefix starts
         # identifier -> position of the newest result after the prefix that showed it
         self._where: dict[str, int] = {}
         self.pinned: set[str] = set()  # identifiers the immutable prefix shows: never at risk
@@ -112,19 +115,25 @@ class LookbackMeter:
         t = session.transcript
         for i in range(self._seen, len(t)):
             blocks = content_blocks(t[i])
-            if i < pe:  # the prefix: only what its results show (never at risk)
+            if i < pe:  # the prefix: what its results show is never at risk, but reaching it is a look-back
                 for blk in blocks:
                     if isinstance(blk, ToolResultBlock):
-                        self.pinned.update(identifiers(result_text(blk)))
+                        shown = identifiers(result_text(blk))
+                        self.pinned.update(shown)
+                        self._where.update((x, 0) for x in shown)  # 0: where the history after the prefix starts
                 continue
             self.turns += t[i].role == "assistant"
+            # a result is kept only with the round that asked for it (compaction cuts between rounds, and
+            # a parallel call's sibling results come along): its distance is measured from the call
+            origin = self._round_start if i - 1 >= pe and t[i - 1].role == "assistant" else self._pos
+            if t[i].role == "assistant":
+                self._round_start = self._pos
             uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
             if uses:
                 self._look(identifiers_in_input([b.input for b in uses]), [self._call(b) for b in uses],
                            i, session)
             plain = session.plain_message(i)
             for j, blk in enumerate(blocks):
-                start = self._pos
                 tokens = plain.blocks[j].tokens
                 self._pos += tokens
                 if not isinstance(blk, ToolResultBlock):
@@ -132,10 +141,10 @@ class LookbackMeter:
                 call = self._pending.pop(blk.tool_use_id, None)
                 if call is not None:
                     if tokens >= self.min_clear_tokens:
-                        self._calls[call] = start
+                        self._calls[call] = origin
                     else:
                         self._calls.pop(call, None)
-                self._index(i, blk.tool_use_id, result_text(blk), start)
+                self._index(i, blk.tool_use_id, result_text(blk), origin)
         self._seen = len(t)
 
     def _call(self, use: ToolUseBlock) -> int:
@@ -159,10 +168,12 @@ class LookbackMeter:
         view: InView | None = None
         for x in idents:
             at = self._where.get(x)
-            if at is None or x in self.pinned:
+            if at is None:
                 continue
             self._add(self._pos - at)
             self._where[x] = self._pos
+            if x in self.pinned:
+                continue  # the prefix shows it: in view on every request
             seen = [e for e in self.lines.get(x, ()) if e[0] < message]
             if not seen:
                 continue
@@ -240,17 +251,17 @@ class LookbackMeter:
         """Before `budget` can certify one: a budget above ``configured`` when this agent's own
         look-backs already show it is too small. The ``coverage`` quantile of the distances seen
         so far (so one outlier among many short look-backs moves nothing), with a tenth more room,
-        up to ``cap``; None when that quantile is within ``configured``. Growing the budget on
+        up to ``cap``; None when that is within ``configured``. Growing the budget on
         what the agent did needs no long run of samples; shrinking it below the configured one
         still waits for `budget` (issue 47: at a 120k window an agent lost every fact nine reads
         back until 72 look-backs had been seen)."""
         if coverage <= 0 or not self._by_distance:
             return None
         n = len(self._by_distance)
-        q = self._by_distance[min(n - 1, math.ceil(coverage * n) - 1)]
-        if q <= configured:
+        want = int(self._by_distance[min(n - 1, math.ceil(coverage * n) - 1)] * 1.1)
+        if want <= configured:
             return None
-        return min(cap, int(q * 1.1))
+        return min(cap, want)
 
     def reach(self, coverage: float) -> int:
         """How far back this agent has shown it looks: the ``coverage`` quantile of the distances

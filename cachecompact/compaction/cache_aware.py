@@ -82,6 +82,7 @@ from .policy import (
     economics,
     evaluate,
     limits,
+    reach_cap,
 )
 from .strategy import Plan, StrategyContext, latest_request, summarize_range, summary_request, task_goal
 from .summarize.api_compaction import OnDemandSummarizer, Verbatim, compaction_max_tokens
@@ -132,6 +133,11 @@ class CacheAwareCompactor:
         self._learnt: int | None = None  # the learnt recent budget last reported (raw tokens; None: configured)
         self._learnt_now: int | None = None  # the one this turn's limits use
         self._coverage_now = self.cfg.levels.lookback_coverage  # the share of look-backs it covers (raised on misses)
+        # the reach the look-backs ask for when the window cannot hold it (prefix, reach, one turn, the limits), and
+        # the reach last said so (`_note_window_too_small`)
+        self._short: tuple[int, int, int, Limits] | None = None
+        self._short_said = 0
+        self._unshown_said = False  # the deferral before any look-back was said (once a session)
         # the cache TTL: what this turn's request is rendered with (its `Plan` carries both), and
         # the gaps it is chosen from
         fixed = self.cfg.economics.ttl
@@ -307,16 +313,44 @@ class CacheAwareCompactor:
             return lim
         self._lookback.observe(s)
         coverage = self._coverage_now = self._lookback.coverage_for(coverage, self.cfg.levels.miss_rate)
-        room = lim.soft - prefix - self.cfg.levels.summary_tokens
+        # the window alone caps what the agent's look-backs ask for (`policy.reach_cap`)
+        turn = max(growth, lim.limit // 100)
+        room = reach_cap(lim.critical, prefix, self.cfg.levels.summary_tokens, turn)
         cal = max(s.counter.calibration, 1e-9)
         learnt = self._lookback.budget(coverage, int(room / cal))
         if learnt is None:  # until a budget is certified, the agent's own look-backs may still show it must grow
-            learnt = self._lookback.provisional(coverage, int(lim.configured_recent / cal), int(room / cal))
+            # above what a collapse keeps of the configured budget (`collapse_keep_share` caps that guess)
+            learnt = self._lookback.provisional(coverage, int(lim.collapse_keep / cal), int(room / cal))
         self._learnt_now = learnt
+        wanted = self._lookback.provisional(coverage, int(room / cal), 2**62)  # past the cap, uncapped; else None
+        self._short = None if wanted is None else (prefix, s.counter.calibrated(wanted), turn, lim)
         if learnt is None:
             return lim
         return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
                       write_over_read=ratio)
+
+    def _note_window_too_small(self, report: Plan) -> None:
+        """An event when the reach the agent's look-backs ask for does not fit the window beside
+        the prefix, a summary and one turn (`policy.reach_cap`): what lies beyond what fits will be
+        re-read or guessed. Said when it first happens and whenever the reach grows by half
+        again, so a long session does not repeat it every turn (issue 63, "tight windows, said
+        aloud")."""
+        if self._short is None:
+            return
+        prefix, reach, turn, lim = self._short
+        if self._short_said and reach < 1.5 * self._short_said:
+            return
+        self._short_said = reach
+        summary = self.cfg.levels.summary_tokens
+        need = prefix + reach + summary + turn
+        report.events.append(self._emit(
+            "window_too_small", tokens_before=need, tokens_after=lim.critical,
+            reason=f"the window is too small for this agent's reach: prefix {prefix:,} + reach {reach:,} + summary "
+                   f"{summary:,} + one turn {turn:,} = {need:,} tokens > {lim.critical:,} (the critical threshold of "
+                   f"a {lim.window:,}-token window); keeping the newest {lim.keep_recent:,}: the agent will re-read "
+                   "what lies beyond (a larger window, or a smaller max_tokens, keeps it)",
+            detail={"prefix": prefix, "reach": reach, "summary": summary, "turn": turn, "need": need,
+                    "critical": lim.critical, "window": lim.window, "kept": lim.keep_recent}))
 
     def _note_recent_budget(self, lim: Limits, report: Plan) -> None:
         """An event when the budget learnt from the agent's look-backs first replaces the
@@ -501,6 +535,7 @@ class CacheAwareCompactor:
             self._append_idle(report)
         lim = self._limits(max_tokens, model)
         self._note_recent_budget(lim, report)
+        self._note_window_too_small(report)
         self._producing = len(s)
         human = self._task_start()
         self._thought = {k: v for k, v in self._thought.items() if k > human}
@@ -556,6 +591,20 @@ class CacheAwareCompactor:
         if cold and self.cfg.economics.cache_aware and not self.tripped and trig.max_level in (None, "L1", "L2"):
             trig = Trigger("L3", "cache is cold: the next request re-writes everything anyway, so a collapse "
                                  "costs no extra write", cold=True, fallback=trig.max_level)
+        if trig.max_level is not None and not trig.forced and lv.lookback_coverage > 0 \
+                and not self._lookback.lookbacks:
+            # nothing the window does not force until the agent has shown how far back it looks: a budget
+            # chosen before any look-back is a guess, and what it hides the agent may need (issue 63: at 1M,
+            # clearing at 104k under the configured 50k hid the reads an agent came back to 16 reads later,
+            # and 8 of its first 8 submissions re-read)
+            self._pending = trig.max_level
+            if not self._unshown_said:
+                self._unshown_said = True
+                report.events.append(self._emit(
+                    "deferred", level=trig.max_level, tokens_before=tokens, tokens_after=tokens,
+                    reason=f"{trig.reason}; the agent has not yet looked back at anything it read: nothing is hidden "
+                           "until it has, or until the window forces it (said once)"))
+            trig = Trigger(None, "the agent's reach is not shown yet")
         if trig.max_level is not None:
             if self.tripped:
                 report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "

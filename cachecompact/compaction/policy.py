@@ -36,6 +36,7 @@ __all__ = [
     "economics",
     "evaluate",
     "limits",
+    "reach_cap",
     "window_problem",
 ]
 
@@ -237,8 +238,11 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     critical = max(soft + 2, int(t.critical * limit) if t.critical is not None else limit - step)
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     configured = min(lv.keep_recent_tokens, room)
-    keep = configured if recent_tokens is None else min(recent_tokens, room)
-    collapse_keep = min(keep, int(lv.collapse_keep_share * window))
+    if recent_tokens is None:  # the configured budget: a guess, so within soft and a share of the window
+        keep = configured
+        collapse_keep = min(keep, int(lv.collapse_keep_share * window))
+    else:  # what the agent has shown it comes back to: capped by the window only (issue 63)
+        keep = collapse_keep = min(recent_tokens, reach_cap(critical, prefix_tokens, lv.summary_tokens, step))
     if t.hard is not None:  # as set, but strictly between soft and critical after rounding
         hard = min(critical - 1, max(soft + 1, int(t.hard * limit)))
     elif not cfg.economics.cache_aware:
@@ -266,6 +270,15 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
                   room=room,
                   old_result=lv.old_result_tokens, min_batch=min_batch,
                   max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
+
+
+def reach_cap(critical: int, prefix: int, summary: int, turn: int) -> int:
+    """The most a compaction can keep verbatim: what the window holds below ``critical`` beside
+    the prefix, a summary and one turn. Only this caps a budget the agent's look-backs asked for
+    (issue 63: capping it at the room below ``soft``, 18k at 40k where the agent needed 21.6k, or
+    at half the window, 100k at 200k where it needed 101k, hid its working set although the
+    window held it)."""
+    return max(0, critical - prefix - summary - turn)
 
 
 def collapse_hard(prefix: int, kept: int, step: int, write_over_read: float, *, low: int, high: int) -> int:

@@ -26,7 +26,7 @@ __all__ = ["conversation_segments", "plot_session", "session_data", "session_rep
 
 _COUNTED = ("compaction", "externalized", "deferred", "failure", "refused", "breaker_open", "context_full", "skipped",
             "repeated_tool_calls", "recent_budget", "restored", "idle_summary", "compaction_requested",
-            "idle_declined")
+            "idle_declined", "window_too_small")
 
 
 def session_data(session: Session) -> dict[str, Any]:
@@ -219,7 +219,7 @@ def session_report(target: Session | str | os.PathLike[str] | Store, session_id:
             lines.append(f"{i:4d}{who} {b['cache_read_input_tokens']:6d} {b['cache_creation_input_tokens']:6d} "
                          f"{b['input_tokens']:6d} ${float(r.get('cost_usd') or 0):.5f}  {note}")
     trouble = [e for e in d["events"] if e.get("kind") in ("failure", "refused", "breaker_open", "context_full",
-                                                           "deferred", "recent_budget")]
+                                                           "deferred", "recent_budget", "window_too_small")]
     if trouble:
         lines += ["", "failures, deferrals, the breaker and the recent budget:"]
         for e in trouble[-40:]:

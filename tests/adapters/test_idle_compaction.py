@@ -105,11 +105,13 @@ def _run(pause_s: float, tasks: int = 4, *, idle: bool, summarizer_model: str | 
     summary model's prices are what most of these tests are about; the API writes on the
     conversation's model)."""
     clock = SimulatedClock(START)
+    # the recent budget kept as given: this agent never looks back at what it read, and with the meter on
+    # only the window would edit before a look-back (issue 63); the idle economics are what is tested here
     with Emulator(_agent(calls)) as emu:
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=store,
                                    window_tokens=200_000, clock=clock, idle_compaction=idle,
                                    summarizer_model=summarizer_model, strategy=strategy,
-                                   config=PolicyConfig(levels=LevelSettings(api_summaries=api)))
+                                   config=PolicyConfig(levels=LevelSettings(api_summaries=api, lookback_coverage=0.0)))
         decisions, returns = _loop(client, clock, pause_s, tasks, explicit_away=explicit_away)
         if reports is not None:
             reports += [session_data(x) for x in cachecompact.wrapped_sessions(client)]
@@ -359,7 +361,8 @@ def _proxy_run(tmp: Path, *, idle: bool) -> tuple[list[dict[str, Any]], list[Idl
     with Emulator(_agent()) as emu:
         cfg = ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(tmp / "store"),
                           window_tokens=200_000, idle_compaction=idle, summary_model=MODEL, clock=clock,
-                          engine_options=EngineOptions(config=PolicyConfig(levels=LevelSettings(api_summaries=False))))
+                          engine_options=EngineOptions(config=PolicyConfig(
+                              levels=LevelSettings(api_summaries=False, lookback_coverage=0.0))))
         with Proxy(cfg) as px:
             client = anthropic.Anthropic(base_url=px.url, api_key=SECRET, max_retries=0)
             _, returns = _loop(client, clock, 7200.0, 4)

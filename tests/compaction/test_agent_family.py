@@ -11,7 +11,10 @@ back, placed in the middle of the output. A use is counted where the needed fact
 the history from the needed result to the end of the request, beside the fixed prefix and a
 summary, is within 60% of the window (a share fixed here, not read from the policy, so a policy
 that keeps less cannot shrink what is counted); beyond it a compactor may need the room, and a
-re-read is a fair answer.
+re-read is a fair answer. (Issue 63 corrected what "fits" counts: the fixed prefix is the whole
+immutable prefix, the first three messages, whose first result is the large one in 40% of the
+shapes, and the sizes are the model's own tokens, 1.3x cl100k on Opus 5.5; before, a use was
+counted where the large first result and the history left the window no room for it.)
 
 No parameter of cachecompact is fitted here: the seeds were split before any fix was measured,
 half A (even seeds, the development half) and half B (odd seeds, held out); the bar (at most 10%
@@ -178,11 +181,16 @@ def run(shape: Shape) -> Agent:
         read_at: dict[str, int] = {}
         clock = 1_800_000_000.0
         prefix = COUNTER.count_text(SYSTEM)
+        ratio = model.token_ratio  # API tokens per cl100k token (Opus 5.5 counts about 1.3x)
         thinks = shape.model == "claude-opus-5-5"
         thinking: dict[str, Any] = {"thinking": {"type": "adaptive"}} if thinks else {}
         for _ in range(400):
             # what each file's newest result needs: the history from it to the end, the fixed part, a summary
-            agent.fits = {p: prefix + sum(sizes[k:]) + 1500 <= FITS * window for p, k in read_at.items()}
+            # in the model's own tokens, and beside the whole immutable prefix: the first three messages, whose
+            # first result may be the large one (a fact in it is always in view)
+            fixed = prefix + sum(sizes[:3])
+            agent.fits = {p: (fixed + sum(sizes[max(k, 3):]) + 1500) * ratio <= FITS * window
+                          for p, k in read_at.items()}
             clock += 15.0
             r = client.messages.create(model=shape.model, max_tokens=4096, system=SYSTEM, tools=TOOLS, messages=hist,
                                        extra_headers={CLOCK_HEADER: repr(clock)}, **thinking)

@@ -54,7 +54,7 @@ def test_a_lookback_is_measured_to_the_output_it_reached_and_counts_the_history_
     spans = [sp for _, sp in m.lookbacks]
     assert spans == sorted(spans)  # history only grows
     assert min(distances) > 4_000 and max(distances) < 6_000  # six files of about 760 tokens back
-    assert all(d < sp for d, sp in m.lookbacks)
+    assert all(d <= sp for d, sp in m.lookbacks)  # the first round after the prefix: all of it
 
 
 def test_the_budget_covers_the_share_asked_for_and_no_more() -> None:
@@ -105,10 +105,21 @@ def test_a_handful_of_lookbacks_proves_nothing() -> None:
     assert wilson_upper(0.0, 9) <= 0.1 < wilson_upper(0.0, 8)
 
 
-def test_lookbacks_into_the_immutable_prefix_are_never_at_risk() -> None:
+def test_lookbacks_into_the_immutable_prefix_count_and_are_never_at_risk() -> None:
+    """Issue 63: the first read sits in the prefix, and the agent's first submission reaches back
+    to it. That is the session's first evidence of its reach (as far back as the history after
+    the prefix), though the prefix itself is never hidden."""
     msgs = _agent(turns=12, gap=1)
-    m, _ = _meter(msgs, prefix=len(msgs) - 2)  # everything but the last turn is the prefix
-    assert m.lookbacks == []
+    m, s = _meter(msgs, prefix=len(msgs) - 2)  # everything but the last turn is the prefix
+    assert len(m.lookbacks) == 1
+    after_prefix = sum(b.tokens for j in range(s.prefix_end or 0, len(s)) for b in s.renderer.plain_message(j).blocks)
+    assert 0 <= m.lookbacks[0][0] <= after_prefix  # made before any history after the prefix: 0
+    assert m.exposed == 0 and m.missed == 0
+    far = _agent(turns=12, gap=8)  # turn 8 names a line of turn 0's file, which the prefix holds
+    m, _ = _meter(far, prefix=3)
+    first = m.lookbacks[0][0]
+    assert first > 5_000, first  # seven files of history after the prefix, about 760 tokens each
+    assert m.exposed == 0
 
 
 def test_a_rerun_of_an_earlier_call_reached_back_to_its_output() -> None:
@@ -255,3 +266,48 @@ def test_a_cut_made_to_stop_thrashing_keeps_what_the_agent_looks_back_at(gap: in
     if gap:
         m = c._lookback
         assert m.missed <= max(2, 0.05 * len(m.lookbacks)), (m.missed, len(m.lookbacks))
+
+
+def test_nothing_is_hidden_before_the_agent_has_looked_back_unless_the_window_forces_it() -> None:
+    """Issue 63: compacting before the agent has shown any reach hides what it may come back to
+    (at 1M, clearing under the configured 50k at 104k made an agent that looks 16 reads back
+    re-read its first 8 submissions). The same session compacts once the agent looks back, and
+    one that never does is compacted only when the window forces it."""
+    def run(gap: int, window: int) -> tuple[CacheAwareCompactor, Session, list[Any]]:
+        msgs = _agent(turns=150, gap=gap)
+        s = Session.create(None, prefix_messages=1)
+        c = CacheAwareCompactor.for_session(s, cfg(window))
+        events = []
+        for k, i in enumerate(range(1, len(msgs), 2)):
+            events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+        return c, s, events
+
+    c, s, events = run(gap=1000, window=200_000)  # never looks back; ~115k of 200k: nothing forces
+    assert not c._lookback.lookbacks and not s.ledger.entries
+    said = [e for e in events if e.kind == "deferred" and "not yet looked back" in e.reason]
+    assert len(said) == 1  # said once
+    c, s, _ = run(gap=3, window=200_000)  # looks three reads back: compacted, keeping what it reaches
+    assert c._lookback.lookbacks and any(e.kind == "summary" or e.level == "L1" for e in s.ledger.entries)
+    assert c._lookback.missed == 0
+    c, s, _ = run(gap=1000, window=60_000)  # the window forces it
+    assert s.ledger.entries and not c._lookback.lookbacks
+
+
+def test_a_reach_the_window_cannot_hold_is_said_with_its_numbers() -> None:
+    """Issue 63, tight windows said aloud: an agent that looks 30 reads back (~23k tokens) in a
+    24k window gets one event naming the prefix, the reach, the summary, the turn and the window."""
+    msgs = _agent(turns=60, gap=30)
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(24_000))
+    events = []
+    for k, i in enumerate(range(1, len(msgs), 2)):
+        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+    small = [e for e in events if e.kind == "window_too_small"]
+    assert 1 <= len(small) <= 2, [e.reason for e in small]
+    d = small[0].detail
+    assert d["need"] == d["prefix"] + d["reach"] + d["summary"] + d["turn"] > d["critical"]
+    assert d["window"] == 24_000 and "too small for this agent's reach" in small[0].reason
+    wide = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(wide, cfg(200_000))
+    assert not [e for k, i in enumerate(range(1, len(msgs), 2))
+                for e in _grow(wide, c, [msgs[i:i + 2]], t0=10.0 * k) if e.kind == "window_too_small"]

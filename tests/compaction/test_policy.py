@@ -28,6 +28,7 @@ from cachecompact.compaction.policy import (
     economics,
     evaluate,
     limits,
+    reach_cap,
 )
 from cachecompact.compaction.quality import compaction_regression_suite
 from cachecompact.compaction.strategy import StrategyContext
@@ -74,6 +75,21 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
     for lim in (small, big):
         assert lim.collapse_keep == min(lim.keep_recent, int(LevelSettings().collapse_keep_share * lim.window))
     assert limits(PolicyConfig(levels=LevelSettings(collapse_keep_share=0.1)), 200_000, 0).collapse_keep == 20_000
+
+
+def test_a_reach_the_agent_has_shown_is_capped_by_the_window_only() -> None:
+    """Issue 63: a learnt budget was capped at the room below soft and at half the window (100k
+    at 200k, where the agent needed 101k), though the window held the working set. Now every
+    level keeps it whole, up to what leaves a summary and one turn below critical."""
+    lim = limits(PolicyConfig(), 200_000, 4_096, prefix_tokens=4_000, growth=2_000, recent_tokens=150_000)
+    assert lim.keep_recent == lim.collapse_keep == 150_000  # above soft's room and half the window
+    assert lim.soft - 4_000 - LevelSettings().summary_tokens < 150_000
+    cap = reach_cap(lim.critical, 4_000, LevelSettings().summary_tokens, 2_000)
+    huge = limits(PolicyConfig(), 200_000, 4_096, prefix_tokens=4_000, growth=2_000, recent_tokens=10**9)
+    assert huge.keep_recent == huge.collapse_keep == cap == lim.critical - 4_000 - 1_500 - 2_000
+    # the configured budget (nothing learnt yet) is still a guess: within soft and its share of the window
+    plain = limits(PolicyConfig(levels=LevelSettings(keep_recent_tokens=10**9)), 200_000, 4_096, prefix_tokens=4_000)
+    assert plain.keep_recent == plain.room and plain.collapse_keep == 100_000
     # the default window is the model's own
     assert PolicyConfig().window_for(get_model("claude-haiku-4-5")) == 200_000
     assert PolicyConfig().window_for(get_model("claude-sonnet-5-5")) == 1_000_000
@@ -148,6 +164,11 @@ def test_economics_pays_only_when_the_saving_beats_the_rewrite() -> None:
     assert cold.rewrite_cost == 0 and cold.pays
 
 
+# a recent budget kept as given (the look-back meter off): for the agents here that never look back,
+# whose edits test the economics; with the meter on, nothing but the window edits before a look-back
+GIVEN: dict[str, Any] = {"lookback_coverage": 0.0}
+
+
 def cfg(window: int, **kw: Any) -> PolicyConfig:
     """A small-window config; keyword arguments go to the sub-config that has them."""
     groups: dict[str, dict[str, Any]] = {"triggers": {}, "economics": {}, "levels": {}, "safety": {}}
@@ -216,7 +237,7 @@ def test_l2_on_entry_and_cheapest_level_and_prefix_untouched(tmp_path: Path) -> 
 def test_economics_defers_then_cold_cache_applies_it() -> None:
     s = Session.create(None, prefix_messages=1)
     # removes little relative to the suffix, early in the session: not worth a warm re-write
-    c = CacheAwareCompactor.for_session(s, cfg(30_000, min_batch_fraction=0.0, max_remaining_turns=5, ttl="5m",
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, **GIVEN, min_batch_fraction=0.0, max_remaining_turns=5, ttl="5m",
                                      keep_recent_tokens=0, keep_recent_results=5, preview_chars=20_000))
     turns = [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(8)]
     events = _grow(s, c, turns[:7], gap=5)
@@ -288,7 +309,7 @@ class Bloat:
 
 def test_breaker_opens_after_three_failures_and_l5_keeps_the_agent_going() -> None:
     s = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(30_000, keep_recent_results=50, min_batch_fraction=0.0,
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, **GIVEN, keep_recent_results=50, min_batch_fraction=0.0,
                                                 cache_aware=False),
                                         summarizer=Boom())
     turns = [tool_turn(k, "write_file", f"w{k} " * 300) for k in range(80)]  # writes: L1 cannot help
@@ -527,7 +548,7 @@ def test_a_clear_rewrites_only_what_follows_the_part_already_compacted(mark: boo
     after it, so its request (billed by the emulator, through the real SDK) reads everything up
     to that mark from cache and writes only what follows. Without the mark it writes it all."""
     s = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(200_000, cache_aware=False, mark_compacted=mark,
+    c = CacheAwareCompactor.for_session(s, cfg(200_000, **GIVEN, cache_aware=False, mark_compacted=mark,
                                                keep_recent_tokens=8_000,
                                      min_batch_fraction=0.0, keep_recent_results=1))
     msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
@@ -672,8 +693,8 @@ def test_a_cold_cache_is_when_a_collapse_costs_no_extra_write() -> None:
     left alone."""
     turns = [tool_turn(k, "read_file", f"line {k} " * 600) for k in range(14)]  # below every trigger
     warm_s, cold_s = Session.create(None, prefix_messages=1), Session.create(None, prefix_messages=1)
-    warm = CacheAwareCompactor.for_session(warm_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
-    cold = CacheAwareCompactor.for_session(cold_s, cfg(200_000, keep_recent_tokens=10_000, ttl="5m"))
+    warm = CacheAwareCompactor.for_session(warm_s, cfg(200_000, **GIVEN, keep_recent_tokens=10_000, ttl="5m"))
+    cold = CacheAwareCompactor.for_session(cold_s, cfg(200_000, **GIVEN, keep_recent_tokens=10_000, ttl="5m"))
     assert not [e for e in _grow(warm_s, warm, turns, gap=10) if e.kind == "compaction"]
     events = _grow(cold_s, cold, turns[:13], gap=10) + _grow(cold_s, cold, turns[13:], t0=2_000.0, gap=10)
     collapses = [e for e in events if e.kind == "compaction"]
@@ -716,7 +737,8 @@ def test_the_compactor_stages_its_plan_and_writes_nothing_itself(tmp_path: Path)
     """A plan's edits are in the session's memory (rendered, counted) and in the `Plan`, but not
     in the store until the request cycle commits them."""
     s = Session.create(tmp_path / "s", prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(30_000, cache_aware=False, keep_recent_tokens=0, preview_chars=20_000))
+    c = CacheAwareCompactor.for_session(s, cfg(30_000, **GIVEN, cache_aware=False, keep_recent_tokens=0,
+                                               preview_chars=20_000))
     turns = [tool_turn(k, "read_file", f"w{k} " * 1500) for k in range(12)]
     _grow(s, c, turns[:-1])
     stored_before = len(Session.open(tmp_path / "s").ledger)
@@ -735,7 +757,7 @@ def test_each_edit_says_what_weighed_it(tmp_path: Path) -> None:
     for), and those add up to its net;
     a deferred one carries the same figures, its net below zero."""
     s = Session.create(tmp_path / "s", prefix_messages=3)
-    c = CacheAwareCompactor.for_session(s, cfg(40_000, min_batch_fraction=0.0, keep_recent_tokens=4_000))
+    c = CacheAwareCompactor.for_session(s, cfg(40_000, **GIVEN, min_batch_fraction=0.0, keep_recent_tokens=4_000))
     events = _grow(s, c, [tool_turn(k, "read_file", f"line {k} " * 400) for k in range(30)])
     weighed = [e for e in events if e.kind in ("compaction", "deferred") and e.detail.get("turns")]
     assert weighed, [(e.kind, e.reason) for e in events]
