@@ -20,6 +20,7 @@ reports re-reads per submission, compactions per 100 turns and cost.
     python benchmarks/retention_grid.py            # the held-out half, all configurations
     python benchmarks/retention_grid.py --half fit --only ours
     python benchmarks/retention_grid.py --quick    # one cell per window (the test's selection)
+    python benchmarks/retention_grid.py --report runs.jsonl   # heat maps from --json output
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -314,6 +316,59 @@ def quick_cells(half: str = "held") -> list[Cell]:
     return out
 
 
+def _bar(window: int) -> float:
+    """Issue 63's re-read bar where the working set fits: 5%, and 2% at 200k and 1M."""
+    return 0.02 if window >= 200_000 else 0.05
+
+
+def report(rows: list[dict[str, Any]], label: str = "ours") -> str:
+    """Markdown heat maps from ``--json`` lines: per window, look-back N down and result size
+    across. Three maps: ``label``'s re-reads per submission (``-`` where the cell does not fit
+    the window: the bar does not apply), its compactions per 100 turns, and its cost per
+    submitted value over that of the cheapest fixed budget that met the same re-read bar on the
+    cell (``n/a`` where none did)."""
+    by: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        c = r["cell"]
+        by.setdefault((c["window"], c["lookback"], c["size"]), {})[r["config"]] = r
+
+    def per_value(r: dict[str, Any]) -> float:
+        return float(r["cost"]) / max(1, int(r["uses"]))
+
+    def share(r: dict[str, Any]) -> float:
+        return int(r["rereads"]) / max(1, int(r["uses"]))
+
+    def cell_text(kind: str, key: tuple[int, int, int]) -> str:
+        runs = by.get(key, {})
+        r = runs.get(label)
+        if r is None:
+            return ""
+        fits = bool(r.get("fits"))
+        if kind == "rereads":
+            mark = "" if fits else " (too small)"
+            flag = " **over**" if fits and share(r) > _bar(key[0]) else ""
+            return f"{share(r):.0%}{flag}{mark}"
+        if kind == "compactions":
+            return f"{100 * int(r['compactions']) / max(1, int(r['turns'])):.0f}"
+        ok = [x for name, x in runs.items() if name.startswith("fixed") and share(x) <= _bar(key[0])]
+        if not ok:
+            return "n/a"
+        return f"{per_value(r) / min(per_value(x) for x in ok):.2f}x"
+
+    out: list[str] = []
+    for kind, title in (("rereads", f"re-reads per submission ({label})"),
+                        ("compactions", f"compactions per 100 turns ({label})"),
+                        ("cost", f"cost per value, {label} over the cheapest fixed budget meeting the bar")):
+        out += [f"**{title}**", ""]
+        for w in sorted({k[0] for k in by}):
+            ns = sorted({k[1] for k in by if k[0] == w})
+            sizes = sorted({k[2] for k in by if k[0] == w})
+            out += [f"{w // 1000}k | " + " | ".join(f"{s:,}" for s in sizes), "|".join(["---"] * (len(sizes) + 1))]
+            out += [f"N={n} | " + " | ".join(cell_text(kind, (w, n, s)) for s in sizes) for n in ns]
+            out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--half", choices=["fit", "held", "both"], default="held")
@@ -321,7 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one cell per window")
     ap.add_argument("--window", type=int, action="append")
     ap.add_argument("--json", help="append each run's result here, one JSON object a line")
+    ap.add_argument("--report", nargs="+", metavar="JSONL", help="print heat maps from these --json files; run nothing")
+    ap.add_argument("--label", default="ours", help="with --report: the configuration mapped (default: ours)")
     a = ap.parse_args(argv)
+    if a.report:
+        lines = [json.loads(x) for p in a.report for x in Path(p).read_text(encoding="utf-8").splitlines() if x.strip()]
+        print(report(lines, a.label))
+        return 0
     todo = quick_cells(a.half if a.half != "both" else "held") if a.quick else \
         [c for c in cells() if a.half == "both" or c.half == a.half]
     if a.window:

@@ -1003,9 +1003,10 @@ class CacheAwareCompactor:
         every collapse re-write it again a few turns later (benchmarks/async_agent.py, 60k
         window, 2.5-10k files read whole: re-writes were 0.81 of the cost with the configured
         budget as the floor). A cut that ignored the look-backs hid what the agent comes back to
-        (issue 47: facts two to nine reads back were re-read in 34 of 40 closed-loop runs)."""
-        if p.level not in ("L3", "L4") or p.break_at is None:
-            return
+        (issue 47: facts two to nine reads back were re-read in 34 of 40 closed-loop runs). None
+        for a budget the user fixed (the meter off): it is kept as given."""
+        if p.level not in ("L3", "L4") or p.break_at is None or self.cfg.levels.lookback_coverage <= 0:
+            return  # a budget the user fixed is kept as given (issue 63: cut to 3-7k, it re-read on every use)
         lv, ctr = self.cfg.levels, self.draft.counter
         cal = max(ctr.calibration, 1e-9)
         keep = int(lim.collapse_keep / cal)

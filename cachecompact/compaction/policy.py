@@ -238,11 +238,14 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
     critical = max(soft + 2, int(t.critical * limit) if t.critical is not None else limit - step)
     room = max(0, soft - prefix_tokens - lv.summary_tokens)  # after compacting to the target: prefix, summary, tail
     configured = min(lv.keep_recent_tokens, room)
-    if recent_tokens is None:  # the configured budget: a guess, so within soft and a share of the window
+    cap = reach_cap(critical, prefix_tokens, lv.summary_tokens, step)
+    if recent_tokens is not None:  # what the agent has shown it comes back to: capped by the window only (issue 63)
+        keep = collapse_keep = min(recent_tokens, cap)
+    elif lv.lookback_coverage <= 0:  # a budget the user fixed (`recent_tokens`): kept as given, up to the window
+        keep = collapse_keep = min(lv.keep_recent_tokens, cap)
+    else:  # the configured budget before any look-back: a guess, within soft and a share of the window
         keep = configured
         collapse_keep = min(keep, int(lv.collapse_keep_share * window))
-    else:  # what the agent has shown it comes back to: capped by the window only (issue 63)
-        keep = collapse_keep = min(recent_tokens, reach_cap(critical, prefix_tokens, lv.summary_tokens, step))
     if t.hard is not None:  # as set, but strictly between soft and critical after rounding
         hard = min(critical - 1, max(soft + 1, int(t.hard * limit)))
     elif not cfg.economics.cache_aware:
