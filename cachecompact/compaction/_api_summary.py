@@ -1,4 +1,4 @@
-"""L3/L4 summaries the API writes: when they may be used, and the background recipe.
+"""L3/L4 summaries in the background: the API's (when they may be used, and the recipe), and ours.
 
 The policy decides when to summarize and which range, as for its own summaries; where the
 model supports on-demand compaction and the summarizer has a client, the API writes the summary
@@ -12,15 +12,18 @@ request goes with the history as it stands and the conversation goes on whole; t
 replaces exactly the messages it covered on the first request after it arrives; no second one
 starts before. Here the call is bound when the policy decides (the caller's credentials are in
 that thread), sent once that request's response is in (while the agent runs its tools), and
-swapped in at the next request, which waits for it if it is still running. Only a decision the
-window forces (past the hard threshold) or a cold cache (the request re-writes everything
-anyway) compacts in the foreground, on the request that decided it.
+swapped in at the first later request it is ready for. Our own summaries made by a call
+(`OwnRequest`, a summarizer with ``bind``) go the same way. A request waits for a summary call
+only when it cannot be sent without the compaction: its prompt is at the critical threshold or
+over it (docs/policy.md, "Summaries in the background"); it then waits for the one under way, or
+makes its summary at once.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +31,11 @@ from typing import Any
 from ..base.values import Level
 from ..history.ledger import ApiCompaction
 from ..history.transcript import TranscriptReader
+from .levels import Proposal
 from .summarize.api_compaction import OnDemandCall, OnDemandResult, OnDemandSummarizer, Verbatim, supports_ondemand
+from .summarize.llm import SummaryRequest, SummaryResult
 
-__all__ = ["ApiRequest", "api_range_end", "usable"]
+__all__ = ["ApiRequest", "OwnRequest", "api_range_end", "bound_call", "usable"]
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -82,6 +87,10 @@ class ApiRequest:
         if self.future is None:
             self.future = _pool().submit(self.call, self.body, at, self.keep)
 
+    def ready(self) -> bool:
+        """Whether the call has come back (`result` would not wait)."""
+        return self.future is not None and self.future.done()
+
     def result(self, at: float | None) -> OnDemandResult:
         """The block; waits for a call still running, and makes one never started."""
         if self.future is None:
@@ -91,3 +100,44 @@ class ApiRequest:
     def edit(self, res: OnDemandResult) -> ApiCompaction:
         return ApiCompaction(0, self.end, res.content, res.signature, f"{self.level}: {self.reason}")
 
+
+
+def bound_call(summarizer: Any) -> Callable[[SummaryRequest], SummaryResult] | None:
+    """The summarizer's call, bound in this thread (the proxy's caller key is here) for the pool
+    to make; None for a summarizer that makes no call (extractive, or a proxy request without a
+    credential) or cannot be bound (one without ``bind``): it summarizes in the foreground."""
+    bind = getattr(summarizer, "bind", None)
+    call = bind() if callable(bind) else None
+    return call if callable(call) else None
+
+
+@dataclass(slots=True)
+class OwnRequest:
+    """One of our own summaries under way in the background: the plan it is for (its other
+    edits land with it), what the summarizer was asked, and the call."""
+
+    plan: Proposal
+    reason: str
+    req: SummaryRequest
+    call: Callable[[SummaryRequest], SummaryResult]
+    tokens: int  # the request's tokens when it was decided
+    verbatim: list[str]  # the working-set lines the summary keeps beside it
+    future: Future[SummaryResult] | None = None
+
+    @property
+    def level(self) -> Level:
+        return self.plan.level
+
+    def send(self) -> None:
+        """Start the call in the background (once)."""
+        if self.future is None:
+            self.future = _pool().submit(self.call, self.req)
+
+    def ready(self) -> bool:
+        return self.future is not None and self.future.done()
+
+    def result(self) -> SummaryResult:
+        """The summary; waits for a call still running, and makes one never started."""
+        if self.future is None:
+            return self.call(self.req)
+        return self.future.result()

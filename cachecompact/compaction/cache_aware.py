@@ -51,7 +51,7 @@ from ..history.ledger import GIVEN_BACK_LEVEL, LedgerEntry, ReplaceWithSummary, 
 from ..history.scratchpad import READ_SCRATCHPAD_TOOL
 from ..history.session import Session
 from ..history.thinking import latest_tool_turn
-from ._api_summary import ApiRequest, api_range_end, usable
+from ._api_summary import ApiRequest, OwnRequest, api_range_end, bound_call, usable
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from ._lookback import LookbackMeter
 from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
@@ -84,7 +84,15 @@ from .policy import (
     limits,
     reach_cap,
 )
-from .strategy import Plan, StrategyContext, latest_request, summarize_range, summary_request, task_goal
+from .strategy import (
+    Plan,
+    StrategyContext,
+    latest_request,
+    summarize_range,
+    summary_edit,
+    summary_request,
+    task_goal,
+)
 from .summarize.api_compaction import OnDemandSummarizer, Verbatim, compaction_max_tokens
 from .summarize.extractive import first_words
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
@@ -159,6 +167,9 @@ class CacheAwareCompactor:
         # whether the API refused them for this session (our own summaries from then on)
         self._api_req: ApiRequest | None = None
         self._api_refused = False
+        # our own L3/L4 summary whose call runs in the background (`_api_summary.OwnRequest`), not landed yet
+        self._own_req: OwnRequest | None = None
+        self._wait_at = 0  # this turn's prompt size from which a request waits for a summary call
         self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
 
     @property
@@ -528,9 +539,8 @@ class CacheAwareCompactor:
         if s.prefix_end is None or not len(s):
             return report
         self._request = (max_tokens, dict(params or {}))
-        if self._api_req is not None:
-            req, self._api_req = self._api_req, None
-            self._swap_api(req, report)
+        # a summary made in the background lands here when it is back (recorded against this request)
+        self._land(report, wait=not self.cfg.levels.background_summaries or self._simulated())
         if self._idle is not None:
             self._append_idle(report)
         lim = self._limits(max_tokens, model)
@@ -570,6 +580,14 @@ class CacheAwareCompactor:
         tokens = s.counter.calibrated(r.raw_tokens)
         if self._last_tokens is not None and tokens > self._last_tokens:
             self._growth.append(tokens - self._last_tokens)
+        # from the critical threshold a request cannot go without the compaction (the next turn would not fit
+        # beside its max_tokens); below it, it never waits for a summary call
+        self._wait_at = lim.critical if self.cfg.levels.background_summaries else 0
+        if self._under_way() and tokens >= self._wait_at:
+            # this request cannot be sent without the compaction: it waits for the summary under way
+            self._land(report, wait=True)
+            r = s.render(breakpoints=False)
+            tokens = s.counter.calibrated(r.raw_tokens)
         cold = self.last_request_at is not None and now - self.last_request_at > self._ttl_s
         old = max(0, s.counter.calibrated(r.tool_tokens) - lim.keep_recent)
         trig = evaluate(lim, tokens=tokens, old_tool_tokens=old)
@@ -605,7 +623,9 @@ class CacheAwareCompactor:
                     reason=f"{trig.reason}; the agent has not yet looked back at anything it read: nothing is hidden "
                            "until it has, or until the window forces it (said once)"))
             trig = Trigger(None, "the agent's reach is not shown yet")
-        if trig.max_level is not None:
+        if trig.max_level is not None and self._under_way():
+            pass  # a summary is under way in the background: no other compaction before it lands
+        elif trig.max_level is not None:
             if self.tripped:
                 report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "
                                                 f"{self.cfg.safety.failure_limit} consecutive failures",
@@ -734,6 +754,9 @@ class CacheAwareCompactor:
         for p in order:
             weighed: dict[str, Any] = {}  # what decided the edit, in its event (issue 48: which way, and why)
             api_end = self._api_end(p, model)
+            later = self._lands_later(p, api_end, tokens)
+            # a summary that lands on a later request lands on a warm cache: priced so, not as this cold one
+            now_cold = cold and not later
             if loop is not None and not trig.forced and p.break_at is not None and p.break_at < loop \
                     and api_end is None:  # an API-written summary keeps that thinking valid
                 # the turn whose tool calls this request answers thinks: an edit before it invalidates that
@@ -752,7 +775,7 @@ class CacheAwareCompactor:
                 reasoning = 0 if api_end is not None else self._reasoning_lost(p.break_at)  # the API's keeps it
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
-                                 steps=self.steps, cold=cold, summary_cost=est_summary, ttl=self.ttl or "5m",
+                                 steps=self.steps, cold=now_cold, summary_cost=est_summary, ttl=self.ttl or "5m",
                                  reasoning_tokens=reasoning)
                 weighed = {"net_usd": round(econ.net, 6), "saving_per_turn_usd": round(econ.saving_per_turn, 6),
                            "turns": econ.remaining_turns, "rewrite_usd": round(econ.rewrite_cost, 6),
@@ -761,7 +784,7 @@ class CacheAwareCompactor:
                            "recent_budget_tokens": lim.keep_recent,
                            "coverage_target": self._coverage_now if self.cfg.levels.lookback_coverage > 0 else None,
                            "writer": "api" if api_end is not None else "ours"}
-                small = not cold and p.tokens_removed < lim.min_batch
+                small = not now_cold and p.tokens_removed < lim.min_batch
                 if small or not econ.pays:
                     self._pending = p.level
                     why = (f"removes {p.tokens_removed} < {lim.min_batch} tokens" if small else
@@ -770,11 +793,15 @@ class CacheAwareCompactor:
                            + f" > saving ${econ.saving_per_turn:.5f}/turn x {econ.remaining_turns}")
                     report.events.append(self._emit("deferred", level=p.level, reason=f"{trig.reason}; {why}",
                                                     tokens_before=tokens, tokens_after=tokens, detail=weighed))
+                    if cold and not now_cold:
+                        continue  # it would land warm: a plan this cold request makes for free may still be worth it
                     return tokens
             if api_end is not None:
                 done = self._ask_api(p, api_end, trig, cold, tokens, lim, report, model)
                 if done is not None:
                     return done  # else no call could be made: our own summary
+            if later and api_end is None and self._ask_own(p, trig, cold, body, tokens, report, weighed):
+                return tokens  # this request goes whole; the summary lands on a later one
             t0 = time.perf_counter()
             try:
                 entries, cost = self._apply(p, cold, body)
@@ -835,14 +862,136 @@ class CacheAwareCompactor:
         if req is None:
             return None
         self._pending = None
-        if trig.forced or cold or tokens >= lim.hard:
+        wait = tokens >= self._wait_at if self.cfg.levels.background_summaries else (
+            trig.forced or cold or tokens >= lim.hard)  # before issue 62's item 9
+        if wait:
             return self._swap_api(req, report)  # None when it failed: our own summary, now
         self._api_req = req
         report.events.append(self._emit(
             "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
             reason=f"{req.reason}; the API writes the summary of messages 0..{end} in the background, swapped in "
-                   "on the next request (this one goes whole)", detail={"writer": "api", "covers": [0, end]}))
+                   "on a later request (this one goes whole)", detail={"writer": "api", "covers": [0, end]}))
         return tokens
+
+    # -- summaries in the background (ours and the API's) ----------------------------------------
+
+    def _lands_later(self, p: Proposal, api_end: int | None, tokens: int) -> bool:
+        """Whether ``p``'s summary would be made in the background and land on a later request:
+        a summary level, a request that can be sent without it (below `_wait_at`), and a call to
+        make: the API's, or our summarizer's, except in a session whose turns think. There it is
+        made at once: landing inside the tool loop that follows would invalidate the loop's
+        thinking (the API drops the calling turn's block), and the API's summary, which keeps
+        it, is the default on every model with preserved thinking."""
+        if p.summarize is None or tokens >= self._wait_at:
+            return False
+        return api_end is not None or (not self._turns_think() and bound_call(self.summarizer) is not None)
+
+    def _turns_think(self) -> bool:
+        """Whether the latest assistant turn carries thinking."""
+        t = self.draft.transcript
+        for i in range(len(t) - 1, -1, -1):
+            if t[i].role == "assistant":
+                return any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(t[i]))
+        return False
+
+    def _simulated(self) -> bool:
+        """Whether the session runs on a clock that is not the wall's (its summarizer carries it:
+        a replay, the bench). Wall time means nothing there, so a summary under way lands on the
+        next request, which waits for it: the run stays reproducible."""
+        return getattr(self.summarizer, "clock", None) is not None
+
+    def _under_way(self) -> bool:
+        """Whether a summary asked in the background has not landed yet."""
+        return self._api_req is not None or self._own_req is not None
+
+    def _land(self, report: Plan, *, wait: bool) -> None:
+        """Apply the summary under way in the background when its call is back, on this request
+        (the ledger records its edit here, as every edit, against the request it is first applied
+        to). With ``wait`` (the request cannot be sent without it) wait for the call, or make one
+        never started. Without, a call not back yet stays under way (started now if its request
+        got no response), and so does our own summary while this request answers a thinking
+        turn's calls (it would invalidate that thinking: as `_append_idle`, a later request)."""
+        if self._api_req is not None:
+            req = self._api_req
+            if not wait and not req.ready():
+                req.send(self._now)
+                return
+            self._api_req = None
+            self._swap_api(req, report)
+        elif self._own_req is not None:
+            own = self._own_req
+            if not wait:
+                if not own.ready():
+                    own.send()
+                    return
+                loop = self._mid_tool_loop_thinking()
+                if loop is not None and own.plan.break_at is not None and own.plan.break_at < loop:
+                    return
+            self._own_req = None
+            self._swap_own(own, report)
+
+    def _ask_own(self, p: Proposal, trig: Trigger, cold: bool, body: dict[str, Any] | None, tokens: int,
+                 report: Plan, weighed: dict[str, Any]) -> bool:
+        """Start our own summary for ``p`` in the background (sent once this request's response
+        is in), when the summarizer makes a call that can be bound here; False when it cannot
+        (extractive: the caller summarizes now, nothing to wait for)."""
+        assert p.summarize is not None
+        call = bound_call(self.summarizer)
+        if call is None:
+            return False
+        start, end = p.summarize
+        keep = working_lines(self.draft, start, end, self.cfg.levels.working_set_chars)
+        req = summary_request(self.draft, start, end, body=body, cache_warm=not cold, at=self._now)
+        self._own_req = OwnRequest(p, f"{trig.reason}: {p.reason}", req, call, tokens, keep)
+        self._pending = None
+        report.events.append(self._emit(
+            "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
+            reason=f"{trig.reason}: {p.reason}; the summary of messages {start}..{end} is made in the background "
+                   "and lands on a later request (this one goes whole)",
+            detail={**weighed, "writer": "ours", "covers": [start, end]}))
+        return True
+
+    def _swap_own(self, own: OwnRequest, report: Plan) -> int | None:
+        """Apply our own summary made in the background with the rest of its plan; the tokens
+        after, or None when it failed (counted for the breaker, as in the foreground) or the
+        ledger refused it (the history changed under it: dropped, not retried)."""
+        s = self.draft
+        before = self._now_tokens()
+        t0 = time.perf_counter()
+        try:
+            res = own.result()
+            edit = summary_edit(own.req, res, reason=f"{own.level}: {own.plan.reason}", verbatim=own.verbatim)
+            b, a = s.edit_effect(edit)
+            if a >= b:
+                raise SummaryRejected(f"no reduction: the summary ({a} tokens) is not smaller than the range "
+                                      f"({b} tokens)", res.cost_usd)
+        except Exception as err:  # summarizer errors, invalid summaries, API errors count for the breaker
+            cost = getattr(err, "cost_usd", 0.0)
+            self.summary_cost += cost
+            self._fail(own.level, f"{type(err).__name__}: {err}", before, cost, report)
+            return None
+        self.summary_cost += res.cost_usd
+        try:
+            entries = self._stage(own.plan, [*own.plan.edits, edit])
+        except InvalidEditError as err:
+            self._planning_bug(own.level, f"the ledger refused the summary made in the background: {err}")
+            return None
+        after = self._now_tokens()
+        report.entries += entries
+        if after >= before:
+            self._fail(own.level, "no reduction", before, res.cost_usd, report)
+            return None
+        self.failures = 0
+        self._mark_compacted(own.plan)
+        self.last_compact_step = self.steps
+        self._pending = None
+        start, end = own.req.range
+        report.events.append(self._emit(
+            "compaction", level=own.level, reason=f"{own.reason}; summarized in the background, applied here",
+            tokens_before=before, tokens_after=after, cost_usd=res.cost_usd,
+            duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],
+            detail={"writer": "ours", "covers": [start, end], "decided_at_tokens": own.tokens}))
+        return after
 
     def _api_request(self, level: Level, reason: str, end: int, model: str, tokens: int,
                      lim: Limits) -> ApiRequest | None:
@@ -1204,6 +1353,8 @@ class CacheAwareCompactor:
             return no("no request of this session has been answered yet")
         if self._idle is not None or self._idle_at == self.last_request_at:
             return no("already summarized in this quiet period")
+        if self._under_way():
+            return no("a summary is under way in the background")
         if not self.cfg.economics.cache_aware:
             return no("cache economics are off (Economics.cache_aware=False)")
         if self.tripped:
@@ -1288,7 +1439,7 @@ class CacheAwareCompactor:
         """`DECIDE_BEFORE_S` before the cache of the last request expires, so the summary is
         answered while it is warm; None once decided in this quiet period."""
         if self.last_request_at is None or self._idle is not None or self._idle_at == self.last_request_at \
-                or self.tripped or not self.cfg.economics.cache_aware:
+                or self.tripped or not self.cfg.economics.cache_aware or self._under_way():
             return None
         return self.last_request_at + self._ttl_s - DECIDE_BEFORE_S
 
@@ -1324,6 +1475,8 @@ class CacheAwareCompactor:
         self.last_request_at = now
         if self._api_req is not None:
             self._api_req.send(now)
+        if self._own_req is not None:
+            self._own_req.send()
         if usage and self._producing is not None:
             self._thought[self._producing] = int(usage.get("output_tokens") or 0)
         if usage:
@@ -1338,6 +1491,8 @@ class CacheAwareCompactor:
         when the prompt fits and the output reserve is more than `OWN_RESERVE_SHARE` of the window:
         the client's to lower on the API's own 400, which then goes back (`_forced_limits`)."""
         s = self.draft
+        if self._under_way():  # the request was sent and is too long: it cannot go without the summary
+            self._land(Plan(0, 0), wait=True)
         raw = s.render(breakpoints=False).raw_tokens
         if raw > 0:
             s.counter.calibration = max(s.counter.calibration, reported_tokens / raw)

@@ -136,6 +136,10 @@ class LevelSettings:
     # summarizer has a client: the kept turns' thinking stays valid (docs/policy.md, "API-written
     # summaries"); False: always our own summary, with the thinking after it removed
     api_summaries: bool = True
+    # L3/L4 summary calls (ours, and the API's) run in the background and land on a later request;
+    # only a request at the critical threshold or over it waits for one (docs/policy.md, "Summaries
+    # in the background"); False: ours in the foreground, and the next request waits for the API's
+    background_summaries: bool = True
 
     def __post_init__(self) -> None:
         for name in ("keep_recent_results", "keep_rounds_l3", "keep_rounds_l4", "preview_chars", "summary_tokens",

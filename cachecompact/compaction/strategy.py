@@ -336,6 +336,14 @@ def summarize_range(draft: Draft, start: int, end: int, summarizer: Summarizer, 
     """
     req = summary_request(draft, start, end, body=body, cache_warm=cache_warm, at=at)
     res = summarizer.summarize(req)
+    return summary_edit(req, res, reason=reason, verbatim=verbatim), res
+
+
+def summary_edit(req: SummaryRequest, res: SummaryResult, *, reason: str,
+                 verbatim: Sequence[str] = ()) -> ReplaceWithSummary:
+    """The edit a summarizer's answer ``res`` to ``req`` makes (`summarize_range`'s second half:
+    also what a summary made in the background becomes when it lands)."""
+    start, end = req.range
     if req.latest_request and res.summary.latest_request != req.latest_request:
         # the person's newest request goes on word for word, whatever the summarizer made of it
         res.summary = msgspec.structs.replace(res.summary, latest_request=req.latest_request)
@@ -345,7 +353,7 @@ def summarize_range(draft: Draft, start: int, end: int, summarizer: Summarizer, 
         text += f"\n{STORED_HEADER}\n" + "\n".join(f"- {x}" for x in stored)
     if verbatim:
         text += f"\n{WORKING_SET_HEADER}\n" + "\n".join(verbatim)
-    return ReplaceWithSummary(start, end, text, reason), res
+    return ReplaceWithSummary(start, end, text, reason)
 
 
 class LedgerStrategy:

@@ -56,8 +56,19 @@ class CallerKeySummarizer:
         return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
                              clock=self.clock).ondemand()
 
+    def bind(self) -> Callable[[SummaryRequest], SummaryResult] | None:
+        """The summary call on the caller's own key, bound now (the key is in this thread's
+        ``creds``; the call may run in another); None without a credential (the summary is
+        then extractive: nothing to wait for)."""
+        h: dict[str, str] = dict(getattr(self.creds, "headers", {}))
+        if not h.get("x-api-key") and not h.get("authorization", "").lower().startswith("bearer "):
+            return None
+        return lambda req: self._summarize(h, req)
+
     def summarize(self, req: SummaryRequest) -> SummaryResult:
-        h: dict[str, str] = getattr(self.creds, "headers", {})
+        return self._summarize(getattr(self.creds, "headers", {}), req)
+
+    def _summarize(self, h: dict[str, str], req: SummaryRequest) -> SummaryResult:
         key = h.get("x-api-key")
         bearer = h.get("authorization", "")
         token = bearer[7:] if bearer.lower().startswith("bearer ") else None

@@ -364,6 +364,12 @@ class LLMSummarizer:
             out[CLOCK_HEADER] = repr(req.at if req.at is not None else self.clock())
         return out or None
 
+    def bind(self) -> Callable[[SummaryRequest], SummaryResult] | None:
+        """This summarizer's call, for a thread of the background pool to make (the compactor
+        then never holds a request for it: docs/policy.md, "Summaries in the background"); None
+        without a client (nothing to wait for)."""
+        return self.summarize if self.client is not None else None
+
     def ondemand(self) -> OnDemandCall | None:
         """An API-written summary through this client (`summarize.api_compaction`): on the
         conversation's own model, whatever ``model`` this summarizer uses for its own."""
