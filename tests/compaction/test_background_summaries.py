@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+import pytest
 
 import cachecompact
 from cachecompact.compaction.policy import PolicyConfig, Triggers
@@ -28,6 +29,7 @@ TOOLS = [{"name": "read", "description": "Read a file.",
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
 WINDOW = 40_000
 OURS = "claude-haiku-4-5"  # off the on-demand list: our own summaries
+API = "claude-sonnet-4-6"  # on it, and thinks only when asked: the API writes them (on-demand compaction)
 DELAY = 2.0  # seconds each summary call takes
 FAST = 1.0  # a request that waited for no summary call answers well within this
 
@@ -78,6 +80,8 @@ class Agent:
 def _agent(model: str = OURS) -> Iterator[tuple[Agent, Emulator]]:
     with Emulator(SummarizingResponder(_reader())) as emu, \
             Emulator(SummarizingResponder(), faults=FaultConfig(slow_rate=1.0, slow_seconds=DELAY)) as slow:
+        # one API behind both: the agent's emulator reads the compaction blocks the slow one signs
+        slow.core._secret = emu.core._secret
         summarizer = LLMSummarizer(anthropic.Anthropic(base_url=slow.url, api_key="t", max_retries=0),
                                    model=OURS, mode="forced-tool")
         agent = Agent(None, model)
@@ -101,8 +105,9 @@ def _until_requested(agent: Agent, lines: int = 120, turns: int = 60) -> int:
     raise AssertionError(f"no summary asked in {turns} turns: {[(k, e.kind, e.level) for k, e in agent.events]}")
 
 
-def test_a_request_below_critical_never_waits_for_the_summary_call() -> None:
-    with _agent() as (agent, emu):
+@pytest.mark.parametrize("model", [OURS, API])
+def test_a_request_below_critical_never_waits_for_the_summary_call(model: str) -> None:
+    with _agent(model) as (agent, emu):
         k = _until_requested(agent)
         assert agent.seconds[k] < FAST, agent.seconds  # it went whole, at once
         agent.msgs[-1]["content"][0]["content"] = "# empty"  # a small result (never sent yet)
@@ -116,7 +121,8 @@ def test_a_request_below_critical_never_waits_for_the_summary_call() -> None:
     assert [j for j, _ in landed] == [k + 2], [(j, e.reason[:80]) for j, e in landed]
     assert agent.seconds[k + 2] < FAST, agent.seconds
     (s,) = cachecompact.wrapped_sessions(agent.client)
-    (entry,) = [e for e in s.ledger.entries if e.kind == "summary" and e.level in ("L3", "L4")]
+    (entry,) = [e for e in s.ledger.entries if e.level in ("L3", "L4")]
+    assert entry.kind == ("summary" if model == OURS else "compaction")  # ours, or the API's block
     # recorded against the request it was first applied to: that request's transcript length
     assert entry.transcript_len == len(agent.msgs) - 2
     assert entry.end < k * 2  # a range the request that asked for it had
@@ -125,8 +131,9 @@ def test_a_request_below_critical_never_waits_for_the_summary_call() -> None:
                                             "cache_creation_input_tokens")) < landed[0][1].tokens_before
 
 
-def test_a_request_over_critical_waits_for_it_and_is_compacted() -> None:
-    with _agent() as (agent, emu):
+@pytest.mark.parametrize("model", [OURS, API])
+def test_a_request_over_critical_waits_for_it_and_is_compacted(model: str) -> None:
+    with _agent(model) as (agent, emu):
         k = _until_requested(agent)
         assert agent.seconds[k] < FAST, agent.seconds
         # the agent's next result is big: the request it makes is over the critical threshold at once
