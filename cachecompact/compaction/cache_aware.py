@@ -932,9 +932,10 @@ class CacheAwareCompactor:
 
     def _ask_own(self, p: Proposal, trig: Trigger, cold: bool, body: dict[str, Any] | None, tokens: int,
                  report: Plan, weighed: dict[str, Any]) -> bool:
-        """Start our own summary for ``p`` in the background (sent once this request's response
-        is in), when the summarizer makes a call that can be bound here; False when it cannot
-        (extractive: the caller summarizes now, nothing to wait for)."""
+        """Start our own summary for ``p`` in the background (at once, or, when it reuses this
+        request's cached prefix, once its response is in), when the summarizer makes a call that
+        can be bound here; False when it cannot (extractive: the caller summarizes now, nothing to
+        wait for)."""
         assert p.summarize is not None
         call = bound_call(self.summarizer)
         if call is None:
@@ -942,7 +943,9 @@ class CacheAwareCompactor:
         start, end = p.summarize
         keep = working_lines(self.draft, start, end, self.cfg.levels.working_set_chars)
         req = summary_request(self.draft, start, end, body=body, cache_warm=not cold, at=self._now)
-        self._own_req = OwnRequest(p, f"{trig.reason}: {p.reason}", req, call, tokens, keep)
+        own = self._own_req = OwnRequest(p, f"{trig.reason}: {p.reason}", req, call, tokens, keep)
+        if req.body is None:  # a summary on the range alone shares no cache with this request: it starts now
+            own.send()
         self._pending = None
         report.events.append(self._emit(
             "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
@@ -960,6 +963,7 @@ class CacheAwareCompactor:
         t0 = time.perf_counter()
         try:
             res = own.result()
+            waited = time.perf_counter() - t0  # the request's wait for the call (0 when it was back)
             edit = summary_edit(own.req, res, reason=f"{own.level}: {own.plan.reason}", verbatim=own.verbatim)
             b, a = s.edit_effect(edit)
             if a >= b:
@@ -990,7 +994,8 @@ class CacheAwareCompactor:
             "compaction", level=own.level, reason=f"{own.reason}; summarized in the background, applied here",
             tokens_before=before, tokens_after=after, cost_usd=res.cost_usd,
             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],
-            detail={"writer": "ours", "covers": [start, end], "decided_at_tokens": own.tokens}))
+            detail={"writer": "ours", "covers": [start, end], "decided_at_tokens": own.tokens,
+                    "waited_s": round(waited, 4)}))
         return after
 
     def _api_request(self, level: Level, reason: str, end: int, model: str, tokens: int,
@@ -1026,6 +1031,7 @@ class CacheAwareCompactor:
         t0 = time.perf_counter()
         try:
             res = req.result(self._now)
+            waited = time.perf_counter() - t0  # the request's wait for the call (0 when it was back)
         except Exception as err:  # the SDK's errors, a refused answer (SummaryRejected)
             cost = getattr(err, "cost_usd", 0.0)
             self.summary_cost += cost
@@ -1050,7 +1056,8 @@ class CacheAwareCompactor:
                                                   "the kept turns' thinking stays valid",
             tokens_before=before, tokens_after=after, cost_usd=res.cost_usd,
             duration_s=time.perf_counter() - t0, entries=[entry.seq],
-            detail={"writer": "api", "covers": [0, req.end], "decided_at_tokens": req.tokens}))
+            detail={"writer": "api", "covers": [0, req.end], "decided_at_tokens": req.tokens,
+                    "waited_s": round(waited, 4)}))
         return after
 
     def _loop_ahead(self, tokens: int) -> int | None:
