@@ -10,8 +10,10 @@ cannot go without the compaction, and waits for it."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,8 @@ import pytest
 
 import cachecompact
 from cachecompact.compaction.policy import PolicyConfig, Triggers
-from cachecompact.compaction.summarize.llm import LLMSummarizer
+from cachecompact.compaction.summarize.caller_key import CallerKeySummarizer
+from cachecompact.compaction.summarize.llm import LLMSummarizer, SummaryRequest
 from cachecompact.tools.emulator import Emulator, FaultConfig, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
 
@@ -148,3 +151,25 @@ def test_a_request_over_critical_waits_for_it_and_is_compacted(model: str) -> No
     u = sent[k + 1]["usage"]
     assert sum(int(u.get(x) or 0) for x in ("input_tokens", "cache_read_input_tokens",
                                             "cache_creation_input_tokens")) < WINDOW - 2000
+
+
+def test_the_proxys_summary_call_takes_the_callers_key_into_the_pool() -> None:
+    """The compact proxy's summarizer reads the caller's credentials from a thread-local of the
+    request's thread; a call made on the background pool must carry them (bound in that thread),
+    or it would fall back to an extractive summary (no key), or to the operator's."""
+    creds = threading.local()
+    with Emulator(SummarizingResponder()) as emu:
+        summarizer = CallerKeySummarizer(emu.url, OURS, "forced-tool", creds)
+        assert summarizer.bind() is None  # no credential in this thread: extractive, nothing to wait for
+        creds.headers = {"x-api-key": "caller-key"}
+        call = summarizer.bind()
+        creds.headers = {}  # the request's thread moves on
+        assert call is not None
+        req = SummaryRequest(messages=[{"role": "user", "content": "Audit the project."},
+                                       {"role": "assistant", "content": "Read m1.py: x = f(1)."}],
+                             goal="Audit the project.", range=(1, 2))
+        with ThreadPoolExecutor(1) as pool:
+            res = pool.submit(call, req).result()
+        billed = [r for r in emu.requests if r.get("status") == 200]
+    assert res.mode == "forced-tool" and res.summary.task_goal  # made by the model, on the caller's key
+    assert len(billed) == 1 and billed[0]["internal"]
