@@ -70,8 +70,10 @@ class Event:
     window_too_small (the reach the agent's look-backs ask for does not fit the window beside the
     prefix, a summary and one turn: ``detail`` names the numbers; said once, and again whenever
     the reach grows by half) |
-    compaction_requested (the API was asked to write an L3/L4 summary in the background; the next
-    request's ``compaction`` event, with ``detail={"writer": "api", ...}``, swaps it in).
+    compaction_requested (an L3/L4 summary is made in the background, by the API or by our
+    summarizer, ``detail["writer"]`` "api" or "ours"; the ``compaction`` event of the later request
+    it lands on, with the same ``writer`` and ``waited_s``, the time that request waited for the
+    call, applies it: docs/policy.md, *Summaries in the background*).
 
     A warm ``compaction`` of ours that the policy weighed, and a ``deferred`` one the economics
     declined, carries what weighed it in ``detail`` (issue 48): ``net_usd`` = ``saving_per_turn_usd``
