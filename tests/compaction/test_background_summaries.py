@@ -22,7 +22,7 @@ import anthropic
 import pytest
 
 import cachecompact
-from cachecompact.compaction.policy import PolicyConfig, Triggers
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig, Triggers
 from cachecompact.compaction.summarize.caller_key import CallerKeySummarizer
 from cachecompact.compaction.summarize.llm import LLMSummarizer, SummaryRequest
 from cachecompact.tools.emulator import Emulator, FaultConfig, ScriptedResponder, SummarizingResponder
@@ -91,8 +91,11 @@ def _agent(model: str = OURS) -> Iterator[tuple[Agent, Emulator]]:
         agent.client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
                                          store=None, window_tokens=WINDOW, summarizer=summarizer,
                                          # the hard threshold well below critical, so a small turn after it
-                                         # stays below critical
-                                         config=PolicyConfig(triggers=Triggers(hard=0.85)),
+                                         # stays below critical; the recent budget as given (this agent never
+                                         # looks back: with the meter on, only the window would edit, issue 63)
+                                         config=PolicyConfig(triggers=Triggers(hard=0.85),
+                                                             levels=LevelSettings(lookback_coverage=0.0,
+                                                                                  keep_recent_tokens=20_000)),
                                          on_event=lambda e: agent.events.append((agent.turn, e)))
         yield agent, emu
 
