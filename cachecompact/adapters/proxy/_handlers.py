@@ -17,7 +17,6 @@ from ...base.errors import InvalidSessionIdError
 from ...base.headers import CLOCK_HEADER, INTERNAL_HEADER, SESSION_HEADER
 from ...base.http import clock_from, json_or_none, with_betas
 from ...base.values import PREFIX_SETTING, Refuse
-from ...base.wire import bytes_as_is
 from ...store import check_session_id
 from ..httpserver import api_error, read_body
 from ._config import ProxyConfig
@@ -118,12 +117,12 @@ class Handlers:
             if isinstance(got, web.Response):
                 return got
             if got is not None:
-                exchange, step = got
+                exchange, step, sent = got
                 if isinstance(step, Refuse):
                     return await self.refuse(step, exchange, now)
                 if step is not None:
                     prepared = exchange.prepared
-                    data, headers = bytes_as_is(step.body), _with_betas(headers, lower, step.betas)
+                    data, headers = sent, _with_betas(headers, lower, step.betas)
         try:
             up = await self.send(request, data, headers)
         except UpstreamError as err:
@@ -134,8 +133,8 @@ class Handlers:
             try:  # until the response is relayed, every way out gives its connection back
                 head = await up.read()
                 payload = json_or_none(decoded(head, up.headers.get("content-encoding", "")))
-                step = await asyncio.get_running_loop().run_in_executor(state.compute, state.received, exchange,
-                                                                        up.status, payload, lower)
+                step, sent = await asyncio.get_running_loop().run_in_executor(state.compute, state.received,
+                                                                              exchange, up.status, payload, lower)
             except UpstreamError as err:
                 up.release()
                 return _unavailable(self.state.cfg, err)
@@ -148,7 +147,7 @@ class Handlers:
             if isinstance(step, Refuse):
                 return await self.refuse(step, exchange, now)
             # the compacted body may need other betas than the first (reactive compaction can bind thinking)
-            data, head = bytes_as_is(step.body), b""
+            data, head = sent, b""
             headers = _with_betas(_filter(request.headers, _REQUEST_DROP), lower, step.betas)
             try:
                 up = await self.send(request, data, headers)
@@ -169,7 +168,8 @@ class Handlers:
                 state.begin()
                 t_end = round(1000 * (time.perf_counter() - t0), 3)
                 state.submit(Exchange(raw, lower, prepared, 404, tap, now, {"upstream_ms": t_end, "ttfb_ms": t_end,
-                                                                            "total_ms": t_end}, False, [], exchange))
+                                                                            "total_ms": t_end}, False, [], exchange,
+                                      data if prepared is not None else b""))
                 return answer
         tap = ResponseTap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
                    live=prepared is not None)
@@ -196,7 +196,8 @@ class Handlers:
             timing = {"upstream_ms": round(1000 * (t_up - t0), 3),
                       "ttfb_ms": round(1000 * ((tap.first_byte or t_up) - t0), 3),
                       "total_ms": round(1000 * (time.perf_counter() - t0), 3)}
-            state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange))
+            state.submit(Exchange(raw, lower, prepared, up.status, tap, now, timing, tap.sse, recorded, exchange,
+                                  data if prepared is not None else b""))
 
     async def refuse(self, step: Refuse, exchange: RequestExchange, now: float) -> web.Response:
         """The proxy's own answer that the context is full, counted in ``/metrics`` as an error and

@@ -408,10 +408,12 @@ class Observer:
     def note(self, sid: str, *, usage: dict[str, Any] | None, finding: Finding | None, model: str, now: float,
              status: int, timing: dict[str, float], stream: bool, compactions: list[dict[str, Any]] | None = None,
              link: dict[str, Any] | None = None, raw: bytes | None = None,
-             sent: dict[str, Any] | None = None, thinking: dict[str, Any] | None = None) -> dict[str, Any]:
+             sent: dict[str, Any] | None = None, thinking: dict[str, Any] | None = None,
+             sent_keys: list[bytes] | None = None) -> dict[str, Any]:
         """Record a request the compaction engine prepared and analysed (compact mode); ``raw``
         is the body the client sent, kept when ``keep_bodies`` is on; ``sent`` the body the
-        engine sent, whose parts the context view shows."""
+        engine sent, whose parts the context view shows; ``sent_keys`` the memo key of each of
+        its messages when the caller has them (`request_from_body`'s ``keys``)."""
         s = self.session_for_engine(sid, link)
         with s.lock:
             if compactions is not None:
@@ -428,7 +430,7 @@ class Observer:
                                    "compactions_so_far": len(s.compactions), **timing}
             if sent is not None and usage:
                 try:
-                    req = request_from_body(sent, now, self.counter, s.memo)
+                    req = request_from_body(sent, now, self.counter, s.memo, keys=sent_keys)
                     rec["context"] = context_parts(req, sent, _prompt_tokens(usage))
                     rec["ttl"] = "1h" if "1h" in (req.auto_ttl, *(b.ttl for b in req.blocks)) else "5m"
                     if len(s.memo) > 20_000:

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+import xxhash
 from aiohttp import web
 
 from ...base.errors import ConfigError, InvalidSessionIdError
@@ -24,6 +26,7 @@ from ...base.headers import CREDENTIALS
 from ...base.http import json_or_none
 from ...base.pricing import DEFAULT_SUMMARY_MODEL
 from ...base.values import Answer, Refuse, Send, SummaryMode
+from ...base.wire import bytes_as_is
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
@@ -61,6 +64,7 @@ class Exchange:
     stream: bool  # the response was a stream
     recorded: list[Finding | None] = field(default_factory=list)  # the engine recorded it before the client's last byte
     exchange: RequestExchange | None = None  # compact mode: the engine's steps, which record the answer
+    sent: bytes = b""  # compact mode: the bytes of ``prepared.body`` as they went upstream
 
 
 class ProxyState:
@@ -122,7 +126,9 @@ class ProxyState:
         self.max_pending_bytes = 256 << 20
         self._pending_bytes = 0
         self.dropped = 0
-        self.compute = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cachecompact-proxy-compact")
+        # compact mode's steps: most of a step's time is an fsync (the GIL released), and the fsyncs of
+        # different sessions overlap, so more threads than cores (issue 57: 4 made a fifth request wait)
+        self.compute = ThreadPoolExecutor(max_workers=16, thread_name_prefix="cachecompact-proxy-compact")
         self._pending = 0
         self._plock = threading.Lock()
         self.worker = threading.Thread(target=self._analyse, name="cachecompact-proxy-analysis", daemon=True)
@@ -140,10 +146,10 @@ class ProxyState:
             self.creds.headers = {}
 
     def start(self, raw: bytes, headers: dict[str, str], now: float
-              ) -> tuple[RequestExchange, Send | Refuse | None] | web.Response | None:
-        """Compact mode, in a worker thread: the engine's exchange for this request and its first
-        step (`RequestExchange.start`), None (not a body the engine reads: forward it
-        unchanged), or an error response for the caller."""
+              ) -> tuple[RequestExchange, Send | Refuse | None, bytes] | web.Response | None:
+        """Compact mode, in a worker thread: the engine's exchange for this request, its first
+        step (`RequestExchange.start`) and, for a `Send`, its body's bytes (`encoded`); None (not
+        a body the engine reads: forward it unchanged), or an error response for the caller."""
         assert self.engine is not None
         body = json_or_none(raw)
         if not isinstance(body, dict):
@@ -154,14 +160,17 @@ class ProxyState:
             return api_error(400, str(err))
         ex = self.engine.exchange(body, explicit=hint, now=now, raw=raw)
         with self.holding(headers):
-            return ex, ex.start()
+            step = ex.start()
+        return ex, step, encoded(step)
 
     def received(self, ex: RequestExchange, status: int, payload: Any, headers: dict[str, str]
-                 ) -> Send | Refuse | None:
+                 ) -> tuple[Send | Refuse | None, bytes]:
         """Compact mode, in a worker thread: the exchange's next step after a response
-        (`RequestExchange.received`), with the caller's credentials held for its summaries."""
+        (`RequestExchange.received`), with the caller's credentials held for its summaries, and
+        for a `Send` its body's bytes (`encoded`)."""
         with self.holding(headers):
-            return ex.received(status, payload)
+            step = ex.received(status, payload)
+        return step, encoded(step)
 
     def record(self, ex: RequestExchange, answer: Answer, headers: Mapping[str, str]) -> Finding | None:
         """Compact mode, in a worker thread: the exchange records the answer; with idle compaction,
@@ -189,10 +198,10 @@ class ProxyState:
             self._pending += 1
 
     def submit(self, ex: Exchange) -> None:
-        """Queue one response's analysis. Its request body and the response bytes its tap holds
-        until the analysis reads them count toward the bound; compact mode's (``ex.prepared``)
-        is always recorded."""
-        size = len(ex.raw) + ex.tap.size
+        """Queue one response's analysis. Its request body (and the one sent instead) and the
+        response bytes its tap holds until the analysis reads them count toward the bound;
+        compact mode's (``ex.prepared``) is always recorded."""
+        size = len(ex.raw) + len(ex.sent) + ex.tap.size
         with self._plock:
             if ex.prepared is None and self._pending_bytes + size > self.max_pending_bytes:
                 self._pending -= 1
@@ -226,6 +235,35 @@ class ProxyState:
 
 
 STATE: web.AppKey[ProxyState] = web.AppKey("state")
+
+
+def encoded(step: Send | Refuse | None) -> bytes:
+    """The bytes a `Send` puts on the wire (`bytes_as_is` of its body), made in the worker thread
+    beside the step, not on the event loop; empty for any other step."""
+    return bytes_as_is(step.body) if isinstance(step, Send) else b""
+
+
+class _Messages(msgspec.Struct):
+    """A body's messages as its own bytes, one span each."""
+
+    messages: list[msgspec.Raw]
+
+
+def sent_keys(sent: bytes, body: dict[str, Any]) -> list[bytes] | None:
+    """The memo key of each message of ``body`` (`request_from_body`'s ``keys``): the hash of its
+    bytes as they were sent (``sent``, the encoding of ``body``), so the analysis of a request
+    hashes the messages' bytes instead of encoding each message again. Equal bytes are an equal
+    message, markers included. None when the bytes do not split into ``body``'s messages."""
+    msgs = body.get("messages")
+    if not sent or not isinstance(msgs, list):
+        return None
+    try:
+        spans = msgspec.json.decode(sent, type=_Messages).messages
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if len(spans) != len(msgs):
+        return None
+    return [xxhash.xxh3_128_digest(x) for x in spans]
 
 
 def _clip(reason: str, width: int = 200) -> str:
@@ -278,6 +316,7 @@ def _analyse_one(state: ProxyState, ex: Exchange) -> None:
                     "drop_block": plan.kept_invalid} if (plan.strip or plan.drop_block) else None
         state.observer.note(sess.session_id, usage=got.usage if got else None, finding=finding, model=p.model,
                             now=now, status=status, timing=timing, stream=stream, compactions=comps,
-                            link=sess.link, raw=raw, sent=p.body, thinking=thinking)
+                            link=sess.link, raw=raw, sent=p.body, thinking=thinking,
+                            sent_keys=sent_keys(ex.sent, p.body))
     except Exception:  # never let analysis take the proxy down
         log.exception("cachecompact proxy: could not record a request")

@@ -1,0 +1,73 @@
+"""The compact proxy's per-request shortcuts (issue 57) give exactly what the long way gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cachecompact import Session
+from cachecompact.adapters.proxy._state import encoded, sent_keys
+from cachecompact.base.tokens import TokenCounter
+from cachecompact.base.values import Refuse, Send
+from cachecompact.base.wire import bytes_as_is
+from cachecompact.cache.simulator import request_from_body
+from cachecompact.history.ledger import SkipRange
+
+
+def _rendered(n: int) -> dict[str, Any]:
+    s = Session.create(None, system="You are terse. " * 50)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for t in range(n):
+        msgs += [{"role": "assistant", "content": [{"type": "text", "text": f"reply {t}"}]},
+                 {"role": "user", "content": f"turn {t} " + "output " * 40}]
+    s.sync(msgs)
+    return s.render(model="claude-haiku-4-5", max_tokens=16).body
+
+
+def test_sent_keys_give_the_analysis_the_canonical_keys_give() -> None:
+    body = _rendered(12)
+    sent = bytes_as_is(body)
+    keys = sent_keys(sent, body)
+    assert keys is not None and len(keys) == len(body["messages"])
+    counter = TokenCounter()
+    memo: dict[Any, Any] = {}
+    fast = request_from_body(body, 1.0, counter, memo, keys=keys)
+    again = request_from_body(body, 2.0, counter, memo, keys=keys)  # from the memo
+    slow = request_from_body(body, 1.0, counter)
+    assert fast.blocks == slow.blocks == again.blocks
+    # a marker moved is other bytes, so another key: the memo never serves the old marker's block
+    moved = {**body, "messages": [*body["messages"][:-1], {**body["messages"][-1], "content": [
+        {**body["messages"][-1]["content"][0], "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]}
+    moved_keys = sent_keys(bytes_as_is(moved), moved)
+    assert moved_keys is not None and moved_keys[-1] != keys[-1] and moved_keys[:-1] == keys[:-1]
+    assert request_from_body(moved, 3.0, counter, memo, keys=moved_keys).blocks == \
+        request_from_body(moved, 3.0, counter).blocks
+
+
+def test_sent_keys_refuse_bytes_that_are_not_the_body() -> None:
+    body = _rendered(3)
+    assert sent_keys(b"", body) is None
+    assert sent_keys(b"not json", body) is None
+    assert sent_keys(bytes_as_is({**body, "messages": body["messages"][:-1]}), body) is None
+
+
+def test_encoded_is_the_send_bodys_bytes() -> None:
+    body = _rendered(2)
+    assert encoded(Send(body, ())) == bytes_as_is(body)
+    assert encoded(Refuse("full", None)) == b"" and encoded(None) == b""
+
+
+def test_blocks_are_block_of_each_index() -> None:
+    s = Session.create(None, system="You are terse.", tools=[{"name": "read", "description": "Read.",
+                                                              "input_schema": {"type": "object"}}])
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for t in range(6):
+        msgs += [{"role": "assistant", "content": [{"type": "text", "text": f"reading {t}"},
+                                                   {"type": "tool_use", "id": f"t{t}", "name": "read",
+                                                    "input": {"path": f"f{t}"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{t}",
+                                               "content": f"file {t} " * 30}]}]
+    s.sync(msgs)
+    s.edit(SkipRange(start=3, end=6))
+    for r in (s.render(), s.render(transcript_len=5), s.render(at_entry=0)):
+        assert r.blocks() == [r.block(k) for k in range(r.n_blocks)]
+        assert [b.location for b in r.blocks()] == [r.location(k) for k in range(r.n_blocks)]
