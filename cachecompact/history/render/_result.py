@@ -255,8 +255,19 @@ class RenderResult:
         return BlockInfo(k, self.location(k), b.kind, b.tokens, a.cum[k], b.key, a.chain[k], a.pos[k], b.cacheable)
 
     def blocks(self) -> list[BlockInfo]:
-        """Every block of the request in order."""
-        return [self.block(k) for k in range(self._nb)]
+        """Every block of the request in order: `block` of each, with the messages walked in
+        order instead of one search per block (the policy reads them every turn)."""
+        a, nb, nm, nt = self._arr, self._nb, self._nm, self._n_tools
+        head = min(nb, nt + self._n_system)
+        out = [self.block(k) for k in range(head)]
+        flat, cum, chain, pos, starts = a.flat, a.cum, a.chain, a.pos, a.starts
+        for mi in range(nm):  # message mi's blocks run to the next start (`location`'s bisect_right)
+            first = starts[mi]
+            for k in range(max(first, head), min(starts[mi + 1] if mi + 1 < nm else nb, nb)):
+                b = flat[k]
+                out.append(BlockInfo(k, BlockLocation("messages", mi, k - first, b.transcript_index, b.entry_seq),
+                                     b.kind, b.tokens, cum[k], b.key, chain[k], pos[k], b.cacheable))
+        return out
 
     def block_text(self, k: int) -> str:
         """A block's text for excerpts: text, a string tool result, else its canonical JSON."""
