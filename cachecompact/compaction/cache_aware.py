@@ -135,6 +135,10 @@ class CacheAwareCompactor:
         self.summary_cost = 0.0
         self._calls: dict[bytes, deque[tuple[float, bytes]]] = {}
         self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
+        # `_loop_ahead`'s reading of the transcript, extended by the messages appended since (it is
+        # append-only): messages read, whether an assistant turn among them thinks, the person's turns,
+        # and the number of assistant turns before each index
+        self._scan: tuple[int, bool, list[int], list[int]] = (0, False, [], [0])
         self._last_tokens: int | None = None  # the request size after the previous turn's compaction
         self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
         self._lookback = LookbackMeter(self.cfg.levels.min_clear_tokens)
@@ -1069,16 +1073,36 @@ class CacheAwareCompactor:
         n = len(t)
         if n < 2 or t[n - 1].role != "user" or t.is_tool_result_message(n - 1) or not self._growth:
             return None
-        if not any(t[i].role == "assistant" and any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
-                                                    for b in content_blocks(t[i])) for i in range(n - 1, -1, -1)):
+        thinks, people, assistants = self._scanned(n)
+        if not thinks:
             return None
-        people = [i for i in range(n) if t[i].role == "user" and not t.is_tool_result_message(i)]
-        loops = [sum(1 for k in range(a + 1, b) if t[k].role == "assistant") for a, b in pairwise(people)]
+        loops = [assistants[b] - assistants[a + 1] for a, b in pairwise(people)]
         if not loops:
             return None
         turns = sorted(loops)[len(loops) // 2]
         growth = sorted(self._growth)[len(self._growth) // 2]
         return turns * growth
+
+    def _scanned(self, n: int) -> tuple[bool, list[int], list[int]]:
+        """Over the transcript's first ``n`` messages: whether an assistant turn thinks, the
+        indices of the person's turns (user messages that are not tool results), and the number
+        of assistant turns before each index (``n + 1`` counts). Each message is read once: the
+        scan so far is kept and extended (`_scan`), so a turn costs what it appended."""
+        t = self.draft.transcript
+        done, thinks, people, assistants = self._scan
+        if n < done:  # never for an append-only transcript; read again rather than trust it
+            done, thinks, people, assistants = 0, False, [], [0]
+        for i in range(done, n):
+            m = t[i]
+            if m.role == "assistant":
+                thinks = thinks or any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in content_blocks(m))
+                assistants.append(assistants[-1] + 1)
+            else:
+                if m.role == "user" and not t.is_tool_result_message(i):
+                    people.append(i)
+                assistants.append(assistants[-1])
+        self._scan = (n, thinks, people, assistants)
+        return thinks, people, assistants
 
     def _room_for(self, lim: Limits, ahead: int) -> Limits:
         """``lim`` for a compaction at a person's turn that makes room for the loop ahead: it aims under

@@ -71,3 +71,50 @@ def test_blocks_are_block_of_each_index() -> None:
     for r in (s.render(), s.render(transcript_len=5), s.render(at_entry=0)):
         assert r.blocks() == [r.block(k) for k in range(r.n_blocks)]
         assert [b.location for b in r.blocks()] == [r.location(k) for k in range(r.n_blocks)]
+
+
+def _scan_from_scratch(t: Any, n: int) -> tuple[bool, list[int], list[int]]:
+    """`CacheAwareCompactor._loop_ahead`'s reading of the transcript, as it was: all of it."""
+    from itertools import pairwise
+
+    from cachecompact.base.wire import RedactedThinkingBlock, ThinkingBlock, content_blocks
+
+    thinks = any(t[i].role == "assistant" and any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock))
+                                                  for b in content_blocks(t[i])) for i in range(n - 1, -1, -1))
+    people = [i for i in range(n) if t[i].role == "user" and not t.is_tool_result_message(i)]
+    loops = [sum(1 for k in range(a + 1, b) if t[k].role == "assistant") for a, b in pairwise(people)]
+    return thinks, people, loops
+
+
+def test_loop_ahead_scan_extends_as_the_scan_from_scratch() -> None:
+    from itertools import pairwise
+
+    from cachecompact.base.events import EventBus
+    from cachecompact.compaction.cache_aware import CacheAwareCompactor
+    from cachecompact.compaction.strategy import StrategyContext
+    from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
+    from cachecompact.history.draft import Draft
+
+    s = Session.create(None, system="sys")
+    c = CacheAwareCompactor(StrategyContext(Draft(s), ExtractiveSummarizer(), EventBus(), 100_000))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    s.sync(msgs)
+    for t in range(12):
+        calls = t % 3  # a person's turn, then 0-2 tool calls answered
+        for k in range(calls):
+            think = [{"type": "thinking", "thinking": "hm", "signature": "sig"}] if t >= 7 and k == 0 else []
+            msgs += [{"role": "assistant", "content": [*think, {"type": "tool_use", "id": f"u{t}_{k}", "name": "read",
+                                                               "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"u{t}_{k}",
+                                                   "content": "out"}]}]
+        msgs += [{"role": "assistant", "content": f"done {t}"}, {"role": "user", "content": f"next {t}"}]
+        s.sync(msgs)
+        n = len(s.transcript)
+        thinks, people, assistants = c._scanned(n)
+        assert (thinks, people, [assistants[b] - assistants[a + 1] for a, b in pairwise(people)]) == \
+            _scan_from_scratch(c.draft.transcript, n)
+        assert thinks == (t >= 7 and any(t2 % 3 for t2 in range(7, t + 1)))
+    # an earlier length (never asked for by the policy) is read again, not served from the longer scan
+    thinks, people, assistants = c._scanned(5)
+    assert (thinks, people, [assistants[b] - assistants[a + 1] for a, b in pairwise(people)]) == \
+        _scan_from_scratch(c.draft.transcript, 5)
