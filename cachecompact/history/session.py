@@ -23,7 +23,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -160,6 +160,9 @@ class Session:
             self.transcript, self.ledger, self._tools, self._system, self.counter,
             prefix_end=lambda: self.prefix_end, expected_prefix_hash=lambda: self._prefix_hash,
         )
+        # what the store object offers (`BatchReads`, `AtomicAppends`), checked once per store object:
+        # a runtime protocol check costs more than the rest of a refresh that finds nothing new
+        self._caps: tuple[SessionStore | None, bool, bool] | None = None
 
     # -- construction ------------------------------------------------------------------------
 
@@ -385,7 +388,7 @@ class Session:
             ("transcript", self._load_transcript_line), ("ledger", self._load_ledger_line),
             ("requests", self._load_request_line))
         # one round trip for every log, where the store offers it
-        got = self.store.read_new_logs(tuple(n for n, _ in loaders)) if isinstance(self.store, BatchReads) else None
+        got = cast(BatchReads, self.store).read_new_logs(tuple(n for n, _ in loaders)) if self._offers()[0] else None
         for name, loader in loaders:
             if got is not None:
                 lines = got[name]
@@ -474,6 +477,14 @@ class Session:
         self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
         mark = rec.get("stable_before")
         self.stable_before = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark >= 0 else None
+
+    def _offers(self) -> tuple[bool, bool]:
+        """Whether the store object batches reads (`BatchReads`) and appends atomically
+        (`AtomicAppends`), found once per store object (the protocol checks are slow)."""
+        caps = self._caps
+        if caps is None or caps[0] is not self.store:
+            caps = self._caps = (self.store, isinstance(self.store, BatchReads), isinstance(self.store, AtomicAppends))
+        return caps[1], caps[2]
 
     # -- mutation ----------------------------------------------------------------------------
 
@@ -678,7 +689,7 @@ class Session:
                 "breakpoints": [[k, h.hex()] for k, h in render.breakpoint_chain]}
         if self.stable_before is not None:
             base["stable_before"] = self.stable_before
-        if isinstance(self.store, AtomicAppends) and self.store.atomic_append:
+        if self._offers()[1] and cast(AtomicAppends, self.store).atomic_append:
             # a store whose append is an atomic compare-and-append by itself (PostgreSQL's unique
             # key) needs no lock for one record: try at the known position; only when another
             # writer got there first, catch up under the lock (below)
