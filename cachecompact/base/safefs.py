@@ -107,9 +107,10 @@ def atomic_replace(p: Path, data: bytes) -> None:
     fsync_dir(p.parent)
 
 
-def append_bytes(p: Path, data: bytes, expected_size: int | None = None) -> int:
-    """Append with one write and an fsync; returns the new size. With ``expected_size`` the file
-    must have exactly that size first (another writer or a tamper changed it otherwise)."""
+def append_bytes(p: Path, data: bytes, expected_size: int | None = None, *, fsync: bool = True) -> int:
+    """Append with one write and an fsync (without it with ``fsync=False``: the caller syncs the
+    file later, `fsync_file`); returns the new size. With ``expected_size`` the file must have
+    exactly that size first (another writer or a tamper changed it otherwise)."""
     fd = open_nofollow(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         size = os.fstat(fd).st_size
@@ -118,8 +119,18 @@ def append_bytes(p: Path, data: bytes, expected_size: int | None = None) -> int:
         if size == 0:
             os.fchmod(fd, FILE_MODE)
         _write_all(fd, data)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
         return size + len(data)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(p: Path) -> None:
+    """Make what was written to ``p`` durable (every write to the file before this call)."""
+    fd = open_nofollow(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

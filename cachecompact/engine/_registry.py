@@ -118,6 +118,9 @@ class LiveMaker:
                  window_tokens: int | None) -> None:
         self.store, self.options, self.strategy_config = store, options, strategy_config
         self._summarizer, self.events, self.window_tokens = summarizer, events, window_tokens
+        # the sessions it makes write transcript and request records without waiting for the disk
+        # (`Session.defer_fsync`); the adapter that sets it flushes each one once a request is answered
+        self.defer_fsync = False
 
     def summarizer_for(self, model: str | None) -> Summarizer:
         """The summarizer a session on ``model`` gets: the caller's, or one made for the strategy's summary model."""
@@ -167,6 +170,7 @@ class LiveMaker:
             self.strategy_config.prefix_messages
         session = Session.create(self.store, session_id=sid, system=body.get("system"), tools=tools,
                                  prefix_messages=prefix, token_ratio=ratio, link=link)
+        session.defer_fsync = self.defer_fsync
         return self._live(session, body, preamble_key(body.get("tools"), body.get("system")))
 
     def open(self, sid: str, model: str = "") -> Live:
@@ -174,6 +178,7 @@ class LiveMaker:
         (window, summaries) is its last request's, else ``model`` (the request that opens it)."""
         assert self.store is not None
         session = Session.open(self.store, sid)
+        session.defer_fsync = self.defer_fsync
         tools = session.tools_param
         if self.options.scratchpad_tool and tools and tools[-1].get("name") == READ_SCRATCHPAD_TOOL["name"]:
             tools = tools[:-1]

@@ -202,6 +202,18 @@ class CompactionEngine:
 
     # -- sessions ----------------------------------------------------------------------------
 
+    @property
+    def defer_fsync(self) -> bool:
+        """Whether the sessions this engine makes from now on write transcript and request records
+        without waiting for the disk (`Session.defer_fsync`). An adapter that turns it on calls
+        `Session.flush` of a request's session (`Prepared.live`) after its steps, off the
+        request's path; what names those records is written only once they are durable."""
+        return self.registry.maker.defer_fsync
+
+    @defer_fsync.setter
+    def defer_fsync(self, on: bool) -> None:
+        self.registry.maker.defer_fsync = on
+
     def sessions(self) -> list[Session]:
         """The sessions this engine has in memory."""
         return [x.session for x in self.registry.sessions()]

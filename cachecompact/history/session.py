@@ -45,6 +45,7 @@ from ..cache.request_validation import validate_request
 from ..store import (
     AtomicAppends,
     BatchReads,
+    DeferredSync,
     FileSessionStore,
     LogName,
     SessionStore,
@@ -162,7 +163,11 @@ class Session:
         )
         # what the store object offers (`BatchReads`, `AtomicAppends`), checked once per store object:
         # a runtime protocol check costs more than the rest of a refresh that finds nothing new
-        self._caps: tuple[SessionStore | None, bool, bool] | None = None
+        self._caps: tuple[SessionStore | None, bool, bool, bool] | None = None
+        # transcript and request records are written at once and made durable later (`flush`), where
+        # the store can (`DeferredSync`); a ledger entry, the metadata and the next plain append wait
+        # for them. Off by default: whoever turns it on calls `flush` once a request is answered
+        self.defer_fsync = False
 
     # -- construction ------------------------------------------------------------------------
 
@@ -478,13 +483,22 @@ class Session:
         mark = rec.get("stable_before")
         self.stable_before = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark >= 0 else None
 
-    def _offers(self) -> tuple[bool, bool]:
-        """Whether the store object batches reads (`BatchReads`) and appends atomically
-        (`AtomicAppends`), found once per store object (the protocol checks are slow)."""
+    def _offers(self) -> tuple[bool, bool, bool]:
+        """Whether the store object batches reads (`BatchReads`), appends atomically
+        (`AtomicAppends`) and defers syncs (`DeferredSync`), found once per store object (the
+        protocol checks are slow)."""
         caps = self._caps
         if caps is None or caps[0] is not self.store:
-            caps = self._caps = (self.store, isinstance(self.store, BatchReads), isinstance(self.store, AtomicAppends))
-        return caps[1], caps[2]
+            st = self.store
+            caps = self._caps = (st, isinstance(st, BatchReads), isinstance(st, AtomicAppends),
+                                 isinstance(st, DeferredSync))
+        return caps[1], caps[2], caps[3]
+
+    def flush(self) -> None:
+        """Make the transcript and request records written with `defer_fsync` durable (a no-op
+        for a store that syncs every append)."""
+        if self._offers()[2]:
+            cast(DeferredSync, self.store).flush()
 
     # -- mutation ----------------------------------------------------------------------------
 
@@ -522,9 +536,13 @@ class Session:
         raise StoreError(f"{self.store.location if self.store else 'session'}: could not append after "
                          f"{_CONFLICT_RETRIES} conflicting writes")
 
-    def _persist(self, log_name: str, records: list[dict[str, Any]], at: int) -> None:
-        if self.store is not None:
-            self.store.append(log_name, records, at)  # type: ignore[arg-type]
+    def _persist(self, log_name: LogName, records: list[dict[str, Any]], at: int) -> None:
+        if self.store is None:
+            return
+        if self.defer_fsync and log_name != "ledger" and self._offers()[2]:
+            cast(DeferredSync, self.store).append_deferred(log_name, records, at)
+        else:
+            self.store.append(log_name, records, at)
 
     def _record_prefix_if_complete(self) -> None:
         """Compute and store the prefix hash the first time the prefix is complete."""

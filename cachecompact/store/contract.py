@@ -32,6 +32,7 @@ __all__ = [
     "AtomicAppends",
     "BatchReads",
     "BlobOwners",
+    "DeferredSync",
     "LogName",
     "SessionStore",
     "SharedReadLock",
@@ -175,6 +176,18 @@ class BatchReads(Protocol):
     """A session store that reads the new records of several logs in one round trip."""
 
     def read_new_logs(self, logs: tuple[LogName, ...]) -> dict[LogName, list[tuple[int, Any]]]: ...
+
+
+@runtime_checkable
+class DeferredSync(Protocol):
+    """A session store that can append without waiting for the disk (`append_deferred`) and make
+    such appends durable later (`flush`); every plain `append` first makes the deferred ones
+    durable, so a record made durable never names one that is not (a request record or a ledger
+    entry and the transcript it was made on)."""
+
+    def append_deferred(self, log: LogName, records: list[dict[str, Any]], at: int) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 @runtime_checkable

@@ -1,4 +1,6 @@
-"""The embedded store: one directory per session, JSON Lines, fsync on every append.
+"""The embedded store: one directory per session, JSON Lines, fsync on every append (a
+deferred append, `FileSessionStore.append_deferred`, is fsynced by `FileSessionStore.flush` or
+before the next plain append or metadata write, whichever comes first).
 
 Layout of a session directory (see docs/ledger-format.md)::
 
@@ -25,6 +27,7 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,9 +43,18 @@ from ..base.errors import (
     StoreConflictError,
     StoreError,
 )
-from ..base.safefs import FileLock, append_bytes, atomic_replace, ensure_dir, fsync_dir, open_nofollow, write_new
+from ..base.safefs import (
+    FileLock,
+    append_bytes,
+    atomic_replace,
+    ensure_dir,
+    fsync_dir,
+    fsync_file,
+    open_nofollow,
+    write_new,
+)
 from ..base.wire import canonical_bytes
-from .contract import LogName, TornTail, blob_matches, check_blob_ref, check_ref, check_session_id
+from .contract import LOGS, LogName, TornTail, blob_matches, check_blob_ref, check_ref, check_session_id
 from .records import FORMAT, VERSION, decode_record
 
 __all__ = ["EVENTS", "FILES", "META", "FileSessionStore", "FileStore", "half_made"]
@@ -106,6 +118,10 @@ class FileSessionStore:
         self.lock_timeout = lock_timeout
         self._lock = FileLock(self.path / ".lock", lock_timeout)
         self._tails: dict[LogName, _Tail] = {k: _Tail() for k in FILES}
+        # logs with deferred appends not yet fsynced (`append_deferred`); the lock is held while they are
+        # synced, so an append that needs them durable waits for a flush under way instead of passing it
+        self._unsynced: set[LogName] = set()
+        self._sync_lock = threading.Lock()
 
     # -- creation and opening ----------------------------------------------------------------
 
@@ -207,6 +223,7 @@ class FileSessionStore:
         return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
+        self.flush()  # the prefix fields name transcript messages: those are durable first
         atomic_replace(self.path / META, canonical_bytes({**meta, "format": FORMAT, "version": VERSION}) + b"\n")
 
     # -- logs ---------------------------------------------------------------------------------
@@ -244,6 +261,9 @@ class FileSessionStore:
             tail.lines += 1
             tail.offset += nl + 1 - pos
             pos = nl + 1
+        if out:  # another writer's records, maybe deferred and not yet durable: ours that name them wait for them
+            with self._sync_lock:
+                self._unsynced.add(log)
         return out, tail.torn
 
     def read_all(self, log: LogName) -> list[tuple[int, Any]]:
@@ -252,6 +272,30 @@ class FileSessionStore:
         return records
 
     def append(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
+        self._append(log, records, at, durable=True)
+
+    def append_deferred(self, log: LogName, records: list[dict[str, Any]], at: int) -> None:
+        """`append`, written but not yet fsynced: durable at the next `flush`, or before the next
+        write of another log or of the metadata, whichever comes first. Readers see it at once; a
+        crash of the process keeps it (the kernel has it), one of the machine before the flush
+        may lose it (a torn last line is set aside as always). Nothing is written that names it
+        before it is durable, and it is written only once what it names is (the other logs'
+        deferred appends are synced first), so the kernel writing pages back in any order
+        never leaves a durable record naming a lost one. Records read from another writer
+        (`read_new`), which may have deferred them, count as deferred here too: this store
+        object syncs their file before it writes anything that names them."""
+        self._append(log, records, at, durable=False)
+
+    def flush(self, but: LogName | None = None) -> None:
+        """Make every deferred append durable (`append_deferred`); with ``but``, every one of the
+        other logs."""
+        with self._sync_lock:
+            for log in LOGS:  # in the order records name each other: transcript, ledger, requests
+                if log in self._unsynced and log != but:
+                    fsync_file(self.path / FILES[log])
+                    self._unsynced.discard(log)
+
+    def _append(self, log: LogName, records: list[dict[str, Any]], at: int, *, durable: bool) -> None:
         if not records:
             return
         tail = self._tails[log]
@@ -261,8 +305,12 @@ class FileSessionStore:
         if tail.torn is not None:
             self.repair(log)
         data = b"".join(canonical_bytes(r) + b"\n" for r in records)
-        tail.offset = append_bytes(p, data, expected_size=tail.offset)
+        self.flush(None if durable else log)  # what these records name is durable before they are written
+        tail.offset = append_bytes(p, data, expected_size=tail.offset, fsync=durable)
         tail.lines += len(records)
+        if not durable:
+            with self._sync_lock:
+                self._unsynced.add(log)
 
     def repair(self, log: LogName) -> TornTail | None:
         """Move a torn tail to ``<file>.torn.<ms>`` and cut the file back to its last complete line."""

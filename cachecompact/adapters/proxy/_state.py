@@ -38,6 +38,7 @@ from ._upstream import upstream_base
 if TYPE_CHECKING:  # observe mode never loads the compaction runtime: compact mode imports it when built
     from ...cache.forensics import Finding
     from ...engine.request_cycle import CompactionEngine, Prepared, RequestExchange
+    from ...history.session import Session
     from ..idle_scheduler import IdleScheduler
     from ._held_credentials import HeldCredentials
 
@@ -112,6 +113,9 @@ class ProxyState:
             observer = self.observer
             observer.prices = options.prices
             self.engine.step_events = deque(maxlen=100_000)  # drained by `spent` after each exchange
+            # a request's transcript records are made durable while it is upstream, its answer's record
+            # after the client has it (`flush`), not before each of them goes on (issue 57)
+            self.engine.defer_fsync = True
             if cfg.idle_compaction:
                 from ..idle_scheduler import IdleScheduler, clock_of
                 from ._held_credentials import HeldCredentials
@@ -161,6 +165,7 @@ class ProxyState:
         ex = self.engine.exchange(body, explicit=hint, now=now, raw=raw)
         with self.holding(headers):
             step = ex.start()
+        self.flush(ex)
         return ex, step, encoded(step)
 
     def received(self, ex: RequestExchange, status: int, payload: Any, headers: dict[str, str]
@@ -178,6 +183,7 @@ class ProxyState:
         dropped when no idle decision can follow (the response called a tool)."""
         assert self.engine is not None and ex.prepared is not None
         finding = ex.answered(answer)
+        self.flush(ex)
         if self.idle is not None and self.held is not None:
             sid = ex.prepared.live.sid
             until = self.engine.credential_until(sid)
@@ -187,6 +193,12 @@ class ProxyState:
                 self.held.forget(sid)
             self.idle.poke()
         return finding
+
+    def flush(self, ex: RequestExchange) -> None:
+        """Make the records the exchange's step wrote durable (`Session.flush`) in another worker,
+        while this one hands the step back (`CompactionEngine.defer_fsync`)."""
+        if ex.prepared is not None:
+            self.compute.submit(_flush, ex.prepared.live.session)
 
     @property
     def pending(self) -> int:
@@ -231,10 +243,20 @@ class ProxyState:
             self.idle.stop()
         self.queue.put(None)
         self.worker.join(30)
+        if self.engine is not None:  # the flushes still queued may be cancelled below: every session's now
+            for live in self.engine.registry.sessions():
+                _flush(live.session)
         self.compute.shutdown(wait=False, cancel_futures=True)
 
 
 STATE: web.AppKey[ProxyState] = web.AppKey("state")
+
+
+def _flush(session: Session) -> None:
+    try:
+        session.flush()
+    except Exception:  # the records stay written; the next plain append syncs them, or this is said
+        log.exception("cachecompact proxy: could not sync session %s to disk", session.session_id)
 
 
 def encoded(step: Send | Refuse | None) -> bytes:
@@ -307,6 +329,8 @@ def _analyse_one(state: ProxyState, ex: Exchange) -> None:
             return
         finding = ex.recorded[0] if ex.recorded else (
             ex.exchange.answered(got) if ex.exchange is not None and got is not None and got.usage else None)
+        if not ex.recorded:
+            _flush(p.live.session)  # recorded here, if at all: not by `ProxyState.record`, which syncs it
         sess = p.live.session
         comps = [{"seq": e.seq, "level": e.level, "kind": e.kind, "start": e.start, "end": e.end,
                   "tokens_before": e.tokens_before, "tokens_after": e.tokens_after, "reason": _clip(e.reason or "")}
