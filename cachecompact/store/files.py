@@ -231,6 +231,12 @@ class FileSessionStore:
     def read_new(self, log: LogName) -> tuple[list[tuple[int, Any]], TornTail | None]:
         tail = self._tails[log]
         p = self.path / FILES[log]
+        with contextlib.suppress(OSError):  # the read below says what is wrong
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and st.st_size == tail.offset:
+                # nothing after what was read (each turn asks, twice, of three logs): no open and read
+                tail.torn = None
+                return [], None
         try:
             fd = open_nofollow(p, os.O_RDONLY)
             try:
