@@ -118,3 +118,16 @@ def test_loop_ahead_scan_extends_as_the_scan_from_scratch() -> None:
     thinks, people, assistants = c._scanned(5)
     assert (thinks, people, [assistants[b] - assistants[a + 1] for a, b in pairwise(people)]) == \
         _scan_from_scratch(c.draft.transcript, 5)
+
+
+def test_caller_key_clients_share_connections_never_credentials() -> None:
+    import threading
+
+    from cachecompact.compaction.summarize.caller_key import CallerKeySummarizer, _http
+
+    summ = CallerKeySummarizer("http://127.0.0.1:9", "claude-haiku-4-5", "forced-tool", threading.local())
+    a, b = summ._client("sk-A", None), summ._client("sk-B", None)
+    c = summ._client(None, "tok-C")
+    assert a._client is b._client is c._client is _http()  # one pool: the CA store is loaded once
+    assert (a.api_key, b.api_key, c.api_key, c.auth_token) == ("sk-A", "sk-B", None, "tok-C")
+    assert a.timeout == b.timeout and a.max_retries == 2  # the SDK's own defaults, as before

@@ -24,6 +24,20 @@ __all__ = ["CallerKeySummarizer"]
 
 log = logging.getLogger("cachecompact")
 
+_HTTP: anthropic.DefaultHttpxClient | None = None
+_HTTP_LOCK = threading.Lock()
+
+
+def _http() -> anthropic.DefaultHttpxClient:
+    """The HTTP client every caller-key summary's SDK client uses: the SDK's own defaults
+    (`anthropic.DefaultHttpxClient`: its timeout, connection limits and redirects), made once."""
+    global _HTTP
+    with _HTTP_LOCK:
+        if _HTTP is None or _HTTP.is_closed:
+            _HTTP = anthropic.DefaultHttpxClient()
+        return _HTTP
+
+
 class CallerKeySummarizer:
     """Summaries through ``upstream`` with the credentials in ``creds.headers`` (a thread-local
     the adapter fills for the request being compacted only); extractive when the request
@@ -33,6 +47,17 @@ class CallerKeySummarizer:
                  clock: Callable[[], float] | None = None) -> None:
         self.upstream, self.model, self.mode, self.creds = upstream, model, mode, creds
         self.clock = clock  # a proxy on simulated time: its summaries carry it (`LLMSummarizer.clock`)
+
+    def _client(self, key: str | None, token: str | None) -> anthropic.Anthropic:
+        """An SDK client on the caller's credential, in the form it came (the SDK takes one or the
+        other; an explicit one means it reads no environment credential), made per summary so
+        the credential lives no longer than the summary. Its connections are the process's one
+        pool (`_http`): an SDK client of its own loads the CA store again (about 20 ms of CPU
+        per summary, measured), and a connection carries no credential."""
+        if key or not token:
+            return anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2, http_client=_http())
+        return anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2,
+                                   http_client=_http())
 
     def estimate_usd(self, req: SummaryRequest) -> float:
         """What the summary would cost on a caller's key (`LLMSummarizer.estimate_usd`); what an
@@ -50,8 +75,7 @@ class CallerKeySummarizer:
         token = bearer[7:] if bearer.lower().startswith("bearer ") else None
         if not key and not token:
             return None
-        client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
-                  else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
+        client = self._client(key, token)
         extra = {"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {}
         return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
                              clock=self.clock).ondemand()
@@ -79,8 +103,7 @@ class CallerKeySummarizer:
             return ExtractiveSummarizer().summarize(req)
         # the caller's own credential, in the form it came (the SDK takes one or the other;
         # an explicit one means it reads no environment credential)
-        client = (anthropic.Anthropic(base_url=self.upstream, api_key=key, max_retries=2) if key or not token
-                  else anthropic.Anthropic(base_url=self.upstream, auth_token=token, api_key=None, max_retries=2))
+        client = self._client(key, token)
         extra = {INTERNAL_HEADER: "1", **({"anthropic-beta": h["anthropic-beta"]} if "anthropic-beta" in h else {})}
         return LLMSummarizer(client, model=self.model, mode=self.mode, extra_headers=extra,
                              clock=self.clock).summarize(req)
