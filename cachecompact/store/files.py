@@ -122,6 +122,7 @@ class FileSessionStore:
         # synced, so an append that needs them durable waits for a flush under way instead of passing it
         self._unsynced: set[LogName] = set()
         self._sync_lock = threading.Lock()
+        self._events_unsynced = False  # `append_event_deferred`
 
     # -- creation and opening ----------------------------------------------------------------
 
@@ -293,13 +294,16 @@ class FileSessionStore:
         self._append(log, records, at, durable=False)
 
     def flush(self, but: LogName | None = None) -> None:
-        """Make every deferred append durable (`append_deferred`); with ``but``, every one of the
-        other logs."""
+        """Make every deferred append durable (`append_deferred`, `append_event_deferred`); with
+        ``but``, those of the other logs only (events wait for a flush without it)."""
         with self._sync_lock:
             for log in LOGS:  # in the order records name each other: transcript, ledger, requests
                 if log in self._unsynced and log != but:
                     fsync_file(self.path / FILES[log])
                     self._unsynced.discard(log)
+            if self._events_unsynced and but is None:
+                fsync_file(self.path / EVENTS)
+                self._events_unsynced = False
 
     def _append(self, log: LogName, records: list[dict[str, Any]], at: int, *, durable: bool) -> None:
         if not records:
@@ -340,6 +344,12 @@ class FileSessionStore:
 
     def append_event(self, event: dict[str, Any]) -> None:
         append_bytes(self.path / EVENTS, canonical_bytes(event) + b"\n")
+
+    def append_event_deferred(self, event: dict[str, Any]) -> None:
+        """`append_event`, synced at the next `flush` (nothing names an event: an informational log)."""
+        append_bytes(self.path / EVENTS, canonical_bytes(event) + b"\n", fsync=False)
+        with self._sync_lock:
+            self._events_unsynced = True
 
     def read_events(self) -> list[dict[str, Any]]:
         p = self.path / EVENTS

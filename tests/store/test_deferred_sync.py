@@ -99,3 +99,42 @@ def test_records_read_from_another_writer_are_synced_before_ours(tmp_path: Path,
     synced.clear()
     b.append("requests", [{"r": 0}], 0)  # names the transcript b read: its file is synced first
     assert synced == ["transcript.jsonl", "requests.jsonl"]
+
+
+def test_events_deferred_are_synced_by_a_whole_flush(tmp_path: Path, synced: list[str]) -> None:
+    st = _store(tmp_path)
+    synced.clear()
+    st.append_event_deferred({"kind": "observation", "i": 0})
+    st.append_event_deferred({"kind": "observation", "i": 1})
+    assert synced == [] and [e["i"] for e in st.read_events()] == [0, 1]
+    st.append_deferred("transcript", [{"i": 0}], 0)  # the other logs' flush leaves events alone
+    st.flush(but="requests")
+    assert synced == ["transcript.jsonl"]
+    st.flush()
+    assert synced == ["transcript.jsonl", "events.jsonl"]
+
+
+def test_an_observer_batch_syncs_each_session_once(tmp_path: Path, synced: list[str]) -> None:
+    import threading
+
+    from cachecompact.adapters.proxy._observe import Observer
+
+    obs = Observer(store=FileStore(tmp_path))
+    body = b'{"model":"claude-haiku-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
+
+    def one(k: int) -> None:
+        obs.observe(body, {}, status=500, usage=None, message_id=None, cache_miss_reason=None, now=1.0 + k,
+                    timing={}, stream=False)
+
+    one(0)  # outside a batch: synced as it is written
+    synced.clear()
+    with obs.batch():
+        for k in range(1, 4):
+            one(k)
+        other = threading.Thread(target=one, args=(9,))  # another thread's record is not the batch's
+        other.start()
+        other.join()
+        assert synced == ["events.jsonl"]
+    assert synced == ["events.jsonl", "events.jsonl"]
+    (sid,) = [s.sid for s in obs.sessions()]
+    assert [e["i"] for e in FileStore(tmp_path).open(sid).read_events()] == [0, 1, 2, 3, 4]

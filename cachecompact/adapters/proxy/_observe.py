@@ -15,6 +15,7 @@ by their estimated size (least recently used out) and ``max_records`` records pe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import re
@@ -22,7 +23,7 @@ import textwrap
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from ...base.tokens import TokenCounter
 from ...cache.forensics import Finding, Forensics, snapshot_from_sim
 from ...cache.simulator import SimRequest, request_from_body
 from ...engine.identity import RequestHistory, decide, family_key, family_order, in_family, new_id, session_hint
-from ...store import Store
+from ...store import DeferredSync, Store
 
 __all__ = ["ObservedSession", "Observer", "conversation_title"]
 
@@ -207,6 +208,9 @@ class Observer:
         self.version = 0  # bumped on every record: the dashboard polls it
         self.totals = Totals()  # under _lock
         self.prices: OwnPrices | None = None  # compact mode: the engine's, so a request costs what `report` says
+        # the stores written to in the batch under way (`batch`), and the thread that opened it
+        self._batch: set[DeferredSync] | None = None
+        self._batch_owner: int | None = None
         if store is not None:
             self._restore(store)
 
@@ -533,9 +537,31 @@ class Observer:
 
     def _persist(self, s: ObservedSession, rec: dict[str, Any]) -> None:
         try:
-            self._stored(s).append_event({"kind": "observation", **rec})
+            stored = self._stored(s)
+            batch = self._batch
+            if batch is not None and self._batch_owner == threading.get_ident() and isinstance(stored, DeferredSync):
+                stored.append_event_deferred({"kind": "observation", **rec})
+                batch.add(stored)
+            else:
+                stored.append_event({"kind": "observation", **rec})
         except (OSError, CacheCompactError) as err:
             log.warning("cachecompact proxy: could not store a record of %s: %s", s.sid, err)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Records this thread stores in the block are written at once and synced when it ends,
+        one fsync per session file for the batch instead of one per record (the analysis thread
+        takes what is queued in one batch: its fsyncs made it fall behind, issue 57)."""
+        self._batch, self._batch_owner = set(), threading.get_ident()
+        try:
+            yield
+        finally:
+            stores, self._batch, self._batch_owner = self._batch, None, None
+            for st in stores:
+                try:
+                    st.flush()
+                except (OSError, CacheCompactError) as err:
+                    log.warning("cachecompact proxy: could not sync records to disk: %s", err)
 
     def _put_body(self, s: ObservedSession, raw: bytes) -> str | None:
         ref = "body_" + xxhash.xxh3_128_hexdigest(raw)

@@ -46,6 +46,8 @@ __all__ = ["STATE", "Exchange", "ProxyState", "analyse", "spent"]
 
 log = logging.getLogger("cachecompact")
 
+ANALYSIS_BATCH = 64  # exchanges the analysis thread takes at once from its queue (`ProxyState._analyse`)
+
 # compact mode: what was forwarded unchanged (failed open, or not a request the engine edits) is
 # recorded under ``passthrough-<name>``, never in a family of the engine's sessions
 PASSTHROUGH_PREFIX = "passthrough-"
@@ -230,13 +232,26 @@ class ProxyState:
             item = self.queue.get()
             if item is None:
                 return
-            size, ex = item
+            batch, last = [item], False
+            while len(batch) < ANALYSIS_BATCH:  # what is queued already: one batch, its records synced together
+                try:
+                    more = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    last = True
+                    break
+                batch.append(more)
             try:
-                analyse(self, ex)
+                with self.observer.batch():
+                    for _, ex in batch:
+                        analyse(self, ex)
             finally:
                 with self._plock:
-                    self._pending -= 1
-                    self._pending_bytes -= size
+                    self._pending -= len(batch)
+                    self._pending_bytes -= sum(size for size, _ in batch)
+            if last:
+                return
 
     def close(self) -> None:
         if self.idle is not None:
