@@ -9,6 +9,7 @@ being called back (issue 39)."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Callable
@@ -35,6 +36,7 @@ def _http() -> anthropic.DefaultHttpxClient:
     with _HTTP_LOCK:
         if _HTTP is None or _HTTP.is_closed:
             _HTTP = anthropic.DefaultHttpxClient()
+            atexit.register(_HTTP.close)  # its kept-alive connections closed, not left to the interpreter's exit
         return _HTTP
 
 
