@@ -75,6 +75,11 @@ class Event:
     it lands on, with the same ``writer`` and ``waited_s``, the time that request waited for the
     call, applies it: docs/policy.md, *Summaries in the background*).
 
+    Every ``compaction`` the policy plans carries ``detail["hidden"]``: the ``messages`` (first,
+    last) and ``tokens`` it took out of view, the ``kept_tokens`` every level keeps, and
+    ``chance_of_use``, the estimated chance that the agent's next look-back reaches past them
+    (None before any look-back; issue 63).
+
     A warm ``compaction`` of ours that the policy weighed, and a ``deferred`` one the economics
     declined, carries what weighed it in ``detail`` (issue 48): ``net_usd`` = ``saving_per_turn_usd``
     x ``turns`` - ``rewrite_usd`` - ``summary_usd`` - ``reasoning_lost_usd``

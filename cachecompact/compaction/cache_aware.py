@@ -841,9 +841,26 @@ class CacheAwareCompactor:
             report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}{pays}",
                                             tokens_before=tokens, tokens_after=after, cost_usd=cost,
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],
-                                            detail=weighed))
+                                            detail={**weighed, "hidden": self._hidden(p, lim)}))
             return after
         return tokens
+
+    def _hidden(self, p: Proposal, lim: Limits) -> dict[str, Any]:
+        """What an edit hid, for its event (issue 63): the messages and the tokens it took out of
+        view, and the estimated chance that the agent's next look-back reaches past what it kept:
+        of the look-backs made with more than the kept budget behind them, the share that reached
+        past it, with half a look-back each way (Jeffreys), so none seen reads 0.5; None before
+        any look-back. The price paid is the rest of the detail (``rewrite_usd``, ``summary_usd``,
+        ``reasoning_lost_usd``) where the economics weighed it."""
+        spans = [(e.start, e.end) for e in p.edits]
+        if p.summarize is not None:
+            spans.append(p.summarize)
+        keep = int(lim.keep_recent / max(self.draft.counter.calibration, 1e-9))
+        far, at_risk = self._lookback.beyond(keep)
+        chance = round((far + 0.5) / (at_risk + 1.0), 4) if self._lookback.lookbacks else None
+        return {"messages": [min(a for a, _ in spans), max(b for _, b in spans)] if spans else None,
+                "tokens": self.draft.counter.calibrated(p.tokens_removed), "kept_tokens": lim.keep_recent,
+                "chance_of_use": chance}
 
     # -- API-written summaries (`compaction._api_summary`) ---------------------------------------
 

@@ -311,3 +311,21 @@ def test_a_reach_the_window_cannot_hold_is_said_with_its_numbers() -> None:
     c = CacheAwareCompactor.for_session(wide, cfg(200_000))
     assert not [e for k, i in enumerate(range(1, len(msgs), 2))
                 for e in _grow(wide, c, [msgs[i:i + 2]], t0=10.0 * k) if e.kind == "window_too_small"]
+
+
+def test_each_compaction_says_what_it_hid_and_the_chance_it_is_used() -> None:
+    """Issue 63: an edit's event names the messages and tokens it hid, what it kept, and the
+    estimated chance that the agent reaches past what it kept (from its look-backs)."""
+    msgs = _agent(turns=120, gap=3)
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(60_000))
+    events = []
+    for k, i in enumerate(range(1, len(msgs), 2)):
+        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+    done = [e for e in events if e.kind == "compaction"]
+    assert done
+    for e in done:
+        h = e.detail["hidden"]
+        first, last = h["messages"]
+        assert 1 <= first <= last < len(s) and h["tokens"] > 0 and h["kept_tokens"] > 0
+        assert h["chance_of_use"] is not None and 0 < h["chance_of_use"] < 0.5  # three reads back: rarely past
