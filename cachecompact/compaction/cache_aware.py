@@ -627,9 +627,8 @@ class CacheAwareCompactor:
                     reason=f"{trig.reason}; the agent has not yet looked back at anything it read: nothing is hidden "
                            "until it has, or until the window forces it (said once)"))
             trig = Trigger(None, "the agent's reach is not shown yet")
-        if trig.max_level is not None and self._under_way():
-            pass  # a summary is under way in the background: no other compaction before it lands
-        elif trig.max_level is not None:
+        # while a summary is under way in the background, no other compaction is planned before it lands
+        if trig.max_level is not None and not self._under_way():
             if self.tripped:
                 report.events.append(self._emit("skipped", reason="summaries are stopped for this session after "
                                                 f"{self.cfg.safety.failure_limit} consecutive failures",

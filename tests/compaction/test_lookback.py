@@ -293,35 +293,34 @@ def test_nothing_is_hidden_before_the_agent_has_looked_back_unless_the_window_fo
     assert s.ledger.entries and not c._lookback.lookbacks
 
 
+def _turn_by_turn(msgs: list[dict[str, Any]], window: int) -> tuple[Session, list[Any]]:
+    """``msgs`` sent one turn at a time through the default compactor at ``window``: the session
+    and every event."""
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(window))
+    events = []
+    for k, i in enumerate(range(1, len(msgs), 2)):
+        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+    return s, events
+
+
 def test_a_reach_the_window_cannot_hold_is_said_with_its_numbers() -> None:
     """Issue 63, tight windows said aloud: an agent that looks 30 reads back (~23k tokens) in a
     24k window gets one event naming the prefix, the reach, the summary, the turn and the window."""
     msgs = _agent(turns=60, gap=30)
-    s = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(24_000))
-    events = []
-    for k, i in enumerate(range(1, len(msgs), 2)):
-        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+    events = _turn_by_turn(msgs, 24_000)[1]
     small = [e for e in events if e.kind == "window_too_small"]
     assert 1 <= len(small) <= 2, [e.reason for e in small]
     d = small[0].detail
     assert d["need"] == d["prefix"] + d["reach"] + d["summary"] + d["turn"] > d["critical"]
     assert d["window"] == 24_000 and "too small for this agent's reach" in small[0].reason
-    wide = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(wide, cfg(200_000))
-    assert not [e for k, i in enumerate(range(1, len(msgs), 2))
-                for e in _grow(wide, c, [msgs[i:i + 2]], t0=10.0 * k) if e.kind == "window_too_small"]
+    assert not [e for e in _turn_by_turn(msgs, 200_000)[1] if e.kind == "window_too_small"]
 
 
 def test_each_compaction_says_what_it_hid_and_the_chance_it_is_used() -> None:
     """Issue 63: an edit's event names the messages and tokens it hid, what it kept, and the
     estimated chance that the agent reaches past what it kept (from its look-backs)."""
-    msgs = _agent(turns=120, gap=3)
-    s = Session.create(None, prefix_messages=1)
-    c = CacheAwareCompactor.for_session(s, cfg(60_000))
-    events = []
-    for k, i in enumerate(range(1, len(msgs), 2)):
-        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+    s, events = _turn_by_turn(_agent(turns=120, gap=3), 60_000)
     done = [e for e in events if e.kind == "compaction"]
     assert done
     for e in done:
