@@ -100,6 +100,24 @@ def test_l5_never_drops_the_newest_request() -> None:
     assert text in body
 
 
+def test_a_second_l5_cut_around_the_newest_request_drops_nothing_twice() -> None:
+    """A second L5 cut that reaches past the person's newest request splits around it again; the
+    part before it that the first cut already dropped is not dropped a second time (Claude Code at
+    40k: every later L5 logged a 0-token skip of the same range, an edit that changed nothing)."""
+    s = _loop_session(2, 8, 200)
+    k, _ = latest_request(Draft(s)) or (-1, "")
+    view = build_view(Draft(s))
+    first = propose_truncate(view, target_tokens=view.total_tokens - view.tokens_between(3, k - 2), keep=k)
+    assert [(e.start, e.end) for e in first.edits] == [(3, k - 2)]
+    Draft(s).stage(first.edits[0], level="L5")
+    view = build_view(Draft(s))
+    again = propose_truncate(view, target_tokens=view.total_tokens // 3, keep=k)
+    assert again.edits and again.tokens_removed > 0
+    assert all(view.tokens_between(e.start, e.end) > 0 for e in again.edits), \
+        [(e.start, e.end, view.tokens_between(e.start, e.end)) for e in again.edits]
+    assert not any(e.start <= k <= e.end for e in again.edits)
+
+
 def test_our_summary_that_covers_the_newest_request_quotes_it() -> None:
     s = _loop_session(3, 6, 100)
     k, text = latest_request(Draft(s)) or (-1, "")

@@ -18,7 +18,9 @@ def propose_truncate(view: View, *, target_tokens: int, keep_rounds: int = 1,
     ``keep``: the person's newest request (`strategy.latest_request`). It is never dropped: a
     cut that reaches it becomes two, one before the round it ends and one after it, so the
     request goes on word for word between what was dropped (issue 62: dropping it left the agent
-    working on an older request, or on none)."""
+    working on an older request, or on none). A part an earlier cut already dropped whole is not
+    dropped again: an edit that hides nothing would only lengthen the ledger (Claude Code at 40k
+    logged a 0-token skip of the same range at every later L5)."""
     start, prev = view.editable_start()
     if prev is not None and not drop_summary:
         start = prev.end + 1
@@ -30,7 +32,7 @@ def propose_truncate(view: View, *, target_tokens: int, keep_rounds: int = 1,
     for e in view.round_ends:
         if e < start or e >= tail:
             continue
-        chosen = _around(view, start, e, keep)
+        chosen = [(a, b) for a, b in _around(view, start, e, keep) if view.tokens_between(a, b) > 0]
         kept = keep is not None and start <= keep <= e
         removed = sum(view.tokens_between(a, b) for a, b in chosen)
         if removed >= need:
