@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class Live:
     last_max_tokens: int = 0
     last_stop_reason: str | None = None
     in_flight: float | None = None  # the time of a request prepared and not yet answered
+    unanswered: int = 0  # requests that ended without an answer (an error relayed, `CompactionEngine.unanswered`)
     # what the strategy's last plan rendered and sent the request with (`Plan`): a retry after a
     # prompt-too-long error keeps them
     ttl: TTL | None = None
@@ -96,6 +98,12 @@ class Live:
     @property
     def sid(self) -> str:
         return self.session.session_id
+
+    @property
+    def failed(self) -> bool:
+        """Whether every request this session was sent ended without an answer, none under way:
+        a client's next attempt at that turn takes it over (`identity.decide`'s retry)."""
+        return self.unanswered > 0 and self.in_flight is None and self.session.requests_recorded == 0
 
     @property
     def nbytes(self) -> int:
@@ -401,14 +409,15 @@ class SessionRegistry:
         members of the family (another process's, or ones this process let go) when memory has
         no session to continue. Caller holds ``_lock``."""
         members = [self._live[k] for k in self._family(base, stored=False)]
-        d = decide(req, members, named=named)
-        if d.kind != "continue" and self.store is not None:
+        failed = frozenset(x.sid for x in members if x.failed)
+        d = decide(req, members, named=named, failed=failed)
+        if d.kind not in ("continue", "retry") and self.store is not None:
             unloaded = [k for k in self._family(base, stored=True) if k not in self._live and k not in self._not_ours]
             if unloaded:
                 for sid in unloaded:
                     self._load(sid, model)
                 members = [x for k in self._family(base, stored=False) if (x := self._live.get(k)) is not None]
-                d = decide(req, members, named=named)
+                d = decide(req, members, named=named, failed=failed)
         if d.kind == "continue":
             assert d.target is not None
             live = self._live[d.target]
@@ -419,6 +428,8 @@ class SessionRegistry:
     def _start(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
         """Create the session ``d`` asks for and sync it before anyone else can see it. Caller
         holds ``_lock``; returns with the new session's lock held (`held`)."""
+        if d.kind == "retry":
+            return self._take_over(base, named, req, d, body)
         link = {"session": d.target, "reason": d.reason, "at": d.at} if d.target is not None else None
         taken = set(self._family(base, stored=True))
         for _ in range(100):
@@ -441,3 +452,47 @@ class SessionRegistry:
             raise
         self._remember(sid, live)
         return Resolved(live, new, d)
+
+    def _take_over(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
+        """A client's retry of a turn that got no answer (`decide`'s ``retry``): the session made
+        for the failed attempt is made again, under its id and link, from this request. The model
+        never saw the attempt, so nothing of it is fixed: its transcript and any edits planned for
+        it go; the proxy's records of its requests (``observation`` events) stay, and a
+        ``retried`` event says what was replaced. A session another request holds, or one that
+        has been answered meanwhile, is not taken over: the request is decided without it."""
+        assert d.target is not None
+        old = self._live.get(d.target)
+        if old is None or not old.lock.acquire(blocking=False):
+            return self._start(base, named, req, self._without(base, named, req), body)
+        try:
+            if not old.failed:
+                return self._start(base, named, req, self._without(base, named, req), body)
+            sid, link, replaced = old.sid, old.session.link, len(old.session)
+            kept: list[dict[str, Any]] = []
+            if self.store is not None:
+                with contextlib.suppress(StoreError, OSError):
+                    kept = [e for e in self.store.open(sid).read_events() if e.get("kind") == "observation"]
+                    self.store.delete(sid)  # the attempt never reached the model: nothing stored of it is a record
+            del self._live[sid]
+        finally:
+            old.lock.release()
+        live = self.maker.create(sid, body, link)
+        for e in kept:
+            live.session.log_event(e)
+        live.session.log_event({"kind": "retried", "time": time.time(), "reason": d.reason,
+                                "detail": {"replaced_messages": replaced, "unanswered": old.unanswered,
+                                           "common_messages": d.at}})
+        live.lock.acquire()
+        try:
+            new = live.session.sync(body["messages"], identities=req.ids)
+        except BaseException:
+            live.lock.release()
+            raise
+        self._remember(sid, live)
+        return Resolved(live, new, d)
+
+    def _without(self, base: str, named: bool, req: RequestHistory) -> Decision:
+        """The decision for ``req`` with no session taken over (the one it retries is in use, or
+        was answered meanwhile): what `decide` says without the failed ones."""
+        members = [self._live[k] for k in self._family(base, stored=False)]
+        return decide(req, members, named=named)

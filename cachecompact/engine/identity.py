@@ -18,6 +18,13 @@ or, unnamed, the sessions whose first message is the request's first message):
    agent under the same name (Claude Code's sub-agents share its session id), linked to the
    name's first session; for an unnamed one, simply a new conversation.
 
+Before 2-4, a **retry**: when a session of the family never had an answer (every request it
+was sent ended in an error: the caller names these ``failed``) and the request opens with its
+first message, the request takes that session over instead of starting another. The model never
+saw the failed attempt, so nothing of it is fixed; Claude Code, refused a turn as too long,
+sends it again rewritten (its own compaction), and each attempt was a new linked segment with
+one error in it (issue 62: one conversation listed as 21 sessions at a 30k window).
+
 Whichever it is, the request that goes out is rendered from a history equal, message by
 message, to what the caller sent. The callers keep the candidates (`engine.registry`'s live
 sessions, or the observe proxy's observed ones) and act on the decision; nothing here does I/O,
@@ -58,7 +65,7 @@ __all__ = [
 
 # -- the rule -------------------------------------------------------------------------------------
 
-Kind = Literal["continue", "segment", "agent", "new"]
+Kind = Literal["continue", "retry", "segment", "agent", "new"]
 
 
 def _unmarked_blocks(value: Any) -> Any:
@@ -153,10 +160,11 @@ class Candidate(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What to do with a request: ``continue`` ``target``, or start a new session (``segment``,
-    ``agent`` or ``new``) linked to ``target`` (None: linked to nothing). ``reason`` says why in
-    words for events and the dashboard; ``at`` is the first message that differs from
-    ``target`` (a rewrite), or its length."""
+    """What to do with a request: ``continue`` ``target``; take over ``target``, a session that
+    never had an answer (``retry``: its history becomes the request's); or start a new session
+    (``segment``, ``agent`` or ``new``) linked to ``target`` (None: linked to nothing).
+    ``reason`` says why in words for events and the dashboard; ``at`` is the first message
+    that differs from ``target`` (a rewrite), or its length."""
 
     kind: Kind
     target: str | None
@@ -181,12 +189,14 @@ def _common(req: list[bytes], ids: Sequence[bytes]) -> int:
 
 
 def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool,
-           fixed_preamble: bool = True) -> Decision:
+           fixed_preamble: bool = True, failed: frozenset[str] = frozenset()) -> Decision:
     """The one rule (module docstring). ``candidates`` come in family order (the first session
     of the family first, the newest last, which breaks the remaining ties). ``fixed_preamble`` says
     whether a session's tools and system are fixed (a session with an immutable prefix); where
     they are not (the proxy's observe mode records requests and holds no prefix), a changed
-    preamble continues the conversation and is reported there."""
+    preamble continues the conversation and is reported there. ``failed``: the candidates whose
+    every request has ended without an answer (none still under way), which a request that
+    opens like them retries."""
     cands = list(candidates)
     best: Candidate | None = None
     for c in cands:
@@ -200,6 +210,13 @@ def decide(req: RequestHistory, candidates: Iterable[Candidate], *, named: bool,
         n = len(best.identities)
         if best.preamble == req.preamble or not fixed_preamble:
             return Decision("continue", best.sid, "extends", n)
+    tried = [(_common(req.ids, c.identities), k, c) for k, c in enumerate(cands)
+             if c.sid in failed and c.identities and c.identities[0] == req.ids[0]]
+    if tried:  # the same turn again, after an attempt that got no answer: that attempt's session
+        at, _, c = max(tried, key=lambda x: (x[0], x[1]))
+        return Decision("retry", c.sid, "a retry of a request that got no answer", at)
+    if best is not None:
+        n = len(best.identities)
         if n >= 2:  # a conversation under way: its tools or system prompt changed
             return Decision("segment", best.sid, "prefix_churn", n)
         # one message in common is only a shared opening: another agent, not this conversation

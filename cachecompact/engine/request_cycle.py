@@ -163,6 +163,12 @@ class RequestExchange:
         assert self.prepared is not None, "answered() without a prepared request"
         return self.engine.record(self.prepared, answer)
 
+    def unanswered(self) -> None:
+        """The exchange ended without an answer (an error relayed, or a refusal): called on the
+        request path, before the client can send its next attempt (`CompactionEngine.unanswered`)."""
+        if self.prepared is not None:
+            self.engine.unanswered(self.prepared)
+
 
 class CompactionEngine:
     """Sessions, strategy and forensics for request bodies; thread-safe."""
@@ -487,6 +493,17 @@ class CompactionEngine:
             return None
         finally:
             self.overhead_s += time.perf_counter() - t0
+
+    @staticmethod
+    def unanswered(p: Prepared) -> None:
+        """The request ``p`` ended without an answer: the session is no longer waiting for it,
+        and one that never had an answer is the one a client's retry of the turn takes over
+        (`identity.decide`'s ``retry``; issue 62). Plain assignments, no lock: it runs on the
+        request path, where the session's lock may be held by a long plan."""
+        live = p.live
+        if live.in_flight == p.now:
+            live.in_flight = None
+        live.unanswered += 1
 
     # -- while a session is quiet ---------------------------------------------------------------
 

@@ -153,6 +153,10 @@ class Handlers:
                 up = await self.send(request, data, headers)
             except UpstreamError as err:
                 return _unavailable(self.state.cfg, err)
+        if exchange is not None and prepared is not None and up.status != 200:
+            # before the client has the error: its next attempt at this turn finds the session
+            # waiting for nothing, and takes it over rather than starting another (issue 62)
+            exchange.unanswered()
         if exchange is not None and up.status == 404 and state.engine is not None:
             hint = state.engine.unknown_model(exchange.body.get("model"))
             if hint is not None:  # the upstream's "not found", with the price table's nearest ids (issue 56)
@@ -209,6 +213,7 @@ class Handlers:
         sid = step.session_id
         live = state.engine.registry.get(sid) if state.engine is not None and sid is not None else None
         model = exchange.body.get("model")
+        exchange.unanswered()
 
         def record() -> None:
             state.observer.refused(sid, message=message, now=now, model=model if isinstance(model, str) else "",

@@ -310,8 +310,12 @@ class Observer:
             base = self.id_prefix + (hint if hint is not None else family_key(req.ids[0]))
             members = sorted((x for x in self._sessions.values() if in_family(x.sid, base)),
                              key=lambda x: family_order(x.sid))
-            d = decide(req, members, named=named, fixed_preamble=False)
-            if d.kind == "continue":
+            # a session whose every request was answered with an error (the analysis thread takes
+            # requests in order, so an earlier attempt's outcome is known here): the client's
+            # retry of that turn takes it over (`decide`), and is no new segment (issue 62)
+            failed = frozenset(x.sid for x in members if x.requests and x.errors == x.requests)
+            d = decide(req, members, named=named, fixed_preamble=False, failed=failed)
+            if d.kind in ("continue", "retry"):
                 assert d.target is not None
                 s = self._sessions[d.target]
                 self._sessions.move_to_end(s.sid)
