@@ -175,6 +175,9 @@ class CacheAwareCompactor:
         self._own_req: OwnRequest | None = None
         self._wait_at = 0  # this turn's prompt size from which a request waits for a summary call
         self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
+        # (history length, largest max_tokens asked at it): a retry of the same turn is planned
+        # with the turn's first reserve (`_decide`)
+        self._turn_reserve: tuple[int, int] = (-1, 0)
 
     @property
     def session(self) -> Draft:
@@ -308,16 +311,35 @@ class CacheAwareCompactor:
                                                   f"{REPEAT_WINDOW_S:.0f}s: the model may have lost what it needed",
                     detail={"call": canonical_bytes([use.name, use.input]).decode(errors="replace")[:200]}))
 
-    def _plain_limits(self, max_tokens: int, model: str) -> tuple[Limits, int, int, float]:
+    def _plain_limits(self, max_tokens: int, model: str, *, as_asked: bool = False) -> tuple[Limits, int, int, float]:
         """`policy.limits` for this session now, before any learnt recent budget; with the
-        prefix, the typical turn's growth and the write-over-read ratio it was made from."""
+        prefix, the typical turn's growth and the write-over-read ratio it was made from.
+
+        The output reserve planned for is the request's ``max_tokens`` where the window holds it
+        beside the prefix, one summary and one turn: then no request of the session gets the
+        API's 400 for it. Where it does not, nothing we hide can make it fit, so the reserve
+        planned for is the one L5 works to (`OWN_RESERVE_SHARE` of the window, `_forced_limits`),
+        which the client reaches by lowering max_tokens on the API's 400 ("input length and
+        `max_tokens` exceed context limit"). Planned for the request's reserve, the summaries
+        aimed below the prefix itself, never fitted, and L5 dropped rounds every few turns while
+        a summary would have fitted (issue 62: Claude Code at 40k, 32,000 of output, a 25k
+        prefix)."""
         s = self.draft
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
         window = self.ctx.window_tokens  # the one window the engine resolved (EngineOptions.window), or the bench's
         price = priced(model, self.ctx.prices)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
-        return limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio), prefix, growth, ratio
+        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
+        cap = int(OWN_RESERVE_SHARE * lim.window)
+        if not as_asked and max_tokens > cap:
+            # what the window leaves beside the reserve itself (not `policy.limits`' floor of a
+            # quarter of the window, which a reserve of most of the window never leaves)
+            raw = lim.window - int(self.cfg.safety.estimate_error * lim.window) - max_tokens
+            below = lim.limit - lim.critical  # the headroom critical keeps below the limit
+            if reach_cap(raw - below, prefix, self.cfg.levels.summary_tokens, max(growth, lim.limit // 100)) <= 0:
+                lim = limits(self.cfg, window, cap, prefix, growth, write_over_read=ratio)
+        return lim, prefix, growth, ratio
 
     def _limits(self, max_tokens: int, model: str) -> Limits:
         s = self.draft
@@ -543,11 +565,17 @@ class CacheAwareCompactor:
         if s.prefix_end is None or not len(s):
             return report
         self._request = (max_tokens, dict(params or {}))
+        # the reserve planned for is the largest this turn asked: a client that lowers max_tokens
+        # on the API's 400 asks for the rest of the window beside its prompt (Claude Code: window
+        # - prompt - 1,000), and planned for that, each retry hid a little more, every turn
+        # (issue 62: at 40k, one tool result cleared on each of 25 turns)
+        n, asked = self._turn_reserve
+        self._turn_reserve = (len(s), max(max_tokens, asked) if n == len(s) else max_tokens)
         # a summary made in the background lands here when it is back (recorded against this request)
         self._land(report, wait=not self.cfg.levels.background_summaries or self._simulated())
         if self._idle is not None:
             self._append_idle(report)
-        lim = self._limits(max_tokens, model)
+        lim = self._limits(self._turn_reserve[1], model)
         self._note_recent_budget(lim, report)
         self._note_window_too_small(report)
         self._producing = len(s)
@@ -1297,7 +1325,9 @@ class CacheAwareCompactor:
         own 400 ("input length and `max_tokens` exceed context limit"), which compact mode passes
         through (issue 62): dropping the conversation's rounds for that reserve lost work the
         client never asked to lose (at 40k, Claude Code's turns each dropped every round they
-        could). The summaries still aim under ``lim``."""
+        could). The summaries aim under ``lim``, which is planned for this reserve too where the
+        request's own does not leave the window room for the prefix, a summary and a turn
+        (`_plain_limits`)."""
         cap = int(OWN_RESERVE_SHARE * lim.window)
         return lim if lim.max_tokens <= cap else self._plain_limits(cap, model)[0]
 
@@ -1307,6 +1337,9 @@ class CacheAwareCompactor:
         summary dropped; ``report.context_full`` says why if even that cannot fit. The thresholds
         are ``lim``'s with the output reserve capped (`_forced_limits`)."""
         drop = self._forced_limits(lim, model)
+        asked = self._request[0]
+        if 0 < asked != lim.max_tokens:  # the limits planned for a smaller reserve than the request's
+            lim = self._plain_limits(asked, model, as_asked=True)[0]
         if tokens < drop.critical:
             if tokens > lim.limit and lim.max_tokens > 0:
                 self._over_reserve(tokens, lim, report)

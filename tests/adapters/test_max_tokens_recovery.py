@@ -191,3 +191,21 @@ def test_a_large_output_reserve_does_not_make_the_proxy_drop_rounds() -> None:
     dropped = [e for e in events if e.kind == "compaction" and e.level == "L5"]
     assert dropped == [], [(e.tokens_before, e.tokens_after, e.reason[:80]) for e in dropped]
     assert any(e.kind == "max_tokens_over" for e in events)
+
+
+def test_a_client_lowering_max_tokens_each_turn_is_not_compacted_each_turn() -> None:
+    """Issue 62: a client that lowers max_tokens on the API's 400 asks, on the retry, for the rest
+    of the window beside its prompt (window - prompt - 1,000). Planned for that reserve, each retry
+    had to hide a little more: one old tool result cleared on 25 of 30 turns, a cache re-write
+    each time. The turn is planned with the largest reserve it asked (here 128,000, which the
+    window cannot hold, so the quarter L5 works to), and a few collapses suffice."""
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
+                              engine_options=EngineOptions(on_event=events.append))) as px:
+        recovered, others = _recovering_client(px.url, 30, "Run the steps. " + "Context line.\n" * 1_500)
+        px.wait_idle()
+    assert others == [] and recovered >= 30
+    done = [e for e in events if e.kind == "compaction"]
+    assert 1 <= len(done) <= 5, [(e.level, e.tokens_before, e.tokens_after) for e in done]
+    assert not [e for e in done if e.level == "L5"]

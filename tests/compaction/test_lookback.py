@@ -293,14 +293,15 @@ def test_nothing_is_hidden_before_the_agent_has_looked_back_unless_the_window_fo
     assert s.ledger.entries and not c._lookback.lookbacks
 
 
-def _turn_by_turn(msgs: list[dict[str, Any]], window: int) -> tuple[Session, list[Any]]:
+def _turn_by_turn(msgs: list[dict[str, Any]], window: int, max_tokens: int = 1000) -> tuple[Session, list[Any]]:
     """``msgs`` sent one turn at a time through the default compactor at ``window``: the session
     and every event."""
     s = Session.create(None, prefix_messages=1)
+    s.sync(msgs[:1])  # the task as the agent wrote it (`_grow` starts from what the session holds)
     c = CacheAwareCompactor.for_session(s, cfg(window))
     events = []
     for k, i in enumerate(range(1, len(msgs), 2)):
-        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k)
+        events += _grow(s, c, [msgs[i:i + 2]], t0=10.0 * k, max_tokens=max_tokens)
     return s, events
 
 
@@ -315,6 +316,28 @@ def test_a_reach_the_window_cannot_hold_is_said_with_its_numbers() -> None:
     assert d["need"] == d["prefix"] + d["reach"] + d["summary"] + d["turn"] > d["critical"]
     assert d["window"] == 24_000 and "too small for this agent's reach" in small[0].reason
     assert not [e for e in _turn_by_turn(msgs, 200_000)[1] if e.kind == "window_too_small"]
+
+
+def test_a_reserve_the_window_cannot_hold_is_planned_as_l5_plans_it() -> None:
+    """Issue 62: Claude Code at 40k reserves 32,000 of output beside a 25k prefix. Planned for that
+    reserve, the critical threshold (8,751) lay below the prefix itself: no summary could ever get
+    under it, the event said so with numbers that did not add up, and only L5 acted. The policy
+    plans for the reserve the window can hold (the quarter L5 works to), which the client reaches
+    by lowering max_tokens on the API's 400; a reserve the window holds is planned as asked."""
+    msgs = _agent(turns=60, gap=30)
+    msgs[0] = {"role": "user", "content": GOAL + " Background:\n" + "notes on the project " * 3_000}
+    events = _turn_by_turn(msgs, 40_000, max_tokens=32_000)[1]
+    small = [e for e in events if e.kind == "window_too_small"]
+    assert small, [e.kind for e in events]
+    d = small[0].detail
+    assert d["critical"] > d["prefix"] + d["summary"] + d["turn"], d  # a summary fits below it
+    assert d["kept"] > 0, d  # and the newest part of what the agent reaches with it (before: 0)
+    # a turn at a time, the window is then not forced each turn (before: 56 of 60 turns cleared)
+    done = [e for e in events if e.kind == "compaction"]
+    assert len(done) <= 40, len(done)
+    # a small prefix leaves room beside the same reserve: planned as asked, under the 40k - 32k left
+    plain = _turn_by_turn(_agent(turns=60, gap=30), 40_000, max_tokens=32_000)[1]
+    assert all(e.detail["critical"] < 10_000 for e in plain if e.kind == "window_too_small")  # below the quarter
 
 
 def test_each_compaction_says_what_it_hid_and_the_chance_it_is_used() -> None:
