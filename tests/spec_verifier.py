@@ -45,7 +45,10 @@ What it checks (each problem names the file and, for a log, the 1-based line):
   there (a deleted blob is a problem);
 * a torn last line (bytes after the last newline), and prefix fields not yet written by a torn
   first request, are reported as *notes*, not problems: the document says loaders keep every
-  line before a torn one, and that the prefix fields follow from the transcript.
+  line before a torn one, and that the prefix fields follow from the transcript;
+* *Unconfirmed compaction entries*: a ``compaction`` entry whose seq is at or past the largest
+  ``ledger_len`` of the request records is listed in ``Report.unconfirmed`` (not a problem, not
+  ok: the command line says UNCONFIRMED and exits 3).
 
 What it skips, and why:
 
@@ -123,6 +126,8 @@ class Report:
     head: str | None = None
     prefix_hash: str | None = None  # computed from tools, system and the prefix messages (*The head*)
     prefix_end: int | None = None  # where the transcript completes the prefix (None: not yet)
+    confirmed: int = 0  # the largest ledger_len a request record commits to
+    unconfirmed: list[int] = field(default_factory=list)  # compaction entries at or past it (their seqs)
     #: the heads of the three logs: index k is the chain value (or hash) of line k, ZERO for 0
     chains: tuple[list[str], list[str], list[str]] = ([ZERO], [ZERO], [ZERO])
 
@@ -988,6 +993,8 @@ def _check_requests(lines: list[bytes], chain: list[str], ledger: list[str], ent
         hashes.append(rec["hash"] if isinstance(rec.get("hash"), str) else "")
         transcript_ok = _check_commitment(w, rec, "transcript", chain, p)
         ledger_ok = _check_commitment(w, rec, "ledger", ledger, p)
+        if ledger_ok:
+            report.confirmed = max(report.confirmed, rec["ledger_len"])
         if "meta" in rec and digest is not None and rec["meta"] != digest:
             p.append(f"{w}: meta is not the metadata digest of session.json: session.json changed")
         if "stable_before" in rec:
@@ -1046,6 +1053,7 @@ def check(session_dir: str | Path) -> Report:
     digest = _digest(meta) if meta and not SESSION_KEYS - DIGEST_EXCLUDED - meta.keys() else None
     requests = _check_requests(request_lines, chain, ledger, entries, digest, renderer, report)
     _check_scratchpad(d, entries, report)
+    report.unconfirmed = [e.seq for e in entries[report.confirmed:] if e is not None and e.kind == "compaction"]
     expected = _expected_prefix_end(meta["prefix_messages"], messages) if renderer is not None else None
     report.prefix_end = expected
     report.prefix_hash = renderer.prefix_hash(expected) if renderer is not None and expected is not None else None
@@ -1162,7 +1170,8 @@ def extends(report: Report, head: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python tests/spec_verifier.py DIR``: print the problems (or "ok") and exit 1 (or 0); 2 for no verdict."""
+    """``python tests/spec_verifier.py DIR``: print the problems (or "ok") and exit 1 (or 0); 2 for no
+    verdict; 3, printing UNCONFIRMED and the head, when the only finding is unconfirmed compaction entries."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("session_dir")
     parser.add_argument("--head", help="fail unless the session still extends this T:L:R:<sha256> head")
@@ -1180,6 +1189,12 @@ def main(argv: list[str] | None = None) -> int:
         print(problem)
     if report.problems:
         return 1
+    if report.unconfirmed:
+        for k in report.unconfirmed:
+            print(f"UNCONFIRMED ledger.jsonl:{k + 1}: compaction entry #{k}: no request record commits to it "
+                  f"(they commit to {report.confirmed} entries)")
+        print(f"head {report.head}", file=sys.stderr)
+        return 3
     print("ok")
     print(f"head {report.head}", file=sys.stderr)
     return 0

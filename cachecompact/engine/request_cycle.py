@@ -33,6 +33,7 @@ from ..base.errors import (
     MalformedMessageError,
     SessionNotFoundError,
     StagedEditsConflictError,
+    UnconfirmedEntryError,
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
@@ -281,6 +282,13 @@ class CompactionEngine:
                 self.registry.forget(live.sid, live)
                 raise StagedEditsConflictError(live.sid, f"session {live.sid}: its memory holds what the store "
                                                "does not; deciding again on the stored session")
+            unconfirmed = live.session.unconfirmed()
+            if unconfirmed:
+                # an API-written summary no request record commits to, which this process did not
+                # make (a restart, another process's or a forger's append): the request goes out
+                # as the caller sent it, with a `failure` event naming the entry, before the strategy
+                # plans anything on top of it (docs/ledger-format.md, *Unconfirmed compaction entries*)
+                raise UnconfirmedEntryError(live.sid, unconfirmed)
             d = resolved.decision
             if d.kind != "continue":
                 log.log(logging.INFO if d.target is not None else logging.DEBUG,
@@ -430,7 +438,10 @@ class CompactionEngine:
                         "character %d)", err.reason, err.start)
             return None
         except Exception as err:  # fail open: the user's request still goes out
-            log.exception("cachecompact: compaction failed; sending the original request")
+            if isinstance(err, UnconfirmedEntryError):  # a verdict on the stored session, not a bug: no traceback
+                log.warning("cachecompact: %s; sending the original request", err)
+            else:
+                log.exception("cachecompact: compaction failed; sending the original request")
             sid = getattr(err, "session_id", None) or self.session_id or "-"
             self.events.emit(Event("failure", sid, reason=f"compaction: {type(err).__name__}: {err}"))
             live = self.registry.get(sid)

@@ -10,7 +10,10 @@ Loading verifies every chain (transcript content, ledger entries, request record
 immutable prefix, and raises `LedgerCorruptError` naming the record; then it runs every other
 check `ledger verify` makes (`Session.problems`: the recorded breakpoints, the scratchpad, each
 entry's rendering) and raises `SessionDamagedError` on a finding, so nothing that fails the
-verifier is ever rendered and sent (issue 56).
+verifier is ever rendered and sent (issue 56). An API-written summary that no request record
+commits to, and that this object did not make, is *unconfirmed* (`unconfirmed`): `render` refuses
+to apply it (`UnconfirmedEntryError`), because an entry appended at the tail with its chain
+recomputed looks exactly like one whose request failed before it was recorded.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..base.errors import (
     StagedEditsConflictError,
     StoreConflictError,
     StoreError,
+    UnconfirmedEntryError,
 )
 from ..base.tokens import TokenCounter
 from ..base.values import TTL, RequestRecord, StoredRequest
@@ -147,6 +151,12 @@ class Session:
         self._requests = 0
         self._requests_head = GENESIS
         self._request_hashes: list[str] = [GENESIS]  # request chain value after 0, 1, ... records
+        # the largest ledger_len a stored request record commits to: entries below it went out in a
+        # request that was answered; a `compaction` entry at or past it is unconfirmed (`unconfirmed`)
+        self._confirmed = 0
+        # seqs of the ledger entries this object made (`edit`, `stage`): its own unconfirmed
+        # compaction entries are genuine, whatever the store says
+        self._own: set[int] = set()
         self.last_request: dict[str, Any] | None = None
         # set by a read-only open that found the prefix fields not yet written (`_check_meta`)
         self.meta_torn: str | None = None
@@ -382,6 +392,32 @@ class Session:
         """Request records stored so far (by any writer, as of the last refresh)."""
         return self._requests
 
+    @property
+    def confirmed_entries(self) -> int:
+        """How many ledger entries a stored request record commits to: the largest ``ledger_len``
+        of the request records (0 without any). Entries from this seq on were made after every
+        answered request, so nothing stored vouches that a request carried them."""
+        return self._confirmed
+
+    def unconfirmed(self) -> list[int]:
+        """Seqs of the API-written summaries (`compaction` entries) no request record commits to
+        (seq at or past `confirmed_entries`) that this object did not make (docs/ledger-format.md,
+        *Unconfirmed compaction entries*). The chains are unkeyed: such an entry, appended at the
+        tail with every hash recomputed, is indistinguishable from a genuine one whose request
+        failed or whose process stopped before the record was written, and it renders as the
+        request's first message; so `render` refuses to apply it, and `ledger verify` reports it
+        as UNCONFIRMED. The process that made it (this object) still uses it."""
+        return [e.seq for e in self.ledger.entries[self._confirmed:]
+                if e.kind == "compaction" and e.seq not in self._own]
+
+    def _refuse_unconfirmed(self, applied: int) -> None:
+        """Raise `UnconfirmedEntryError` when a render of the first ``applied`` entries would
+        apply an unconfirmed compaction entry (`unconfirmed`)."""
+        if applied > self._confirmed:
+            bad = [k for k in self.unconfirmed() if k < applied]
+            if bad:
+                raise UnconfirmedEntryError(self.session_id, bad)
+
     # -- reading what is stored -------------------------------------------------------------------
 
     def _refresh(self) -> None:
@@ -478,6 +514,7 @@ class Session:
         self._requests += 1
         self._requests_head = rec["hash"]
         self._request_hashes.append(rec["hash"])
+        self._confirmed = max(self._confirmed, el)
         self.last_request = rec
         self.previous_breakpoints = [(int(k), bytes.fromhex(h)) for k, h in bps]
         mark = rec.get("stable_before")
@@ -564,6 +601,7 @@ class Session:
                 except StoreConflictError:
                     continue
                 self.ledger.append(entry)
+                self._own.add(entry.seq)
                 return entry
         raise StoreError(f"{self.store.location if self.store else 'session'}: could not append an edit after "
                          f"{_CONFLICT_RETRIES} conflicting writes")
@@ -577,6 +615,7 @@ class Session:
         self._refuse_stale()
         entry = self._entry(edit, level, created_at)
         self.ledger.append(entry)
+        self._own.add(entry.seq)
         self._staged.append(entry)
         return entry
 
@@ -730,6 +769,7 @@ class Session:
         self._requests += 1
         self._requests_head = rec["hash"]
         self._request_hashes.append(rec["hash"])
+        self._confirmed = max(self._confirmed, int(rec["ledger_len"]))
         self.last_request = rec
         self.previous_breakpoints = render.breakpoint_chain
         mark = rec.get("stable_before")  # ours, even if catching up on another writer replaced it
@@ -789,7 +829,9 @@ class Session:
         caller sent, every original back). ``warm=True`` with ``transcript_len`` (a request over
         the start of the conversation: the API's compaction request) also marks the previous
         request's writes and the compacted part's end that it still shares, so it reads the
-        longest of them that is warm before it writes the rest.
+        longest of them that is warm before it writes the rest. A render that would apply an
+        unconfirmed API-written summary (`unconfirmed`) raises `UnconfirmedEntryError` instead:
+        what no process vouches for is never sent.
         """
         upto = None
         if uncompacted:
@@ -805,6 +847,7 @@ class Session:
                 transcript_len = self.ledger.entries[at_entry].transcript_len
         if transcript_len is not None and not 0 <= transcript_len <= len(self.transcript):
             raise IndexError(f"transcript has {len(self.transcript)} messages; cannot render {transcript_len}")
+        self._refuse_unconfirmed(len(self.ledger) if upto is None else upto)
         live = upto is None and transcript_len is None
         return self.renderer.render(upto_entry=upto, transcript_len=transcript_len, breakpoints=breakpoints,
                                     previous=self.previous_breakpoints if live or warm else (),
@@ -829,11 +872,15 @@ class Session:
     def entry_problems(self) -> list[str]:
         """The first ledger entry whose request, rendered right after it (`render(at_entry=K)`),
         is not one the API accepts (`cache.request_validation.validate_request`); empty when
-        every one is."""
+        every one is. Unconfirmed entries are checked too (rendered here, never sent), so a
+        forged one that would render an invalid request is INVALID, not merely UNCONFIRMED."""
         where = self.store.where("ledger") if self.store is not None else "ledger"
         for e in self.ledger.entries:
             try:
-                validate_request(self.render(at_entry=e.seq).body)
+                validate_request(self.renderer.render(
+                    upto_entry=e.seq + 1, transcript_len=e.transcript_len, breakpoints=True, previous=(),
+                    stable_before=None, ttl=None, prefix_ttl=None, model=DEFAULT_MODEL,
+                    max_tokens=DEFAULT_MAX_TOKENS).body)
             except MalformedMessageError as err:
                 return [f"{where}:{e.seq + 1}: entry #{e.seq} renders an invalid request: {err}"]
         return []

@@ -119,7 +119,9 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Exit 0 when every chain, the prefix and the replay of every entry are valid. Never writes,
+    """Exit 0 when every chain, the prefix and the replay of every entry are valid; 1 when one is
+    not; 3 (UNCONFIRMED, head still printed) when all are but an API-written summary is one no
+    request record commits to (`Session.unconfirmed`), which no process renders. Never writes,
     unless ``--repair`` sets a torn tail aside."""
     from ..base.errors import (
         ImmutablePrefixError,
@@ -172,7 +174,17 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         print(f"INVALID {sess.store.location if sess.store else args.target}: the stored state does not extend "
               f"head {args.head} (entries it covered were changed, removed or rolled back)", file=sys.stderr)
         return 1
-    covered = int((sess.last_request or {}).get("ledger_len") or 0)
+    covered = sess.confirmed_entries
+    unconfirmed = sess.unconfirmed()
+    if unconfirmed:  # a verdict of its own: not INVALID (it may be genuine), never ok (it may be forged)
+        where = sess.store.where("ledger") if sess.store is not None else args.target
+        for k in unconfirmed:
+            print(f"UNCONFIRMED {where}:{k + 1}: entry #{k} is an API-written summary (compaction) that no request "
+                  f"record commits to (the records commit to {covered} entries): a forged append looks the same, so "
+                  "no process renders it (docs/ledger-format.md, *Unconfirmed compaction entries*)", file=sys.stderr)
+        print(f"unconfirmed: {len(sess)} messages, {len(sess.ledger)} ledger entries, prefix {sess.prefix_hash}\n"
+              f"head {sess.head}")
+        return 3
     if not args.head and len(sess.ledger) > covered:
         print(f"note: ledger entries #{covered}..#{len(sess.ledger) - 1} were made after the newest request record "
               "and no record commits to them: the chains cannot tell them from entries appended by someone who can "
@@ -734,7 +746,8 @@ def build_parser() -> argparse.ArgumentParser:
     _session_args(show)
     show.set_defaults(func=cmd_ledger_show)
     ver = lsub.add_parser("verify", parents=[common],
-                          help="check every chain, the prefix and the replay; never writes; exit 1 when invalid")
+                          help="check every chain, the prefix and the replay; never writes; exit 1 when invalid, "
+                               "3 when an API-written summary is unconfirmed")
     _session_args(ver)
     ver.add_argument("--repair", action="store_true", help="set a torn last line aside (a crash mid-append; the only "
                                                            "write verify makes); a changed record cannot be mended")

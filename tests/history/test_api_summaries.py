@@ -106,7 +106,42 @@ def test_the_ledger_refuses_a_compaction_that_does_not_fit_the_docs(tmp_path: Pa
     s.edit(SkipRange(8, 8, "L1"), level="L1")  # after it: fine
     s.edit(ApiCompaction(0, 10, "summary 4", "emucp.sig4", "L3"), level="L3")  # contains both
     assert [e.start for e in s.ledger.effective()] == [0]
+    s.record_request(s.render(model=MODEL, max_tokens=100), {})  # the request that carried them
     assert _verdicts(tmp_path / "s") == (0, [])
+
+
+def test_an_unconfirmed_compaction_is_rendered_only_by_the_session_that_made_it(tmp_path: Path) -> None:
+    """docs/ledger-format.md, *Unconfirmed compaction entries*: the process that made an
+    API-written summary renders it (its request failed, say, and is tried again); one that opens
+    the store finds no request record committing to it and refuses every render that would apply
+    it, naming it, until a request of the process that made it is recorded; then both agree."""
+    from cachecompact.base.errors import UnconfirmedEntryError
+
+    d = tmp_path / "s"
+    s, _ = _session(d)
+    b = _block(6)
+    entry = s.edit(ApiCompaction(0, 6, b.content, b.signature, b.reason), level="L3")
+    s.edit(SkipRange(8, 8, "L1: old output"), level="L1")  # an entry after it, as a plan makes
+    assert s.unconfirmed() == []  # its own
+    mine = s.render(model=MODEL, max_tokens=100)
+    assert mine.body["messages"][0]["content"][0]["type"] == "compaction"
+    other = Session.open(d, readonly=True)  # opens fine: shown and reported on, never rendered with it
+    assert other.unconfirmed() == [entry.seq] and other.confirmed_entries == entry.seq
+    with pytest.raises(UnconfirmedEntryError, match=f"#{entry.seq}") as err:
+        other.render(model=MODEL, max_tokens=100)
+    assert err.value.session_id == s.session_id and err.value.entries == [entry.seq]
+    with pytest.raises(UnconfirmedEntryError):
+        other.render(at_entry=entry.seq + 1)
+    assert other.render(uncompacted=True).body["messages"][0]["role"] == "user"
+    with contextlib.redirect_stderr(io.StringIO()) as err_out, contextlib.redirect_stdout(io.StringIO()) as out:
+        rc = cli(["render", str(d)])
+    assert rc == 2 and "unconfirmed" in err_out.getvalue() and out.getvalue() == ""
+    assert _verdicts(d)[0] == 3 and check(d).unconfirmed == [entry.seq]
+    s.record_request(mine, {})  # its request was answered: confirmed for everyone
+    again = Session.open(d, readonly=True)
+    assert again.unconfirmed() == []
+    assert again.render(model=MODEL, max_tokens=100).to_json() == s.render(model=MODEL, max_tokens=100).to_json()
+    assert _verdicts(d) == (0, []) and check(d).unconfirmed == []
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -2,8 +2,10 @@
 `ledger verify` runs (`Session.problems`), so a `compaction` entry whose summary or signature was
 forged with every chain recomputed, which both verifiers call INVALID, is refused with a typed
 error, and a restarted wrap() sends the caller's request as it came with a `failure` event
-instead of the forged block. A forged entry appended at the tail is what only a head catches:
-`ledger verify` says so, and `--head` fails it. The real SDK against the emulator throughout."""
+instead of the forged block. A forged `compaction` entry appended at the tail, which no request
+record commits to, is UNCONFIRMED for every verifier and never rendered by a restarted process
+(docs/ledger-format.md, *Unconfirmed compaction entries*). The real SDK against the emulator
+throughout."""
 
 from __future__ import annotations
 
@@ -135,24 +137,78 @@ def test_a_forged_api_summary_is_refused_at_open_and_never_sent_after_a_restart(
         [(e.kind, e.reason) for e in events]
 
 
-def test_a_forged_entry_appended_at_the_tail_is_caught_only_by_a_head(tmp_path: Path) -> None:
+def _doc_verdict(d: Path) -> tuple[str, list[int]]:
+    from .test_ledger import _doc_verifier
+
+    out: tuple[str, list[int]] = _doc_verifier()(d)
+    return out
+
+
+def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_after_a_restart(
+        tmp_path: Path) -> None:
     """Appended after the newest request record, with its chain computed, a `compaction` entry is
-    consistent with everything stored: no record commits to it, and no record says what the API
-    returned (docs/ledger-format.md, *What the chains prove*). `ledger verify` says ok but notes the
-    entries no record covers; `--head` accepts appends by design, so only a head kept after the
-    last legitimate write, compared for equality with the one `ledger verify` prints, shows it."""
-    with Emulator(SummarizingResponder(_reader())) as emu:
-        d, _ = _stored_with_api_summary(tmp_path / "store", emu)
-    rc, said = _verify(d)
-    assert rc == 0, said
-    head = Session.open(d, readonly=True).head
-    ledger = _lines(d / "ledger.jsonl")
-    last = next(e for e in reversed(ledger) if e["kind"] == "compaction")
-    tail = {**last, "seq": len(ledger), "summary": FORGED, "signature": "emucp.forged",
-            "transcript_len": last["transcript_len"], "transcript_head": last["transcript_head"]}
-    _reseal(d, [*ledger, tail])
-    rc, said = _verify(d)
-    assert rc == 0 and f"#{len(ledger)}..#{len(ledger)}" in said and "only --head" in said
-    assert not check(d).problems  # the spec verifier agrees: consistent
-    rc, said = _verify(d, "--head", head)
-    assert rc == 0 and f"head {head}" not in said  # extends the kept head (an append), but is not it
+    consistent with everything stored, and no record says what the API returned. Both verifiers
+    said ok (with a note) and a restarted wrap() sent the forged block as the request's first
+    message. Now no request record commits to it, so it is *unconfirmed* (docs/ledger-format.md,
+    *Unconfirmed compaction entries*): `ledger verify`, the spec verifier and the standalone
+    verifier of the document each name it (exit 3, head still printed), and a restarted process
+    sends the caller's request as it came with a `failure` event naming the entry."""
+    from .. import spec_verifier
+
+    seen: list[dict[str, Any]] = []
+    events: list[Event] = []
+    with Emulator(SummarizingResponder(_reader(seen))) as emu:
+        d, msgs = _stored_with_api_summary(tmp_path / "store", emu)
+        rc, said = _verify(d)
+        assert rc == 0 and "UNCONFIRMED" not in said, said
+        assert check(d).unconfirmed == [] and _doc_verdict(d)[1] == []
+        head = Session.open(d, readonly=True).head
+        ledger = _lines(d / "ledger.jsonl")
+        n = len(ledger)
+        last = next(e for e in reversed(ledger) if e["kind"] == "compaction")
+        tail = {**last, "seq": n, "summary": FORGED, "signature": "emucp.forged"}
+        _reseal(d, [*ledger, tail])
+        # every verifier: not INVALID (it may be genuine), never ok (it may be forged), the head printed
+        rc, said = _verify(d)
+        stored = Session.open(d, readonly=True)
+        assert rc == 3 and f"UNCONFIRMED {d}/ledger.jsonl:{n + 1}: entry #{n} " in said, said
+        assert "ok:" not in said and f"head {stored.head}" in said and "INVALID" not in said
+        report = check(d)
+        assert report.problems == [] and report.unconfirmed == [n] and report.head == stored.head
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+            assert spec_verifier.main([str(d)]) == 3
+        assert f"UNCONFIRMED ledger.jsonl:{n + 1}" in out.getvalue()
+        assert _doc_verdict(d) == (stored.head, [n])
+        # --head stays the anchor for everything else: the kept head is extended (an append), and
+        # the entry is still unconfirmed; a head the store no longer extends is INVALID first
+        rc, said = _verify(d, "--head", head)
+        assert rc == 3 and "UNCONFIRMED" in said
+        bogus = head.rsplit(":", 1)[0] + ":" + "0" * 64
+        rc, said = _verify(d, "--head", bogus)
+        assert rc == 1 and "INVALID" in said and "UNCONFIRMED" not in said
+        # `cachecompact render` refuses it, as the engine does
+        rc, said = _verify_render(d)
+        assert rc == 2 and f"#{n}" in said and "unconfirmed" in said and FORGED not in said
+        # a restarted process: the caller's request goes out as it came, with a failure event naming the entry
+        del seen[:]
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                   store=tmp_path / "store", window_tokens=60_000, on_event=events.append)
+        _agent(client, msgs, 2)
+    assert len(seen) == 2, "the requests did not reach the emulator"
+    for body in seen:
+        assert FORGED not in json.dumps(body) and "emucp.forged" not in json.dumps(body)
+        first = body["messages"][0]["content"]
+        assert not (isinstance(first, list) and first[0].get("type") == "compaction")
+    failures = [e for e in events if e.kind == "failure"]
+    assert len(failures) == 2, [(e.kind, e.reason) for e in events]
+    for e in failures:
+        assert "UnconfirmedEntryError" in (e.reason or "") and f"#{n}" in (e.reason or "") and e.session_id == d.name
+    assert Session.open(d, readonly=True).unconfirmed() == [n]  # nothing written confirmed it
+    assert any(json.loads(x).get("kind") == "failure" for x in (d / "events.jsonl").read_bytes().splitlines())
+
+
+def _verify_render(d: Path) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
+        rc = cli(["render", str(d)])
+    return rc, out.getvalue()

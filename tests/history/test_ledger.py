@@ -159,7 +159,7 @@ def test_the_documented_verifier_accepts_sessions_and_catches_tampering(tmp_path
         if n == 9:
             s.edit(Summary(5, 12, "explored"), level="L3")
         s.record_request(s.render(), {"n": n, "cost_usd": 1.234e-05, "t": 1e-7})  # floats msgspec writes its way
-    assert verify(tmp_path / "s") == s.head
+    assert verify(tmp_path / "s") == (s.head, [])
     for name, old, new in [("transcript.jsonl", b"step 2", b"STEP 2"), ("ledger.jsonl", b'"old"', b'"new"'),
                            ("requests.jsonl", b'"n":5', b'"n":6'), ("session.json", SYSTEM.encode(), b"x")]:
         d = tmp_path / f"t-{name}"
