@@ -243,6 +243,18 @@ class SessionRegistry:
             if self._live.get(sid) is live:
                 del self._live[sid]
 
+    def quarantine(self, sid: str, live: Live) -> None:
+        """Never continue ``sid`` again in this process: let ``live`` go, and leave the stored
+        session out of every later decision (as another mode's records are). A session whose
+        ledger holds an entry this process may not render (an unconfirmed API-written summary:
+        a forger's append, or a genuine one left by a crash) stays in the store as evidence, and
+        the conversation's next request starts a session of its own from the caller's history,
+        compacted again from there, instead of going out uncompacted for good."""
+        with self._lock:
+            if self._live.get(sid) is live:
+                del self._live[sid]
+            self._not_ours.add(sid)
+
     def _remember(self, sid: str, live: Live) -> Live:
         self._live[sid] = live
         self._live.move_to_end(sid)

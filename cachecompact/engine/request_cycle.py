@@ -23,6 +23,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ..base.errors import (
@@ -447,6 +448,8 @@ class CompactionEngine:
             live = self.registry.get(sid)
             if live is not None:
                 self._save_events(live)
+                if isinstance(err, UnconfirmedEntryError) and _settled(live, err.entries):
+                    self.registry.quarantine(sid, live)  # kept as evidence; the next request starts anew
             else:
                 self.events.drain(sid)  # no session to keep it in: the log line and the hooks had it
             return None
@@ -769,6 +772,29 @@ class CompactionEngine:
 
 
 _TOLD_OLD: set[tuple[type, str]] = set()
+
+
+# how long an unconfirmed API-written summary may be one whose request is still under way on
+# another process sharing the store (the anthropic SDK's default timeout is 10 minutes): until
+# then its session fails open per request; after, it is set aside (`SessionRegistry.quarantine`)
+UNCONFIRMED_GRACE_S = 600.0
+
+
+def _settled(live: Live, seqs: list[int]) -> bool:
+    """Whether every unconfirmed entry ``seqs`` of ``live`` is older than a request carrying it
+    could still be under way elsewhere (`UNCONFIRMED_GRACE_S`, by its ``created_at``): a replica
+    sharing the store must not set aside a session another one is about to confirm (its request
+    record lands when the answer does). An entry whose time cannot be read counts as settled."""
+    entries = live.session.ledger.entries
+    now = time.time()
+    for k in seqs:
+        try:
+            made = datetime.strptime(entries[k].created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+        except (IndexError, ValueError, TypeError):
+            continue
+        if now - made < UNCONFIRMED_GRACE_S:
+            return False
+    return True
 
 
 def _read_old_attributes(strategy: object, plan: Plan) -> None:

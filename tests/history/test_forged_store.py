@@ -25,6 +25,7 @@ from cachecompact import Session
 from cachecompact.base.errors import SessionDamagedError
 from cachecompact.base.events import Event
 from cachecompact.base.wire import canonical_bytes
+from cachecompact.engine import request_cycle
 from cachecompact.history.ledger import entry_hash
 from cachecompact.store.records import record_hash
 from cachecompact.tools.cli import main as cli
@@ -145,7 +146,7 @@ def _doc_verdict(d: Path) -> tuple[str, list[int]]:
 
 
 def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_after_a_restart(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Appended after the newest request record, with its chain computed, a `compaction` entry is
     consistent with everything stored, and no record says what the API returned. Both verifiers
     said ok (with a note) and a restarted wrap() sent the forged block as the request's first
@@ -189,20 +190,36 @@ def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_
         # `cachecompact render` refuses it, as the engine does
         rc, said = _verify_render(d)
         assert rc == 2 and f"#{n}" in said and "unconfirmed" in said and FORGED not in said
-        # a restarted process: the caller's request goes out as it came, with a failure event naming the entry
+        # a restarted process: the caller's request goes out as it came, with a failure event naming the
+        # entry, each time while the entry may still be a request under way on another replica
         del seen[:]
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
                                    store=tmp_path / "store", window_tokens=60_000, on_event=events.append)
+        msgs = _agent(client, msgs, 2)
+        assert len(seen) == 2, "the requests did not reach the emulator"
+        for body in seen:
+            assert FORGED not in json.dumps(body) and "emucp.forged" not in json.dumps(body)
+            first = body["messages"][0]["content"]
+            assert not (isinstance(first, list) and first[0].get("type") == "compaction")
+        failures = [e for e in events if e.kind == "failure"]
+        assert len(failures) == 2, [(e.kind, e.reason) for e in events]
+        for e in failures:
+            assert "UnconfirmedEntryError" in (e.reason or "") and f"#{n}" in (e.reason or "")
+            assert e.session_id == d.name
+        # once no request can still be under way, the session is set aside (kept as evidence) and the
+        # conversation's next request starts a session of its own from the caller's history, compacted
+        # again from there, instead of going out uncompacted for good
+        monkeypatch.setattr(request_cycle, "UNCONFIRMED_GRACE_S", 0.0)
+        del seen[:], events[:]
+        client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
+                                   store=tmp_path / "store", window_tokens=60_000, on_event=events.append)
         _agent(client, msgs, 2)
-    assert len(seen) == 2, "the requests did not reach the emulator"
-    for body in seen:
-        assert FORGED not in json.dumps(body) and "emucp.forged" not in json.dumps(body)
-        first = body["messages"][0]["content"]
-        assert not (isinstance(first, list) and first[0].get("type") == "compaction")
+    assert len(seen) >= 2 and all(FORGED not in json.dumps(b) and "emucp.forged" not in json.dumps(b) for b in seen)
     failures = [e for e in events if e.kind == "failure"]
-    assert len(failures) == 2, [(e.kind, e.reason) for e in events]
-    for e in failures:
-        assert "UnconfirmedEntryError" in (e.reason or "") and f"#{n}" in (e.reason or "") and e.session_id == d.name
+    assert len(failures) == 1 and failures[0].session_id == d.name, [(e.kind, e.reason) for e in events]
+    fresh = [x for x in (tmp_path / "store").iterdir() if x.is_dir() and x.name != d.name]
+    assert any(Session.open(x, readonly=True).requests_recorded == 1 for x in fresh), \
+        [(x.name, Session.open(x, readonly=True).requests_recorded) for x in fresh]
     assert Session.open(d, readonly=True).unconfirmed() == [n]  # nothing written confirmed it
     assert any(json.loads(x).get("kind") == "failure" for x in (d / "events.jsonl").read_bytes().splitlines())
 
