@@ -38,6 +38,7 @@ from typing import Any
 import anthropic
 
 import cachecompact
+from cachecompact.base.events import summary_cost
 from cachecompact.base.headers import CLOCK_HEADER
 from cachecompact.base.pricing import get_model
 from cachecompact.base.tokens import TokenCounter
@@ -210,9 +211,10 @@ class Result:
     all_rereads: int
     compactions: int
     levels: dict[str, int]
-    cost: float
+    cost: float  # the agent's requests and cachecompact's own summary calls (ours and the API's)
     too_small: int
     seconds: float
+    summary_usd: float = 0.0  # of ``cost``, the summary calls
 
     @property
     def reread_share(self) -> float:
@@ -298,8 +300,11 @@ def run(cell: Cell, config: str, seed: int = 0) -> Result:
     for e in comp:
         levels[str(e.level)] = levels.get(str(e.level), 0) + 1
     small = sum(1 for e in events if e.kind == "window_too_small")
+    # what the summary calls cost is the session's too (`base.events.summary_cost`, the rule `report`
+    # adds them by): left out, a writer that reads the whole context for each summary looked free
+    summaries = sum(summary_cost(e) for e in events)
     return Result(cell, config, turns, agent.uses, agent.rereads, agent.all_rereads, len(comp), levels,
-                  cost, small, time.perf_counter() - t0)
+                  cost + summaries, small, time.perf_counter() - t0, summaries)
 
 
 def _fits_none(cell: Cell) -> bool:
