@@ -243,6 +243,9 @@ def _turn_budget(cell: Cell) -> int:
     return int(min(MAX_TURNS, max(60, 2.2 * cell.window / per_turn)))
 
 
+SUMMARIZER: Any = None  # wrap()'s summarizer: None, the offline extractive one; "auto", the product's default
+
+
 def run(cell: Cell, config: str, seed: int = 0) -> Result:
     t0 = time.perf_counter()
     rng = random.Random(hash((cell.window, cell.lookback, cell.size, seed)) & 0xFFFFFFFF)
@@ -258,11 +261,11 @@ def run(cell: Cell, config: str, seed: int = 0) -> Result:
     with Emulator(SummarizingResponder(ScriptedResponder(agent))) as emu:
         if cell.mode == "async":
             client: Any = cachecompact.wrap(anthropic.AsyncAnthropic(base_url=emu.url, api_key="k", max_retries=0),
-                                            store=None, summarizer=None, window_tokens=window,
+                                            store=None, summarizer=SUMMARIZER, window_tokens=window,
                                             on_event=events.append, **kw)
         else:
             client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="k", max_retries=0),
-                                       store=None, summarizer=None, window_tokens=window, on_event=events.append,
+                                       store=None, summarizer=SUMMARIZER, window_tokens=window, on_event=events.append,
                                        **kw)
         hist: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project and act on its settings."}]
         clock = 1_800_000_000.0
@@ -383,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="append each run's result here, one JSON object a line")
     ap.add_argument("--report", nargs="+", metavar="JSONL", help="print heat maps from these --json files; run nothing")
     ap.add_argument("--label", default="ours", help="with --report: the configuration mapped (default: ours)")
+    ap.add_argument("--summarizer", choices=["extractive", "auto"], default="extractive",
+                    help="auto: wrap()'s default (summaries by a small model through the emulator, and the "
+                         "API's where the policy chooses them); extractive (default): offline, no summary calls")
     a = ap.parse_args(argv)
+    global SUMMARIZER
+    SUMMARIZER = "auto" if a.summarizer == "auto" else None
     if a.report:
         lines = [json.loads(x) for p in a.report for x in Path(p).read_text(encoding="utf-8").splitlines() if x.strip()]
         print(report(lines, a.label))

@@ -25,7 +25,7 @@ import atexit
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..base.values import Level
@@ -81,6 +81,7 @@ class ApiRequest:
     tokens: int  # the request's tokens when it was decided
     future: Future[OnDemandResult] | None = None
     keep: Verbatim | None = None  # what the summary must quote: the person's first request, and the newest
+    weighed: dict[str, Any] = field(default_factory=dict)  # what decided it (the writers' prices), for its event
 
     def send(self, at: float | None) -> None:
         """Start the call in the background (once)."""

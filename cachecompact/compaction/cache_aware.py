@@ -785,6 +785,12 @@ class CacheAwareCompactor:
         for p in order:
             weighed: dict[str, Any] = {}  # what decided the edit, in its event (issue 48: which way, and why)
             api_end = self._api_end(p, model)
+            writers = self._writer_prices(p, api_end, model, cold, body, view) if api_end is not None else None
+            if writers is not None and not writers["api_pays"]:
+                api_end = None  # our own summary: cheaper, with the reasoning it throws away counted
+            if writers is not None:  # which writer, and both prices, in the decision's event
+                weighed = {"writer": "api" if api_end is not None else "ours",
+                           "writers": {k: v for k, v in writers.items() if k != "api_pays"}}
             later = self._lands_later(p, api_end, tokens)
             # a summary that lands on a later request lands on a warm cache: priced so, not as this cold one
             now_cold = cold and not later
@@ -803,12 +809,15 @@ class CacheAwareCompactor:
                 price = priced(model, self.ctx.prices)
                 est_summary = ((cfg.levels.summary_tokens * price.output + view.total_tokens * price.read) / 1e6
                                if p.summarize else 0.0)
+                if writers is not None:  # the writer chosen, as priced when choosing
+                    est_summary = writers["api_usd"] if api_end is not None else writers["ours_usd"]
                 reasoning = 0 if api_end is not None else self._reasoning_lost(p.break_at)  # the API's keeps it
                 econ = economics(cfg, price, removed=p.tokens_removed,
                                  suffix=view.suffix_tokens(self._rewrite_from(p.break_at)),
                                  steps=self.steps, cold=now_cold, summary_cost=est_summary, ttl=self.ttl or "5m",
                                  reasoning_tokens=reasoning)
-                weighed = {"net_usd": round(econ.net, 6), "saving_per_turn_usd": round(econ.saving_per_turn, 6),
+                weighed = {**weighed, "net_usd": round(econ.net, 6),
+                           "saving_per_turn_usd": round(econ.saving_per_turn, 6),
                            "turns": econ.remaining_turns, "rewrite_usd": round(econ.rewrite_cost, 6),
                            "summary_usd": round(econ.summary_cost, 6), "reasoning_lost_tokens": reasoning,
                            "reasoning_lost_usd": round(econ.reasoning_cost, 6),
@@ -828,7 +837,7 @@ class CacheAwareCompactor:
                         continue  # it would land warm: a plan this cold request makes for free may still be worth it
                     return tokens
             if api_end is not None:
-                done = self._ask_api(p, api_end, trig, cold, tokens, lim, report, model)
+                done = self._ask_api(p, api_end, trig, cold, tokens, lim, report, model, weighed)
                 if done is not None:
                     return done  # else no call could be made: our own summary
             if later and api_end is None and self._ask_own(p, trig, cold, body, tokens, report, weighed):
@@ -864,7 +873,7 @@ class CacheAwareCompactor:
                        else "; no reasoning lost")
                     + f"; keeps the newest {weighed['recent_budget_tokens']:,} tokens verbatim"
                     + (f", sized to cover {weighed['coverage_target']:.0%} of the agent's look-backs"
-                       if weighed["coverage_target"] else "")) if weighed else ""
+                       if weighed["coverage_target"] else "")) if "net_usd" in weighed else ""
             report.events.append(self._emit("compaction", level=p.level, reason=f"{trig.reason}: {p.reason}{pays}",
                                             tokens_before=tokens, tokens_after=after, cost_usd=cost,
                                             duration_s=time.perf_counter() - t0, entries=[e.seq for e in entries],
@@ -896,12 +905,50 @@ class CacheAwareCompactor:
         None when ours is made instead: not a summary level, the model or summarizer cannot, the
         API refused before, or the kept turns would not start with a change of role."""
         if p.summarize is None or p.level not in ("L3", "L4") or self._api_refused \
-                or not usable(self.summarizer, model, self.cfg.levels.api_summaries):
+                or not usable(self.summarizer, model, self.cfg.levels.api_summaries is not False):
             return None
         return api_range_end(self.draft.transcript, p.summarize[1])
 
+    def _writer_prices(self, p: Proposal, end: int, model: str, cold: bool, body: dict[str, Any] | None,
+                       view: View) -> dict[str, Any] | None:
+        """Who writes ``p``'s summary, by price (issue 63, "API-written summaries only where they
+        buy something"): the API's on the conversation's own model reads the whole request
+        through message ``end`` (at the cache-read price when warm: it shares the request's
+        cache; written when cold) and writes the summary at that model's output price; ours
+        costs what our summarizer estimates for the range (`PricedSummarizer.estimate_usd`: a
+        small model reading the range, or the conversation's cached prefix), plus reading the
+        first messages it keeps verbatim (the API's block stands for them) on each turn the
+        session is expected to last (the economics' remaining turns), plus the reasoning it
+        throws away (the thinking of the task under way after the edit, `_reasoning_lost`, priced
+        as output: the API's keeps that valid). The API's is chosen when it costs less. Without
+        thinking to keep there is nothing to buy with it: a cell of the retention grid spent
+        $3.34 of $8.11 on API summaries where ours cost $0.02-0.08 a run. None when ours cannot
+        be priced (a summarizer without an estimate): the API's, as before. The thinking the
+        compaction call itself may spend is not counted (it is the caller's setting)."""
+        if self.cfg.levels.api_summaries != "priced" or p.summarize is None or p.break_at is None \
+                or not isinstance(self.summarizer, PricedSummarizer):
+            return None
+        price = priced(model, self.ctx.prices)
+        ctr = self.draft.counter
+        read_in = ctr.calibrated(view.total_tokens - view.suffix_tokens(end + 1))
+        api = (read_in * (price.write_5m if cold else price.read) + self.cfg.levels.summary_tokens * price.output) / 1e6
+        start, stop = p.summarize
+        req = summary_request(self.draft, start, stop, body=body if self._wants_body() else None,
+                              cache_warm=not cold, at=self._now)
+        ours = self.summarizer.estimate_usd(req)
+        # ours leaves the first messages (the immutable prefix's) verbatim where the API's block stands
+        # for them: read again on every turn until the session ends (the economics' remaining turns)
+        e = self.cfg.economics
+        turns = max(e.min_remaining_turns, min(e.max_remaining_turns, self.steps))
+        kept = ctr.calibrated(view.tokens_between(0, start - 1)) if start > 0 else 0
+        ours += kept * price.read * turns / 1e6
+        reasoning = self._reasoning_lost(p.break_at)
+        lost = reasoning * price.output / 1e6
+        return {"api_usd": round(api, 6), "ours_usd": round(ours, 6), "reasoning_lost_usd": round(lost, 6),
+                "api_pays": api < ours + lost}
+
     def _ask_api(self, p: Proposal, end: int, trig: Trigger, cold: bool, tokens: int, lim: Limits,
-                 report: Plan, model: str) -> int | None:
+                 report: Plan, model: str, weighed: dict[str, Any] | None = None) -> int | None:
         """Ask the API to summarize messages 0..end: in the background (swapped in on the next
         request) unless the window forces it now or the cache is cold; the tokens after, or None
         when no call could be bound (no client, no credential) or no block came back in the
@@ -909,6 +956,7 @@ class CacheAwareCompactor:
         req = self._api_request(p.level, f"{trig.reason}: {p.reason}", end, model, tokens, lim)
         if req is None:
             return None
+        req.weighed = dict(weighed or {})
         self._pending = None
         wait = tokens >= self._wait_at if self.cfg.levels.background_summaries else (
             trig.forced or cold or tokens >= lim.hard)  # before issue 62's item 9
@@ -918,7 +966,8 @@ class CacheAwareCompactor:
         report.events.append(self._emit(
             "compaction_requested", level=p.level, tokens_before=tokens, tokens_after=tokens,
             reason=f"{req.reason}; the API writes the summary of messages 0..{end} in the background, swapped in "
-                   "on a later request (this one goes whole)", detail={"writer": "api", "covers": [0, end]}))
+                   "on a later request (this one goes whole)",
+            detail={**(weighed or {}), "writer": "api", "covers": [0, end]}))
         return tokens
 
     # -- summaries in the background (ours and the API's) ----------------------------------------
@@ -1104,7 +1153,7 @@ class CacheAwareCompactor:
                                                   "the kept turns' thinking stays valid",
             tokens_before=before, tokens_after=after, cost_usd=res.cost_usd,
             duration_s=time.perf_counter() - t0, entries=[entry.seq],
-            detail={"writer": "api", "covers": [0, req.end], "decided_at_tokens": req.tokens,
+            detail={**req.weighed, "writer": "api", "covers": [0, req.end], "decided_at_tokens": req.tokens,
                     "waited_s": round(waited, 4)}))
         return after
 

@@ -83,8 +83,11 @@ _REGISTRY: dict[str, Any] = {
     # an extra: our own summaries everywhere, the thinking after them removed (the trade API-written
     # summaries make: docs/policy.md, *API-written summaries*)
     "cachecompact-own-summaries": CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(api_summaries=False))),
+    # an extra: the API writes every summary it may, whatever it costs beside ours (the default before
+    # the writer was chosen by price: docs/policy.md, *API-written summaries*)
+    "cachecompact-api-summaries": CachecompactConfig(policy=PolicyConfig(levels=LevelSettings(api_summaries=True))),
 }
-_EXTRA_NAMES = frozenset({*_EXTRAS, "cachecompact-own-summaries"})
+_EXTRA_NAMES = frozenset({*_EXTRAS, "cachecompact-own-summaries", "cachecompact-api-summaries"})
 _ALIASES = {"default": "cachecompact"}
 
 

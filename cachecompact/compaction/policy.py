@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..base.errors import PolicyConfigError
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, ModelInfo
@@ -134,8 +134,10 @@ class LevelSettings:
     is_write: Callable[[str, dict[str, Any]], bool] | None = None
     # L3/L4 summaries written by the API (on-demand compaction) where the model supports it and the
     # summarizer has a client: the kept turns' thinking stays valid (docs/policy.md, "API-written
-    # summaries"); False: always our own summary, with the thinking after it removed
-    api_summaries: bool = True
+    # summaries"). "priced": the API's where it costs less than ours plus the reasoning ours throws
+    # away (`CacheAwareCompactor._writer_prices`); True: the API's wherever it may; False: always
+    # our own summary, with the thinking after it removed
+    api_summaries: bool | Literal["priced"] = "priced"
     # L3/L4 summary calls (ours, and the API's) run in the background and land on a later request;
     # only a request at the critical threshold or over it waits for one (docs/policy.md, "Summaries
     # in the background"); False: ours in the foreground, and the next request waits for the API's
@@ -148,6 +150,8 @@ class LevelSettings:
                 _bad(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.keep_recent_tokens < 0:
             _bad("keep_recent_tokens must be >= 0")
+        if self.api_summaries not in (True, False, "priced"):
+            _bad(f"api_summaries must be True, False or 'priced', got {self.api_summaries!r}")
         for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_coverage", "miss_rate"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")

@@ -415,7 +415,8 @@ def test_compact_mode_records_streams_its_window_and_its_compactions_apart_from_
                      "tool_use")
 
     with Emulator(SummarizingResponder(ScriptedResponder(reader))) as emu, \
-            _proxy(emu.url, mode="compact", store=str(tmp_path), window_tokens=30_000) as px, \
+            _proxy(emu.url, mode="compact", store=str(tmp_path), window_tokens=30_000,
+                   strategy="cachecompact-api-summaries") as px, \
             httpx2.Client(base_url=px.url, headers=API_VERSION) as http:
         c = anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0)
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "Read all files."}]

@@ -51,7 +51,7 @@ def test_the_sweeps_are_extras_a_default_run_leaves_out() -> None:
     extras = set(strategy_names(extras=True)) - set(strategy_names())
     assert {"anthropic-compact-50k", "anthropic-compact-100k", "anthropic-compact-300k", "anthropic-compact-500k",
             "anthropic-clear-50k", "anthropic-clear-200k", "anthropic-compact-scaled", "anthropic-clear-scaled",
-            "anthropic-ondemand-scaled", "cachecompact-own-summaries"} == extras
+            "anthropic-ondemand-scaled", "cachecompact-own-summaries", "cachecompact-api-summaries"} == extras
 
 
 def _cycle_cost_per_turn(t: float, after: float, g: float, model: str, summary: int) -> float:

@@ -13,6 +13,7 @@ import anthropic
 import pytest
 
 import cachecompact
+from cachecompact.compaction.policy import LevelSettings, PolicyConfig
 from cachecompact.compaction.summarize import api_compaction
 from cachecompact.tools.emulator import Emulator, ScriptedResponder, SummarizingResponder
 from cachecompact.tools.emulator.responders import Reply
@@ -22,16 +23,21 @@ TOOLS = [{"name": "read", "description": "Read a file.",
 WINDOW = 60_000
 
 
-def _agent(turns: int, model: str, emu: Emulator, **kw: Any) -> tuple[Any, list[list[dict[str, Any]]]]:
-    """A reader: a file a turn, a person's turn every sixth; returns the client and every history sent."""
+def _agent(turns: int, model: str, emu: Emulator, thinking: bool = False,
+           **kw: Any) -> tuple[Any, list[list[dict[str, Any]]]]:
+    """A reader: a file a turn, a person's turn every sixth; returns the client and every history
+    sent. The API writes every summary it may (``api_summaries=True``: these tests are of how it
+    writes them) unless ``config`` says otherwise."""
+    kw.setdefault("config", PolicyConfig(levels=LevelSettings(api_summaries=True)))
     client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
                                window_tokens=WINDOW, **kw)
+    more: dict[str, Any] = {"thinking": {"type": "adaptive"}} if thinking else {}
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Audit the project."}]
     sent: list[list[dict[str, Any]]] = []
     for k in range(turns):
         sent.append(copy.deepcopy(msgs))
         r = client.messages.create(model=model, max_tokens=2000, system="You audit code. " * 100, tools=TOOLS,
-                                   messages=msgs)
+                                   messages=msgs, **more)
         content = [b.model_dump(exclude_none=True) for b in r.content]
         msgs.append({"role": "assistant", "content": content})
         use = next((b for b in content if b["type"] == "tool_use"), None)
@@ -43,17 +49,21 @@ def _agent(turns: int, model: str, emu: Emulator, **kw: Any) -> tuple[Any, list[
     return client, sent
 
 
-def _reader(seen: list[dict[str, Any]] | None = None) -> ScriptedResponder:
+def _reader(seen: list[dict[str, Any]] | None = None, think: int = 0) -> ScriptedResponder:
+    """The reader's model; with thinking on and ``think``, each turn thinks that many tokens first
+    (a display-omitted block, as a model with preserved thinking sends it)."""
     n = itertools.count(1)
 
     def answer(body: dict[str, Any]) -> Reply:
         if seen is not None:
             seen.append(copy.deepcopy(body))
         k = next(n)
+        thought = [{"type": "thinking", "thinking": ""}] if think and body.get("thinking") else []
+        tokens = [think] if thought else None
         if k % 6 == 0:
-            return Reply([{"type": "text", "text": f"part {k // 6} done"}])
-        return Reply([{"type": "tool_use", "id": f"toolu_{k:05d}", "name": "read", "input": {"path": f"m{k}.py"}}],
-                     "tool_use")
+            return Reply([*thought, {"type": "text", "text": f"part {k // 6} done"}], thinking_tokens=tokens)
+        return Reply([*thought, {"type": "tool_use", "id": f"toolu_{k:05d}", "name": "read",
+                                 "input": {"path": f"m{k}.py"}}], "tool_use", thinking_tokens=tokens)
     return ScriptedResponder(answer)
 
 
@@ -100,6 +110,45 @@ def test_the_api_writes_the_summary_in_the_background_on_the_conversations_model
     # every entry starts at message 0, ends on a user message, and the kept turns start with the assistant
     for e in api:
         assert e.start == 0 and s.transcript[e.end].role == "user" and s.transcript[e.end + 1].role == "assistant"
+
+
+def _priced_run(thinking: bool) -> tuple[Any, list[Any]]:
+    """The reader through wrap() at the default writer choice; with ``thinking``, 2,000 tokens of
+    thinking a turn (Opus at adaptive effort on a tool loop: a few hundred to a few thousand)."""
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(_reader(think=2_000 if thinking else 0))) as emu:
+        client, _ = _agent(40, "claude-opus-5-5", emu, thinking=thinking, on_event=events.append,
+                           config=PolicyConfig())  # the default: the writer chosen by price
+    (s,) = cachecompact.wrapped_sessions(client)
+    return s, [e for e in events if e.kind in ("compaction", "compaction_requested", "deferred") and e.detail
+               and "writers" in e.detail]
+
+
+def test_without_thinking_to_keep_our_summary_is_written() -> None:
+    """Issue 63: on a model the API may summarize for, with no thinking to keep valid, the API's
+    summary buys nothing: it reads the whole request on the conversation's model, ours reads the
+    range on a small one. The writer is chosen by price, and each decision says both prices."""
+    s, weighed = _priced_run(thinking=False)
+    kinds = {e.kind for e in s.ledger.entries if e.level in ("L3", "L4")}
+    assert kinds == {"summary"}, kinds
+    assert weighed, "no summary was priced"
+    for e in weighed:
+        w = e.detail["writers"]
+        assert e.detail["writer"] == "ours" and w["ours_usd"] + w["reasoning_lost_usd"] < w["api_usd"], w
+
+
+def test_with_thinking_to_keep_the_api_writes_where_it_pays() -> None:
+    """The same agent thinking before each call: our summary would throw away the reasoning of the
+    task under way (the API's keeps it valid), and where that costs more than the price gap, the
+    API writes it; each decision is the cheaper of the two as priced."""
+    s, weighed = _priced_run(thinking=True)
+    assert weighed, "no summary was priced"
+    for e in weighed:
+        w = e.detail["writers"]
+        api = w["api_usd"] < w["ours_usd"] + w["reasoning_lost_usd"]
+        assert e.detail["writer"] == ("api" if api else "ours"), w
+    assert any(e.detail["writer"] == "api" for e in weighed), [e.detail["writers"] for e in weighed]
+    assert any(e.kind == "compaction" for e in s.ledger.entries)
 
 
 def test_a_model_off_the_list_gets_our_own_summary() -> None:

@@ -95,7 +95,11 @@ def _agent(model: str = OURS) -> Iterator[tuple[Agent, Emulator]]:
                                          # looks back: with the meter on, only the window would edit, issue 63)
                                          config=PolicyConfig(triggers=Triggers(hard=0.85),
                                                              levels=LevelSettings(lookback_coverage=0.0,
-                                                                                  keep_recent_tokens=20_000)),
+                                                                                  keep_recent_tokens=20_000,
+                                                                                  # the API writes where it may:
+                                                                                  # these test the call, not
+                                                                                  # the choice of writer
+                                                                                  api_summaries=True)),
                                          on_event=lambda e: agent.events.append((agent.turn, e)))
         yield agent, emu
 

@@ -67,7 +67,7 @@ def _agent(client: Any, msgs: list[dict[str, Any]], turns: int) -> list[dict[str
 def _stored_with_api_summary(root: Path, emu: Emulator) -> tuple[Path, list[dict[str, Any]]]:
     """A conversation through wrap() on a file store whose policy had the API write a summary."""
     client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
-                               store=root, window_tokens=60_000)
+                               store=root, window_tokens=60_000, strategy="cachecompact-api-summaries")
     msgs = _agent(client, [{"role": "user", "content": "Audit the project."}], 30)
     (s,) = cachecompact.wrapped_sessions(client)
     assert any(e.kind == "compaction" for e in s.ledger.entries)

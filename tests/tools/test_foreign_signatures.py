@@ -125,7 +125,7 @@ def test_a_resumed_session_goes_through_wrap_and_its_api_written_summary_is_not_
     model = "claude-opus-5-5"
     with Emulator(SummarizingResponder(_reader())) as emu:
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0), store=None,
-                                   window_tokens=60_000)
+                                   window_tokens=60_000, strategy="cachecompact-api-summaries")
         msgs = _recorded(8)
         for _ in range(30):
             r = _send(client, model, msgs)
