@@ -20,16 +20,60 @@ of responses that end the turn is (k + 1/2) / (n + 1). Nothing is fitted.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
 
 from ..base.shares import wilson_lower
 
-__all__ = ["LONG_TTL_S", "SHORT_TTL_S", "GapMeter", "wilson_lower"]
+__all__ = ["LONG_TTL_S", "SHORT_TTL_S", "Bounded", "GapMeter", "Gaps", "dec_hook", "enc_hook", "wilson_lower"]
 
 SHORT_TTL_S = 300.0
 LONG_TTL_S = 3600.0
-_KEEP = 200  # gaps of each kind remembered (the newest)
+
+T = TypeVar("T")
+
+
+# -- bounded windows, stored as JSON lists ---------------------------------------------------------
+# The meter keeps its newest gaps, and the compactor's state (`_compactor_state.CompactorState`) its
+# newest turns and calls, in deques with a maximum length. msgspec stores no deque, and a deque read
+# back by `msgspec.convert` would lose its bound: each bounded field gets a subclass that carries its
+# bound and its stored form, and `enc_hook`/`dec_hook` convert it, so those structures are converted
+# whole (never field by field by hand) and a stored window never grows past its bound.
+
+class Bounded(deque[T]):
+    """The newest `MAXLEN` items; stored as a list of `ITEMS` (a list type: ``list[int]``)."""
+
+    MAXLEN: ClassVar[int]
+    ITEMS: ClassVar[Any]
+
+    # ``maxlen`` is accepted and ignored so that `copy` and `pickle` (which pass it) rebuild one
+    def __init__(self, items: Iterable[T] = (), maxlen: int | None = None) -> None:
+        super().__init__(items, maxlen=self.MAXLEN)
+
+
+def enc_hook(obj: Any) -> Any:
+    """A deque as the list of its items (oldest first)."""
+    if isinstance(obj, deque):
+        return list(obj)
+    raise NotImplementedError(f"cannot store a {type(obj).__name__}")
+
+
+def dec_hook(tp: Any, obj: Any) -> Any:
+    """A `Bounded` from its stored list, each item converted and checked as ``tp.ITEMS`` says."""
+    if isinstance(tp, type) and issubclass(tp, Bounded):
+        return tp(msgspec.convert(obj, tp.ITEMS, strict=False))
+    raise NotImplementedError(f"cannot read a {tp!r}")
+
+
+
+class Gaps(Bounded[float]):
+    """The newest gaps of one kind, in seconds."""
+
+    MAXLEN: ClassVar[int] = 200
+    ITEMS: ClassVar[Any] = list[float]
 
 
 def _share(hits: int, n: int) -> float:
@@ -42,10 +86,11 @@ def _lower(hits: int, n: int) -> float:
 
 @dataclass
 class GapMeter:
-    """Gaps between a session's requests, by who spoke next."""
+    """Gaps between a session's requests, by who spoke next. Part of the compactor's stored state
+    (`_state.CompactorState.gaps`), converted with it."""
 
-    tool: deque[float] = field(default_factory=lambda: deque(maxlen=_KEEP))  # after a tool call
-    person: deque[float] = field(default_factory=lambda: deque(maxlen=_KEEP))  # after a turn ended
+    tool: Gaps = field(default_factory=Gaps)  # after a tool call
+    person: Gaps = field(default_factory=Gaps)  # after a turn ended
     turn_ends: int = 0  # responses that called no tool
     responses: int = 0
 
@@ -79,20 +124,3 @@ class GapMeter:
         q = _share(sum(1 for g in gaps if g > ttl_s), len(gaps))
         longer = [g for g in gaps if g > quiet_s]
         return (sum(1 for g in longer if g > ttl_s) + q) / (len(longer) + 1), len(longer)
-
-    def state(self) -> dict[str, Any]:
-        return {"tool": list(self.tool), "person": list(self.person), "turn_ends": self.turn_ends,
-                "responses": self.responses}
-
-    @classmethod
-    def from_state(cls, st: Any) -> GapMeter:
-        """The meter `state` recorded; an empty one for anything else (an older record)."""
-        m = cls()
-        if isinstance(st, dict):
-            try:
-                m.tool.extend(float(g) for g in st.get("tool", []))
-                m.person.extend(float(g) for g in st.get("person", []))
-                m.turn_ends, m.responses = int(st.get("turn_ends", 0)), int(st.get("responses", 0))
-            except (TypeError, ValueError):
-                return cls()
-        return m

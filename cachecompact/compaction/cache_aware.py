@@ -24,12 +24,12 @@ import logging
 import math
 import time
 import warnings
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
 from itertools import pairwise
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
+import msgspec
 import xxhash
 
 from ..base.errors import InvalidEditError, SummaryRejected, UnknownModelError
@@ -52,6 +52,7 @@ from ..history.scratchpad import READ_SCRATCHPAD_TOOL
 from ..history.session import Session
 from ..history.thinking import latest_tool_turn
 from ._api_summary import ApiRequest, OwnRequest, api_range_end, bound_call, usable
+from ._compactor_state import FIELDS, GROWTH_TURNS, CallLog, CompactorState, Growth, dump, load
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from ._lookback import LookbackMeter
 from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
@@ -104,14 +105,68 @@ log = logging.getLogger("cachecompact")
 # the most of the window an output reserve (max_tokens) makes L5 drop rounds for: a client that
 # reserves more lowers it on the API's own 400 (`CacheAwareCompactor._forced_limits`)
 OWN_RESERVE_SHARE = 0.25
-GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
+
+
+T = TypeVar("T")
+
+
+class Held(Generic[T]):
+    """An attribute of the compactor kept in its `CompactorState` (``_st``, stored with each
+    request record): the field of the same name, without the leading underscore. Checked when
+    the class is made, so a misspelt one fails at import."""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.field = name.lstrip("_")
+        if self.field not in FIELDS:
+            raise TypeError(f"{owner.__name__}.{name}: CompactorState has no field {self.field!r}")
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Held[T]: ...
+
+    @overload
+    def __get__(self, obj: CacheAwareCompactor, owner: type[Any]) -> T: ...
+
+    def __get__(self, obj: CacheAwareCompactor | None, owner: type[Any]) -> T | Held[T]:
+        if obj is None:
+            return self
+        value: T = getattr(obj._st, self.field)
+        return value
+
+    def __set__(self, obj: CacheAwareCompactor, value: T) -> None:
+        setattr(obj._st, self.field, value)
 
 
 class CacheAwareCompactor:
     """Cache-aware compaction for one session (the ``cachecompact`` strategy)."""
 
+    # the state a replica needs to decide alike, kept in `_st`, a `_state.CompactorState` that is
+    # stored with each request record (`state`, `load_state`); each of these is its field
+    steps = Held[int]()
+    last_compact_step = Held[int]()
+    failures = Held[int]()
+    tripped = Held[bool]()
+    last_request_at = Held[float | None]()
+    summary_cost = Held[float]()
+    gaps = Held[GapMeter]()
+    ttl = Held[TTL | None]()  # the cache TTL this turn's request is rendered with (its `Plan` carries both)
+    prefix_ttl = Held[TTL | None]()
+    _seen = Held[int]()
+    _pending = Held[str | None]()
+    _growth = Held[Growth]()
+    _calls = Held[dict[str, CallLog]]()
+    _last_tokens = Held[int | None]()
+    _deferred_old = Held[int | None]()
+    _learnt = Held[int | None]()
+    _short_said = Held[int]()
+    _unshown_said = Held[bool]()
+    _first = Held[bool]()
+    _sent = Held[tuple[int, float] | None]()
+    _thought = Held[dict[int, int]]()
+    _idle_at = Held[float | None]()
+    _api_refused = Held[bool]()
+    _turn_reserve = Held[tuple[int, int]]()
 
     def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
         self.ctx = ctx
@@ -125,59 +180,30 @@ class CacheAwareCompactor:
         # reference to the same text, a loop
         lv = self.cfg.levels
         self._l2_exempt = lv.exempt_tools | lv.write_tools | {READ_SCRATCHPAD_TOOL["name"]}
-        self.steps = 0
-        self.last_compact_step = 0
-        self.failures = 0
-        self.tripped = False
-        self.last_request_at: float | None = None
-        self._seen = 0
-        self._pending: str | None = None
-        self.summary_cost = 0.0
-        self._calls: dict[bytes, deque[tuple[float, bytes]]] = {}
-        self._growth: deque[int] = deque(maxlen=GROWTH_TURNS)  # tokens each recent turn added
+        # the cache TTL: chosen each turn from the session's gaps, unless the configuration fixes it
+        fixed: TTL | None = "1h" if self.cfg.economics.ttl == "1h" else None  # None: the API's default, 5 minutes
+        self._st = CompactorState(first=True, ttl=fixed, prefix_ttl=fixed)
         # `_loop_ahead`'s reading of the transcript, extended by the messages appended since (it is
         # append-only): messages read, whether an assistant turn among them thinks, the person's turns,
         # and the number of assistant turns before each index
         self._scan: tuple[int, bool, list[int], list[int]] = (0, False, [], [0])
-        self._last_tokens: int | None = None  # the request size after the previous turn's compaction
-        self._deferred_old: int | None = None  # old tool output when the last economic proposal was deferred
         self._lookback = LookbackMeter(self.cfg.levels.min_clear_tokens)
-        self._learnt: int | None = None  # the learnt recent budget last reported (raw tokens; None: configured)
         self._learnt_now: int | None = None  # the one this turn's limits use
         self._coverage_now = self.cfg.levels.lookback_coverage  # the share of look-backs it covers (raised on misses)
-        # the reach the look-backs ask for when the window cannot hold it (prefix, reach, one turn, the limits), and
-        # the reach last said so (`_note_window_too_small`)
+        # the reach the look-backs ask for when the window cannot hold it (prefix, reach, one turn, the limits;
+        # `_note_window_too_small`)
         self._short: tuple[int, int, int, Limits] | None = None
-        self._short_said = 0
-        self._unshown_said = False  # the deferral before any look-back was said (once a session)
-        # the cache TTL: what this turn's request is rendered with (its `Plan` carries both), and
-        # the gaps it is chosen from
-        fixed = self.cfg.economics.ttl
-        self.ttl: TTL | None = "1h" if fixed == "1h" else None  # None: the API's default, 5 minutes
-        self.prefix_ttl: TTL | None = self.ttl
-        self.gaps = GapMeter()
-        self._first = True  # the session's first request: a compaction of it is said out loud, once
-        self._sent: tuple[int, float] | None = None  # the last request's tokens and its entries' TTL (s)
-        # preserved thinking: the output tokens of each turn of the task under way (since the latest
-        # person's message), by transcript index: what an edit before them throws away
-        self._thought: dict[int, int] = {}
         self._producing: int | None = None  # the transcript index the pending response will take
         self._now: float | None = None  # the time of the decision under way (summaries are asked at it)
         # idle compaction (`compaction.idle`): the summary made while the session was quiet, whose edits
-        # the next request appends, and the request time of the quiet period it was made in
+        # the next request appends
         self._idle: tuple[Proposal, list[SkipRange | ReplaceWithSummary], str] | None = None
-        self._idle_at: float | None = None
-        # API-written summaries (`compaction._api_summary`): the one asked for and not yet swapped in, and
-        # whether the API refused them for this session (our own summaries from then on)
+        # API-written summaries (`compaction._api_summary`): the one asked for and not yet swapped in
         self._api_req: ApiRequest | None = None
-        self._api_refused = False
         # our own L3/L4 summary whose call runs in the background (`_api_summary.OwnRequest`), not landed yet
         self._own_req: OwnRequest | None = None
         self._wait_at = 0  # this turn's prompt size from which a request waits for a summary call
         self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
-        # (history length, largest max_tokens asked at it): a retry of the same turn is planned
-        # with the turn's first reserve (`_decide`)
-        self._turn_reserve: tuple[int, int] = (-1, 0)
 
     @property
     def session(self) -> Draft:
@@ -222,47 +248,25 @@ class CacheAwareCompactor:
     # -- state that travels with the session (replicas sharing a store) ------------------------
 
     def state(self) -> dict[str, Any]:
-        """Everything the next decision depends on besides the session itself, as JSON. Stored
-        with each request record, so a replica that picks the session up next decides exactly
-        as this one would have."""
-        recent = self.last_request_at
-        return {"steps": self.steps, "last_compact_step": self.last_compact_step, "failures": self.failures,
-                "tripped": self.tripped, "last_request_at": self.last_request_at, "seen": self._seen,
-                "pending": self._pending, "summary_cost": self.summary_cost, "growth": list(self._growth),
-                "last_tokens": self._last_tokens, "deferred_old": self._deferred_old,
-                "learnt": self._learnt,
-                "calibration": self.draft.counter.calibration, "gaps": self.gaps.state(),
-                "sent": list(self._sent) if self._sent is not None else None,
-                "thought": {str(k): v for k, v in self._thought.items()}, "idle_at": self._idle_at,
-                "calls": {k.hex(): [[t, h.hex()] for t, h in v] for k, v in self._calls.items()
-                          if v and (recent is None or recent - v[-1][0] <= REPEAT_WINDOW_S)}}
+        """Everything the next decision depends on besides the session itself, as JSON (the
+        `_state.CompactorState`, converted whole). Stored with each request record, so a replica
+        that picks the session up next decides exactly as this one would have."""
+        return dump(msgspec.structs.replace(self._st, calibration=self.draft.counter.calibration))
 
     def load_state(self, st: dict[str, Any]) -> None:
-        """Continue from `state` recorded by another process (unknown or bad fields are ignored)."""
-        try:
-            self.steps, self.last_compact_step = int(st["steps"]), int(st["last_compact_step"])
-            self.failures, self.tripped = int(st["failures"]), bool(st["tripped"])
-            self.last_request_at = st["last_request_at"]
-            self._seen = min(int(st["seen"]), len(self.draft.transcript))
-            self._pending, self.summary_cost = st["pending"], float(st["summary_cost"])
-            self._growth = deque((int(x) for x in st["growth"]), maxlen=GROWTH_TURNS)
-            self._last_tokens, self._deferred_old = st["last_tokens"], st["deferred_old"]
-            learnt = st.get("learnt")
-            self._learnt = int(learnt) if isinstance(learnt, int) else None
-            self.gaps = GapMeter.from_state(st.get("gaps"))
-            self._first = False
-            sent = st.get("sent")
-            self._sent = (int(sent[0]), float(sent[1])) if isinstance(sent, list) and len(sent) == 2 else None
-            thought = st.get("thought")
-            self._thought = {int(k): int(v) for k, v in thought.items()} if isinstance(thought, dict) else {}
-            idle_at = st.get("idle_at")
-            self._idle_at = float(idle_at) if isinstance(idle_at, (int, float)) else None
-            self._idle = None  # made for a session another process has moved on
-            self.draft.counter.calibration = float(st["calibration"])
-            self._calls = {bytes.fromhex(k): deque(((float(t), bytes.fromhex(h)) for t, h in v), maxlen=16)
-                           for k, v in st["calls"].items()}
-        except (KeyError, TypeError, ValueError) as err:
-            log.warning("cachecompact: ignoring a stored compactor state: %s", err)
+        """Continue from `state` recorded by another process, or by 0.3's mapping (a field it did
+        not write keeps its default; unknown fields are ignored; a bad one keeps its default and
+        is logged)."""
+        loaded = load(st)
+        if loaded is None:
+            return
+        loaded.seen = min(loaded.seen, len(self.draft.transcript))
+        if self.cfg.economics.ttl != "auto":  # this process's configuration fixes the TTL
+            loaded.ttl, loaded.prefix_ttl = self._st.ttl, self._st.prefix_ttl
+        if loaded.calibration is not None:
+            self.draft.counter.calibration = loaded.calibration
+        self._st = loaded
+        self._idle = None  # made for a session another process has moved on
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -290,17 +294,18 @@ class CacheAwareCompactor:
         `REPEAT_WINDOW_S` is a warning: re-running a test command is routine, getting the same
         answer again and again is not."""
         t = self.draft.transcript
-        if len(self._calls) > 64:  # forget calls older than the window: the map stays small
-            self._calls = {k: v for k, v in self._calls.items() if v and now - v[-1][0] <= REPEAT_WINDOW_S}
+        # forget calls whose newest result is older than the window: they count toward nothing, and the map,
+        # stored with each request record, stays as small as the window
+        self._calls = {k: v for k, v in self._calls.items() if v and now - v[-1][0] <= REPEAT_WINDOW_S}
         calls = {b.id: b for b in content_blocks(t[i - 1]) if isinstance(b, ToolUseBlock)}
         for b in content_blocks(t[i]):
             if not isinstance(b, ToolResultBlock) or b.tool_use_id not in calls:
                 continue
             use = calls[b.tool_use_id]
-            key = call_key(use)
+            key = call_key(use).hex()
             # a result may have no content at all (the field is optional in the API)
-            result = xxhash.xxh3_128_digest(canonical_bytes(b.content if isinstance(b.content, (str, list)) else ""))
-            seen = self._calls.setdefault(key, deque(maxlen=16))
+            result = xxhash.xxh3_128_hexdigest(canonical_bytes(b.content if isinstance(b.content, (str, list)) else ""))
+            seen = self._calls.setdefault(key, CallLog())
             while seen and now - seen[0][0] > REPEAT_WINDOW_S:
                 seen.popleft()
             seen.append((now, result))
