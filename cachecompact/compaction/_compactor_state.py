@@ -10,9 +10,9 @@ being too small a second time, planned a retried turn for the lowered reserve, a
 limits for the 5-minute TTL while the session's was an hour. Here the compactor keeps those
 attributes in a `CompactorState` (each is a `cache_aware.Held` attribute reading its field),
 `msgspec.to_builtins` stores it and `msgspec.convert` reads it back: a field added here travels
-with the session, with no mapping to forget. Every field has a default, which is what a stored state that lacks the field means (a
-state written before the field existed), so old records still load; the key names are the
-stored format's, unchanged from 0.3's mapping.
+with the session, with no mapping to forget. Every field has a default, which is what a
+stored state that lacks the field means (a state written before the field existed), so old
+records still load; the key names are the stored format's, unchanged from 0.3's mapping.
 
 Every attribute of the compactor that changes after ``__init__``, and where its value comes from
 when a replica picks the session up:

@@ -194,8 +194,9 @@ class _ApiRefuses(ExtractiveSummarizer):
 def test_replicas_decide_alike_after_the_api_refused_its_summaries(tmp_path: Path) -> None:
     """The refusal is session state (`_api_refused`): a replica that forgot it asked the API again
     on its next summary, failed again, and counted it toward the breaker."""
-    events = replicated(tmp_path, _one_per_turn(_agent(turns=80, gap=4)), cfg(24_000, background_summaries=False),
-                        summarizer=_ApiRefuses)
+    # the API asked wherever it may (the writer not chosen by price): this tests the refusal's state
+    events = replicated(tmp_path, _one_per_turn(_agent(turns=80, gap=4)),
+                        cfg(24_000, background_summaries=False, api_summaries=True), summarizer=_ApiRefuses)
     refused = [e for e in events if e.kind == "failure" and "not supported" in e.reason]
     assert len(refused) == 1, [(e.kind, e.level, e.reason[:80]) for e in events]
     assert [e for e in events if e.kind == "compaction" and e.level in ("L3", "L4")], _kinds(events)
