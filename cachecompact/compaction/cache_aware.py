@@ -921,15 +921,16 @@ class CacheAwareCompactor:
         through message ``end`` (at the cache-read price when warm: it shares the request's
         cache; written when cold) and writes the summary at that model's output price; ours
         costs what our summarizer estimates for the range (`PricedSummarizer.estimate_usd`: a
-        small model reading the range, or the conversation's cached prefix), plus reading the
-        first messages it keeps verbatim (the API's block stands for them) on each turn the
-        session is expected to last (the economics' remaining turns), plus the reasoning it
+        small model reading the range, or the conversation's cached prefix) plus the reasoning it
         throws away (the thinking of the task under way after the edit, `_reasoning_lost`, priced
         as output: the API's keeps that valid). The API's is chosen when it costs less. Without
         thinking to keep there is nothing to buy with it: a cell of the retention grid spent
         $3.34 of $8.11 on API summaries where ours cost $0.02-0.08 a run. None when ours cannot
         be priced (a summarizer without an estimate): the API's, as before. The thinking the
-        compaction call itself may spend is not counted (it is the caller's setting)."""
+        compaction call itself may spend is not counted (it is the caller's setting), nor reading
+        the first messages ours keeps verbatim where the API's block stands for them: counted (as
+        read on each remaining turn) it moved thinking cells of the retention grid to the API's
+        and their cost from -11.9% to -7.7% of always-API, and changed no cell without thinking."""
         if self.cfg.levels.api_summaries != "priced" or p.summarize is None or p.break_at is None \
                 or not isinstance(self.summarizer, PricedSummarizer):
             return None
@@ -941,12 +942,6 @@ class CacheAwareCompactor:
         req = summary_request(self.draft, start, stop, body=body if self._wants_body() else None,
                               cache_warm=not cold, at=self._now)
         ours = self.summarizer.estimate_usd(req)
-        # ours leaves the first messages (the immutable prefix's) verbatim where the API's block stands
-        # for them: read again on every turn until the session ends (the economics' remaining turns)
-        e = self.cfg.economics
-        turns = max(e.min_remaining_turns, min(e.max_remaining_turns, self.steps))
-        kept = ctr.calibrated(view.tokens_between(0, start - 1)) if start > 0 else 0
-        ours += kept * price.read * turns / 1e6
         reasoning = self._reasoning_lost(p.break_at)
         lost = reasoning * price.output / 1e6
         return {"api_usd": round(api, 6), "ours_usd": round(ours, 6), "reasoning_lost_usd": round(lost, 6),
