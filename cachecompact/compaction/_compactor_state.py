@@ -41,6 +41,7 @@ _idle_at                               persisted: the quiet period already summa
 _calls                                 persisted: the calls of the last 30 s (repeated calls)
 _api_refused                           persisted: the API refused its summaries for the session
 _turn_reserve                          persisted: a retried turn keeps its first reserve
+_estimate_errors                       persisted: the estimate's recent errors (the margin)
 draft.counter.calibration              persisted (``calibration``; the counter holds it)
 _lookback                              derived: the look-back meter reads the transcript and
                                        the ledger from the start (`_lookback`)
@@ -64,12 +65,13 @@ import msgspec
 from ..base.values import TTL
 from ._gaps import Bounded, GapMeter, dec_hook, enc_hook
 
-__all__ = ["FIELDS", "GROWTH_TURNS", "CallLog", "CompactorState", "Growth", "dump", "load"]
+__all__ = ["FIELDS", "GROWTH_TURNS", "CallLog", "CompactorState", "EstimateErrors", "Growth", "dump", "load"]
 
 log = logging.getLogger("cachecompact")
 
 GROWTH_TURNS = 20  # the critical threshold leaves room for the median growth of this many recent turns
 CALLS_KEPT = 16  # the newest results kept per call (repeated calls)
+ESTIMATE_ERRORS = 20  # answered requests whose estimate error sets the session's margin
 
 
 class Growth(Bounded[int]):
@@ -84,6 +86,14 @@ class CallLog(Bounded[tuple[float, str]]):
 
     MAXLEN: ClassVar[int] = CALLS_KEPT
     ITEMS: ClassVar[Any] = list[tuple[float, str]]
+
+
+class EstimateErrors(Bounded[float]):
+    """The relative error of the calibrated estimate of each of the newest `ESTIMATE_ERRORS`
+    answered requests (|API's count - ours| / API's count): the session's own estimate margin."""
+
+    MAXLEN: ClassVar[int] = ESTIMATE_ERRORS
+    ITEMS: ClassVar[Any] = list[float]
 
 
 class CompactorState(msgspec.Struct):
@@ -117,6 +127,8 @@ class CompactorState(msgspec.Struct):
     first: bool = False  # no request of the session has been decided yet (a compaction of it is said, once)
     unshown_said: bool = False  # the deferral before any look-back was said (once a session)
     short_said: int = 0  # the reach `window_too_small` last said (0: never)
+    # the estimate's relative error on the newest answered requests (the margin, `_margin`)
+    estimate_errors: EstimateErrors = msgspec.field(default_factory=EstimateErrors)
 
 
 FIELDS = frozenset(CompactorState.__struct_fields__)

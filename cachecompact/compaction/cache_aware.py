@@ -52,7 +52,7 @@ from ..history.scratchpad import READ_SCRATCHPAD_TOOL
 from ..history.session import Session
 from ..history.thinking import latest_tool_turn
 from ._api_summary import ApiRequest, OwnRequest, api_range_end, bound_call, usable
-from ._compactor_state import FIELDS, GROWTH_TURNS, CallLog, CompactorState, Growth, dump, load
+from ._compactor_state import FIELDS, GROWTH_TURNS, CallLog, CompactorState, EstimateErrors, Growth, dump, load
 from ._gaps import LONG_TTL_S, SHORT_TTL_S, GapMeter
 from ._lookback import LookbackMeter
 from ._restore import RESTORE_LEVEL, RESTORE_REASON, restore_edits
@@ -105,6 +105,9 @@ log = logging.getLogger("cachecompact")
 # the most of the window an output reserve (max_tokens) makes L5 drop rounds for: a client that
 # reserves more lowers it on the API's own 400 (`CacheAwareCompactor._forced_limits`)
 OWN_RESERVE_SHARE = 0.25
+MARGIN_EVIDENCE = 5  # answered requests before the estimate margin is the session's own (`_margin`)
+MIN_MARGIN = 0.01  # the least share of the window kept free for estimate error
+MAX_MARGIN = 0.25  # the most (a session whose estimates miss by more keeps a quarter free)
 REPEAT_WINDOW_S = 30.0  # the first seed's rule: more than REPEAT_CALLS identical calls with identical
 REPEAT_CALLS = 2  # results within this many seconds means the model lost something it needed
 
@@ -167,6 +170,7 @@ class CacheAwareCompactor:
     _idle_at = Held[float | None]()
     _api_refused = Held[bool]()
     _turn_reserve = Held[tuple[int, int]]()
+    _estimate_errors = Held[EstimateErrors]()
 
     def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
         self.ctx = ctx
@@ -335,16 +339,32 @@ class CacheAwareCompactor:
         window = self.ctx.window_tokens  # the one window the engine resolved (EngineOptions.window), or the bench's
         price = priced(model, self.ctx.prices)
         ratio = price.write_over_read(self.ttl or "5m")  # the model's own prices, for the TTL in force
-        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio)
+        margin = self._margin()
+        lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio, estimate_error=margin)
         cap = int(OWN_RESERVE_SHARE * lim.window)
         if not as_asked and max_tokens > cap:
             # what the window leaves beside the reserve itself (not `policy.limits`' floor of a
             # quarter of the window, which a reserve of most of the window never leaves)
-            raw = lim.window - int(self.cfg.safety.estimate_error * lim.window) - max_tokens
+            raw = lim.window - int(margin * lim.window) - max_tokens
             below = lim.limit - lim.critical  # the headroom critical keeps below the limit
             if reach_cap(raw - below, prefix, self.cfg.levels.summary_tokens, max(growth, lim.limit // 100)) <= 0:
-                lim = limits(self.cfg, window, cap, prefix, growth, write_over_read=ratio)
+                lim = limits(self.cfg, window, cap, prefix, growth, write_over_read=ratio, estimate_error=margin)
         return lim, prefix, growth, ratio
+
+    def _margin(self) -> float:
+        """The share of the window kept free for the token estimate's error (issue 63: "the
+        safety margin follows this session's measured estimate error, not a fixed 5%"): the
+        configured one (`Safety.estimate_error`) until `MARGIN_EVIDENCE` answered requests have
+        shown the session's own error, then twice the largest relative error of the newest of
+        them (the calibrated estimate against the API's count), at least `MIN_MARGIN` and at
+        most `MAX_MARGIN`. At 1M the configured 5% kept 50,000 tokens free that a session
+        estimated within 1% never needed; a session whose estimates miss by more (images,
+        another tokenizer) gets more than 5%. A request that still comes out too long gets the
+        API's prompt-too-long 400, which the reactive path compacts and retries."""
+        errors = self._estimate_errors
+        if len(errors) < MARGIN_EVIDENCE:
+            return self.cfg.safety.estimate_error
+        return min(MAX_MARGIN, max(MIN_MARGIN, 2 * max(errors)))
 
     def _limits(self, max_tokens: int, model: str) -> Limits:
         s = self.draft
@@ -369,7 +389,7 @@ class CacheAwareCompactor:
         if learnt is None:
             return lim
         return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
-                      write_over_read=ratio)
+                      write_over_read=ratio, estimate_error=lim.estimate_error)
 
     def _note_window_too_small(self, report: Plan) -> None:
         """An event when the reach the agent's look-backs ask for does not fit the window beside
@@ -1612,6 +1632,8 @@ class CacheAwareCompactor:
             total = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
                                                           "cache_read_input_tokens"))
             est = self.draft.render(breakpoints=False).raw_tokens
+            if est > 0 and total > 0:  # how far off the estimate this request was planned with was
+                self._estimate_errors.append(abs(total - self.draft.counter.calibrated(est)) / total)
             self.draft.counter.observe(est, total)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:

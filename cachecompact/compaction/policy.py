@@ -231,14 +231,17 @@ class Limits:
 
 
 def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int = 0, growth: int = 0,
-           recent_tokens: int | None = None, write_over_read: float = DEFAULT_WRITE_OVER_READ) -> Limits:
+           recent_tokens: int | None = None, write_over_read: float = DEFAULT_WRITE_OVER_READ,
+           estimate_error: float | None = None) -> Limits:
     """Token thresholds for a request with this window and ``max_tokens`` (the output must fit too);
     ``prefix_tokens`` is what the immutable prefix takes, which no compaction can free,
     ``growth`` the most one turn has added lately, and ``recent_tokens`` the recent budget learnt
     from the agent's look-backs (`cachecompact.compaction._lookback`; None: the configured one),
     which every level keeps verbatim. ``write_over_read`` is the model's cache-write price over
-    its cache-read price, which places ``hard``."""
-    reserve = int(cfg.safety.estimate_error * window) + max(0, max_tokens)
+    its cache-read price, which places ``hard``. ``estimate_error`` is the share of the window kept
+    free for the token estimate's error (None: the configured one, `Safety.estimate_error`)."""
+    margin = cfg.safety.estimate_error if estimate_error is None else estimate_error
+    reserve = int(margin * window) + max(0, max_tokens)
     limit = max(window // 4, window - reserve)  # a max_tokens near the window leaves a quarter for input
     t, lv = cfg.triggers, cfg.levels
     soft = int(t.soft * limit)
@@ -280,7 +283,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
                                  int(lv.big_result_share * min(configured, int(lv.collapse_keep_share * window)))),
                   room=room,
                   old_result=lv.old_result_tokens, min_batch=min_batch,
-                  max_tokens=max_tokens, estimate_error=cfg.safety.estimate_error)
+                  max_tokens=max_tokens, estimate_error=margin)
 
 
 def reach_cap(critical: int, prefix: int, summary: int, turn: int) -> int:

@@ -770,3 +770,33 @@ def test_each_edit_says_what_weighed_it(tmp_path: Path) -> None:
         assert (d["net_usd"] > 0) == (e.kind == "compaction")
     done = [e for e in weighed if e.kind == "compaction"]
     assert done and all("pays: saving $" in (e.reason or "") and "tokens verbatim" in (e.reason or "") for e in done)
+
+
+@pytest.mark.parametrize(("noise", "expected"), [(0.0, 0.01), (0.04, 0.08)])
+def test_the_estimate_margin_is_the_sessions_own(noise: float, expected: float) -> None:
+    """Issue 63: the share of the window kept free for the token estimate's error follows this
+    session's measured error, not a fixed 5%. Until five requests are answered it is the
+    configured 5%; then twice the largest relative error of the newest ones, from 1% (an
+    estimate the API's counts confirm: at 1M, 40,000 tokens more before compacting) to a quarter
+    of the window (an estimate that misses by more than 2.5% gets more than 5%)."""
+    from cachecompact.compaction import cache_aware
+
+    s = Session.create(None, prefix_messages=3)
+    c = CacheAwareCompactor.for_session(s, cfg(1_000_000))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    lims = []
+    for k in range(8):
+        msgs = msgs + tool_turn(k, "read_file", f"line {k} " * 300)
+        s.sync(msgs)
+        c.before_request(10.0 * k, MODEL, 1000)
+        lims.append(c._limits(1000, MODEL))
+        s.commit()
+        est = s.render(breakpoints=False).raw_tokens
+        truth = round(c.draft.counter.calibrated(est) * (1 + (noise if k % 2 else -noise)))
+        c.after_response(10.0 * k, {"input_tokens": truth, "output_tokens": 10})
+    assert lims[0].estimate_error == 0.05 and lims[cache_aware.MARGIN_EVIDENCE - 1].estimate_error == 0.05
+    assert abs(c._margin() - expected) < 0.006, c._margin()
+    late = c._limits(1000, MODEL)
+    assert abs(late.estimate_error - expected) < 0.006
+    if expected < 0.05:  # the critical threshold moves up by what the margin no longer holds back
+        assert late.critical - lims[0].critical >= int((0.05 - expected) * 1_000_000) * 0.9
