@@ -118,7 +118,11 @@ def _run(mode: str, model: str, store: Path | None = None, api: bool = True, max
     hooks: dict[str, Any] = {"on_event": events.append} if events is not None else {}
     with Emulator(SummarizingResponder(_model()), **({} if window == WINDOW else {"context_window": window})) as emu:
         if mode == "proxy":
-            with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW)) as px:
+            # the API writes every summary it may, as `config` has wrap() do (the writer priced is
+            # tests/compaction/test_api_summary_policy.py's)
+            writer = "cachecompact-api-summaries" if api else "cachecompact-own-summaries"
+            with Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
+                                   strategy=writer)) as px:
                 _sync(anthropic.Anthropic(base_url=px.url, api_key="k", max_retries=0), model, stream=False)
                 px.wait_idle()
                 engine = px.state.engine
