@@ -456,13 +456,18 @@ class SessionRegistry:
         parent = self._live.get(d.target) if d.target is not None else None
         if parent is not None and d.kind == "segment":
             live.forensics = parent.forensics.fork()  # compared with the request before it
-        live.lock.acquire()  # nobody else knows it yet: uncontended, and held for the caller (`held`)
+        return self._adopt(live, body, req, d)
+
+    def _adopt(self, live: Live, body: dict[str, Any], req: RequestHistory, d: Decision) -> Resolved:
+        """A session just made, synced with the request's history before anyone else can see
+        it, and remembered; returned with its lock held for the caller (`held`)."""
+        live.lock.acquire()  # nobody else knows it yet: uncontended
         try:
             new = live.session.sync(body["messages"], identities=req.ids)
         except BaseException:
             live.lock.release()
             raise
-        self._remember(sid, live)
+        self._remember(live.sid, live)
         return Resolved(live, new, d)
 
     def _take_over(self, base: str, named: bool, req: RequestHistory, d: Decision, body: dict[str, Any]) -> Resolved:
@@ -482,9 +487,11 @@ class SessionRegistry:
             sid, link, replaced = old.sid, old.session.link, len(old.session)
             kept: list[dict[str, Any]] = []
             if self.store is not None:
-                with contextlib.suppress(StoreError, OSError):
+                try:
                     kept = [e for e in self.store.open(sid).read_events() if e.get("kind") == "observation"]
                     self.store.delete(sid)  # the attempt never reached the model: nothing stored of it is a record
+                except (StoreError, OSError):  # left as it is: the request is decided without it
+                    return self._start(base, named, req, self._without(base, named, req), body)
             del self._live[sid]
         finally:
             old.lock.release()
@@ -494,14 +501,7 @@ class SessionRegistry:
         live.session.log_event({"kind": "retried", "time": time.time(), "reason": d.reason,
                                 "detail": {"replaced_messages": replaced, "unanswered": old.unanswered,
                                            "common_messages": d.at}})
-        live.lock.acquire()
-        try:
-            new = live.session.sync(body["messages"], identities=req.ids)
-        except BaseException:
-            live.lock.release()
-            raise
-        self._remember(sid, live)
-        return Resolved(live, new, d)
+        return self._adopt(live, body, req, d)
 
     def _without(self, base: str, named: bool, req: RequestHistory) -> Decision:
         """The decision for ``req`` with no session taken over (the one it retries is in use, or
