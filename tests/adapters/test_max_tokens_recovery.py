@@ -175,18 +175,25 @@ def test_a_mistyped_model_gets_the_nearest_ids_from_the_compact_proxy(mode: str)
     assert errors == 1  # still counted as the error it is
 
 
+def _through_compact_mode(turns: int) -> tuple[int, list[str], list[Any]]:
+    """The recovering client through the compact proxy at `WINDOW`, ``turns`` turns: its
+    recoveries, its other 400s, and the engine's events."""
+    events: list[Any] = []
+    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
+            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
+                              engine_options=EngineOptions(on_event=events.append))) as px:
+        recovered, others = _recovering_client(px.url, turns, "Run the steps. " + "Context line.\n" * 1_500)
+        px.wait_idle()
+    return recovered, others, events
+
+
 def test_a_large_output_reserve_does_not_make_the_proxy_drop_rounds() -> None:
     """Issue 62: at a 40k window a client reserving 32,000 of output left the policy 10,000 tokens
     of input, and every turn dropped every round it could (L5), on the first try and again on the
     API's 400, though the client lowers max_tokens on that 400 and the prompt fit. L5 now drops
     rounds only for the window itself (with at most a quarter of it kept for the reply), and the
     reactive path leaves such a 400 to the client."""
-    events: list[Any] = []
-    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
-            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
-                              engine_options=EngineOptions(on_event=events.append))) as px:
-        recovered, others = _recovering_client(px.url, 12, "Run the steps. " + "Context line.\n" * 1_500)
-        px.wait_idle()
+    recovered, others, events = _through_compact_mode(12)
     assert others == [] and recovered >= 12
     dropped = [e for e in events if e.kind == "compaction" and e.level == "L5"]
     assert dropped == [], [(e.tokens_before, e.tokens_after, e.reason[:80]) for e in dropped]
@@ -199,12 +206,7 @@ def test_a_client_lowering_max_tokens_each_turn_is_not_compacted_each_turn() -> 
     had to hide a little more: one old tool result cleared on 25 of 30 turns, a cache re-write
     each time. The turn is planned with the largest reserve it asked (here 128,000, which the
     window cannot hold, so the quarter L5 works to), and a few collapses suffice."""
-    events: list[Any] = []
-    with Emulator(SummarizingResponder(ScriptedResponder(_bash)), context_window=WINDOW) as emu, \
-            Proxy(ProxyConfig(upstream=emu.url, port=0, mode="compact", window_tokens=WINDOW,
-                              engine_options=EngineOptions(on_event=events.append))) as px:
-        recovered, others = _recovering_client(px.url, 30, "Run the steps. " + "Context line.\n" * 1_500)
-        px.wait_idle()
+    recovered, others, events = _through_compact_mode(30)
     assert others == [] and recovered >= 30
     done = [e for e in events if e.kind == "compaction"]
     assert 1 <= len(done) <= 5, [(e.level, e.tokens_before, e.tokens_after) for e in done]
