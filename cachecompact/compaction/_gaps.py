@@ -58,6 +58,9 @@ def enc_hook(obj: Any) -> Any:
     """A deque as the list of its items (oldest first)."""
     if isinstance(obj, deque):
         return list(obj)
+    # msgspec's contract for a hook given a type it does not handle, not a stub: "raise
+    # NotImplementedError(f'Objects of type {type(obj)} are not supported')"
+    # (https://jcristharif.com/msgspec/extending.html, "Mapping to/from native types")
     raise NotImplementedError(f"cannot store a {type(obj).__name__}")
 
 
@@ -65,6 +68,8 @@ def dec_hook(tp: Any, obj: Any) -> Any:
     """A `Bounded` from its stored list, each item converted and checked as ``tp.ITEMS`` says."""
     if isinstance(tp, type) and issubclass(tp, Bounded):
         return tp(msgspec.convert(obj, tp.ITEMS, strict=False))
+    # as `enc_hook`: the documented answer for a type this hook does not convert (only `Bounded`
+    # fields reach it; any other is a field type added without its conversion)
     raise NotImplementedError(f"cannot read a {tp!r}")
 
 
