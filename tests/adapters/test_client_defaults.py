@@ -127,15 +127,16 @@ def _asks_for_a_summary(body: dict[str, Any]) -> bool:
 # -- the clients ------------------------------------------------------------------------------------------
 
 
-def _claude_code(url: str, tmp: Path, k: int) -> tuple[str, str]:
-    """``claude -p`` (``-c -p`` after the first): its answer, and its error text if any."""
+def _claude_code(url: str, tmp: Path, k: int, model: str | None = MODEL) -> tuple[str, str]:
+    """``claude -p`` (``-c -p`` after the first): its answer, and its error text if any; with
+    ``model`` None, on the model the CLI picks itself (Opus, with its 128,000 of output)."""
     env = {**os.environ, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-claude-code-test",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CONFIG_DIR": str(tmp / "cfg")}
     for var in ("ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "CLAUDE_CODE_MAX_RETRIES"):
         env.pop(var, None)
     # the model named: left to itself this CLI asks for "claude-opus-4-8[1m]" (test_clients.py)
     args = [str(BIN["claude-code"]), *(["-c"] if k else []), "-p", f"prompt {k} please", "--allowedTools", "Bash",
-            "--model", MODEL, "--output-format", "json"]
+            *(["--model", model] if model else []), "--output-format", "json"]
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                        cwd=tmp / "work")
     try:
@@ -192,7 +193,11 @@ def _opencode(url: str, tmp: Path, k: int) -> tuple[str, str]:
     return (texts[-1].strip() if texts else ""), ""
 
 
-RUN = {"claude-code": _claude_code, "opencode": _opencode}
+def _claude_code_own_model(url: str, tmp: Path, k: int) -> tuple[str, str]:
+    return _claude_code(url, tmp, k, model=None)
+
+
+RUN = {"claude-code": _claude_code, "opencode": _opencode, "claude-code-own-model": _claude_code_own_model}
 
 # window -> (prompts, shell calls a prompt, lines a call): enough output to fill the small window
 # and the middle one more than once (a call adds about 6,400 tokens with Claude Code); the model's
@@ -281,3 +286,19 @@ def test_a_client_at_its_defaults_gets_every_prompt_answered(tmp_path: Path, cli
     # each prompt answered as its own: before issue 62's fix, compact mode answered "done 0" to later
     # prompts at 40k and "LOST" at 100k (Claude Code), "done 0, done 0, done 2" (opencode at 100k)
     assert out.answers == [f"done {k}" for k in range(len(out.answers))], str(out)
+
+
+@pytest.mark.parametrize("window", ["small", "middle"])
+def test_claude_code_on_its_own_model_gets_every_prompt_answered_in_compact_mode(tmp_path: Path,
+                                                                               window: str) -> None:
+    """Claude Code as most users run it: no ``--model``, so the model it picks (Opus) with its own
+    output reserve, 128,000 tokens, more than the window itself. The API's 400 ("input length and
+    `max_tokens` exceed context limit") reaches it, it lowers max_tokens, and every prompt is
+    answered as its own through compact mode, with no refusal of the proxy's own."""
+    if not BIN["claude-code"].exists():
+        pytest.skip(f"claude-code is not installed at {BIN['claude-code']} (.ci/run installs it)")
+    out = _converse("claude-code-own-model", "compact", window, tmp_path)
+    print(f"claude-code own model compact {window}: {out}")
+    assert out.refused == 0 and not any(out.errors), str(out)
+    assert out.max_tokens >= 128_000, str(out)  # the CLI's own default reserve, as users run it
+    assert out.answers == [f"done {k}" for k in range(WORK[window][0])], str(out)
