@@ -78,6 +78,9 @@ def test_a_retried_rewrite_is_one_session_with_its_failed_attempt(tmp_path: Path
         assert send([*first, reply, _user("go on")]) == 200
         # the client's own compaction, sent with a reserve the window cannot hold: the API's 400
         assert send([task, _said("summary, first try"), _user("go on")], max_tokens=WINDOW) == 400
+        if mode == "compact":  # stored before the client has the error: the retry that takes it over keeps it
+            stored = open_store(str(tmp_path / "s")).open("job.s2").read_events()
+            assert [e["status"] for e in stored if e["kind"] == "observation"] == [400], stored
         # ... and again, rewritten otherwise, with a reserve it can: answered
         assert send([task, _said("summary, second try"), _user("go on")]) == 200
         px.wait_idle()

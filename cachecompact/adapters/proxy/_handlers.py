@@ -20,7 +20,7 @@ from ...base.values import PREFIX_SETTING, Refuse
 from ...store import check_session_id
 from ..httpserver import api_error, read_body
 from ._config import ProxyConfig
-from ._state import Exchange, ProxyState, spent
+from ._state import Exchange, ProxyState, analyse, spent
 from ._tap import ResponseTap, decoded
 from ._upstream import RequestRefused, UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -157,24 +157,32 @@ class Handlers:
             # before the client has the error: its next attempt at this turn finds the session
             # waiting for nothing, and takes it over rather than starting another (issue 62)
             exchange.unanswered()
-        if exchange is not None and up.status == 404 and state.engine is not None:
-            hint = state.engine.unknown_model(exchange.body.get("model"))
-            if hint is not None:  # the upstream's "not found", with the price table's nearest ids (issue 56)
-                try:
-                    body = head or await up.read()
-                except UpstreamError as err:
-                    up.release()
-                    return _unavailable(self.state.cfg, err)
+        hint = (state.engine.unknown_model(exchange.body.get("model"))
+                if exchange is not None and up.status == 404 and state.engine is not None else None)
+        if hint is not None or (prepared is not None and up.status != 200 and prepared.live.failed):
+            # an error read whole and recorded here, then answered: a model id the price table does not
+            # list gets the table's nearest ids (issue 56), and a session no request of which was ever
+            # answered has its record stored before the client has the error, because the client's retry
+            # of the turn takes that session over and keeps the records stored by then (issue 62: left to
+            # the analysis thread, a quick retry raced the record and it was lost)
+            try:
+                body = head or await up.read()
+            except UpstreamError as err:
                 up.release()
-                answer = _with_hint(body, up.headers.get("content-encoding", ""), hint)
-                tap = ResponseTap("application/json", "", live=False)  # recorded as the error it is
-                tap.feed(answer.body if isinstance(answer.body, bytes) else b"")
-                state.begin()
-                t_end = round(1000 * (time.perf_counter() - t0), 3)
-                state.submit(Exchange(raw, lower, prepared, 404, tap, now, {"upstream_ms": t_end, "ttfb_ms": t_end,
-                                                                            "total_ms": t_end}, False, [], exchange,
-                                      data if prepared is not None else b""))
-                return answer
+                return _unavailable(self.state.cfg, err)
+            up.release()
+            encoding = up.headers.get("content-encoding", "").lower()
+            answer = (_with_hint(body, encoding, hint) if hint is not None else
+                      web.Response(status=up.status, reason=up.reason or None,
+                                   headers=_filter(up.headers, ("content-length",)), body=body))
+            tap = ResponseTap("application/json", "", live=False)  # recorded as the error it is
+            tap.feed(answer.body if hint is not None and isinstance(answer.body, bytes) else decoded(body, encoding))
+            t_end = round(1000 * (time.perf_counter() - t0), 3)
+            ex = Exchange(raw, lower, prepared, up.status, tap, now,
+                          {"upstream_ms": t_end, "ttfb_ms": t_end, "total_ms": t_end}, False, [], exchange,
+                          data if prepared is not None else b"")
+            await asyncio.get_running_loop().run_in_executor(state.compute, analyse, state, ex)
+            return answer
         tap = ResponseTap(up.headers.get("content-type", ""), up.headers.get("content-encoding", "").lower(),
                    live=prepared is not None)
         t_up = time.perf_counter()
