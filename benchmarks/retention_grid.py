@@ -228,9 +228,12 @@ class Result:
 CONFIGS = ["ours", "none", "fixed20", "fixed35", "fixed50"]
 
 
+POLICY: Any = None  # "ours" with this PolicyConfig instead of the default's (benchmarks/ablate.py)
+
+
 def _wrap_kwargs(config: str, cell: Cell) -> dict[str, Any] | None:
     if config == "ours":
-        return {}
+        return {} if POLICY is None else {"config": POLICY}
     if config == "none":
         return {"strategy": "none"}
     share = int(config.removeprefix("fixed")) / 100
