@@ -61,6 +61,7 @@ from ..store.contract import BODY_REF_RE, REF_PATTERN, REF_RE, blob_matches, blo
 from ..store.records import GENESIS, record_hash, seal
 from .ledger import (
     GENESIS_HASH,
+    LEVELS,
     ApiCompaction,
     Edit,
     Ledger,
@@ -468,6 +469,9 @@ class Session:
             raise LedgerCorruptError(path, line_no, f"not a ledger entry: {err}") from None
         if entry_hash(rec) != entry.hash:
             raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} does not match its hash")
+        if entry.level not in LEVELS:  # rendered in placeholders: a level the line chose would put its words upstream
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} level {entry.level[:80]!r} is not one of "
+                                                    f"{', '.join(LEVELS)}")
         if entry.seq != len(self.ledger):
             raise LedgerCorruptError(path, line_no, f"seq {entry.seq}, expected {len(self.ledger)}")
         if entry.prev_hash != self.ledger.head_hash:
