@@ -46,9 +46,10 @@ What it checks (each problem names the file and, for a log, the 1-based line):
 * a torn last line (bytes after the last newline), and prefix fields not yet written by a torn
   first request, are reported as *notes*, not problems: the document says loaders keep every
   line before a torn one, and that the prefix fields follow from the transcript;
-* *Unconfirmed compaction entries*: a ``compaction`` entry whose seq is at or past the largest
-  ``ledger_len`` of the request records is listed in ``Report.unconfirmed`` (not a problem, not
-  ok: the command line says UNCONFIRMED and exits 3).
+* *Unconfirmed entries*: a ``summary`` or ``compaction`` entry (the kinds whose own text is
+  rendered) whose seq is at or past the largest ``ledger_len`` of the request records is listed
+  in ``Report.unconfirmed`` (not a problem, not ok: the command line says UNCONFIRMED and exits
+  3); a ``skip`` never is.
 
 What it skips, and why:
 
@@ -96,6 +97,8 @@ HEX32 = re.compile(r"[0-9a-f]{32}")
 SESSION_ID = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 CREATED_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 LEVELS = frozenset({"L1", "L2", "L3", "L4", "L5", "restore", "manual"})
+# *Unconfirmed entries*: the kinds whose own text a rendering shows
+TEXT_KINDS = frozenset({"summary", "compaction"})
 
 SESSION_KEYS = frozenset({"format", "version", "session_id", "system", "tools", "prefix_messages", "prefix_end",
                           "prefix_hash", "tokenizer", "token_ratio"})
@@ -127,7 +130,7 @@ class Report:
     prefix_hash: str | None = None  # computed from tools, system and the prefix messages (*The head*)
     prefix_end: int | None = None  # where the transcript completes the prefix (None: not yet)
     confirmed: int = 0  # the largest ledger_len a request record commits to
-    unconfirmed: list[int] = field(default_factory=list)  # compaction entries at or past it (their seqs)
+    unconfirmed: list[int] = field(default_factory=list)  # summary/compaction entries at or past it (their seqs)
     #: the heads of the three logs: index k is the chain value (or hash) of line k, ZERO for 0
     chains: tuple[list[str], list[str], list[str]] = ([ZERO], [ZERO], [ZERO])
 
@@ -1053,7 +1056,7 @@ def check(session_dir: str | Path) -> Report:
     digest = _digest(meta) if meta and not SESSION_KEYS - DIGEST_EXCLUDED - meta.keys() else None
     requests = _check_requests(request_lines, chain, ledger, entries, digest, renderer, report)
     _check_scratchpad(d, entries, report)
-    report.unconfirmed = [e.seq for e in entries[report.confirmed:] if e is not None and e.kind == "compaction"]
+    report.unconfirmed = [e.seq for e in entries[report.confirmed:] if e is not None and e.kind in TEXT_KINDS]
     expected = _expected_prefix_end(meta["prefix_messages"], messages) if renderer is not None else None
     report.prefix_end = expected
     report.prefix_hash = renderer.prefix_hash(expected) if renderer is not None and expected is not None else None
@@ -1171,7 +1174,7 @@ def extends(report: Report, head: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``python tests/spec_verifier.py DIR``: print the problems (or "ok") and exit 1 (or 0); 2 for no
-    verdict; 3, printing UNCONFIRMED and the head, when the only finding is unconfirmed compaction entries."""
+    verdict; 3, printing UNCONFIRMED and the head, when the only finding is unconfirmed entries."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("session_dir")
     parser.add_argument("--head", help="fail unless the session still extends this T:L:R:<sha256> head")
@@ -1191,8 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if report.unconfirmed:
         for k in report.unconfirmed:
-            print(f"UNCONFIRMED ledger.jsonl:{k + 1}: compaction entry #{k}: no request record commits to it "
-                  f"(they commit to {report.confirmed} entries)")
+            print(f"UNCONFIRMED ledger.jsonl:{k + 1}: entry #{k} (summary or compaction): no request record "
+                  f"commits to it (they commit to {report.confirmed} entries)")
         print(f"head {report.head}", file=sys.stderr)
         return 3
     print("ok")

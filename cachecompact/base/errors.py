@@ -230,19 +230,21 @@ class SessionDamagedError(StoreError):
 
 
 class UnconfirmedEntryError(StoreError):
-    """A render would apply an API-written summary (a `compaction` ledger entry) that no request
-    record commits to and that this session object did not make (docs/ledger-format.md,
-    *Unconfirmed compaction entries*). The chains are unkeyed, so such an entry may have been
-    appended by anyone who can write the store; it renders as the request's first message, so it
-    is never sent upstream. `session_id` names the session, `entries` the entries' seqs."""
+    """A render would apply a summary, ours or the API's (a `summary` or `compaction` ledger
+    entry), that no request record commits to and that this session object did not make
+    (docs/ledger-format.md, *Unconfirmed entries*). The chains are unkeyed, so such an entry may
+    have been appended by anyone who can write the store; its text would reach the model, so it is
+    never sent upstream. `session_id` names the session, `entries` the entries' seqs."""
 
     def __init__(self, session_id: str, entries: list[int]) -> None:
         self.session_id = session_id
         self.entries = list(entries)
         names = ", ".join(f"#{k}" for k in self.entries)
-        super().__init__(f"session {session_id}: ledger entr{'ies' if len(self.entries) > 1 else 'y'} {names} "
-                         "(API-written summary) unconfirmed: no request record commits to it, so it is not rendered "
-                         "(a forged append looks the same; docs/ledger-format.md, *Unconfirmed compaction entries*)")
+        many = len(self.entries) > 1
+        super().__init__(f"session {session_id}: ledger entr{'ies' if many else 'y'} {names} (summar"
+                         f"{'ies' if many else 'y'}, ours or the API's) unconfirmed: no request record commits to "
+                         f"{'them' if many else 'it'}, so {'they are' if many else 'it is'} not rendered (a forged "
+                         "append looks the same; docs/ledger-format.md, *Unconfirmed entries*)")
 
     def __reduce__(self) -> tuple[type, tuple[str, list[int]]]:
         return type(self), (self.session_id, self.entries)

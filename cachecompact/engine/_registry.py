@@ -246,7 +246,7 @@ class SessionRegistry:
     def quarantine(self, sid: str, live: Live) -> None:
         """Never continue ``sid`` again in this process: let ``live`` go, and leave the stored
         session out of every later decision (as another mode's records are). A session whose
-        ledger holds an entry this process may not render (an unconfirmed API-written summary:
+        ledger holds an entry this process may not render (an unconfirmed summary, ours or the API's:
         a forger's append, or a genuine one left by a crash) stays in the store as evidence, and
         the conversation's next request starts a session of its own from the caller's history,
         compacted again from there, instead of going out uncompacted for good."""

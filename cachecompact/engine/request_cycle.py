@@ -285,10 +285,10 @@ class CompactionEngine:
                                                "does not; deciding again on the stored session")
             unconfirmed = live.session.unconfirmed()
             if unconfirmed:
-                # an API-written summary no request record commits to, which this process did not
-                # make (a restart, another process's or a forger's append): the request goes out
-                # as the caller sent it, with a `failure` event naming the entry, before the strategy
-                # plans anything on top of it (docs/ledger-format.md, *Unconfirmed compaction entries*)
+                # a summary (ours or the API's) no request record commits to, which this process
+                # did not make (a restart, another process's or a forger's append): the request goes
+                # out as the caller sent it, with a `failure` event naming the entry, before the
+                # strategy plans anything on top of it (docs/ledger-format.md, *Unconfirmed entries*)
                 raise UnconfirmedEntryError(live.sid, unconfirmed)
             d = resolved.decision
             if d.kind != "continue":
@@ -774,7 +774,7 @@ class CompactionEngine:
 _TOLD_OLD: set[tuple[type, str]] = set()
 
 
-# how long an unconfirmed API-written summary may be one whose request is still under way on
+# how long an unconfirmed summary (ours or the API's) may be one whose request is still under way on
 # another process sharing the store (the anthropic SDK's default timeout is 10 minutes): until
 # then its session fails open per request; after, it is set aside (`SessionRegistry.quarantine`)
 UNCONFIRMED_GRACE_S = 600.0

@@ -130,6 +130,28 @@ class LedgerEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     signature: str | None = None  # an API-written summary's signature (kind "compaction"; summary: its content)
 
     @property
+    def puts_text(self) -> bool:
+        """Whether this entry puts text of its own, taken from the stored line, before the model:
+        such an entry is trusted only once a request record commits to it (docs/ledger-format.md,
+        *Unconfirmed entries*), because the chains are unkeyed and one appended at the tail with
+        every hash recomputed looks exactly like a genuine one whose request was never answered.
+
+        * ``summary`` (`ReplaceWithSummary`): yes. Its ``summary`` is rendered as a user message
+          under cachecompact's header, or as a tool result's content or a tool call's ``input``.
+        * ``compaction`` (`ApiCompaction`): yes. Its ``summary`` is the API's block, rendered as
+          the request's first message.
+        * ``skip`` (`SkipRange`): no. It only hides messages; a cleared result or input shows a
+          placeholder of fixed words around the entry's seq, its ``level`` (one of `LEVELS`, which
+          loading checks) and a token count the renderer computes, nothing the line can choose.
+
+        A match without a default, so a new kind does not type-check until it is decided here."""
+        match self.kind:
+            case "summary" | "compaction":
+                return True
+            case "skip":
+                return False
+
+    @property
     def edit(self) -> Edit:
         if self.kind == "compaction":
             return ApiCompaction(self.start, self.end, self.summary or "", self.signature or "", self.reason)

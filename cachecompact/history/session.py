@@ -10,10 +10,11 @@ Loading verifies every chain (transcript content, ledger entries, request record
 immutable prefix, and raises `LedgerCorruptError` naming the record; then it runs every other
 check `ledger verify` makes (`Session.problems`: the recorded breakpoints, the scratchpad, each
 entry's rendering) and raises `SessionDamagedError` on a finding, so nothing that fails the
-verifier is ever rendered and sent (issue 56). An API-written summary that no request record
-commits to, and that this object did not make, is *unconfirmed* (`unconfirmed`): `render` refuses
-to apply it (`UnconfirmedEntryError`), because an entry appended at the tail with its chain
-recomputed looks exactly like one whose request failed before it was recorded.
+verifier is ever rendered and sent (issue 56). An entry that puts text before the model (a
+summary, ours or the API's: `LedgerEntry.puts_text`) that no request record commits to, and that
+this object did not make, is *unconfirmed* (`unconfirmed`): `render` refuses to apply it
+(`UnconfirmedEntryError`), because an entry appended at the tail with its chain recomputed looks
+exactly like one whose request failed before it was recorded.
 """
 
 from __future__ import annotations
@@ -153,10 +154,10 @@ class Session:
         self._requests_head = GENESIS
         self._request_hashes: list[str] = [GENESIS]  # request chain value after 0, 1, ... records
         # the largest ledger_len a stored request record commits to: entries below it went out in a
-        # request that was answered; a `compaction` entry at or past it is unconfirmed (`unconfirmed`)
+        # request that was answered; a summary entry at or past it is unconfirmed (`unconfirmed`)
         self._confirmed = 0
         # seqs of the ledger entries this object made (`edit`, `stage`): its own unconfirmed
-        # compaction entries are genuine, whatever the store says
+        # summary entries are genuine, whatever the store says
         self._own: set[int] = set()
         self.last_request: dict[str, Any] | None = None
         # set by a read-only open that found the prefix fields not yet written (`_check_meta`)
@@ -401,19 +402,21 @@ class Session:
         return self._confirmed
 
     def unconfirmed(self) -> list[int]:
-        """Seqs of the API-written summaries (`compaction` entries) no request record commits to
-        (seq at or past `confirmed_entries`) that this object did not make (docs/ledger-format.md,
-        *Unconfirmed compaction entries*). The chains are unkeyed: such an entry, appended at the
-        tail with every hash recomputed, is indistinguishable from a genuine one whose request
-        failed or whose process stopped before the record was written, and it renders as the
-        request's first message; so `render` refuses to apply it, and `ledger verify` reports it
-        as UNCONFIRMED. The process that made it (this object) still uses it."""
+        """Seqs of the entries that put text before the model (`LedgerEntry.puts_text`: our
+        summaries and the API's) that no request record commits to (seq at or past
+        `confirmed_entries`) and that this object did not make (docs/ledger-format.md,
+        *Unconfirmed entries*). The chains are unkeyed: such an entry, appended at the tail with
+        every hash recomputed, is indistinguishable from a genuine one whose request failed or
+        whose process stopped before the record was written, and its text would reach the model;
+        so `render` refuses to apply it, and `ledger verify` reports it as UNCONFIRMED. The
+        process that made it (this object) still uses it. A `skip` is not listed: it can hide
+        messages, never add words (what only a kept head catches: *What the chains prove*)."""
         return [e.seq for e in self.ledger.entries[self._confirmed:]
-                if e.kind == "compaction" and e.seq not in self._own]
+                if e.puts_text and e.seq not in self._own]
 
     def _refuse_unconfirmed(self, applied: int) -> None:
         """Raise `UnconfirmedEntryError` when a render of the first ``applied`` entries would
-        apply an unconfirmed compaction entry (`unconfirmed`)."""
+        apply an unconfirmed entry (`unconfirmed`)."""
         if applied > self._confirmed:
             bad = [k for k in self.unconfirmed() if k < applied]
             if bad:
@@ -834,8 +837,8 @@ class Session:
         the start of the conversation: the API's compaction request) also marks the previous
         request's writes and the compacted part's end that it still shares, so it reads the
         longest of them that is warm before it writes the rest. A render that would apply an
-        unconfirmed API-written summary (`unconfirmed`) raises `UnconfirmedEntryError` instead:
-        what no process vouches for is never sent.
+        unconfirmed summary, ours or the API's (`unconfirmed`), raises `UnconfirmedEntryError`
+        instead: what no process vouches for is never sent.
         """
         upto = None
         if uncompacted:

@@ -120,8 +120,8 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
     """Exit 0 when every chain, the prefix and the replay of every entry are valid; 1 when one is
-    not; 3 (UNCONFIRMED, head still printed) when all are but an API-written summary is one no
-    request record commits to (`Session.unconfirmed`), which no process renders. Never writes,
+    not; 3 (UNCONFIRMED, head still printed) when all are but a summary (ours or the API's) is one
+    no request record commits to (`Session.unconfirmed`), which no process renders. Never writes,
     unless ``--repair`` sets a torn tail aside."""
     from ..base.errors import (
         ImmutablePrefixError,
@@ -179,9 +179,11 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     if unconfirmed:  # a verdict of its own: not INVALID (it may be genuine), never ok (it may be forged)
         where = sess.store.where("ledger") if sess.store is not None else args.target
         for k in unconfirmed:
-            print(f"UNCONFIRMED {where}:{k + 1}: entry #{k} is an API-written summary (compaction) that no request "
-                  f"record commits to (the records commit to {covered} entries): a forged append looks the same, so "
-                  "no process renders it (docs/ledger-format.md, *Unconfirmed compaction entries*)", file=sys.stderr)
+            kind = sess.ledger.entries[k].kind
+            what = "an API-written summary" if kind == "compaction" else "cachecompact's summary"
+            print(f"UNCONFIRMED {where}:{k + 1}: entry #{k} is {what} ({kind}) that no request record commits to "
+                  f"(the records commit to {covered} entries): a forged append looks the same, so no process renders "
+                  "it (docs/ledger-format.md, *Unconfirmed entries*)", file=sys.stderr)
         print(f"unconfirmed: {len(sess)} messages, {len(sess.ledger)} ledger entries, prefix {sess.prefix_hash}\n"
               f"head {sess.head}")
         return 3
@@ -246,7 +248,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     div = after.first_divergence(before)
     print(f"cache: {div}" if div else "cache: no divergence")
     print(ledger_table(sess))
-    print(f"\nsession stored in {out}\n  cachecompact ledger verify {out}\n  cachecompact render {out} --pretty")
+    # no request carried the edits (the demo sends none), so the summary is one no request record
+    # commits to, which no other process renders (docs/ledger-format.md, *Unconfirmed entries*)
+    print(f"\nsession stored in {out}\n  cachecompact ledger show {out}\n  cachecompact ledger verify {out}    "
+          "# UNCONFIRMED (exit 3) for a summary: no request carried it, so no other process renders it\n"
+          f"  cachecompact render {out} --uncompacted --pretty    # the history as the caller sent it")
     return 0
 
 
@@ -747,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_ledger_show)
     ver = lsub.add_parser("verify", parents=[common],
                           help="check every chain, the prefix and the replay; never writes; exit 1 when invalid, "
-                               "3 when an API-written summary is unconfirmed")
+                               "3 when a summary (ours or the API's) is unconfirmed")
     _session_args(ver)
     ver.add_argument("--repair", action="store_true", help="set a torn last line aside (a crash mid-append; the only "
                                                            "write verify makes); a changed record cannot be mended")

@@ -111,7 +111,7 @@ def test_the_ledger_refuses_a_compaction_that_does_not_fit_the_docs(tmp_path: Pa
 
 
 def test_an_unconfirmed_compaction_is_rendered_only_by_the_session_that_made_it(tmp_path: Path) -> None:
-    """docs/ledger-format.md, *Unconfirmed compaction entries*: the process that made an
+    """docs/ledger-format.md, *Unconfirmed entries*: the process that made an
     API-written summary renders it (its request failed, say, and is tried again); one that opens
     the store finds no request record committing to it and refuses every render that would apply
     it, naming it, until a request of the process that made it is recorded; then both agree."""

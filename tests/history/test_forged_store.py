@@ -4,7 +4,7 @@ forged with every chain recomputed, which both verifiers call INVALID, is refuse
 error, and a restarted wrap() sends the caller's request as it came with a `failure` event
 instead of the forged block. A forged `compaction` entry appended at the tail, which no request
 record commits to, is UNCONFIRMED for every verifier and never rendered by a restarted process
-(docs/ledger-format.md, *Unconfirmed compaction entries*). The real SDK against the emulator
+(docs/ledger-format.md, *Unconfirmed entries*). The real SDK against the emulator
 throughout."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_
     consistent with everything stored, and no record says what the API returned. Both verifiers
     said ok (with a note) and a restarted wrap() sent the forged block as the request's first
     message. Now no request record commits to it, so it is *unconfirmed* (docs/ledger-format.md,
-    *Unconfirmed compaction entries*): `ledger verify`, the spec verifier and the standalone
+    *Unconfirmed entries*): `ledger verify`, the spec verifier and the standalone
     verifier of the document each name it (exit 3, head still printed), and a restarted process
     sends the caller's request as it came with a `failure` event naming the entry."""
     from .. import spec_verifier

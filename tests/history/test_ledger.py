@@ -129,6 +129,7 @@ def test_targeted_edits_change_one_result_and_compose(tmp_path: Path) -> None:
     s.edit(ReplaceWithSummary(1, 4, "did three reads"), level="L3")
     with pytest.raises(EditOverlapError):
         s.edit(SkipRange(2, 2, tool_use_id="toolu_0_2"))
+    s.record_request(s.render(), {})  # the request they were made for: confirmed (docs/ledger-format.md)
     reopened = Session.open(tmp_path / "s")
     assert reopened.render().to_json() == s.render().to_json()
     assert json.loads((tmp_path / "s" / "ledger.jsonl").read_text().splitlines()[0])["tool_use_id"] == "toolu_0_0"

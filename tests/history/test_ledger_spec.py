@@ -1,7 +1,8 @@
 """`cachecompact ledger verify` and a verifier written only from docs/ledger-format.md
 (tests/spec_verifier.py, which imports nothing of cachecompact) agree on every tamper case of
 benchmarks/tamper.py, the two the spec check once missed included: a space added inside a
-stored record, and a CR before a line's newline."""
+stored record, and a CR before a line's newline; and they give the same verdict (invalid,
+unconfirmed or ok) on each."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from cachecompact.tools.cli import main as cli
 
 from ..conftest import load_benchmark
-from ..spec_verifier import verify as spec_verify
+from ..spec_verifier import check, verify as spec_verify
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = 240
@@ -59,9 +60,12 @@ def test_both_verifiers_agree_on_every_tamper_case(built: tuple[ModuleType, Path
         what = tamper.mutate(trial, rng)
         kinds.add(what.split(" of ")[0].split(" in ")[0])
         ours = _ours(trial)
-        theirs = spec_verify(trial)
-        if (ours != 0) != bool(theirs):
-            disagree.append((what, ours, theirs[:2]))
+        report = check(trial)
+        # one verdict each: invalid (exit 1, or 2 for a session that does not open), unconfirmed
+        # (exit 3: docs/ledger-format.md, *Unconfirmed entries*), or ok
+        theirs = "invalid" if report.problems else "unconfirmed" if report.unconfirmed else "ok"
+        if {0: "ok", 3: "unconfirmed"}.get(ours, "invalid") != theirs:
+            disagree.append((what, ours, theirs, report.problems[:2]))
         shutil.rmtree(trial)
     assert {"add a space inside a record", "add a CR before a newline"} <= kinds
     assert disagree == []
@@ -93,6 +97,7 @@ def _session_with_a_blob(d: Path) -> str:
     tid = s.messages()[2]["content"][0]["tool_use_id"]
     s.edit(ReplaceWithSummary(2, 2, f"[shortened; the full output is in the scratchpad as {ref}]", "L2", tid),
            level="L2")
+    s.record_request(s.render(), {})  # the request that carried it (docs/ledger-format.md, *Unconfirmed entries*)
     return ref
 
 

@@ -142,6 +142,7 @@ def test_render_is_byte_identical_in_a_fresh_process(tmp_path: Path) -> None:
     s.sync(history(12, n_calls=2))
     s.edit(SkipRange(4, 4), level="L1")
     s.edit(ReplaceWithSummary(5, 10, "explored f3..f5 — nothing relevant"), level="L3")
+    s.record_request(s.render(), {})  # the request that carried the summary: any process renders it now
     here = hashlib.sha256(s.render(model="claude-haiku-4-5", max_tokens=77, temperature=0).to_json()).hexdigest()
     code = ("import hashlib,sys; from cachecompact import Session; s=Session.open(sys.argv[1]); "
             "print(hashlib.sha256(s.render(model='claude-haiku-4-5', max_tokens=77, temperature=0).to_json())"

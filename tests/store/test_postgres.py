@@ -494,7 +494,7 @@ def test_a_row_numbered_below_one_is_detected(pg_url: str, tmp_path: Path, log: 
 
 def test_a_compaction_no_request_carried_is_unconfirmed_in_both_stores_and_their_exports(
         store: Store, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/ledger-format.md, *Unconfirmed compaction entries*, on both stores: an API-written
+    """docs/ledger-format.md, *Unconfirmed entries*, on both stores: an API-written
     summary appended after the newest request record with its chain computed (here by the
     library itself, as anyone who can write the store could) is UNCONFIRMED for `ledger verify`
     (exit 3), for the standalone verifier of the document and the spec verifier on the export,

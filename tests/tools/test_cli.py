@@ -18,6 +18,9 @@ def session_dir(tmp_path: Path) -> Path:
     s.edit(SkipRange(4, 4, "old output"), level="L1")
     s.sync(history(10))
     s.edit(ReplaceWithSummary(3, 12, "did things"), level="L4")
+    # the request the edits were made for, answered: a summary no record commits to is one no
+    # other process renders (docs/ledger-format.md, *Unconfirmed entries*)
+    s.record_request(s.render(), {})
     return tmp_path / "s"
 
 
@@ -253,6 +256,8 @@ def test_verify_creates_no_lock_file_and_an_edited_prefix_is_invalid(session_dir
 
 
 def test_verify_head_detects_a_rollback(session_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # an entry after the newest request record, so that dropping it leaves every commitment whole
+    Session.open(session_dir).edit(SkipRange(20, 20, "old output"), level="L1")
     assert main(["ledger", "verify", str(session_dir)]) == 0
     head = capsys.readouterr().out.split("head ")[-1].strip()
     assert main(["ledger", "verify", str(session_dir), "--head", head]) == 0
@@ -268,7 +273,13 @@ def test_demo_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--out", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert "explained by ledger entry" in out
-    assert main(["ledger", "verify", str(tmp_path / "d")]) == 0
+    # the demo sends no request, so its summary is one no request record commits to: verify says
+    # so (exit 3), and the commands the demo prints say what each will do
+    assert "ledger verify" in out and "UNCONFIRMED" in out and "--uncompacted" in out
+    assert main(["ledger", "verify", str(tmp_path / "d")]) == 3
+    assert "UNCONFIRMED" in capsys.readouterr().err
+    assert main(["ledger", "show", str(tmp_path / "d")]) == 0
+    assert main(["render", str(tmp_path / "d"), "--uncompacted"]) == 0
 
 
 def test_serve_starts_an_emulator_the_sdk_can_use(tmp_path: Path) -> None:
