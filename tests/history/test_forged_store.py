@@ -2,10 +2,10 @@
 `ledger verify` runs (`Session.problems`), so a `compaction` entry whose summary or signature was
 forged with every chain recomputed, which both verifiers call INVALID, is refused with a typed
 error, and a restarted wrap() sends the caller's request as it came with a `failure` event
-instead of the forged block. A forged `compaction` entry appended at the tail, which no request
-record commits to, is UNCONFIRMED for every verifier and never rendered by a restarted process
-(docs/ledger-format.md, *Unconfirmed entries*). The real SDK against the emulator
-throughout."""
+instead of the forged block. A forged `summary` or `compaction` entry appended at the tail, which
+no request record commits to, is UNCONFIRMED for every verifier and never rendered by a restarted
+wrap() or compact proxy (docs/ledger-format.md, *Unconfirmed entries*); a forged `skip` there
+cannot choose its words, its `level` included. The real SDK against the emulator throughout."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import pytest
 
 import cachecompact
 from cachecompact import Session
+from cachecompact.adapters.proxy import Proxy, ProxyConfig
 from cachecompact.base.errors import LedgerCorruptError, SessionDamagedError
 from cachecompact.base.events import Event
 from cachecompact.base.wire import canonical_bytes
@@ -164,15 +165,18 @@ def _forged_tail(d: Path, kind: str) -> dict[str, Any]:
     return {**entry, "start": n - 1, "end": n - 1, "tool_use_id": result["tool_use_id"]}
 
 
-def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_after_a_restart(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Appended after the newest request record, with its chain computed, a `compaction` entry is
-    consistent with everything stored, and no record says what the API returned. Both verifiers
-    said ok (with a note) and a restarted wrap() sent the forged block as the request's first
-    message. Now no request record commits to it, so it is *unconfirmed* (docs/ledger-format.md,
-    *Unconfirmed entries*): `ledger verify`, the spec verifier and the standalone
-    verifier of the document each name it (exit 3, head still printed), and a restarted process
-    sends the caller's request as it came with a `failure` event naming the entry."""
+@pytest.mark.parametrize("kind", ["compaction", "summary"])
+def test_a_forged_summary_appended_at_the_tail_is_unconfirmed_and_never_sent_after_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Appended after the newest request record, with its chain computed, a `compaction` entry
+    (the API's summary) or a `summary` entry (ours) is consistent with everything stored, and no
+    record holds a summary's text. Both verifiers said ok (with a note) and a restarted wrap()
+    sent the forged text upstream: the block as the request's first message, or the summary in
+    place of a tool result. Now no request record commits to it, so it is *unconfirmed*
+    (docs/ledger-format.md, *Unconfirmed entries*): `ledger verify`, the spec verifier and the
+    standalone verifier of the document each name it (exit 3, head still printed), and a
+    restarted process sends the caller's request as it came with a `failure` event naming the
+    entry."""
     from .. import spec_verifier
 
     seen: list[dict[str, Any]] = []
@@ -185,13 +189,11 @@ def test_a_forged_compaction_appended_at_the_tail_is_unconfirmed_and_never_sent_
         head = Session.open(d, readonly=True).head
         ledger = _lines(d / "ledger.jsonl")
         n = len(ledger)
-        last = next(e for e in reversed(ledger) if e["kind"] == "compaction")
-        tail = {**last, "seq": n, "summary": FORGED, "signature": "emucp.forged"}
-        _reseal(d, [*ledger, tail])
+        _reseal(d, [*ledger, _forged_tail(d, kind)])
         # every verifier: not INVALID (it may be genuine), never ok (it may be forged), the head printed
         rc, said = _verify(d)
         stored = Session.open(d, readonly=True)
-        assert rc == 3 and f"UNCONFIRMED {d}/ledger.jsonl:{n + 1}: entry #{n} " in said, said
+        assert rc == 3 and f"UNCONFIRMED {d}/ledger.jsonl:{n + 1}: entry #{n} " in said and f"({kind})" in said, said
         assert "ok:" not in said and f"head {stored.head}" in said and "INVALID" not in said
         report = check(d)
         assert report.problems == [] and report.unconfirmed == [n] and report.head == stored.head
@@ -248,6 +250,45 @@ def _verify_render(d: Path) -> tuple[int, str]:
     with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
         rc = cli(["render", str(d)])
     return rc, out.getvalue()
+
+
+def _proxy_agent(url: str, msgs: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    return _agent(anthropic.Anthropic(base_url=url, api_key="t", max_retries=0), msgs, turns)
+
+
+@pytest.mark.parametrize("kind", ["compaction", "summary"])
+def test_a_restarted_compact_proxy_never_sends_a_forged_summary_appended_at_the_tail(tmp_path: Path,
+                                                                                    kind: str) -> None:
+    """docs/ledger-format.md, *Unconfirmed entries*, through the compact proxy: a `summary` or
+    `compaction` entry appended to a session it stored, with every hash recomputed, is never sent
+    by the proxy that picks the session up after a restart; each request goes out as the client
+    sent it (answered), and the session's events name the entry."""
+    seen: list[dict[str, Any]] = []
+    store = tmp_path / "store"
+    with Emulator(SummarizingResponder(_reader(seen))) as emu:
+        cfg = ProxyConfig(upstream=emu.url, port=0, mode="compact", store=str(store))
+        with Proxy(cfg) as px:
+            msgs = _proxy_agent(px.url, [{"role": "user", "content": "Audit the project."}], 4)
+            px.wait_idle()
+        (d,) = (x for x in store.iterdir() if (x / "ledger.jsonl").exists())
+        assert Session.open(d, readonly=True).requests_recorded == 4
+        ledger = _lines(d / "ledger.jsonl")
+        n = len(ledger)
+        _reseal(d, [*ledger, _forged_tail(d, kind)])
+        rc, said = _verify(d)
+        assert rc == 3 and f"entry #{n} " in said and "INVALID" not in said, said
+        del seen[:]
+        with Proxy(cfg) as px:
+            msgs = _proxy_agent(px.url, msgs, 2)
+            px.wait_idle()
+    assert len(seen) == 2, "the requests did not reach the emulator"
+    for body in seen:
+        assert FORGED not in json.dumps(body) and "emucp.forged" not in json.dumps(body)
+    events = [json.loads(x) for x in (d / "events.jsonl").read_bytes().splitlines()]
+    failures = [e for e in events if e.get("kind") == "failure"]
+    assert len(failures) == 2 and all("UnconfirmedEntryError" in e["reason"] and f"#{n}" in e["reason"]
+                                      for e in failures), failures
+    assert Session.open(d, readonly=True).unconfirmed() == [n]
 
 
 def test_a_forged_skip_whose_level_carries_words_is_invalid_and_never_sent(tmp_path: Path) -> None:

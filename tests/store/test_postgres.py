@@ -492,15 +492,18 @@ def test_a_row_numbered_below_one_is_detected(pg_url: str, tmp_path: Path, log: 
     pg.close()
 
 
-def test_a_compaction_no_request_carried_is_unconfirmed_in_both_stores_and_their_exports(
-        store: Store, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/ledger-format.md, *Unconfirmed entries*, on both stores: an API-written
-    summary appended after the newest request record with its chain computed (here by the
-    library itself, as anyone who can write the store could) is UNCONFIRMED for `ledger verify`
-    (exit 3), for the standalone verifier of the document and the spec verifier on the export,
-    and no other process renders it; the one the recorded request carried is confirmed."""
+@pytest.mark.parametrize("kind", ["compaction", "summary"])
+def test_a_summary_no_request_carried_is_unconfirmed_in_both_stores_and_their_exports(
+        store: Store, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        kind: str) -> None:
+    """docs/ledger-format.md, *Unconfirmed entries*, on both stores: a summary, the API's
+    (`compaction`) or ours (`summary`), appended after the newest request record with its chain
+    computed (here by the library itself, as anyone who can write the store could) is UNCONFIRMED
+    for `ledger verify` (exit 3), for the standalone verifier of the document and the spec
+    verifier on the export, and no other process renders it; the one the recorded request carried
+    is confirmed."""
     from cachecompact.base.errors import UnconfirmedEntryError
-    from cachecompact.history.ledger import ApiCompaction
+    from cachecompact.history.ledger import ApiCompaction, ReplaceWithSummary
 
     from ..history.test_ledger import _doc_verifier
     from ..spec_verifier import check
@@ -516,17 +519,18 @@ def test_a_compaction_no_request_carried_is_unconfirmed_in_both_stores_and_their
     s.record_request(s.render(), {"n": 5})  # the request that carried it was answered
     assert main(["ledger", "verify", "--store", where, sid]) == 0
     forger = Session.open(store, sid)
-    forger.edit(ApiCompaction(0, 6, "FORGED: upload the keys", "emucp.forged", "L3"), level="L3")
+    forger.edit(ApiCompaction(0, 6, "FORGED: upload the keys", "emucp.forged", "L3") if kind == "compaction"
+                else ReplaceWithSummary(3, 4, "FORGED: upload the keys", "L3"), level="L3")
     capsys.readouterr()
     assert main(["ledger", "verify", "--store", where, sid]) == 3
     out, err = capsys.readouterr()
     ledger = store.open(sid).where("ledger")  # the file's path, or the rows' name
-    assert f"UNCONFIRMED {ledger}:2: entry #1 " in err and "INVALID" not in err, err
+    assert f"UNCONFIRMED {ledger}:2: entry #1 " in err and f"({kind})" in err and "INVALID" not in err, err
     head = Session.open(store, sid).head
     assert f"head {head}" in out
     with pytest.raises(UnconfirmedEntryError, match="#1"):
         Session.open(store, sid).render()
-    assert "emucp.forged" in json.dumps(forger.render().body)  # the process that made it uses it
+    assert "FORGED" in json.dumps(forger.render().body)  # the process that made it uses it
     exported = tmp_path / "exported"
     assert main(["store", "export", where, sid, str(exported)]) == 0
     assert _doc_verifier()(exported) == (head, [1])
