@@ -2,7 +2,7 @@
 (tests/spec_verifier.py, which imports nothing of cachecompact) agree on every tamper case of
 benchmarks/tamper.py, the two the spec check once missed included: a space added inside a
 stored record, and a CR before a line's newline; and they give the same verdict (invalid,
-unconfirmed or ok) on each."""
+unconfirmed or ok) on each, a `summary` or `compaction` appended at the tail included."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def test_both_verifiers_agree_on_every_tamper_case(built: tuple[ModuleType, Path
         if {0: "ok", 3: "unconfirmed"}.get(ours, "invalid") != theirs:
             disagree.append((what, ours, theirs, report.problems[:2]))
         shutil.rmtree(trial)
-    assert {"add a space inside a record", "add a CR before a newline"} <= kinds
+    assert {"add a space inside a record", "add a CR before a newline", "append a forged summary entry at the tail",
+            "append a forged compaction entry at the tail"} <= kinds
     assert disagree == []
 
 
