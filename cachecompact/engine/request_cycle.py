@@ -423,8 +423,12 @@ class CompactionEngine:
         return RequestExchange(self, body, explicit=explicit, now=now, retry=retry, raw=raw)
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
-                             retry: bool = False, raw: bytes | None = None) -> Prepared | ContextFull | None:
-        """`prepare`, or None (send the original request) on anything but an unknown model."""
+                             retry: bool = False, raw: bytes | None = None,
+                             _anew: bool = True) -> Prepared | ContextFull | None:
+        """`prepare`, or None (send the original request) on anything but an unknown model.
+        A session set aside here (`SessionRegistry.quarantine`) is followed by one more `prepare`
+        (``_anew``): this very request starts the conversation's new session, compacted from the
+        caller's history, instead of going out uncompacted (past a small window, a 400)."""
         t0 = time.perf_counter()
         try:
             return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
@@ -449,7 +453,10 @@ class CompactionEngine:
             if live is not None:
                 self._save_events(live)
                 if isinstance(err, UnconfirmedEntryError) and _settled(live, err.entries):
-                    self.registry.quarantine(sid, live)  # kept as evidence; the next request starts anew
+                    self.registry.quarantine(sid, live)  # kept as evidence; this request starts anew
+                    if _anew:
+                        return self.prepare_or_fail_open(body, explicit=explicit, now=now, retry=retry, raw=raw,
+                                                         _anew=False)
             else:
                 self.events.drain(sid)  # no session to keep it in: the log line and the hooks had it
             return None

@@ -228,8 +228,8 @@ def test_a_forged_summary_appended_at_the_tail_is_unconfirmed_and_never_sent_aft
             assert "UnconfirmedEntryError" in (e.reason or "") and f"#{n}" in (e.reason or "")
             assert e.session_id == d.name
         # once no request can still be under way, the session is set aside (kept as evidence) and the
-        # conversation's next request starts a session of its own from the caller's history, compacted
-        # again from there, instead of going out uncompacted for good
+        # request that finds it so starts a session of its own from the caller's history, compacted
+        # again from there, instead of going out uncompacted (past a small window: the API's 400)
         monkeypatch.setattr(request_cycle, "UNCONFIRMED_GRACE_S", 0.0)
         del seen[:], events[:]
         client = cachecompact.wrap(anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0),
@@ -239,7 +239,7 @@ def test_a_forged_summary_appended_at_the_tail_is_unconfirmed_and_never_sent_aft
     failures = [e for e in events if e.kind == "failure"]
     assert len(failures) == 1 and failures[0].session_id == d.name, [(e.kind, e.reason) for e in events]
     fresh = [x for x in (tmp_path / "store").iterdir() if x.is_dir() and x.name != d.name]
-    assert any(Session.open(x, readonly=True).requests_recorded == 1 for x in fresh), \
+    assert any(Session.open(x, readonly=True).requests_recorded == 2 for x in fresh), \
         [(x.name, Session.open(x, readonly=True).requests_recorded) for x in fresh]
     assert Session.open(d, readonly=True).unconfirmed() == [n]  # nothing written confirmed it
     assert any(json.loads(x).get("kind") == "failure" for x in (d / "events.jsonl").read_bytes().splitlines())
