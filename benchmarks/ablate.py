@@ -59,9 +59,10 @@ def variant_policy(spec: str, base: PolicyConfig) -> PolicyConfig:
     return replace(base, **{section: replace(part, **{name: ast.literal_eval(raw)})})
 
 
-def run_grid(policies: dict[str, PolicyConfig | None], windows: list[int]) -> list[dict[str, Any]]:
-    """Each policy on the grid's fit half at ``windows`` (all when empty), cell by cell."""
-    todo = [c for c in grid.cells() if c.half == "fit" and (not windows or c.window in windows)]
+def run_grid(policies: dict[str, PolicyConfig | None], windows: list[int], half: str = "fit") -> list[dict[str, Any]]:
+    """Each policy on one half of the grid (the fit half chooses; the held half reports what a
+    deletion chosen there did) at ``windows`` (all when empty), cell by cell."""
+    todo = [c for c in grid.cells() if c.half == half and (not windows or c.window in windows)]
     rows = []
     for i, cell in enumerate(todo):
         for name, pol in policies.items():
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a variant (repeatable; default: the rules issue 63 names)")
     ap.add_argument("--grid-window", type=int, action="append", default=[],
                     help="grid windows (repeatable; default: all)")
+    ap.add_argument("--half", choices=["fit", "held"], default="fit",
+                    help="the grid's half: fit (default; rules are chosen on it) or held (to report)")
     ap.add_argument("--bench-window", nargs="+", default=["own", "200000", "50000"])
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     policies: dict[str, PolicyConfig | None] = {"default": None}
     policies.update({name: variant_policy(spec, base) for name, spec in specs.items()})
     t0 = time.perf_counter()
-    grid_rows = [] if a.no_grid else run_grid(policies, a.grid_window)
+    grid_rows = [] if a.no_grid else run_grid(policies, a.grid_window, a.half)
     windows = [OWN_WINDOW if w == "own" else int(w) for w in a.bench_window]
     bench_rows = [] if a.no_bench else run_real(policies, windows)
     if a.json:
