@@ -42,7 +42,6 @@ from cachecompact.tools.bench.run import OWN_WINDOW, run_bench  # noqa: E402
 DEFAULT_VARIANTS = {
     "no-working-set": "levels.working_set_chars=0",
     "no-miss-rate": "levels.miss_rate=0.0",
-    "no-keep-share": "levels.collapse_keep_share=1.0",
     "no-mark": "economics.mark_compacted=False",
     "no-batch": "economics.min_batch_fraction=0.0",
 }

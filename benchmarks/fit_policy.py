@@ -14,8 +14,6 @@ search in this order:
 * ``soft``: the utilization L1 starts at, and the target after compacting;
 * ``big_result_share``: which new results are shortened on entry (share of that budget);
 * ``min_batch_fraction``: how much a cache-breaking edit must remove (share of the window);
-* ``collapse_keep_share``: how much L3 keeps verbatim after its summary (share of the window;
-  keeping less is always cheaper, see docs/policy.md, so this is where recall sets the floor);
 * ``key_fraction``: the share of a cleared result's size its kept lines may take.
 
 The objective is the issue's: the lowest adjusted cost (cost + re-read turns for lost
@@ -49,14 +47,13 @@ GRID: dict[str | tuple[str, ...], tuple[Any, ...]] = {
     "soft": (0.6, 0.7, 0.8),
     "big_result_share": (0.25, 0.5, 1.0),
     "min_batch_fraction": (0.02, 0.04, 0.08),
-    "collapse_keep_share": (0.3, 0.4, 0.5, 1.0),
     "key_fraction": (0.25, 0.5),
 }
 
 
 def _policy(params: dict[str, Any]) -> PolicyConfig:
     lv = replace(LevelSettings(), keep_recent_tokens=params["keep_recent_tokens"],
-                 big_result_share=params["big_result_share"], collapse_keep_share=params["collapse_keep_share"],
+                 big_result_share=params["big_result_share"],
                  key_max_chars=params["key_max_chars"], key_fraction=params["key_fraction"])
     return PolicyConfig(levels=lv, triggers=Triggers(soft=params["soft"]),
                         economics=replace(Economics(), min_batch_fraction=params["min_batch_fraction"]))
@@ -112,7 +109,6 @@ def main() -> int:
     defaults = {"keep_recent_tokens": LevelSettings().keep_recent_tokens, "soft": Triggers().soft,
                 "big_result_share": LevelSettings().big_result_share,
                 "min_batch_fraction": Economics().min_batch_fraction,
-                "collapse_keep_share": LevelSettings().collapse_keep_share,
                 "key_max_chars": LevelSettings().key_max_chars, "key_fraction": LevelSettings().key_fraction}
     lines = [f"Half A: {len(a)} long traces, half B: {len(b)} (split by repository, see `split_halves`).", "",
              "| step | parameter | value | A @200k: adjusted $ (vs none) | evidence | A @50k: adjusted $ | evidence "

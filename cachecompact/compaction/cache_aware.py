@@ -381,7 +381,7 @@ class CacheAwareCompactor:
         cal = max(s.counter.calibration, 1e-9)
         learnt = self._lookback.budget(coverage, int(room / cal))
         if learnt is None:  # until a budget is certified, the agent's own look-backs may still show it must grow
-            # above what a collapse keeps of the configured budget (`collapse_keep_share` caps that guess)
+            # above what a collapse keeps of the configured budget (the room below soft caps that guess)
             learnt = self._lookback.provisional(coverage, int(lim.collapse_keep / cal), int(room / cal))
         self._learnt_now = learnt
         wanted = self._lookback.provisional(coverage, int(room / cal), 2**62)  # past the cap, uncapped; else None

@@ -111,7 +111,6 @@ class LevelSettings:
     keep_recent_results: int = 3  # every level keeps this many most recent results verbatim ...
     keep_recent_tokens: int = 50_000  # ... and the newest history up to the recent budget: this many tokens
     # until it is learnt from the agent's look-backs (`lookback_coverage`), or always when that is 0 (fitted)
-    collapse_keep_share: float = 0.5  # L3 keeps at most this share of the window after its summary (fitted)
     # a new result is shortened on entry only when it could not stay whole through the next collapse: when it
     # is bigger than this share of what a collapse keeps (the configured recent budget, at most its share of the
     # window). 1.0 is that rule exactly (issue 47: at 0.25 of the budget, fixed 12,500 tokens at any window from
@@ -152,7 +151,7 @@ class LevelSettings:
             _bad("keep_recent_tokens must be >= 0")
         if self.api_summaries not in (True, False, "priced"):
             _bad(f"api_summaries must be True, False or 'priced', got {self.api_summaries!r}")
-        for name in ("big_result_share", "key_fraction", "collapse_keep_share", "lookback_coverage", "miss_rate"):
+        for name in ("big_result_share", "key_fraction", "lookback_coverage", "miss_rate"):
             if not 0 <= getattr(self, name) <= 1:
                 _bad(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
@@ -212,7 +211,7 @@ class Limits:
     critical: int
     keep_recent: int  # the recent budget every level keeps verbatim: learnt, or configured, within the room
     configured_recent: int  # the configured budget within the room (before the agent's look-backs are known)
-    collapse_keep: int  # what L3 keeps after its summary: the recent budget, at most a share of the window
+    collapse_keep: int  # what L3 keeps after its summary: the recent budget (`keep_recent`)
     big_result: int  # a new result over this is shortened on entry: it could not stay whole through a collapse
     old_result: int
     min_batch: int
@@ -254,9 +253,9 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
         keep = collapse_keep = min(recent_tokens, cap)
     elif lv.lookback_coverage <= 0:  # a budget the user fixed (`recent_tokens`): kept as given, up to the window
         keep = collapse_keep = min(lv.keep_recent_tokens, cap)
-    else:  # the configured budget before any look-back: a guess, within soft and a share of the window
-        keep = configured
-        collapse_keep = min(keep, int(lv.collapse_keep_share * window))
+    else:  # the configured budget before any look-back: a guess, within the room below soft (no share
+        # of the window caps it further: `collapse_keep_share` did, and measured nothing, issue 63)
+        keep = collapse_keep = configured
     if t.hard is not None:  # as set, but strictly between soft and critical after rounding
         hard = min(critical - 1, max(soft + 1, int(t.hard * limit)))
     elif not cfg.economics.cache_aware:
@@ -280,7 +279,7 @@ def limits(cfg: PolicyConfig, window: int, max_tokens: int, prefix_tokens: int =
                   # a result too big to carry whole through a collapse is judged by the configured budget: the
                   # learnt one says how far back the agent looks, not what it must see once
                   big_result=max(lv.old_result_tokens,
-                                 int(lv.big_result_share * min(configured, int(lv.collapse_keep_share * window)))),
+                                 int(lv.big_result_share * configured)),
                   room=room,
                   old_result=lv.old_result_tokens, min_batch=min_batch,
                   max_tokens=max_tokens, estimate_error=margin)

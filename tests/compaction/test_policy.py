@@ -50,7 +50,6 @@ MODEL = "claude-sonnet-4-6"
     lambda: Economics(min_remaining_turns=60), lambda: Economics(min_batch_fraction=1.0),
     lambda: Economics(cache_ttl_s=0),
     lambda: LevelSettings(keep_recent_tokens=-5), lambda: Safety(estimate_error=0.9),
-    lambda: LevelSettings(collapse_keep_share=1.5),
 ])
 def test_absurd_settings_are_refused(make: Any) -> None:
     with pytest.raises(PolicyConfigError, match="invalid PolicyConfig"):
@@ -71,10 +70,10 @@ def test_any_window_of_8k_or_more_works_and_thresholds_scale() -> None:
     assert limits(PolicyConfig(), 50_000, 4_096, prefix_tokens=10_000).keep_recent < limits(
         PolicyConfig(), 50_000, 4_096).keep_recent
     assert big.keep_recent == LevelSettings().keep_recent_tokens
-    # L3 keeps the recent budget, at most its share of the window
+    # L3 keeps the recent budget: no share of the window caps it (`collapse_keep_share` measured nothing)
     for lim in (small, big):
-        assert lim.collapse_keep == min(lim.keep_recent, int(LevelSettings().collapse_keep_share * lim.window))
-    assert limits(PolicyConfig(levels=LevelSettings(collapse_keep_share=0.1)), 200_000, 0).collapse_keep == 20_000
+        assert lim.collapse_keep == lim.keep_recent
+    assert limits(PolicyConfig(levels=LevelSettings(keep_recent_tokens=150_000)), 200_000, 0).collapse_keep > 100_000
 
 
 def test_a_reach_the_agent_has_shown_is_capped_by_the_window_only() -> None:
@@ -87,9 +86,10 @@ def test_a_reach_the_agent_has_shown_is_capped_by_the_window_only() -> None:
     cap = reach_cap(lim.critical, 4_000, LevelSettings().summary_tokens, 2_000)
     huge = limits(PolicyConfig(), 200_000, 4_096, prefix_tokens=4_000, growth=2_000, recent_tokens=10**9)
     assert huge.keep_recent == huge.collapse_keep == cap == lim.critical - 4_000 - 1_500 - 2_000
-    # the configured budget (nothing learnt yet) is still a guess: within soft and its share of the window
+    # the configured budget (nothing learnt yet) is still a guess: within the room below soft, and a
+    # collapse keeps all of it (no share of the window caps it since `collapse_keep_share` went)
     plain = limits(PolicyConfig(levels=LevelSettings(keep_recent_tokens=10**9)), 200_000, 4_096, prefix_tokens=4_000)
-    assert plain.keep_recent == plain.room and plain.collapse_keep == 100_000
+    assert plain.keep_recent == plain.room == plain.collapse_keep
     # the default window is the model's own
     assert PolicyConfig().window_for(get_model("claude-haiku-4-5")) == 200_000
     assert PolicyConfig().window_for(get_model("claude-sonnet-5-5")) == 1_000_000
