@@ -89,8 +89,10 @@ class CallLog(Bounded[tuple[float, str]]):
 
 
 class EstimateErrors(Bounded[float]):
-    """The relative error of the calibrated estimate of each of the newest `ESTIMATE_ERRORS`
-    answered requests (|API's count - ours| / API's count): the session's own estimate margin."""
+    """The signed relative error of the calibrated estimate of each of the newest
+    `ESTIMATE_ERRORS` answered requests ((API's count - ours) / API's count: positive where ours
+    fell short): the session's own estimate margin. States stored before the sign was kept hold
+    the absolute error, which reads as falling short: the margin they give is as before."""
 
     MAXLEN: ClassVar[int] = ESTIMATE_ERRORS
     ITEMS: ClassVar[Any] = list[float]

@@ -355,11 +355,15 @@ class CacheAwareCompactor:
         """The share of the window kept free for the token estimate's error (issue 63: "the
         safety margin follows this session's measured estimate error, not a fixed 5%"): the
         configured one (`Safety.estimate_error`) until `MARGIN_EVIDENCE` answered requests have
-        shown the session's own error, then twice the largest relative error of the newest of
-        them (the calibrated estimate against the API's count), at least `MIN_MARGIN` and at
+        shown the session's own error, then twice the largest relative shortfall of the newest
+        of them (the API's count above the calibrated estimate), at least `MIN_MARGIN` and at
         most `MAX_MARGIN`. At 1M the configured 5% kept 50,000 tokens free that a session
-        estimated within 1% never needed; a session whose estimates miss by more (images,
-        another tokenizer) gets more than 5%. A request that still comes out too long gets the
+        estimated within 1% never needed; a session whose estimates fall short by more (images,
+        another tokenizer) gets more than 5%. Only a shortfall counts: an estimate that runs high
+        never makes a request too long, and counting it refused requests the API takes (issue 62's
+        trial: after an edit invalidated thinking sent with ``drop_block``, estimates ran 2-38%
+        high, the margin reached a quarter of a 40k window, and the proxy said "context is full"
+        at an estimated 32k of a real 27k). A request that still comes out too long gets the
         API's prompt-too-long 400, which the reactive path compacts and retries."""
         errors = self._estimate_errors
         if len(errors) < MARGIN_EVIDENCE:
@@ -1633,7 +1637,7 @@ class CacheAwareCompactor:
                                                           "cache_read_input_tokens"))
             est = self.draft.render(breakpoints=False).raw_tokens
             if est > 0 and total > 0:  # how far off the estimate this request was planned with was
-                self._estimate_errors.append(abs(total - self.draft.counter.calibrated(est)) / total)
+                self._estimate_errors.append((total - self.draft.counter.calibrated(est)) / total)  # + fell short
             self.draft.counter.observe(est, total)
 
     def reactive(self, reported_tokens: int, limit: int, now: float, model: str, max_tokens: int = 0) -> bool:
