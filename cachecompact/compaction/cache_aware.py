@@ -516,35 +516,9 @@ class CacheAwareCompactor:
                                          keep_tokens=int(lim.collapse_keep / max(ctr.calibration, 1e-9)))
         if level == "L4":  # the rounds the recent budget holds, in tokens; the configured count is a floor
             keep = int(lim.collapse_keep / max(ctr.calibration, 1e-9))
-            rounds = max(lv.keep_rounds_l4, view.rounds_within(keep))
-            p = propose_full(view, keep_rounds=rounds, summary_tokens=lv.summary_tokens)
-            if p.empty and ctr.calibrated(view.total_tokens) >= lim.critical:
-                p = self._fewer_rounds(view, lim, rounds)
-            return p
+            return propose_full(view, keep_rounds=max(lv.keep_rounds_l4, view.rounds_within(keep)),
+                                summary_tokens=lv.summary_tokens)
         return propose_truncate(view, target_tokens=target_raw, keep=self._latest_request())
-
-    def _fewer_rounds(self, view: View, lim: Limits, rounds: int) -> Proposal:
-        """L4 keeping fewer than ``rounds`` of the newest rounds, for a window that forces a cut
-        where the configured count leaves nothing to summarize: the most rounds whose summary brings
-        the request under the critical threshold, else the fewest (never the newest round: its
-        result has not been shown to the agent yet), and never the message the person wrote last:
-        a summary carries only the first words of a long one, which L5 keeps whole. Without it L5
-        dropped those very rounds with no summary at all (issue 62's trial: Claude Code at 40k,
-        three to seven rounds in view beside a large prefix, 32 L5 drops in a conversation and not
-        one summary)."""
-        ctr, lv = self.draft.counter, self.cfg.levels
-        tokens = ctr.calibrated(view.total_tokens)
-        asked = self._latest_request()
-        best = Proposal("L4", "nothing to summarize")
-        for r in range(rounds - 1, 0, -1):
-            q = propose_full(view, keep_rounds=r, summary_tokens=lv.summary_tokens)
-            if q.empty or q.summarize is None or (asked is not None and q.summarize[1] >= asked):
-                continue
-            best = replace(q, reason=f"{q.reason}: the window forces it (the configured {rounds} leave nothing to "
-                                     "summarize, and dropping rounds would keep no summary of them)")
-            if tokens - ctr.calibrated(q.tokens_removed) < lim.critical:
-                break
-        return best
 
     def _guard(self, p: Proposal) -> Proposal:
         """The one check every proposal passes: nothing may touch the immutable prefix (nor what
@@ -1334,7 +1308,6 @@ class CacheAwareCompactor:
         cal = max(ctr.calibration, 1e-9)
         keep = int(lim.collapse_keep / cal)
         floor = self._lookback.reach(self._coverage_now) if lv.lookback_coverage > 0 else 0
-        asked = self._latest_request()
         last = view.n - 1
         tails = sorted({view.suffix_tokens(e + 1) for e in view.round_ends if e < last}, reverse=True)  # O(1) each
         for tail in tails:
@@ -1350,8 +1323,6 @@ class CacheAwareCompactor:
                                           summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
                                           keep_tokens=tail)
             q = self._guard(q)
-            if asked is not None and q.summarize is not None and q.summarize[1] >= asked:
-                return  # the message the person wrote last stays verbatim: a summary quotes its first words only
             if not q.empty and q.tokens_removed > p.tokens_removed:
                 yield replace(q, reason=f"{q.reason}; keeps the newest {ctr.calibrated(tail):,} tokens, not "
                                         f"{lim.collapse_keep:,}: the cycle must pay back its re-write (the "
