@@ -12,7 +12,7 @@ from typing import Any
 
 from .values import Answer
 
-__all__ = ["SSEUsage", "clock_from", "json_or_none", "too_long", "with_betas"]
+__all__ = ["SSEUsage", "clock_from", "json_or_none", "too_long", "too_long_message", "with_betas"]
 
 
 def too_long(payload: Any) -> tuple[int, int, int] | None:
@@ -30,6 +30,16 @@ def too_long(payload: Any) -> tuple[int, int, int] | None:
     if m:
         return int(m.group(1)), int(m.group(3)), int(m.group(2))
     return None
+
+
+def too_long_message(tokens: int, window: int, why: str) -> str:
+    """A refusal of ours that the request does not fit, in the API's own words first ("prompt is
+    too long: N tokens > M maximum", plain digits, docs/anthropic-cache-facts.md section 6), then
+    ours in brackets. Clients act on the API's words: Claude Code compacts the conversation itself
+    on any error whose message contains "prompt is too long" (2.1.332's error classifier), so a
+    refusal worded otherwise ends its session where the API's own 400 would not. `too_long` reads
+    it back. Only for ``tokens > window``: a prompt that fits goes to the API, which decides."""
+    return f"prompt is too long: {tokens} tokens > {window} maximum (cachecompact: {why})"
 
 
 def with_betas(value: str | None, betas: tuple[str, ...]) -> str | None:

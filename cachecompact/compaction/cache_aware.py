@@ -34,6 +34,7 @@ import xxhash
 
 from ..base.errors import InvalidEditError, SummaryRejected, UnknownModelError
 from ..base.events import Event
+from ..base.http import too_long_message
 from ..base.pricing import UNKNOWN_MODEL_WINDOW, priced
 from ..base.values import PREFIX_SETTING, TTL, IdleDecision, Level
 from ..base.wire import (
@@ -1422,13 +1423,15 @@ class CacheAwareCompactor:
             tokens = self._truncate(tokens, drop, report, "still over the window: the leading summary dropped too "
                                     "(the task stays in the immutable prefix)", drop_summary=True)
         if tokens > drop.limit or (tokens > lim.limit and lim.max_tokens > 0):
-            margin = int(lim.estimate_error * lim.window)
-            if lim.max_tokens > 0 and tokens + margin <= lim.window:
-                # the prompt fits the window; only its output reserve does not. Sent as it is: the
-                # API decides, and its own 400 ("input length and `max_tokens` exceed context
-                # limit") is what a client recovers from by lowering max_tokens (Claude Code does);
-                # a refusal of ours would turn a request the upstream may take into an error
-                self._over_reserve(tokens, lim, report)
+            if tokens <= lim.window:
+                # the prompt fits the window by our estimate; its output reserve or the estimate's
+                # margin may not. Sent as it is: the API decides, a refusal of ours would turn a
+                # request the upstream may take into an error (issue 62). Its own 400 is what a
+                # client recovers from: "input length and `max_tokens` exceed context limit" by
+                # lowering max_tokens (Claude Code does), "prompt is too long" by the reactive
+                # compaction (`after_too_long`) and then by the client's own
+                if lim.max_tokens > 0:
+                    self._over_reserve(tokens, lim, report)
                 return tokens
             report.events.append(self._emit("context_full", reason="the request does not fit even after L5",
                                             tokens_before=tokens, tokens_after=tokens))
@@ -1439,10 +1442,12 @@ class CacheAwareCompactor:
         report.events.append(self._emit(
             "max_tokens_over", tokens_before=tokens, tokens_after=tokens,
             reason=f"the prompt (~{tokens:,} tokens) fits the {lim.window:,}-token window but not beside "
-                   f"max_tokens={lim.max_tokens:,}; sent as it is, for the API (and the client) to decide"))
+                   f"max_tokens={lim.max_tokens:,} and the estimate's margin; sent as it is, for the API (and the "
+                   f"client) to decide"))
 
     def _full_message(self, tokens: int, lim: Limits) -> str:
-        """What is true and what to do when the request cannot fit: what is left, what fills it
+        """What is true and what to do when the request cannot fit (``tokens`` over the window), in
+        the API's words first (`too_long_message`): what is left, what fills it
         (the immutable prefix when that is most of it, with the setting that shrinks it), and
         how the window is shared between input, the reply and the estimate margin."""
         s = self.draft
@@ -1470,8 +1475,8 @@ class CacheAwareCompactor:
                      f"(the task itself): shorten them")
         else:
             what += ", the newest round included, which is always kept"
-        return (f"{what}; {budget}. Use a window of at least {lim.window_for(tokens):,} tokens, lower max_tokens, or "
-                f"start a new session")
+        return too_long_message(tokens, lim.window, f"{what}; {budget}. Use a window of at least "
+                                f"{lim.window_for(tokens):,} tokens, lower max_tokens, or start a new session")
 
     def _apply_or_refuse(self, p: Proposal, cold: bool, body: dict[str, Any] | None) -> list[LedgerEntry]:
         try:

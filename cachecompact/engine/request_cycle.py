@@ -38,7 +38,7 @@ from ..base.errors import (
     UnknownModelError,
 )
 from ..base.events import Event, EventBus
-from ..base.http import too_long
+from ..base.http import too_long, too_long_message
 from ..base.pricing import PRESERVED_THINKING, canonical_id, get_model, priced
 from ..base.refs import blob_ref
 from ..base.values import PREFIX_SETTING, TTL, Answer, ContextFull, IdleDecision, Refuse, RequestRecord, Send
@@ -67,6 +67,12 @@ __all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Ref
 log = logging.getLogger("cachecompact")
 
 STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+
+
+def still_too_long(info: tuple[int, int, int]) -> str:
+    """The refusal after the reactive retry came back too long too: the API's numbers, in its
+    words (`too_long_message`: a client that compacts on them, Claude Code, still can)."""
+    return too_long_message(info[0], info[1], STILL_TOO_LONG)
 TURN_ENDS = frozenset({"end_turn", "stop_sequence"})  # stop reasons after which a person speaks next
 
 
@@ -119,7 +125,7 @@ class RequestExchange:
     the caller's own request unchanged); a `Refuse` ends the exchange with the message. Once the
     caller's response is complete, `answered` records it. Each step may run in a worker thread;
     a step is never run twice at once. The too-long retry happens at most once: a second
-    prompt-too-long answer is `Refuse(STILL_TOO_LONG)`."""
+    prompt-too-long answer is `Refuse(still_too_long(...))`, in the API's words."""
 
     def __init__(self, engine: CompactionEngine, body: dict[str, Any], *, explicit: str | None, now: float,
                  retry: bool = False, raw: bytes | None = None) -> None:
@@ -151,7 +157,10 @@ class RequestExchange:
         if status != 400:
             return None
         if self._resent:
-            return Refuse(STILL_TOO_LONG, self.prepared.live.sid) if too_long(payload) is not None else None
+            info = too_long(payload)
+            if info is None or (info[2] and info[0] < info[1]):
+                return None  # not too long, or only max_tokens is: the API's own 400, for the client to act on
+            return Refuse(still_too_long(info), self.prepared.live.sid)
         retry = self.engine.after_too_long(self.prepared, payload)
         if retry is None:
             return None
@@ -701,9 +710,10 @@ class CompactionEngine:
                    f"{fixed} message{'s' if fixed != 1 else ''}), which no compaction edits"
                    + (f": {PREFIX_SETTING} fixes only the first message, so the rest can be compacted"
                       if fixed > 1 else ": the task itself is over the limit; shorten it"))
-        return Retry(None, f"context is full: the prompt has {n:,} tokens and the request reserves {reserved:,} output "
-                           f"tokens (its max_tokens) within the API's {limit:,}-token limit, so it would take a window "
-                           f"of at least {n + reserved:,}; {why}. Shorten the conversation or start a new session")
+        return Retry(None, too_long_message(
+            n, limit, f"context is full: the prompt has {n:,} tokens and the request reserves {reserved:,} output "
+                      f"tokens (its max_tokens) within the API's {limit:,}-token limit, so it would take a window "
+                      f"of at least {n + reserved:,}; {why}. Shorten the conversation or start a new session"))
 
     def reactive(self, p: Prepared, info: tuple[int, int, int]) -> dict[str, Any] | None:
         """Compact after a prompt-too-long error: the new body, or None when nothing more fits."""

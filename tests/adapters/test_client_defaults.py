@@ -127,15 +127,17 @@ def _asks_for_a_summary(body: dict[str, Any]) -> bool:
 # -- the clients ------------------------------------------------------------------------------------------
 
 
-def _claude_code(url: str, tmp: Path, k: int, model: str | None = MODEL) -> tuple[str, str]:
+def _claude_code(url: str, tmp: Path, k: int, model: str | None = MODEL, paste: int = 0) -> tuple[str, str]:
     """``claude -p`` (``-c -p`` after the first): its answer, and its error text if any; with
-    ``model`` None, on the model the CLI picks itself (Opus, with its 128,000 of output)."""
+    ``model`` None, on the model the CLI picks itself (Opus, with its 128,000 of output); with
+    ``paste``, the first prompt carries that many lines of pasted log."""
     env = {**os.environ, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-claude-code-test",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CONFIG_DIR": str(tmp / "cfg")}
     for var in ("ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "CLAUDE_CODE_MAX_RETRIES"):
         env.pop(var, None)
     # the model named: left to itself this CLI asks for "claude-opus-4-8[1m]" (test_clients.py)
-    args = [str(BIN["claude-code"]), *(["-c"] if k else []), "-p", f"prompt {k} please", "--allowedTools", "Bash",
+    text = f"prompt {k} please" + ("".join(f"\nlog {i:05d} status nominal" for i in range(paste)) if not k else "")
+    args = [str(BIN["claude-code"]), *(["-c"] if k else []), "-p", text, "--allowedTools", "Bash",
             *(["--model", model] if model else []), "--output-format", "json"]
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                        cwd=tmp / "work")
@@ -197,7 +199,13 @@ def _claude_code_own_model(url: str, tmp: Path, k: int) -> tuple[str, str]:
     return _claude_code(url, tmp, k, model=None)
 
 
-RUN = {"claude-code": _claude_code, "opencode": _opencode, "claude-code-own-model": _claude_code_own_model}
+def _claude_code_pasting(url: str, tmp: Path, k: int) -> tuple[str, str]:
+    return _claude_code(url, tmp, k, paste=PASTE_LINES)
+
+
+PASTE_LINES = 1_700  # about 15,000 tokens: with Claude Code's system prompt and tools, most of 40k
+RUN = {"claude-code": _claude_code, "opencode": _opencode, "claude-code-own-model": _claude_code_own_model,
+       "claude-code-pasting": _claude_code_pasting}
 
 # window -> (prompts, shell calls a prompt, lines a call): enough output to fill the small window
 # and the middle one more than once (a call adds about 6,400 tokens with Claude Code); the model's
@@ -302,3 +310,24 @@ def test_claude_code_on_its_own_model_gets_every_prompt_answered_in_compact_mode
     assert out.refused == 0 and not any(out.errors), str(out)
     assert out.max_tokens >= 128_000, str(out)  # the CLI's own default reserve, as users run it
     assert out.answers == [f"done {k}" for k in range(WORK[window][0])], str(out)
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_claude_code_compacts_itself_where_the_prefix_fills_the_window(tmp_path: Path, mode: ProxyMode) -> None:
+    """A first prompt with a long paste, at 40k: the immutable prefix (Claude Code's system prompt
+    and tools, and that prompt) is most of the window, so no compaction of ours makes room for the
+    work after it. Direct, Claude Code compacts the conversation itself on the API's "prompt is too
+    long" and goes on. Through compact mode it got the proxy's "context is full" instead, never
+    compacted, and exited 1 at the first prompt ("automatic compaction failed: API Error: 400
+    context is full", 6 refusals). Now a prompt that fits by our estimate goes to the API, and a
+    refusal of ours starts with the API's words and numbers: it goes on as it does direct (here,
+    observe mode), and the later prompts are answered as their own. The first answer is what
+    Claude Code prints once it has compacted mid-prompt (its summary, in this scripted model), the
+    same in both modes."""
+    if not BIN["claude-code"].exists():
+        pytest.skip(f"claude-code is not installed at {BIN['claude-code']} (.ci/run installs it)")
+    out = _converse("claude-code-pasting", mode, "small", tmp_path)
+    print(f"claude-code pasting {mode} small: {out}")
+    assert not any(out.errors), str(out)
+    assert out.answers[1:] == ["done 1", "done 2"] and out.lost == 0, str(out)
+    assert out.api_400s, str(out)  # the window was reached: the API said so, and Claude Code acted on it

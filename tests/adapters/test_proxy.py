@@ -765,8 +765,8 @@ def test_memory_is_capped_by_bytes_and_a_session_let_go_comes_back(emu: Emulator
 def test_a_second_too_long_answer_is_refused_as_still_too_long_and_counted(tmp_path: Path) -> None:
     """The proxy's one exchange (issue 49): after a prompt-too-long 400 it compacts and sends once
     more; an upstream that says too long again gets the caller the same refusal wrap() raises
-    (`STILL_TOO_LONG`), once, and the refusal is a request and an error in ``/metrics`` (the
-    review found it counted nowhere)."""
+    (`STILL_TOO_LONG`, after the API's own words and numbers), once, and the refusal is a request
+    and an error in ``/metrics`` (the review found it counted nowhere)."""
     calls: list[int] = []
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -797,7 +797,10 @@ def test_a_second_too_long_answer_is_refused_as_still_too_long_and_counted(tmp_p
         r = http.post("/v1/messages", json=body, headers={"x-api-key": "k"})
         px.wait_idle()
         metrics = http.get("/metrics").text
-    assert r.status_code == 400 and r.json()["error"]["message"] == STILL_TOO_LONG
+    said = r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # the API's words first: Claude Code compacts by itself on any error saying "prompt is too long"
+    assert said == f"prompt is too long: 250000 tokens > 200000 maximum (cachecompact: {STILL_TOO_LONG})", said
     assert len(calls) == 2  # the request, and the one retry
     assert 'cachecompact_request_errors_total{mode="compact"} 1' in metrics, metrics
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -330,14 +331,29 @@ def test_context_full_only_when_even_l5_cannot_fit() -> None:
     report = c.before_request(10.0, MODEL, 1000)
     msg = report.context_full  # a decision returned as data; the adapters raise or answer a 400
     assert msg is not None and "start a new session" in msg
+    # the API's own words and numbers first (Claude Code compacts by itself on "prompt is too long")
+    assert re.match(r"prompt is too long: \d+ tokens > 30000 maximum \(cachecompact: context is full: ", msg), msg
     assert any(e.kind == "context_full" for e in c.events.history)
     # it names the client's max_tokens as what the window must also hold, and a window that would do
-    import re
-
     assert "1,000 are kept for the reply (max_tokens)" in msg, msg
     assert "the newest round included" in msg, msg  # the prefix is one message: not what is full
     m = re.search(r"[Uu]se a window of at least ([\d,]+)", msg)
     assert m is not None and int(m.group(1).replace(",", "")) > 30_000
+
+
+@pytest.mark.parametrize("words", [28_500, 29_500])
+def test_a_prompt_that_fits_the_window_by_the_estimate_goes_to_the_api(words: int) -> None:
+    """Issue 62: within the estimate's margin of the window, compact mode refused a prompt the
+    API might take. Now it is sent as it is (the API decides; its "prompt is too long", if it comes,
+    starts the reactive compaction), and only a prompt over the window itself is refused."""
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(30_000))
+    s.sync([{"role": "user", "content": GOAL + " w" * words}])  # the prefix: nothing can shrink it
+    report = c.before_request(10.0, MODEL, 100)
+    tokens = s.render(breakpoints=False).tokens
+    assert 30_000 - int(PolicyConfig().safety.estimate_error * 30_000) < tokens + 100 and tokens <= 30_000, tokens
+    assert report.context_full is None
+    assert [e.kind for e in c.events.history][-1] == "max_tokens_over"
 
 
 def test_context_full_says_when_max_tokens_is_larger_than_the_window() -> None:

@@ -675,6 +675,7 @@ def test_the_exchange_is_one_sequence_without_io(tmp_path: Path) -> None:
     here with no I/O at all: a 200 is the caller's, another 400 is the caller's, a prompt-too-long
     400 is compacted and sent once more, and a second one is refused as still too long."""
     from cachecompact import EngineOptions
+    from cachecompact.base.http import too_long as parsed
     from cachecompact.base.values import Refuse, Send
     from cachecompact.engine.request_cycle import STILL_TOO_LONG
 
@@ -693,7 +694,18 @@ def test_the_exchange_is_one_sequence_without_io(tmp_path: Path) -> None:
     again = ex.received(400, too_long)
     assert isinstance(again, Send) and again.body != first.body  # compacted, sent once more
     # and only once; the refusal names the session it is counted in (the proxy records it there)
-    assert ex.received(400, too_long) == Refuse(STILL_TOO_LONG, "conv")
+    refused = ex.received(400, too_long)
+    # in the API's words and numbers first, so a client that compacts on "prompt is too long"
+    # (Claude Code) still does; ours follow
+    assert isinstance(refused, Refuse) and refused.session_id == "conv"
+    assert refused.message.startswith("prompt is too long: 250000 tokens > 200000 maximum (cachecompact: ")
+    assert STILL_TOO_LONG in refused.message and parsed({"error": {"message": refused.message}}) == (250000, 200000, 0)
+    # a retry that only max_tokens keeps out is the API's own 400, for the client to lower it
+    ex2 = eng.exchange(body, explicit="conv2", now=2.0)
+    assert isinstance(ex2.start(), Send) and isinstance(ex2.received(400, too_long), Send)
+    over = {"type": "error", "error": {"type": "invalid_request_error", "message":
+                                       "input length and `max_tokens` exceed context limit: 199950 + 100 > 200000"}}
+    assert ex2.received(400, over) is None
     finding = ex.answered(Answer({"input_tokens": 10, "cache_creation_input_tokens": 0,
                                   "cache_read_input_tokens": 0, "output_tokens": 5}, "msg_1"))
     assert finding is not None and ex.prepared.live.session.requests_recorded == 1

@@ -127,7 +127,7 @@ def test_a_session_an_option_cannot_finish_is_listed_with_its_whole_reason(
     assert data["paired"] == 1 and "1 replayed to the end under every option" in text and "1 left out" in text
     (fail,) = [f for f in data["failures"] if f["option"] == "none"]
     assert fail["session"].endswith("long") and "context full" in fail["reason"]
-    assert fail["reason"].startswith("request ") and fail["reason"].endswith("start a new session")  # whole
+    assert fail["reason"].startswith("request ") and fail["reason"].endswith("start a new session)")  # whole
     assert "not finished by no compaction, 5 min TTL: request" in text
     assert "cachecompact (TTL it chooses) $" in text.split("left out of the sums")[1]
     rec = data["recorded"]
