@@ -96,7 +96,7 @@ from .strategy import (
     task_goal,
 )
 from .summarize.api_compaction import OnDemandSummarizer, Verbatim, compaction_max_tokens
-from .summarize.extractive import first_words
+from .summarize.extractive import first_words, request_head
 from .summarize.llm import ExtractiveSummarizer, PricedSummarizer
 
 __all__ = ["GROWTH_TURNS", "REPEAT_CALLS", "REPEAT_WINDOW_S", "CacheAwareCompactor"]
@@ -1247,6 +1247,14 @@ class CacheAwareCompactor:
         found = latest_request(self.draft)
         return found[0] if found is not None else None
 
+    def _long_request(self) -> int | None:
+        """The message of the person's newest request when a summary could not carry it whole (a
+        paste longer than a summary quotes, `request_head`): no summary may cover it, for it would
+        keep only its first words (L5 keeps it whole). A shorter one is quoted word for word, so any
+        edit may cover it."""
+        found = latest_request(self.draft)
+        return found[0] if found is not None and request_head(found[1]) != found[1] else None
+
     def _task_start(self) -> int:
         """The latest message a person wrote (a user message that is not tool results): the task
         under way starts after it (-1 when there is none)."""
@@ -1309,6 +1317,7 @@ class CacheAwareCompactor:
         cal = max(ctr.calibration, 1e-9)
         keep = int(lim.collapse_keep / cal)
         floor = self._lookback.reach(self._coverage_now) if lv.lookback_coverage > 0 else 0
+        pasted = self._long_request()
         last = view.n - 1
         tails = sorted({view.suffix_tokens(e + 1) for e in view.round_ends if e < last}, reverse=True)  # O(1) each
         for tail in tails:
@@ -1324,6 +1333,8 @@ class CacheAwareCompactor:
                                           summary_tokens=lv.summary_tokens, min_batch_tokens=lim.min_batch,
                                           keep_tokens=tail)
             q = self._guard(q)
+            if pasted is not None and q.summarize is not None and q.summarize[1] >= pasted:
+                return  # the person's long newest message stays whole: a summary would quote its first words only
             if not q.empty and q.tokens_removed > p.tokens_removed:
                 yield replace(q, reason=f"{q.reason}; keeps the newest {ctr.calibrated(tail):,} tokens, not "
                                         f"{lim.collapse_keep:,}: the cycle must pay back its re-write (the "

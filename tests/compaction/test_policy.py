@@ -821,3 +821,29 @@ def test_the_estimate_margin_is_the_sessions_own(noise: float, expected: float, 
     assert abs(late.estimate_error - expected) < 0.006
     if expected < 0.05:  # the critical threshold moves up by what the margin no longer holds back
         assert late.critical - lims[0].critical >= int((0.05 - expected) * 1_000_000) * 0.9
+
+
+@pytest.mark.parametrize(("words", "covered"), [(10, True), (3_000, False)])
+def test_a_deeper_cut_never_summarizes_the_persons_long_newest_message(words: int, covered: bool) -> None:
+    """Issue 62: the person's newest request is never lost. A summary quotes a short one word for
+    word, so a cut that keeps fewer rounds may cover it; a long one (a paste) it quotes by its
+    first words only, so no deeper cut covers it (L5 keeps it whole). Checked on the cuts
+    themselves: they reach past the request only when it is short."""
+    from cachecompact.compaction.levels import build_view
+
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(60_000))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for k in range(6):
+        msgs += tool_turn(k, "read_file", f"line {k} " * 800)
+    msgs += [{"role": "assistant", "content": "done with that"},
+             {"role": "user", "content": "now this: " + " ".join(f"w{k}" for k in range(words))}]
+    asked = len(msgs) - 1
+    for k in range(6, 14):
+        msgs += tool_turn(k, "read_file", f"line {k} " * 800)
+    s.sync(msgs)
+    view = build_view(c.draft)
+    lim = c._plain_limits(1000, MODEL)[0]
+    cuts = [q.summarize for q in c._deeper_cuts(c._plan("L4", view, lim), view, lim)]
+    assert cuts and all(r is not None for r in cuts), cuts
+    assert any(r[1] >= asked for r in cuts if r is not None) is covered, (asked, cuts)
