@@ -696,8 +696,10 @@ def test_compact_mode_passes_todays_request_fields_through(tmp_path: Path) -> No
     for key in ("thinking", "fallbacks", "output_config", "context_management"):
         assert sent[key] == body[key], key
     assert [m["role"] for m in sent["messages"]] == ["user", "system"]
-    assert sent["messages"][1]["content"] in ("From now on, answer in French.",  # where the caller put it, as
-                                              [{"type": "text", "text": "From now on, answer in French."}])  # sent
+    # where the caller put it, its text as sent; as the newest block it carries the cache marker, as
+    # Claude Code's own system message does (the SDK's SystemMessageParam: text blocks, which take one)
+    assert sent["messages"][1]["content"] == [{"type": "text", "text": "From now on, answer in French.",
+                                               "cache_control": {"type": "ephemeral"}}], sent["messages"][1]
 
 
 def test_compact_mode_keeps_passed_through_requests_out_of_the_engines_names(emu: Emulator, tmp_path: Path,
@@ -820,3 +822,32 @@ def test_the_dashboard_draws_the_window_the_engine_plans_with(emu: Emulator, tmp
         page = http.get("/api/sessions/win").json()
     assert px.state.engine is not None and px.state.engine.window_tokens == 50_000
     assert page["window"] == 50_000 and page["window_source"] == "the policy's window_tokens"
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_a_conversation_compact_mode_leaves_unedited_is_billed_as_direct(tmp_path: Path, mode: str) -> None:
+    """Issue 62's trial: at 1M, where it edited nothing, compact mode cost 0.4-2.3% more than
+    direct with Claude Code, whose first request ends in a mid-conversation ``role: "system"``
+    message (its context, ~2,800 tokens) that it marks itself. The renderer left system messages
+    unmarked, so that first request wrote none of them to the cache and the next paid them again.
+    The conversation here is shaped like Claude Code's; both modes are billed alike, request by
+    request."""
+    cc = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are a coding agent. " * 200, "cache_control": cc}]
+    context = {"role": "system", "content": [{"type": "text", "text": "Repository notes: " + "fact " * 2500,
+                                              "cache_control": cc}]}
+    first = [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>be brief</system-reminder>"},
+                                          {"type": "text", "text": "fix the parser"}]}, context]
+    reply = {"role": "assistant", "content": [{"type": "text", "text": "Which file?"}]}
+    second = [*first, reply, {"role": "user", "content": [{"type": "text", "text": "parser.py", "cache_control": cc}]}]
+    with Emulator() as emu, _proxy(emu.url, mode=mode, store=str(tmp_path)) as px, \
+            httpx2.Client(base_url=px.url, timeout=30, headers=API_VERSION) as http:
+        for msgs in (first, second):
+            r = http.post("/v1/messages", json={"model": "claude-opus-5-5", "max_tokens": 500, "system": system,
+                                                "messages": msgs}, headers={"x-api-key": "k"})
+            assert r.status_code == 200, r.text[:300]
+        px.wait_idle()
+        usage = [(r["usage"]["input_tokens"], r["usage"]["cache_creation_input_tokens"],
+                  r["usage"]["cache_read_input_tokens"]) for r in emu.requests if r.get("status") == 200]
+    # the system message is written on the first request and read on the second, as direct
+    assert usage[0][0] < 50 and usage[1][2] >= usage[0][1] > 2_500, usage
