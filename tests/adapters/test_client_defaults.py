@@ -79,8 +79,20 @@ class PromptModel:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: int = 0
     max_tokens: int = 0  # the largest max_tokens a request it answered asked for
+    think: int = 0  # tokens of thinking before each answer of the work, when the request turns thinking on
+    thought: int = 0  # the answers it thought before
 
     def __call__(self, body: dict[str, Any]) -> Reply:
+        reply = self._answer(body)
+        th = body.get("thinking")
+        if self.think and reply.content[0].get("text", "").startswith(("Step", "done")) and isinstance(th, dict) \
+                and th.get("type") in ("enabled", "adaptive"):
+            self.thought += 1
+            return Reply([{"type": "thinking", "thinking": ""}, *reply.content], reply.stop_reason, thinks=True,
+                         thinking_tokens=[self.think])
+        return reply
+
+    def _answer(self, body: dict[str, Any]) -> Reply:
         msgs = body["messages"]
         with self._lock:
             self.max_tokens = max(self.max_tokens, int(body.get("max_tokens") or 0))
@@ -233,6 +245,7 @@ class Outcome:
     compactions: int  # the proxy's compactions
     max_input: int  # the largest prompt the emulator answered
     max_tokens: int  # the largest max_tokens the client asked for: answered, or in the API's 400 ("N + K > M")
+    thought: int = 0  # the model's answers that carried thinking
 
     def __str__(self) -> str:
         return (f"answers={self.answers} errors={[e[:160] for e in self.errors]} refused={self.refused} "
@@ -240,12 +253,12 @@ class Outcome:
                 f"max_input={self.max_input}")
 
 
-def _converse(client: str, mode: ProxyMode, window: str, tmp: Path) -> Outcome:
+def _converse(client: str, mode: ProxyMode, window: str, tmp: Path, think: int = 0) -> Outcome:
     """One conversation of the client through the proxy into the emulator; it stops at the first
     prompt the client could not answer (the rest would fail the same way)."""
     prompts, steps, lines = WORK[window]
     tokens = WINDOWS[window]
-    model = PromptModel(steps, lines)
+    model = PromptModel(steps, lines, think=think)
     (tmp / "work").mkdir()
     emu_log = tmp / "emulator.jsonl"
     with Emulator(SummarizingResponder(ScriptedResponder(model)), context_window=tokens, log=emu_log) as emu, \
@@ -267,7 +280,8 @@ def _converse(client: str, mode: ProxyMode, window: str, tmp: Path) -> Outcome:
     return Outcome(answers, errors, refused, api_400s,
                    model.answers.count("LOST"), sum(len(s.compactions) for s in sessions),
                    max((r.get("total_input_tokens") or 0 for r in served), default=0),
-                   max([model.max_tokens, *(int(k) for m in api_400s for k in re.findall(r" \+ (\d+) > ", m))]))
+                   max([model.max_tokens, *(int(k) for m in api_400s for k in re.findall(r" \+ (\d+) > ", m))]),
+                   model.thought)
 
 
 CASES = [pytest.param(c, m, w, id=f"{c}-{m}-{w}") for c in BIN for m in ("observe", "compact") for w in WINDOWS]
@@ -331,3 +345,17 @@ def test_claude_code_compacts_itself_where_the_prefix_fills_the_window(tmp_path:
     assert not any(out.errors), str(out)
     assert out.answers[1:] == ["done 1", "done 2"] and out.lost == 0, str(out)
     assert out.api_400s, str(out)  # the window was reached: the API said so, and Claude Code acted on it
+
+
+@pytest.mark.parametrize("mode", ["observe", "compact"])
+def test_claude_code_thinking_at_a_small_window_gets_every_prompt_answered(tmp_path: Path, mode: ProxyMode) -> None:
+    """Claude Code on the model it picks, thinking on as it sends it, and the model thinking 2,000
+    tokens before each answer, at 40k: in compact mode the thinking an edit invalidates goes as
+    the binding rules allow, and every prompt is answered as its own, as through observe mode."""
+    if not BIN["claude-code"].exists():
+        pytest.skip(f"claude-code is not installed at {BIN['claude-code']} (.ci/run installs it)")
+    out = _converse("claude-code-own-model", mode, "small", tmp_path, think=2_000)
+    print(f"claude-code own model thinking {mode} small: {out}")
+    assert out.thought >= WORK["small"][0] * WORK["small"][1], str(out)  # it did think, turn after turn
+    assert out.refused == 0 and not any(out.errors), str(out)
+    assert out.answers == [f"done {k}" for k in range(WORK["small"][0])], str(out)
