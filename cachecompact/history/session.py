@@ -470,6 +470,10 @@ class Session:
             entry = msgspec.convert(rec, LedgerEntry)
         except msgspec.ValidationError as err:
             raise LedgerCorruptError(path, line_no, f"not a ledger entry: {err}") from None
+        unknown = sorted(set(rec) - set(LedgerEntry.__struct_fields__))
+        if unknown:  # a closed record (docs/ledger-format.md, ledger.jsonl), as the spec verifier reads it: a
+            # field no reader looks at would pass the hashes of an entry past the last request record unseen
+            raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} has an unknown field {unknown[0]!r}")
         if entry_hash(rec) != entry.hash:
             raise LedgerCorruptError(path, line_no, f"entry #{entry.seq} does not match its hash")
         if entry.level not in LEVELS:  # rendered in placeholders: a level the line chose would put its words upstream

@@ -389,3 +389,29 @@ def test_requests_sent_before_the_prefix_was_complete_verify(tmp_path: Path) -> 
         s.sync(history(n))
         s.record_request(s.render(), {"n": n})
     assert _verdicts(d)[:2] == (0, [])
+
+
+def test_an_unknown_field_in_an_entry_past_the_last_request_record_is_invalid_for_both(tmp_path: Path) -> None:
+    """Issue 56: the two verifiers disagreed on an entry no request record commits to (made after
+    the last request) that carries a field the format does not have, every hash recomputed: the
+    spec verifier, reading the record as closed, said invalid, and ours, which ignored the
+    field, said ok. Both read ledger lines as closed records now."""
+    import hashlib
+
+    from cachecompact import Session, SkipRange
+
+    tamper = _tamper()
+    d = tmp_path / "session"
+    tamper.build(d)
+    s = Session.open(d)
+    s.edit(tamper._valid(s, [SkipRange(i, i, "old output") for i in range(len(s))])[0], level="L1")
+    lines = (d / "ledger.jsonl").read_bytes().splitlines()
+    assert _ours(d) == 0 and spec_verify(d) == []  # the genuine entry past the last record verifies
+    rec = json.loads(lines[-1])
+    del rec["hash"]
+    rec["note"] = "an extra field"
+    rec["hash"] = hashlib.sha256(tamper.canon(rec)).hexdigest()
+    (d / "ledger.jsonl").write_bytes(b"\n".join([*lines[:-1], tamper.canon(rec)]) + b"\n")
+    ours, theirs, err = _verdicts(d)
+    assert ours == 1 and "unknown field 'note'" in err, err
+    assert any("unknown field 'note'" in p for p in theirs), theirs
