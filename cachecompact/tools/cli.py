@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -242,18 +243,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if span:
             sess.edit(ReplaceWithSummary(span[0], span[1], f"Demo summary of messages {span[0]}-{span[1]}.",
                                          "demo: collapse early exploration"), level="L3")
-    after = sess.render()
+    after = sess.render(model=DEFAULT_MODEL, max_tokens=256)
     print(f"after {len(sess.ledger)} edit(s): ~{after.tokens} tokens "
           f"({100 * (1 - after.tokens / max(before.tokens, 1)):.0f}% smaller)")
     div = after.first_divergence(before)
     print(f"cache: {div}" if div else "cache: no divergence")
+    # the compacted request goes to the local emulator, as a request would go to the API, and its
+    # record commits the session to the edits it carried: a summary no request record commits to
+    # is unconfirmed, and no other process renders it (docs/ledger-format.md, *Unconfirmed entries*)
+    sent = _demo_send(after.body)
+    sess.record_request(after, {"time": time.time(), "model": DEFAULT_MODEL, "usage": sent["usage"],
+                                "message_id": sent["id"], "stream": False, "est_tokens": after.tokens,
+                                "sent_to": "the local emulator (cachecompact demo)"})
+    u = sent["usage"]
+    print(f"sent to the local emulator: {u['input_tokens']} input, {u['cache_creation_input_tokens']} written to the "
+          f"cache, {u['output_tokens']} output tokens")
     print(ledger_table(sess))
-    # no request carried the edits (the demo sends none), so the summary is one no request record
-    # commits to, which no other process renders (docs/ledger-format.md, *Unconfirmed entries*)
-    print(f"\nsession stored in {out}\n  cachecompact ledger show {out}\n  cachecompact ledger verify {out}    "
-          "# UNCONFIRMED (exit 3) for a summary: no request carried it, so no other process renders it\n"
+    print(f"\nsession stored in {out}\n  cachecompact ledger show {out}\n  cachecompact ledger verify {out}\n"
           f"  cachecompact render {out} --uncompacted --pretty    # the history as the caller sent it")
     return 0
+
+
+def _demo_send(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` sent to an emulator started for it, through the SDK: the response as JSON."""
+    import anthropic
+
+    from .emulator import Emulator
+
+    with Emulator() as emu:
+        client = anthropic.Anthropic(base_url=emu.url, api_key="cachecompact-demo", max_retries=0)
+        out: dict[str, Any] = client.messages.create(**body).model_dump(mode="json")
+    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
