@@ -67,13 +67,13 @@ __all__ = ["STILL_TOO_LONG", "CompactionEngine", "ContextFull", "Prepared", "Ref
 log = logging.getLogger("cachecompact")
 
 STILL_TOO_LONG = "context is full: still too long after reactive compaction; start a new session"
+TURN_ENDS = frozenset({"end_turn", "stop_sequence"})  # stop reasons after which a person speaks next
 
 
 def still_too_long(info: tuple[int, int, int]) -> str:
     """The refusal after the reactive retry came back too long too: the API's numbers, in its
     words (`too_long_message`: a client that compacts on them, Claude Code, still can)."""
     return too_long_message(info[0], info[1], STILL_TOO_LONG)
-TURN_ENDS = frozenset({"end_turn", "stop_sequence"})  # stop reasons after which a person speaks next
 
 
 def _snapshot_from_render(r: RenderResult, *, time: float, model: str, params: dict[str, Any]) -> Snapshot:
