@@ -1380,17 +1380,25 @@ class CacheAwareCompactor:
         own = [e for e in p.edits if e.reason != SUPERSEDED_REASON]  # superseded ones may sit in the recent part
         self.draft.stable_before = max(e.end for e in own) + 1 if cleared and own else None
 
-    def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False) -> int:
+    def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False,
+                  summary_first: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
 
         It cuts to as far below the soft threshold as the window is above it, so one cache
-        re-write buys many turns instead of the next critical turn coming two turns later."""
+        re-write buys many turns instead of the next critical turn coming two turns later.
+        With ``summary_first``, the rounds it would drop are summarized instead where that
+        summary fits (`_summary_for_drop`)."""
         target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
         p = self._guard(propose_truncate(build_view(self.draft), target_tokens=int(
             target / max(self.draft.counter.calibration, 1e-9)), drop_summary=drop_summary,
             keep=self._latest_request()))
         if p.empty:
             return tokens
+        no_summary = "drops the leading summary" if drop_summary else "not tried"
+        if summary_first:
+            done, no_summary = self._summary_for_drop(p, tokens, lim, report, why)
+            if done is not None:
+                return done
         try:
             entries, _ = self._apply(p, True, None)
         except InvalidEditError as err:
@@ -1400,8 +1408,73 @@ class CacheAwareCompactor:
         report.entries += entries
         self._mark_compacted(p)
         report.events.append(self._emit("compaction", level="L5", reason=why, tokens_before=tokens, tokens_after=after,
-                                        entries=[e.seq for e in entries]))
+                                        entries=[e.seq for e in entries], detail={"no_summary": no_summary}))
         return after
+
+    def _summary_for_drop(self, drop: Proposal, tokens: int, lim: Limits, report: Plan, why: str
+                          ) -> tuple[int | None, str]:
+        """The window forces a cut: a summary of the rounds L5's ``drop`` would take out (from the
+        first editable message, so it subsumes a leading summary, to the last round ``drop``
+        ends), made in place of the drop where it fits: the request ends under the critical
+        threshold with the summary in it. The tokens after, or None and why not (for L5's event):
+        L5 drops them as before.
+
+        Issue 62 ("never L5 while a summary fits"): L4 keeps at least `keep_rounds_l4` rounds,
+        so with fewer in view beside a large prefix (Claude Code at 40-80k) its proposal was
+        empty and L5 dropped the rounds with no summary at all. Our own summarizer writes it,
+        never the API's: the alternative is a drop, which keeps no reasoning either, and the
+        API's call reads the whole request and re-writes the first messages its block stands
+        for, the price that made an earlier fewer-rounds L4 cost 4-32% more (docs/benchmarks.md,
+        *A fewer-rounds L4 before L5, measured*). Not with the breaker open, not where the cut
+        would reach a long newest request of the person's (a summary quotes its first words,
+        `_long_request`; L5 keeps it whole), and not where the summary would not fit: then a
+        summary call buys nothing a drop does not. A summary that fails counts for the breaker,
+        and L5 drops the rounds as before."""
+        if self.tripped:
+            return None, "summaries are stopped (the breaker is open)"
+        view = build_view(self.draft)
+        start, prev = view.editable_start()
+        end = max(e.end for e in drop.edits)
+        ctr = self.draft.counter
+        size = self.cfg.levels.summary_tokens
+        long = self._long_request()
+        if long is not None and start <= long <= end:
+            return None, f"it would cover the person's long newest request (messages[{long}]), which L5 keeps whole"
+        if end < start or view.tokens_between(start, end) <= size:
+            return None, "the rounds are no bigger than a summary"
+        p = self._guard(Proposal(
+            "L4", f"the window forces a cut: a summary of the rounds L5 would drop (messages {start}..{end}), "
+                  "which fits, in place of the drop", summarize=(start, end),
+            tokens_removed=view.tokens_between(start, end) - size, break_at=start, previous_summary=prev))
+        if p.empty:
+            return None, "nothing after the immutable prefix to summarize"
+        if tokens - ctr.calibrated(p.tokens_removed) >= lim.critical:
+            return None, (f"a summary does not fit: ~{tokens - ctr.calibrated(p.tokens_removed):,} tokens with it, "
+                          f"critical at {lim.critical:,}")
+        t0 = time.perf_counter()
+        try:
+            entries, cost = self._apply(p, True, None)
+        except InvalidEditError as err:
+            self._planning_bug("L4", f"the ledger refused the summary in place of L5's drop: {err}")
+            return None, "planning bug (logged)"
+        except Exception as err:  # summarizer errors and rejected summaries count for the breaker
+            cost = getattr(err, "cost_usd", 0.0)
+            self.summary_cost += cost
+            self._fail("L4", f"{type(err).__name__}: {err}", tokens, cost, report)
+            return None, f"the summary failed: {type(err).__name__}"
+        self.summary_cost += cost
+        report.entries += entries
+        self.failures = 0
+        self._mark_compacted(p)
+        self.last_compact_step = self.steps
+        self._pending = None
+        after = self._now_tokens()
+        report.events.append(self._emit("compaction", level="L4", reason=f"{why}: {p.reason}", tokens_before=tokens,
+                                        tokens_after=after, cost_usd=cost, duration_s=time.perf_counter() - t0,
+                                        entries=[e.seq for e in entries],
+                                        detail={"writer": "ours", "in_place_of": "L5",
+                                                "hidden": self._hidden(p, lim)}))
+        return after, ""
 
     def _forced_limits(self, lim: Limits, model: str) -> Limits:
         """The limits L5 works to: ``lim``, with the output reserve at most `OWN_RESERVE_SHARE` of
@@ -1429,7 +1502,8 @@ class CacheAwareCompactor:
             if tokens > lim.limit and lim.max_tokens > 0:
                 self._over_reserve(tokens, lim, report)
             return tokens
-        tokens = self._truncate(tokens, drop, report, "over the critical threshold after the other levels")
+        tokens = self._truncate(tokens, drop, report, "over the critical threshold after the other levels",
+                                summary_first=True)
         if tokens > drop.limit:
             tokens = self._truncate(tokens, drop, report, "still over the window: the leading summary dropped too "
                                     "(the task stays in the immutable prefix)", drop_summary=True)

@@ -674,14 +674,17 @@ def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path
     assert whole != [canonical_message(m) for m in s.render(breakpoints=False).body["messages"]]
 
 
-def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent() -> None:
-    """When L5 has dropped every older round and the request still does not fit (the immutable
-    prefix fills most of the window, as in a real 2026 session at 50k), the leading summary
-    goes too: the agent keeps its task (in the prefix) and the newest round, and the request
-    is sent instead of raising `ContextFullError`."""
+@pytest.mark.parametrize("spec_lines", [900, 1_000])
+def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent(spec_lines: int) -> None:
+    """When the window forces a cut and a summary of what L5 would drop fits beside the prefix
+    (900 spec lines), that summary is made in place of the drop (it subsumes the leading summary;
+    issue 62: never L5 while a summary fits). Where it does not (1,000 lines: the immutable prefix
+    fills most of the window, as in a real 2026 session at 50k), L5 drops every older round and
+    then the leading summary too: the agent keeps its task (in the prefix) and the newest round,
+    and the request is sent instead of raising `ContextFullError`."""
     s = Session.create(None, prefix_messages=3)
     c = CacheAwareCompactor.for_session(s, cfg(30_000))
-    spec = "\n".join(f"spec line {k} " + "x " * 20 for k in range(900))
+    spec = "\n".join(f"spec line {k} " + "x " * 20 for k in range(spec_lines))
     msgs: list[dict[str, Any]] = [
         {"role": "user", "content": GOAL},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_spec", "name": "read_file",
@@ -694,7 +697,17 @@ def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent() -
     s.sync(msgs + tool_turn(9, "write_file", "w9 " * 700))
     assert s.render(breakpoints=False).raw_tokens > limits(c.cfg, 30_000, 1000).limit
     events = c.before_request(100.0, MODEL, 1000).events
-    assert [e for e in events if e.kind == "compaction" and "summary dropped" in (e.reason or "")], events
+    levels = [e.level for e in events if e.kind == "compaction"]
+    if spec_lines == 900:
+        assert levels == ["L4"], events
+        (done,) = [e for e in events if e.kind == "compaction"]
+        assert (done.detail or {}).get("in_place_of") == "L5" and "summary of the rounds L5 would drop" in (
+            done.reason or ""), done
+    else:
+        assert "L4" not in levels, events
+        first = next(e for e in events if e.kind == "compaction")  # L5's event says why no summary
+        assert "a summary does not fit" in str((first.detail or {}).get("no_summary")), first
+        assert [e for e in events if e.kind == "compaction" and "summary dropped" in (e.reason or "")], events
     body = s.render(model=MODEL, max_tokens=1000).body
     validate_request(body)
     assert s.render(breakpoints=False).raw_tokens <= limits(c.cfg, 30_000, 1000).limit
