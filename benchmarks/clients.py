@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c} is not installed at {BIN[c]} (.ci/run installs it into .ci/node)", file=sys.stderr)
             return 2
     print("| client | seed: prompts x calls x lines, paste | window | path | completed | right | $ | summary $ | "
-          "L4 | L5 (why no summary) | refused |")
+          "edits L1-L4 | L5 (why no summary) | refused |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs: dict[tuple[str, int, int, str], Path_] = {}
     for c in clients:
@@ -168,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                 for m in modes:
                     r = runs[c, seed, w, m] = converse(c, sc, w, m, a.think)
                     l5 = ", ".join(f"{n} {k}" for k, n in sorted(r.l5_why.items())) or "0"
+                    edits = ", ".join(f"{k} {n}" for k, n in sorted(r.levels.items()) if k != "L5") or "0"
                     print(f"| {c}{' thinking' if a.think else ''} | {seed}: {sc.prompts}x{sc.steps}x{sc.lines}, "
                           f"{sc.paste} | {w:,} | {m} | {'yes' if r.completed else 'no'} | {r.right}/{r.prompts} | "
-                          f"{r.usd:.3f} | {r.summary_usd:.3f} | {r.levels.get('L4', 0)} | {l5} | {r.refused} |",
+                          f"{r.usd:.3f} | {r.summary_usd:.3f} | {edits} | {l5} | {r.refused} |",
                           flush=True)
                     if r.error:
                         print(f"  ^ {r.error}", flush=True)
