@@ -1411,13 +1411,13 @@ class CacheAwareCompactor:
                                         entries=[e.seq for e in entries], detail={"no_summary": no_summary}))
         return after
 
-    def _summary_for_drop(self, drop: Proposal, tokens: int, lim: Limits, report: Plan, why: str
-                          ) -> tuple[int | None, str]:
+    def _summary_for_drop(self, drop: Proposal, tokens: int, lim: Limits, report: Plan, why: str,
+                          under: int | None = None) -> tuple[int | None, str]:
         """The window forces a cut: a summary of the rounds L5's ``drop`` would take out (from the
         first editable message, so it subsumes a leading summary, to the last round ``drop``
         ends), made in place of the drop where it fits: the request ends under the critical
-        threshold with the summary in it. The tokens after, or None and why not (for L5's event):
-        L5 drops them as before.
+        threshold (or ``under``: the reactive compaction's goal) with the summary in it. The
+        tokens after, or None and why not (for L5's event): L5 drops them as before.
 
         Issue 62 ("never L5 while a summary fits"): L4 keeps at least `keep_rounds_l4` rounds,
         so with fewer in view beside a large prefix (Claude Code at 40-80k) its proposal was
@@ -1448,9 +1448,10 @@ class CacheAwareCompactor:
             tokens_removed=view.tokens_between(start, end) - size, break_at=start, previous_summary=prev))
         if p.empty:
             return None, "nothing after the immutable prefix to summarize"
-        if tokens - ctr.calibrated(p.tokens_removed) >= lim.critical:
+        ceiling = lim.critical if under is None else under
+        if tokens - ctr.calibrated(p.tokens_removed) >= ceiling:
             return None, (f"a summary does not fit: ~{tokens - ctr.calibrated(p.tokens_removed):,} tokens with it, "
-                          f"critical at {lim.critical:,}")
+                          f"{'critical' if under is None else 'the goal'} at {ceiling:,}")
         t0 = time.perf_counter()
         try:
             entries, cost = self._apply(p, True, None)
@@ -1746,6 +1747,8 @@ class CacheAwareCompactor:
         goal = int((limit - max_tokens) * 0.95)
         lim = self._limits(max_tokens, model)
         changed = False
+        why = f"prompt too long ({reported_tokens} > {limit})"
+        no_summary = ""
         for level in ("L4", "L5"):
             view = build_view(s)
             tokens = s.counter.calibrated(view.total_tokens)
@@ -1758,6 +1761,11 @@ class CacheAwareCompactor:
             else:
                 p = self._guard(propose_truncate(view, target_tokens=int(goal / max(s.counter.calibration, 1e-9)),
                                                  keep=self._latest_request()))
+                if not p.empty:  # the rounds it would drop, summarized instead where that fits (as `_ensure_fits`)
+                    done, no_summary = self._summary_for_drop(p, tokens, lim, Plan(tokens, tokens), why, under=goal)
+                    if done is not None:
+                        changed = True
+                        continue
             if p.empty:
                 continue
             try:
@@ -1771,9 +1779,9 @@ class CacheAwareCompactor:
                 continue
             self.summary_cost += cost
             changed = True
-            self._emit("compaction", level=level, reason=f"prompt too long ({reported_tokens} > {limit})",
-                       tokens_before=tokens, tokens_after=self._now_tokens(), cost_usd=cost,
-                       entries=[e.seq for e in entries])
+            self._emit("compaction", level=level, reason=why, tokens_before=tokens, tokens_after=self._now_tokens(),
+                       cost_usd=cost, entries=[e.seq for e in entries],
+                       detail={"no_summary": no_summary} if level == "L5" else None)
         return changed and self._now_tokens() <= goal
 
 

@@ -451,6 +451,33 @@ def test_reactive_fits_the_request_or_says_it_cannot() -> None:
     assert not CacheAwareCompactor.for_session(tiny).reactive(10_000, limit=100, now=0.0, model=MODEL)
 
 
+def test_reactive_summarizes_the_rounds_it_would_drop_where_the_summary_fits() -> None:
+    """After a prompt-too-long error with three rounds in view, L4 (which keeps four) has nothing
+    to summarize; the rounds L5 would drop are summarized instead, as the summary fits (issue 62:
+    never L5 while a summary fits). With the breaker open L5 drops them, and its event says why."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for k in range(3):
+        msgs += tool_turn(k, "read_file", f"v{k} " * 2_500)
+    for stopped in (False, True):
+        s = Session.create(None, prefix_messages=1)
+        c = CacheAwareCompactor.for_session(s)
+        c.tripped = stopped
+        seen: list[Event] = []
+        c.events.subscribe(seen.append)
+        s.sync(msgs)
+        est = s.counter.calibrated(s.render().raw_tokens)
+        assert c.reactive(est, limit=11_000, now=0.0, model=MODEL, max_tokens=1_000)
+        assert s.counter.calibrated(s.render().raw_tokens) <= (11_000 - 1_000) * 0.95
+        done = [e for e in seen if e.kind == "compaction"]
+        if stopped:
+            assert [e.level for e in done] == ["L5"], done
+            assert "breaker is open" in str((done[0].detail or {}).get("no_summary")), done
+        else:
+            assert [e.level for e in done] == ["L4"] and (done[0].detail or {}).get("in_place_of") == "L5", done
+            assert {e.kind for e in s.ledger.entries} == {"summary"}
+        validate_request(s.render(model=MODEL, max_tokens=10).body)
+
+
 def test_seed_pipeline_runs_every_layer() -> None:
     from cachecompact.base.events import EventBus
     from cachecompact.compaction.summarize.llm import ExtractiveSummarizer
