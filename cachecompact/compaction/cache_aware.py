@@ -1448,10 +1448,17 @@ class CacheAwareCompactor:
             tokens_removed=view.tokens_between(start, end) - size, break_at=start, previous_summary=prev))
         if p.empty:
             return None, "nothing after the immutable prefix to summarize"
+        # fits: the request ends one turn below the ceiling with it, so the next turn goes without another cut;
+        # a summary made again on every turn (a prefix that fills the window) cost 40% more than the drops in
+        # a trial's 40k cell, with the same answers. Or it leaves less than the drop would (it subsumes a
+        # leading summary the drop keeps): then it is no worse for room in any case
         ceiling = lim.critical if under is None else under
-        if tokens - ctr.calibrated(p.tokens_removed) >= ceiling:
-            return None, (f"a summary does not fit: ~{tokens - ctr.calibrated(p.tokens_removed):,} tokens with it, "
-                          f"{'critical' if under is None else 'the goal'} at {ceiling:,}")
+        turn = max(0, lim.limit - lim.critical) if under is None else 0
+        with_it, dropped = tokens - ctr.calibrated(p.tokens_removed), tokens - ctr.calibrated(drop.tokens_removed)
+        if (with_it > ceiling - turn and with_it > dropped) or with_it > lim.limit:  # over the limit: dropped next
+            return None, (f"a summary does not fit: ~{with_it:,} tokens with it, over "
+                          + (f"critical ({ceiling:,}) less one turn ({turn:,})" if under is None
+                             else f"the goal ({ceiling:,})") + f", and ~{dropped:,} after the drop")
         t0 = time.perf_counter()
         try:
             entries, cost = self._apply(p, True, None)

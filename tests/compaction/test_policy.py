@@ -701,14 +701,16 @@ def test_the_first_request_that_compacts_a_brought_history_says_so_once(tmp_path
     assert whole != [canonical_message(m) for m in s.render(breakpoints=False).body["messages"]]
 
 
-@pytest.mark.parametrize("spec_lines", [900, 1_000])
-def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent(spec_lines: int) -> None:
+@pytest.mark.parametrize(("spec_lines", "earlier_summary"), [(900, 3_500), (1_000, 1_000)])
+def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent(spec_lines: int,
+                                                                           earlier_summary: int) -> None:
     """When the window forces a cut and a summary of what L5 would drop fits beside the prefix
-    (900 spec lines), that summary is made in place of the drop (it subsumes the leading summary;
-    issue 62: never L5 while a summary fits). Where it does not (1,000 lines: the immutable prefix
-    fills most of the window, as in a real 2026 session at 50k), L5 drops every older round and
-    then the leading summary too: the agent keeps its task (in the prefix) and the newest round,
-    and the request is sent instead of raising `ContextFullError`."""
+    (900 spec lines, a long earlier summary), that summary is made in place of the drop (it
+    subsumes the earlier one; issue 62: never L5 while a summary fits). Where it does not (1,000
+    lines and a short earlier summary: the immutable prefix fills most of the window, as in a real
+    2026 session at 50k), L5 drops every older round and then the leading summary too: the agent
+    keeps its task (in the prefix) and the newest round, and the request is sent instead of
+    raising `ContextFullError`."""
     s = Session.create(None, prefix_messages=3)
     c = CacheAwareCompactor.for_session(s, cfg(30_000))
     spec = "\n".join(f"spec line {k} " + "x " * 20 for k in range(spec_lines))
@@ -720,7 +722,7 @@ def test_a_prefix_that_nearly_fills_the_window_still_gets_every_request_sent(spe
     for k in range(4):
         msgs += tool_turn(k, "write_file", f"w{k} " * 700)  # writes: L1 cannot clear them
     s.sync(msgs)
-    s.edit(ReplaceWithSummary(3, 8, "summary " * 3_500, "L4: an earlier summary"), level="L4")
+    s.edit(ReplaceWithSummary(3, 8, "summary " * earlier_summary, "L4: an earlier summary"), level="L4")
     s.sync(msgs + tool_turn(9, "write_file", "w9 " * 700))
     assert s.render(breakpoints=False).raw_tokens > limits(c.cfg, 30_000, 1000).limit
     events = c.before_request(100.0, MODEL, 1000).events

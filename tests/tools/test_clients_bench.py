@@ -15,7 +15,7 @@ def test_claude_code_through_compact_mode_drops_no_round_a_summary_could_hold() 
     bench = load_benchmark("clients")
     if not bench.BIN["claude-code"].exists():
         pytest.skip(f"the Claude Code CLI is not installed at {bench.BIN['claude-code']} (.ci/run installs it)")
-    sc = bench.Scenario.draw(5, "claude-code")  # 5 prompts of 4 calls of 700 lines, a pasted first prompt
+    sc = bench.Scenario.draw(6, "claude-code")  # 5 prompts of 2 calls of 1,000 lines, a pasted first prompt
     r = bench.converse("claude-code", sc, 80_000, "compact", think=0)
     assert r.completed and r.right == sc.prompts, r
     assert r.levels.get("L4", 0) > 0, r  # the window forced cuts, and summaries made them
