@@ -1415,9 +1415,10 @@ class CacheAwareCompactor:
                           under: int | None = None) -> tuple[int | None, str]:
         """The window forces a cut: a summary of the rounds L5's ``drop`` would take out (from the
         first editable message, so it subsumes a leading summary, to the last round ``drop``
-        ends), made in place of the drop where it fits: the request ends under the critical
-        threshold (or ``under``: the reactive compaction's goal) with the summary in it. The
-        tokens after, or None and why not (for L5's event): L5 drops them as before.
+        ends), made in place of the drop where it fits: the request ends one turn below the
+        critical threshold with it (or under ``under``, the reactive compaction's goal), or with
+        less than the drop would leave, and within the limit. The tokens after, or None and why
+        not (for L5's event): L5 drops them as before.
 
         Issue 62 ("never L5 while a summary fits"): L4 keeps at least `keep_rounds_l4` rounds,
         so with fewer in view beside a large prefix (Claude Code at 40-80k) its proposal was
