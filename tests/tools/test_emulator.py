@@ -309,6 +309,33 @@ def test_a_real_trace_replays_end_to_end(shared_traces: Path) -> None:
     assert sum(reads[1:]) > 0 and len(emu.requests) == trace.turns
 
 
+def test_a_replayed_turn_that_thinks_starts_with_its_thinking() -> None:
+    """A 2026 Claude Code log keeps a whitespace-only text block before a turn's thinking; the API
+    never answers so, and when that turn came back as the tool loop's last assistant message the
+    emulator refused it as the API would ("a final `assistant` message must start with a thinking
+    block"): `cachecompact bench` lost the session at 50k. Replayed, the turn starts with its
+    thinking and the loop goes on."""
+    turn = {"role": "assistant", "content": [
+        {"type": "text", "text": "\n\n"}, {"type": "thinking", "thinking": "Read the file first.", "signature": "x"},
+        {"type": "text", "text": "Reading it."},
+        {"type": "tool_use", "id": "toolu_r1", "name": "read_file", "input": {"path": "a.py"}}]}
+    messages = [{"role": "user", "content": "fix a.py"}, turn,
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_r1", "content": "x = 1"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "done"}]}]
+    tools = [{"name": "read_file", "description": "Read a file.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    with Emulator(ReplayResponder(messages)) as emu:
+        client = anthropic.Anthropic(base_url=emu.url, api_key="t", max_retries=0)
+        think: Any = {"type": "enabled", "budget_tokens": 1_024}
+        first = client.messages.create(model="claude-opus-4-6", max_tokens=4_096, thinking=think, tools=tools,
+                                       messages=messages[:1])
+        assert [b.type for b in first.content] == ["thinking", "text", "tool_use"]
+        again = client.messages.create(model="claude-opus-4-6", max_tokens=4_096, thinking=think, tools=tools,
+                                       messages=[messages[0], {"role": "assistant", "content": first.content},
+                                                 messages[2]])
+    assert [b.type for b in again.content] == ["text"]
+
+
 def test_synthetic_trace_replays_without_shared_folder() -> None:
     trace = synthetic_trace(2)
     with Emulator(ReplayResponder(trace.messages)) as emu:

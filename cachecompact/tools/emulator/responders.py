@@ -172,6 +172,14 @@ class ReplayResponder:
         self._cursor = idx + 1
         m = self.messages[idx]
         blocks = _blocks(m) if self.thinking else replayed_blocks(m)
+        if self.thinking and any(b.get("type") in ("thinking", "redacted_thinking") for b in blocks):
+            # a response that thinks starts with its thinking; a log may keep a whitespace-only text block
+            # before it (a 2026 Claude Code session: "\n\n"), which the API never returns and refuses when the
+            # turn comes back as the tool loop's last assistant message ("a final `assistant` message must
+            # start with a thinking block")
+            first = next(k for k, b in enumerate(blocks) if b.get("type") in ("thinking", "redacted_thinking"))
+            blocks = [b for k, b in enumerate(blocks)
+                      if k >= first or b.get("type") != "text" or str(b.get("text", "")).strip()]
         stop = "tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn"
         thought = [b for b in blocks if b.get("type") in ("thinking", "redacted_thinking")]
         if not self.thinking:
