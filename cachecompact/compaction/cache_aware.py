@@ -1380,22 +1380,21 @@ class CacheAwareCompactor:
         own = [e for e in p.edits if e.reason != SUPERSEDED_REASON]  # superseded ones may sit in the recent part
         self.draft.stable_before = max(e.end for e in own) + 1 if cleared and own else None
 
-    def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False,
-                  summary_first: bool = False) -> int:
+    def _truncate(self, tokens: int, lim: Limits, report: Plan, why: str, drop_summary: bool = False) -> int:
         """L5: drop the oldest whole rounds; needs no summarizer, so it runs with the breaker open.
 
         It cuts to as far below the soft threshold as the window is above it, so one cache
         re-write buys many turns instead of the next critical turn coming two turns later.
-        With ``summary_first``, the rounds it would drop are summarized instead where that
-        summary fits (`_summary_for_drop`)."""
+        Unless it drops the leading summary too (the last resort), the rounds it would drop are
+        summarized instead where that summary fits (`_summary_for_drop`)."""
         target = max(lim.soft - (lim.limit - lim.soft), lim.soft // 2)
         p = self._guard(propose_truncate(build_view(self.draft), target_tokens=int(
             target / max(self.draft.counter.calibration, 1e-9)), drop_summary=drop_summary,
             keep=self._latest_request()))
         if p.empty:
             return tokens
-        no_summary = "drops the leading summary" if drop_summary else "not tried"
-        if summary_first:
+        no_summary = "drops the leading summary"
+        if not drop_summary:
             done, no_summary = self._summary_for_drop(p, tokens, lim, report, why)
             if done is not None:
                 return done
@@ -1511,8 +1510,7 @@ class CacheAwareCompactor:
             if tokens > lim.limit and lim.max_tokens > 0:
                 self._over_reserve(tokens, lim, report)
             return tokens
-        tokens = self._truncate(tokens, drop, report, "over the critical threshold after the other levels",
-                                summary_first=True)
+        tokens = self._truncate(tokens, drop, report, "over the critical threshold after the other levels")
         if tokens > drop.limit:
             tokens = self._truncate(tokens, drop, report, "still over the window: the leading summary dropped too "
                                     "(the task stays in the immutable prefix)", drop_summary=True)
