@@ -20,6 +20,7 @@ that failed with "Streaming is required".
     python benchmarks/clients.py                         # Claude Code, 40k and 80k, seeds 0-2
     python benchmarks/clients.py --client opencode --window 80000 --window 200000
     python benchmarks/clients.py --think 2000 --seed 3 --json runs.jsonl
+    python benchmarks/clients.py --heavy --window 200000  # long tool loops at Claude Code's window
 
 Nothing in cachecompact reads this file. Each conversation takes 20-120 s on 2 cores.
 """
@@ -55,8 +56,10 @@ class Scenario:
     paste: int  # lines of log pasted into Claude Code's first prompt
 
     @classmethod
-    def draw(cls, seed: int, client: str) -> Scenario:
+    def draw(cls, seed: int, client: str, heavy: bool = False) -> Scenario:
         rng = random.Random(seed)
+        if heavy:  # long tool loops: 30-60 calls of 700-1,000 lines in all, filling most of a 200k window
+            return cls(seed, 3, rng.randint(10, 20), rng.choice([700, 1_000]), 0)
         return cls(seed, rng.randint(3, 5), rng.randint(2, 5), rng.choice([300, 500, 700, 1_000]),
                    rng.choice([0, 0, 400, 800, 1_200]) if client == "claude-code" else 0)
 
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", action="append", type=int)
     ap.add_argument("--think", type=int, default=0, help="thinking tokens before each answer (Claude Code)")
     ap.add_argument("--mode", action="append", choices=["direct", "compact"])
+    ap.add_argument("--heavy", action="store_true", help="long tool loops (3 prompts of 10-20 calls each)")
     ap.add_argument("--json", type=Path, help="append one line per conversation here")
     a = ap.parse_args(argv)
     clients = a.client or ["claude-code"]
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, int, int, str], Path_] = {}
     for c in clients:
         for seed in seeds:
-            sc = Scenario.draw(seed, c)
+            sc = Scenario.draw(seed, c, a.heavy)
             for w in windows:
                 for m in modes:
                     r = runs[c, seed, w, m] = converse(c, sc, w, m, a.think)
@@ -195,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         lost = [k[:3] for k, r in runs.items() if k[3] == "direct" and r.completed
                 and not (runs[(*k[:3], "compact")].completed and runs[(*k[:3], "compact")].right >= r.right)]
         print(f"cells that complete direct but not as well through compact: {lost or 'none'}")
+        pairs = [(r.usd, runs[(*k[:3], "compact")].usd) for k, r in runs.items() if k[3] == "direct" and r.completed]
+        if pairs:
+            ratio = sum(c for _, c in pairs) / sum(d for d, _ in pairs)
+            print(f"compact/direct cost where direct completes: {ratio:.2f}x "
+                  f"(cells {min(c / d for d, c in pairs):.2f}-{max(c / d for d, c in pairs):.2f}x)")
     return 0
 
 

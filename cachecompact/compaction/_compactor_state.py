@@ -42,6 +42,8 @@ _calls                                 persisted: the calls of the last 30 s (re
 _api_refused                           persisted: the API refused its summaries for the session
 _turn_reserve                          persisted: a retried turn keeps its first reserve
 _estimate_errors                       persisted: the estimate's recent errors (the margin)
+_lowers, _probe                        persisted: whether the client lowers max_tokens on the
+                                       API's 400, as this session showed it (the reserve planned)
 draft.counter.calibration              persisted (``calibration``; the counter holds it)
 _lookback                              derived: the look-back meter reads the transcript and
                                        the ledger from the start (`_lookback`)
@@ -131,6 +133,11 @@ class CompactorState(msgspec.Struct):
     short_said: int = 0  # the reach `window_too_small` last said (0: never)
     # the estimate's relative error on the newest answered requests (the margin, `_margin`)
     estimate_errors: EstimateErrors = msgspec.field(default_factory=EstimateErrors)
+    # whether the client lowers max_tokens on the API's 400 for it, as this session showed it (None:
+    # not shown; `CacheAwareCompactor._reserve_lowered`), and the (history length, max_tokens) of a
+    # request sent over its reserve and not answered yet, whose next request shows it
+    lowers: bool | None = None
+    probe: tuple[int, int] | None = None
 
 
 FIELDS = frozenset(CompactorState.__struct_fields__)

@@ -171,6 +171,8 @@ class CacheAwareCompactor:
     _idle_at = Held[float | None]()
     _api_refused = Held[bool]()
     _turn_reserve = Held[tuple[int, int]]()
+    _lowers = Held[bool | None]()
+    _probe = Held[tuple[int, int] | None]()
     _estimate_errors = Held[EstimateErrors]()
 
     def __init__(self, ctx: StrategyContext, config: PolicyConfig | None = None) -> None:
@@ -209,6 +211,7 @@ class CacheAwareCompactor:
         self._own_req: OwnRequest | None = None
         self._wait_at = 0  # this turn's prompt size from which a request waits for a summary call
         self._request: tuple[int, dict[str, Any]] = (0, {})  # this turn's max_tokens and caller parameters
+        self._client_lowers: bool | None = None  # what the adapter knows of the client (`client_lowers_reserve`)
 
     @property
     def session(self) -> Draft:
@@ -333,7 +336,14 @@ class CacheAwareCompactor:
         `max_tokens` exceed context limit"). Planned for the request's reserve, the summaries
         aimed below the prefix itself, never fitted, and L5 dropped rounds every few turns while
         a summary would have fitted (issue 62: Claude Code at 40k, 32,000 of output, a 25k
-        prefix)."""
+        prefix).
+
+        A client known to lower it (`_reserve_lowered`) is planned for that reserve wherever its
+        own is larger. Planned for its own, Claude Code's 128,000 at a 200k window kept the
+        input under ~62k: compact mode compacted from ~54k while direct ran to ~196k, and cost
+        1.8-2.4x direct (issue 62's trial; docs/benchmarks.md, *A client that lowers its
+        reserve*). A client not known to lower it keeps its own where the window holds it: one
+        that never lowers it (opencode) would get the API's 400 and fail the turn."""
         s = self.draft
         prefix = s.counter.calibrated(s.render(breakpoints=False).prefix_tokens)
         growth = sorted(self._growth)[len(self._growth) // 2] if self._growth else 0  # a typical turn
@@ -343,7 +353,9 @@ class CacheAwareCompactor:
         margin = self._margin()
         lim = limits(self.cfg, window, max_tokens, prefix, growth, write_over_read=ratio, estimate_error=margin)
         cap = int(OWN_RESERVE_SHARE * lim.window)
-        if not as_asked and max_tokens > cap:
+        if not as_asked and max_tokens > cap and self._reserve_lowered():
+            lim = limits(self.cfg, window, cap, prefix, growth, write_over_read=ratio, estimate_error=margin)
+        elif not as_asked and max_tokens > cap:
             # what the window leaves beside the reserve itself (not `policy.limits`' floor of a
             # quarter of the window, which a reserve of most of the window never leaves)
             raw = lim.window - int(margin * lim.window) - max_tokens
@@ -585,6 +597,20 @@ class CacheAwareCompactor:
         plan.ttl, plan.prefix_ttl = self.ttl, self.prefix_ttl
         return plan
 
+    def client_lowers_reserve(self, lowers: bool | None) -> None:
+        """What the adapter knows of the client that sends this session's requests: True when it
+        lowers max_tokens on the API's 400 ("input length and `max_tokens` exceed context limit"),
+        as Claude Code does; None when it does not know. The session's own evidence wins over it
+        (`_reserve_lowered`)."""
+        self._client_lowers = lowers
+
+    def _reserve_lowered(self) -> bool:
+        """Whether the client lowers its max_tokens on the API's 400 for it: as this session
+        showed it, else as the adapter knows it (`client_lowers_reserve`), else not. A request
+        sent over its reserve (`_over_reserve`) and not answered is the evidence: the client's next
+        request asks less (it lowered) or not (it does not, and gets planned for what it asks)."""
+        return bool(self._lowers if self._lowers is not None else self._client_lowers)
+
     def _decide(self, now: float, model: str, max_tokens: int, params: dict[str, Any] | None) -> Plan:
         report = Plan(0, 0)
         since = self._observe_new(now, report)
@@ -595,6 +621,9 @@ class CacheAwareCompactor:
         if s.prefix_end is None or not len(s):
             return report
         self._request = (max_tokens, dict(params or {}))
+        if self._probe is not None:  # the request before went over its reserve and was not answered
+            self._lowers = 0 < max_tokens < self._probe[1]
+            self._probe = None
         # the reserve planned for is the largest this turn asked: a client that lowers max_tokens
         # on the API's 400 asks for the rest of the window beside its prompt (Claude Code: window
         # - prompt - 1,000), and planned for that, each retry hid a little more, every turn
@@ -1531,6 +1560,7 @@ class CacheAwareCompactor:
         return tokens
 
     def _over_reserve(self, tokens: int, lim: Limits, report: Plan) -> None:
+        self._probe = (len(self.draft), lim.max_tokens)  # the next request shows whether the client lowers it
         report.events.append(self._emit(
             "max_tokens_over", tokens_before=tokens, tokens_after=tokens,
             reason=f"the prompt (~{tokens:,} tokens) fits the {lim.window:,}-token window but not beside "
@@ -1723,6 +1753,7 @@ class CacheAwareCompactor:
         """Record the request time (for TTL reasoning) and calibrate token estimates; start an
         API-written summary asked for on this request (the agent now runs its tools)."""
         self.last_request_at = now
+        self._probe = None  # answered: the API took the request as it was
         if self._api_req is not None:
             self._api_req.send(now)
         if self._own_req is not None:

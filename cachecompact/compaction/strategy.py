@@ -64,6 +64,7 @@ from .summarize.llm import (
 __all__ = [
     "BodyShaper",
     "CompactsIdle",
+    "KnowsClient",
     "LedgerStrategy",
     "Plan",
     "StatefulStrategy",
@@ -201,6 +202,17 @@ class StatefulStrategy(Protocol):
     def state(self) -> dict[str, Any]: ...
 
     def load_state(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class KnowsClient(Protocol):
+    """A strategy that plans by what the adapter knows of the client sending the session's
+    requests: ``lowers`` is True when the client lowers max_tokens on the API's 400 for it
+    ("input length and `max_tokens` exceed context limit"), as Claude Code does, and None when
+    the adapter does not know (the proxy reads it from the User-Agent, `adapters.proxy._clients`).
+    Told before each request is decided."""
+
+    def client_lowers_reserve(self, lowers: bool | None) -> None: ...
 
 
 @runtime_checkable

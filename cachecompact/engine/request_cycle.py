@@ -47,7 +47,7 @@ from ..cache.forensics import Finding, Layout, Snapshot, params_key, snapshot_fr
 from ..cache.simulator import request_from_body
 from ..compaction.idle import DECIDE_BEFORE_S
 from ..compaction.policy import PolicyConfig
-from ..compaction.strategy import CompactsIdle, Plan, StatefulStrategy, Strategy, StrategyConfig
+from ..compaction.strategy import CompactsIdle, KnowsClient, Plan, StatefulStrategy, Strategy, StrategyConfig
 from ..compaction.summarize.llm import Summarizer
 from ..history.ledger import LedgerEntry
 from ..history.render import RenderResult
@@ -128,9 +128,10 @@ class RequestExchange:
     prompt-too-long answer is `Refuse(still_too_long(...))`, in the API's words."""
 
     def __init__(self, engine: CompactionEngine, body: dict[str, Any], *, explicit: str | None, now: float,
-                 retry: bool = False, raw: bytes | None = None) -> None:
+                 retry: bool = False, raw: bytes | None = None, client_lowers: bool | None = None) -> None:
         self.engine = engine
         self.body, self.explicit, self.now, self.retry, self.raw = body, explicit, now, retry, raw
+        self.client_lowers = client_lowers  # what the adapter knows of its client (`KnowsClient`)
         self.prepared: Prepared | None = None  # after `start`: what the engine made of the request
         self._resent = False
 
@@ -138,7 +139,7 @@ class RequestExchange:
         """Prepare the request (`CompactionEngine.prepare_or_fail_open`): the body to send, a
         refusal (the context is full before anything is sent), or None (send it unchanged)."""
         p = self.engine.prepare_or_fail_open(self.body, explicit=self.explicit, now=self.now, retry=self.retry,
-                                             raw=self.raw)
+                                             raw=self.raw, client_lowers=self.client_lowers)
         if isinstance(p, ContextFull):
             return Refuse(p.message, p.session_id)
         self.prepared = p
@@ -241,7 +242,7 @@ class CompactionEngine:
     # -- preparing a request ---------------------------------------------------------------------
 
     def prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
-                raw: bytes | None = None) -> Prepared | ContextFull:
+                raw: bytes | None = None, client_lowers: bool | None = None) -> Prepared | ContextFull:
         """The session, strategy and render for ``body``, or `ContextFull`; raises for bad input.
 
         ``retry`` marks a repeated attempt of the previous request: its prepared body is reused
@@ -252,15 +253,15 @@ class CompactionEngine:
         request decided once more.
         """
         try:
-            return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+            return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw, client_lowers=client_lowers)
         except StagedEditsConflictError as err:  # the stale session was let go (`_commit`)
             log.info("cachecompact: %s; deciding again on the stored session", err)
         except ForeignHistoryError as err:  # another writer appended between the sync and the render
             log.info("cachecompact: %s; deciding again", err)
-        return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+        return self._prepare(body, explicit=explicit, now=now, retry=retry, raw=raw, client_lowers=client_lowers)
 
     def _prepare(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool,
-                 raw: bytes | None) -> Prepared | ContextFull:
+                 raw: bytes | None, client_lowers: bool | None) -> Prepared | ContextFull:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise MalformedMessageError("messages", "must be a non-empty list")
@@ -309,6 +310,8 @@ class CompactionEngine:
             max_tokens = int(params.pop("max_tokens", 0) or 0)
             if self.diagnostics:
                 params["diagnostics"] = {"previous_message_id": live.last_message_id}
+            if isinstance(live.strategy, KnowsClient):
+                live.strategy.client_lowers_reserve(client_lowers)
             plan = self._planned(live, lambda: live.strategy.before_request(now, model, max_tokens, params=params))
             self._save_events(live)
             if plan.context_full is not None:
@@ -426,13 +429,15 @@ class CompactionEngine:
         live.requests_seen = s.requests_recorded
 
     def exchange(self, body: dict[str, Any], *, explicit: str | None, now: float, retry: bool = False,
-                 raw: bytes | None = None) -> RequestExchange:
+                 raw: bytes | None = None, client_lowers: bool | None = None) -> RequestExchange:
         """The steps of one request through this engine (`RequestExchange`), for an adapter to
-        drive with its own I/O."""
-        return RequestExchange(self, body, explicit=explicit, now=now, retry=retry, raw=raw)
+        drive with its own I/O. ``client_lowers``: whether the client lowers max_tokens on the
+        API's 400 for it (`KnowsClient`; None: not known)."""
+        return RequestExchange(self, body, explicit=explicit, now=now, retry=retry, raw=raw,
+                               client_lowers=client_lowers)
 
     def prepare_or_fail_open(self, body: dict[str, Any], *, explicit: str | None, now: float,
-                             retry: bool = False, raw: bytes | None = None,
+                             retry: bool = False, raw: bytes | None = None, client_lowers: bool | None = None,
                              _anew: bool = True) -> Prepared | ContextFull | None:
         """`prepare`, or None (send the original request) on anything but an unknown model.
         A session set aside here (`SessionRegistry.quarantine`) is followed by one more `prepare`
@@ -440,7 +445,7 @@ class CompactionEngine:
         caller's history, instead of going out uncompacted (past a small window, a 400)."""
         t0 = time.perf_counter()
         try:
-            return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw)
+            return self.prepare(body, explicit=explicit, now=now, retry=retry, raw=raw, client_lowers=client_lowers)
         except UnknownModelError:
             raise  # a model nobody priced: say so clearly
         except (MalformedMessageError, InvalidSessionIdError) as err:
@@ -465,7 +470,7 @@ class CompactionEngine:
                     self.registry.quarantine(sid, live)  # kept as evidence; this request starts anew
                     if _anew:
                         return self.prepare_or_fail_open(body, explicit=explicit, now=now, retry=retry, raw=raw,
-                                                         _anew=False)
+                                                         client_lowers=client_lowers, _anew=False)
             else:
                 self.events.drain(sid)  # no session to keep it in: the log line and the hooks had it
             return None

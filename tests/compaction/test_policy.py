@@ -356,6 +356,52 @@ def test_a_prompt_that_fits_the_window_by_the_estimate_goes_to_the_api(words: in
     assert [e.kind for e in c.events.history][-1] == "max_tokens_over"
 
 
+def _reserve_session(lowers: bool | None) -> tuple[Session, CacheAwareCompactor]:
+    """~80k tokens of reads at a 200k window: under the limits of a 50,000 reserve (a quarter of
+    the window), over those of Claude Code's 128,000."""
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(200_000, **GIVEN))
+    c.client_lowers_reserve(lowers)
+    s.sync([{"role": "user", "content": GOAL},
+            *[m for k in range(11) for m in tool_turn(k, "read_file", f"line {k} " * 2_400)]])
+    return s, c
+
+
+@pytest.mark.parametrize("lowers", [None, True])
+def test_a_client_that_lowers_its_reserve_is_planned_for_a_quarter_of_the_window(lowers: bool | None) -> None:
+    """Issue 62: planned for Claude Code's 128,000 at 200k, compact mode compacted from ~54k,
+    while Claude Code direct lowers max_tokens on the API's 400 and runs to ~196k (compact cost
+    1.8x direct). A client known to lower it (the proxy knows Claude Code by its User-Agent) is
+    planned for a quarter of the window; one not known to keeps the reserve it asks."""
+    s, c = _reserve_session(lowers)
+    tokens = s.render(breakpoints=False).tokens
+    assert tokens + 10_000 > 200_000 - 128_000 and tokens < 100_000, tokens
+    report = c.before_request(10.0, MODEL, 128_000)
+    assert bool(report.entries) is (lowers is None), report
+    assert report.context_full is None
+
+
+@pytest.mark.parametrize("retry", [80_000, 128_000])
+def test_the_session_shows_whether_its_client_lowers_the_reserve(retry: int) -> None:
+    """A request sent over its reserve and not answered is the evidence: the client's next
+    request asks less (it lowers it: planned for a quarter of the window still) or the same (it
+    does not: planned for what it asks from then on, whatever the adapter said)."""
+    _s, c = _reserve_session(True)  # ~80k: over 200k - 128k - the margin
+    first = c.before_request(10.0, MODEL, 128_000)
+    assert not first.entries and [e.kind for e in c.events.history][-1] == "max_tokens_over"
+    again = c.before_request(11.0, MODEL, retry)  # no answer in between: the API's 400 went back
+    assert bool(again.entries) is (retry == 128_000), again
+    assert c._reserve_lowered() is (retry < 128_000)
+
+
+def test_an_answered_request_over_its_reserve_shows_nothing() -> None:
+    """The API took it (an API that stops at the window instead): no evidence either way."""
+    _s, c = _reserve_session(True)
+    c.before_request(10.0, MODEL, 128_000)
+    c.after_response(11.0, {"input_tokens": 100_000, "output_tokens": 10})
+    assert c._probe is None and c._lowers is None and c._reserve_lowered()
+
+
 def test_context_full_says_when_max_tokens_is_larger_than_the_window() -> None:
     """Issue 62: the refusal never said that max_tokens (Claude Code's 128,000) was larger than
     the window."""

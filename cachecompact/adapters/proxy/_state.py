@@ -30,6 +30,7 @@ from ...base.wire import bytes_as_is
 from ...engine.identity import session_hint
 from ...store import Store, open_writable_store
 from ..httpserver import api_error
+from ._clients import lowers_reserve
 from ._config import ProxyConfig
 from ._observe import Observer
 from ._tap import ResponseTap
@@ -165,7 +166,8 @@ class ProxyState:
             hint = session_hint(headers, body)
         except InvalidSessionIdError as err:
             return api_error(400, str(err))
-        ex = self.engine.exchange(body, explicit=hint, now=now, raw=raw)
+        ex = self.engine.exchange(body, explicit=hint, now=now, raw=raw,
+                                  client_lowers=lowers_reserve(headers.get("user-agent")))
         with self.holding(headers):
             step = ex.start()
         self.flush(ex)
