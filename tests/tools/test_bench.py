@@ -495,3 +495,31 @@ def test_bench_refuses_an_unknown_as_model_before_any_replay(tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "unknown model 'claude-opus-9'" in err and "nearest: claude-opus-5" in err
     assert "Traceback" not in err and not (out.exists() and any(out.iterdir()))
+
+
+def test_prefix_intact_compares_the_first_messages_as_recorded() -> None:
+    from cachecompact.tools.bench._recall import prefix_intact
+
+    rec = [{"role": "user", "content": "fix the bug"},
+           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}, {"role": "user", "content": "go on"},
+           {"role": "assistant", "content": "later"}]
+    marked = [{"role": "user", "content": [{"type": "text", "text": "fix the bug",
+                                            "cache_control": {"type": "ephemeral"}}]}, *rec[1:]]
+    assert prefix_intact({"messages": marked}, rec)  # a cache marker and the block form change nothing
+    assert prefix_intact({"messages": rec[:1]}, rec)  # as many as the request has so far
+    summary = {"role": "assistant", "content": [{"type": "compaction", "content": "the user asked to fix a bug"}]}
+    assert not prefix_intact({"messages": [summary, *rec[2:]]}, rec)  # an API-written summary stands in for them
+    assert not prefix_intact({"messages": [{"role": "user", "content": "fix the bug!"}, *rec[1:]]}, rec)
+
+
+@pytest.mark.slow
+def test_the_bench_counts_requests_whose_first_messages_an_api_summary_replaced() -> None:
+    """Issue 56, item 1: the closed-loop bench measures how often the task reached the model as
+    the person gave it. Our own summaries never touch the immutable prefix; an API-written one
+    stands in for it from the first summary on."""
+    tr = synthetic_trace(4)
+    own = replay(tr, "cachecompact-own-summaries", model="claude-opus-5-5", window=50_000)
+    api = replay(tr, "cachecompact-api-summaries", model="claude-opus-5-5", window=50_000)
+    assert own.completed and api.completed, (own.failure, api.failure)
+    assert own.prefix_kept == 1.0 and own.compactions
+    assert api.compactions and 0 < api.prefix_kept < 1.0, (api.compactions, api.prefix_kept)

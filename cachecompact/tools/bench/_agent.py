@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..emulator.responders import ReplayResponder, Reply
-from ._recall import Evidence, evidence_table, request_text, visible
+from ._recall import Evidence, evidence_table, prefix_intact, request_text, visible
 
 __all__ = ["ATTEMPTS", "LOOP_CAP", "NOT_RERUNNABLE", "ClosedLoopAgent"]
 
@@ -64,6 +64,7 @@ class ClosedLoopAgent:
     # (agent request ordinal, tokens of the tool result) of each reference lost: never made visible
     lost: list[tuple[int, int]] = field(default_factory=list)
     requests: int = 0  # agent requests answered
+    prefix_kept: int = 0  # of them, those that showed the first messages as recorded (`_recall.prefix_intact`)
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # re-run id -> its result block
     _table: dict[int, list[Evidence]] | None = None
     _uses: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool_use id -> the call
@@ -93,6 +94,7 @@ class ClosedLoopAgent:
         idx = self.inner.select(body)
         refs = self._index().get(idx, []) if idx is not None else []
         self.requests += 1
+        self.prefix_kept += prefix_intact(body, self.inner.messages)
         if not refs:
             return self.inner.answer(idx)
         sent = "\n" + request_text(body) + "\n"

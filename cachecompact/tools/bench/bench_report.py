@@ -107,6 +107,9 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "thinking_issued_tokens": sum(r.thinking_issued_tokens for r in ok),
             "reasoning_kept": (sum(r.thinking_kept_tokens for r in ok) / issued
                                if (issued := sum(r.thinking_issued_tokens for r in ok)) else None),
+            # the task as the person gave it: requests that showed the first messages as recorded
+            "prefix_kept": (sum(r.prefix_kept * r.requests for r in ok) / asked
+                            if (asked := sum(r.requests for r in ok)) else None),
         })
     return rows
 
@@ -170,7 +173,8 @@ def _fmt(v: Any, kind: str = "") -> str:
 def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
     head = ["strategy", "done", "cost", "vs none", "adjusted", "adj vs none", "adj vs ours", "vs oracle",
             "evidence recall", "name recall", "re-reads", "re-runs", "loops", "per session", "summaries", "hit rate",
-            "re-writes", "breaks", "peak tok", "refused", "dropped", "stripped", "reasoning kept", "compactions"]
+            "re-writes", "breaks", "peak tok", "refused", "dropped", "stripped", "reasoning kept", "prefix kept",
+            "compactions"]
     out = [head]
     for r in rows:
         comps = " ".join(f"{k}:{v}" for k, v in sorted(r["compactions"].items())) or "-"
@@ -184,7 +188,7 @@ def trace_table(rows: list[dict[str, Any]]) -> list[list[str]]:
                     _fmt(r.get("cost_per_completed"), "$"), _fmt(r["summary_cost_usd"], "$"), _fmt(r["hit_rate"], "%"),
                     _fmt(r["rewrite_share"], "%"), str(r["cache_breaks"]), f"{r['peak_tokens']:,}",
                     str(r["refused"]), str(r["thinking_dropped"]), str(r["thinking_stripped"]),
-                    _fmt(r["reasoning_kept"], "%"), comps])
+                    _fmt(r["reasoning_kept"], "%"), _fmt(r.get("prefix_kept"), "%"), comps])
     return out
 
 
@@ -379,7 +383,8 @@ def markdown(b: BenchResult, command: str) -> str:
         "it dropped (invalid, or unreadable by the model, when the request asked drop_block or the model drops "
         "silently); *stripped* = thinking blocks the emulator had issued with a turn the request still showed, left "
         "out of it; *reasoning kept* = of the thinking tokens issued with the turns a request showed, the share sent "
-        "and valid.",
+        "and valid. *prefix kept* = the share of requests that showed the conversation's first 3 messages as "
+        "recorded (an API-written summary stands in for them; README guarantee 2).",
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]

@@ -66,6 +66,7 @@ class TraceResult:
     evidence_recall: float = 1.0  # at first sight: before any re-run (closed loop), as the open loop measures
     name_recall: float = 1.0
     references: int = 0
+    prefix_kept: float = 1.0  # the share of requests that showed the first messages as recorded (`_recall`)
     # the closed loop (`_agent.ClosedLoopAgent`): re-run tool calls the agent made because what it needed
     # was hidden, loops (re-runs whose result came back hidden), references given up on, and whether the
     # replay ran closed loop at all (False: the open loop, ``--open-loop``)
@@ -270,6 +271,8 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
     measured = looper or probe
     assert measured is not None
     res.evidence_recall, res.name_recall, res.references = measured.recall, measured.name_recall, measured.references
+    answered = measured.requests if isinstance(measured, ClosedLoopAgent) else len(measured.per_request)
+    res.prefix_kept = measured.prefix_kept / answered if answered else 1.0
     res.requests = len(agent)
     if looper is not None:
         res.reruns, res.loops, res.lost = looper.reruns, looper.loops, len(looper.lost)
