@@ -4,6 +4,7 @@ and `cachecompact bench` end to end."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -522,4 +523,12 @@ def test_the_bench_counts_requests_whose_first_messages_an_api_summary_replaced(
     api = replay(tr, "cachecompact-api-summaries", model="claude-opus-5-5", window=50_000)
     assert own.completed and api.completed, (own.failure, api.failure)
     assert own.prefix_kept == 1.0 and own.compactions
+    # no edit, 1.0: the prefix is what the caller sent, whose assistant turns are the replay's replies (a
+    # recorded thinking block comes back with the emulator's signature), not the trace's
+    msgs = [dict(m) for m in tr.messages]
+    msgs[1] = {**msgs[1], "content": [{"type": "thinking", "thinking": "let me look",
+                                       "signature": "EqQBCkgIARABGAIiQ" + "A" * 40}, *msgs[1]["content"]]}
+    thinks = copy.copy(tr)
+    thinks.messages = msgs
+    assert replay(thinks, "none", model="claude-opus-5-5", window=200_000).prefix_kept == 1.0
     assert api.compactions and 0 < api.prefix_kept < 1.0, (api.compactions, api.prefix_kept)

@@ -9,8 +9,8 @@ about to return and the identifiers its tool calls use (paths, symbols, ids, num
   the original result, a preview or a summary). A line that is nothing but the identifier must
   appear as a whole line; a name in a digest or a file list of a summary does not count.
 * **Name recall** (second column): the identifier appears anywhere in the request.
-* **Prefix kept.** The share of requests that show the conversation's first messages (the
-  immutable prefix's, `PREFIX_MESSAGES`) as recorded, up to cache markers and the string
+* **Prefix kept.** The share of requests that show the caller's first messages (the immutable
+  prefix's, `PREFIX_MESSAGES`) as it sent them, up to cache markers and the string
   shorthand for one text block: an API-written summary stands in for them (README guarantee 2).
 * **Re-reads.** When a reference's evidence is not visible, a real agent would re-run the
   tool that produced the most recent evidence. The first time that happens for a given tool
@@ -68,9 +68,9 @@ def _plain(obj: Any) -> Any:
 
 
 def prefix_intact(body: dict[str, Any], recorded: Sequence[dict[str, Any]]) -> bool:
-    """Whether the request shows the first `PREFIX_MESSAGES` messages of ``recorded`` (as many
-    as it has so far) as they were, up to cache markers: the model reads the task as the person
-    gave it, not a summary of it."""
+    """Whether the request shows the first `PREFIX_MESSAGES` messages of ``recorded`` (the
+    history the caller sent; as many as the request has so far) as they were, up to cache
+    markers: the model reads the task as the person gave it, not a summary of it."""
     sent = body.get("messages") or []
     k = min(PREFIX_MESSAGES, len(recorded), len(sent))
     return bool(_plain(sent[:k]) == _plain(list(recorded[:k])))
@@ -194,12 +194,13 @@ class RecallProbe:
     # (agent request ordinal, tokens of the tool result to re-run): one re-read turn each
     rereads: list[tuple[int, int]] = field(default_factory=list)
     per_request: list[tuple[int, int]] = field(default_factory=list)
-    prefix_kept: int = 0  # requests that showed the first messages as recorded (`prefix_intact`)
+    prefix_kept: int = 0  # requests that showed the caller's first messages as it sent them (`prefix_intact`)
+    caller: list[dict[str, Any]] | None = None  # the history the caller sends (the harness's), else the trace's
     _charged: set[int] = field(default_factory=set)
     _table: dict[int, list[Evidence]] | None = None
 
     def respond(self, body: dict[str, Any]) -> Reply:
-        self.prefix_kept += prefix_intact(body, self.inner.messages)
+        self.prefix_kept += prefix_intact(body, self.caller if self.caller is not None else self.inner.messages)
         reply = self.inner.respond(body)
         if self._table is None:
             self._table = evidence_table(self.inner.messages)

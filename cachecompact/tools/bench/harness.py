@@ -186,6 +186,7 @@ def replay(trace: Trace, strategy: str, *, model: str = "claude-sonnet-4-6", win
                                   summarizer=summarizer_factory(raw, None, clock=lambda: clock[0]))
         client = raw.with_middleware(mw)
         history = [trace.messages[0]]
+        model_of_replay.caller = history  # what the caller sent: the prefix the request should show (`prefix_kept`)
         i = 1
         k = 0  # re-run turns made before the recorded call at ``i``
         ledger_sizes: list[int] = []  # ledger entries after each request: when compactions happened
