@@ -405,7 +405,10 @@ class CacheAwareCompactor:
         self._short = None if wanted is None else (prefix, s.counter.calibrated(wanted), turn, lim)
         if learnt is None:
             return lim
-        return limits(self.cfg, window, max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
+        # the reserve `_plain_limits` planned for, not the request's: a client that lowers it was planned for a
+        # quarter of the window until a budget was learnt, and then for its 128,000 again (issue 62's trial: at
+        # 200k the critical threshold fell from ~143k to ~66k, and a long tool loop was compacted every call)
+        return limits(self.cfg, window, lim.max_tokens, prefix, growth, recent_tokens=s.counter.calibrated(learnt),
                       write_over_read=ratio, estimate_error=lim.estimate_error)
 
     def _note_window_too_small(self, report: Plan) -> None:

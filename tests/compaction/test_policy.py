@@ -402,6 +402,25 @@ def test_an_answered_request_over_its_reserve_shows_nothing() -> None:
     assert c._probe is None and c._lowers is None and c._reserve_lowered()
 
 
+def test_a_learnt_recent_budget_keeps_the_reserve_planned_for_a_client_that_lowers_it() -> None:
+    """Issue 62's independent trial: once the agent's look-backs set a recent budget, the limits
+    were made again with the request's own 128,000, so at 200k the critical threshold fell from
+    ~143k to ~66k and a long tool loop was compacted every call or two (1.44x direct's cost)."""
+    s = Session.create(None, prefix_messages=1)
+    c = CacheAwareCompactor.for_session(s, cfg(200_000))  # the default: budgets learnt from look-backs
+    c.client_lowers_reserve(True)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": GOAL}]
+    for k in range(30):
+        msgs += tool_turn(k, "read_file", "\n".join(f"def func_{k}_{j}(): pass" for j in range(300)),
+                          inp={"path": f"src/m{k}.py"})
+    for k in range(4):  # look-backs ~70k tokens far
+        msgs += tool_turn(30 + k, "edit_file", "ok", inp={"path": f"src/m{k}.py", "old": f"func_{k}_7"})
+    s.sync(msgs)
+    lim = c._limits(128_000, MODEL)
+    assert c._learnt_now is not None and lim.keep_recent >= c.draft.counter.calibrated(c._learnt_now) > 50_000
+    assert lim.max_tokens == 50_000 and lim.critical > 200_000 - 128_000, lim
+
+
 def test_context_full_says_when_max_tokens_is_larger_than_the_window() -> None:
     """Issue 62: the refusal never said that max_tokens (Claude Code's 128,000) was larger than
     the window."""
