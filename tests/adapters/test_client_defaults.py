@@ -124,11 +124,13 @@ def _asks_for_a_summary(body: dict[str, Any]) -> bool:
     """A request for a summary or a title, not a turn of the work: one without the shell tool
     (opencode's title and compaction agents), or one whose last message is the client's own ask
     to summarize (Claude Code's compaction: the message's last text asks for a summary, after the
-    last tool result or the person's newest prompt, if any)."""
+    last tool result or the person's newest prompt, if any; role "system" notes after it skipped)."""
     tools = {t.get("name") for t in body.get("tools") or []}
     if not tools & {"Bash", "bash"}:
         return True
-    last = body["messages"][-1] if body["messages"] else {}
+    # Claude Code 2.1.337 may end its compaction request with a role "system" note after its ask
+    # (an independent trial's model, answering that with a tool call, lost prompts direct at 40k)
+    last = next((m for m in reversed(body["messages"]) if m.get("role") != "system"), {})
     if last.get("role") != "user":
         return False
     texts = _texts(last)
