@@ -498,7 +498,7 @@ def test_bench_refuses_an_unknown_as_model_before_any_replay(tmp_path: Path, cap
     assert "Traceback" not in err and not (out.exists() and any(out.iterdir()))
 
 
-def test_prefix_intact_compares_the_first_messages_as_recorded() -> None:
+def test_prefix_intact_compares_the_first_messages_as_the_caller_sent_them() -> None:
     from cachecompact.tools.bench._recall import prefix_intact
 
     rec = [{"role": "user", "content": "fix the bug"},

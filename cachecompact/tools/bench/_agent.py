@@ -65,7 +65,8 @@ class ClosedLoopAgent:
     lost: list[tuple[int, int]] = field(default_factory=list)
     requests: int = 0  # agent requests answered
     prefix_kept: int = 0  # of them, those that showed the caller's first messages as sent (`_recall.prefix_intact`)
-    caller: list[dict[str, Any]] | None = None  # the history the caller sends (the harness's), else the trace's
+    # the history the caller sends (the harness's); not the trace's, whose thinking the emulator signs anew
+    caller: list[dict[str, Any]] | None = None
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # re-run id -> its result block
     _table: dict[int, list[Evidence]] | None = None
     _uses: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool_use id -> the call
@@ -95,7 +96,8 @@ class ClosedLoopAgent:
         idx = self.inner.select(body)
         refs = self._index().get(idx, []) if idx is not None else []
         self.requests += 1
-        self.prefix_kept += prefix_intact(body, self.caller if self.caller is not None else self.inner.messages)
+        if self.caller is not None:
+            self.prefix_kept += prefix_intact(body, self.caller)
         if not refs:
             return self.inner.answer(idx)
         sent = "\n" + request_text(body) + "\n"

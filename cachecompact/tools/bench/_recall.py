@@ -10,8 +10,9 @@ about to return and the identifiers its tool calls use (paths, symbols, ids, num
   appear as a whole line; a name in a digest or a file list of a summary does not count.
 * **Name recall** (second column): the identifier appears anywhere in the request.
 * **Prefix kept.** The share of requests that show the caller's first messages (the immutable
-  prefix's, `PREFIX_MESSAGES`) as it sent them, up to cache markers and the string
-  shorthand for one text block: an API-written summary stands in for them (README guarantee 2).
+  prefix's, `PREFIX_MESSAGES`) as it sent them, by the engine's own message identity (cache
+  markers and the string shorthand for one text block do not count): an API-written summary
+  stands in for them (README guarantee 2).
 * **Re-reads.** When a reference's evidence is not visible, a real agent would re-run the
   tool that produced the most recent evidence. The first time that happens for a given tool
   result, the probe charges one re-read turn (see `reread_cost`); the adjusted cost adds it.
@@ -32,12 +33,14 @@ from typing import Any
 from ...base.identifiers import identifiers_in_input
 from ...base.pricing import ModelInfo
 from ...base.wire import canonical_bytes
+from ...compaction._default import CachecompactConfig
+from ...history.transcript import message_hash
 from ..emulator.responders import ReplayResponder, Reply
 
 __all__ = ["PREFIX_MESSAGES", "REREAD_OUTPUT_TOKENS", "Evidence", "RecallProbe", "evidence_table", "prefix_intact",
            "request_text", "reread_cost", "visible"]
 
-PREFIX_MESSAGES = 3  # the immutable prefix's messages at the engine's default (`prefix_intact`)
+PREFIX_MESSAGES = CachecompactConfig.prefix_messages  # the immutable prefix's messages by default
 
 REREAD_OUTPUT_TOKENS = 150  # the tool call of a re-read turn
 MAX_EVIDENCE_LINE = 400  # longer lines are cut at this many characters for matching
@@ -55,25 +58,13 @@ def _texts(obj: Any, out: list[str]) -> None:
             _texts(v, out)
 
 
-def _plain(obj: Any) -> Any:
-    """``obj`` without cache markers, a string content as its one text block."""
-    if isinstance(obj, dict):
-        out = {k: _plain(v) for k, v in obj.items() if k != "cache_control"}
-        if isinstance(out.get("content"), str) and "role" in out:
-            out["content"] = [{"type": "text", "text": out["content"]}]
-        return out
-    if isinstance(obj, list):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def prefix_intact(body: dict[str, Any], recorded: Sequence[dict[str, Any]]) -> bool:
-    """Whether the request shows the first `PREFIX_MESSAGES` messages of ``recorded`` (the
-    history the caller sent; as many as the request has so far) as they were, up to cache
-    markers: the model reads the task as the person gave it, not a summary of it."""
+def prefix_intact(body: dict[str, Any], caller: Sequence[dict[str, Any]]) -> bool:
+    """Whether the request shows the first `PREFIX_MESSAGES` messages of ``caller`` (the
+    history the caller sent; as many as the request has so far) as the same messages
+    (`message_hash`): the model reads the task as the person gave it, not a summary of it."""
     sent = body.get("messages") or []
-    k = min(PREFIX_MESSAGES, len(recorded), len(sent))
-    return bool(_plain(sent[:k]) == _plain(list(recorded[:k])))
+    k = min(PREFIX_MESSAGES, len(caller), len(sent))
+    return all(message_hash(a) == message_hash(b) for a, b in zip(sent[:k], caller[:k], strict=True))
 
 
 def request_text(body: dict[str, Any]) -> str:
@@ -195,12 +186,14 @@ class RecallProbe:
     rereads: list[tuple[int, int]] = field(default_factory=list)
     per_request: list[tuple[int, int]] = field(default_factory=list)
     prefix_kept: int = 0  # requests that showed the caller's first messages as it sent them (`prefix_intact`)
-    caller: list[dict[str, Any]] | None = None  # the history the caller sends (the harness's), else the trace's
+    # the history the caller sends (the harness's); not the trace's, whose thinking the emulator signs anew
+    caller: list[dict[str, Any]] | None = None
     _charged: set[int] = field(default_factory=set)
     _table: dict[int, list[Evidence]] | None = None
 
     def respond(self, body: dict[str, Any]) -> Reply:
-        self.prefix_kept += prefix_intact(body, self.caller if self.caller is not None else self.inner.messages)
+        if self.caller is not None:
+            self.prefix_kept += prefix_intact(body, self.caller)
         reply = self.inner.respond(body)
         if self._table is None:
             self._table = evidence_table(self.inner.messages)

@@ -107,7 +107,7 @@ def aggregate(b: BenchResult, window: int, long_only: bool = True, half: str | N
             "thinking_issued_tokens": sum(r.thinking_issued_tokens for r in ok),
             "reasoning_kept": (sum(r.thinking_kept_tokens for r in ok) / issued
                                if (issued := sum(r.thinking_issued_tokens for r in ok)) else None),
-            # the task as the person gave it: requests that showed the first messages as recorded
+            # the task as the person gave it: requests that showed the caller's first messages as it sent them
             "prefix_kept": (sum(r.prefix_kept * r.requests for r in ok) / asked
                             if (asked := sum(r.requests for r in ok)) else None),
         })
@@ -383,8 +383,8 @@ def markdown(b: BenchResult, command: str) -> str:
         "it dropped (invalid, or unreadable by the model, when the request asked drop_block or the model drops "
         "silently); *stripped* = thinking blocks the emulator had issued with a turn the request still showed, left "
         "out of it; *reasoning kept* = of the thinking tokens issued with the turns a request showed, the share sent "
-        "and valid. *prefix kept* = the share of requests that showed the conversation's first 3 messages as "
-        "recorded (an API-written summary stands in for them; README guarantee 2).",
+        "and valid. *prefix kept* = the share of requests that showed the caller's first 3 messages as it sent "
+        "them (an API-written summary stands in for them; README guarantee 2).",
     ]
     if b.skipped:
         parts += ["", "## Skipped files", ""] + [f"- `{s['file']}`: {s['reason']}" for s in b.skipped]
