@@ -33,7 +33,7 @@ from typing import Any
 from ...base.identifiers import identifiers_in_input
 from ...base.pricing import ModelInfo
 from ...base.wire import canonical_bytes
-from ...compaction._default import CachecompactConfig
+from ...compaction.catalog import CachecompactConfig
 from ...history.transcript import message_hash
 from ..emulator.responders import ReplayResponder, Reply
 
